@@ -1,0 +1,275 @@
+"""The client's stage machine (Bonawitz et al. 2017, Fig. 4, rounds 0-4; SecAgg+ graph).
+
+A :class:`SecAggClient` lives for one round and holds fresh keys. Its four methods must be
+called in order, once each; any out-of-order or repeated call, malformed message or failed
+check moves it to ``ABORTED`` (secrets wiped) and raises, after which it answers nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import Enum
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+from protocols.errors import ConfigError, IntegrityError
+from protocols.secagg import shamir, wire
+from protocols.secagg.config import SecAggConfig, neighbour_table
+from protocols.secagg.errors import ClientAborted
+from protocols.secagg.primitives import (
+    MaskExpander,
+    open_sealed,
+    pair_mask_key,
+    seal,
+    self_mask_key,
+    session_id,
+    share_box_keys,
+)
+
+
+class Stage(Enum):
+    """Where a party is in the round."""
+
+    INIT = "init"
+    ADVERTISED = "advertised"
+    SHARED = "shared"
+    MASKED = "masked"
+    DONE = "done"
+    ABORTED = "aborted"
+
+
+def exchange(private: X25519PrivateKey, public_bytes: bytes) -> bytes:
+    """X25519 shared secret; invalid or low-order peer keys raise :class:`IntegrityError`."""
+    try:
+        return private.exchange(X25519PublicKey.from_public_bytes(public_bytes))
+    except ValueError:
+        raise IntegrityError() from None
+
+
+def require_modulus(config: SecAggConfig) -> int:
+    if config.modulus_bits is None:
+        raise ConfigError(
+            "SecAggConfig.modulus_bits is None; set it to FixedPointCodec.modulus_bits"
+        )
+    return config.modulus_bits
+
+
+class SecAggClient:
+    """One honest client of one round.
+
+    Args:
+        client_id: This client's id in ``[0, n_clients)``.
+        config: The round's public parameters (``modulus_bits`` set).
+        round_index: Round number (bound into every key and message).
+        public_seed: The round's public seed (graph and session id).
+        dim: Length of the input vector.
+        expander: Optional shared :class:`MaskExpander` of length ``dim`` (saves allocations
+            when many clients are simulated in one process).
+    """
+
+    def __init__(
+        self,
+        client_id: int,
+        *,
+        config: SecAggConfig,
+        round_index: int,
+        public_seed: bytes,
+        dim: int,
+        expander: MaskExpander | None = None,
+    ) -> None:
+        if not 0 <= client_id < config.n_clients:
+            raise ConfigError(f"client_id must be in [0, {config.n_clients}), got {client_id!r}")
+        self.id = client_id
+        self.config = config
+        self.bits = require_modulus(config)
+        self.dim = dim
+        self.round_index = round_index
+        self._session = session_id(public_seed, round_index)
+        self._env = wire.Envelope(session=self._session, round_index=round_index)
+        table = neighbour_table(self._session, config.n_clients, config.k)
+        self.neighbours = frozenset(int(j) for j in table[client_id])
+        self._expander = expander if expander is not None else MaskExpander(dim)
+        if self._expander.dim != dim:
+            raise ConfigError(f"expander has dim {self._expander.dim}, expected {dim}")
+        self.stage = Stage.INIT
+        self._wipe()
+
+    def __repr__(self) -> str:
+        return f"SecAggClient(id={self.id}, round={self.round_index}, stage={self.stage.value})"
+
+    # -- stages -----------------------------------------------------------------------------
+
+    def advertise(self) -> bytes:
+        """Round 0: fresh key pairs ``(c, s)`` and self-mask seed ``b``; send both public keys."""
+        with self._stage_step(Stage.INIT, Stage.ADVERTISED):
+            self._c_sk = X25519PrivateKey.generate()
+            self._s_sk = X25519PrivateKey.generate()
+            self._b = os.urandom(shamir.SECRET_BYTES)
+            self._own_keys = (
+                self._c_sk.public_key().public_bytes_raw(),
+                self._s_sk.public_key().public_bytes_raw(),
+            )
+            return wire.encode_advertise(self._env, self.id, *self._own_keys)
+
+    def share_keys(self, keys_message: bytes) -> bytes:
+        """Round 1: t-of-k shares of ``b`` and of ``s_sk`` for each neighbour, AES-GCM sealed."""
+        with self._stage_step(Stage.ADVERTISED, Stage.SHARED):
+            entries = wire.decode_keys(
+                self._env, keys_message, receiver=self.id, n_clients=self.config.n_clients
+            )
+            ids = [cid for cid, _, _ in entries]
+            if not set(ids) <= self.neighbours:
+                raise IntegrityError()
+            all_keys = [k for _, c_pk, s_pk in entries for k in (c_pk, s_pk)]
+            all_keys += list(self._own_keys)
+            if len(set(all_keys)) != len(all_keys):
+                raise IntegrityError()
+            if len(ids) < self.config.t:
+                raise ClientAborted(
+                    f"only {len(ids)} neighbours advertised keys, fewer than the threshold "
+                    f"t={self.config.t}"
+                )
+            xs = [cid + 1 for cid in ids]
+            sk_bytes = self._s_sk.private_bytes_raw()
+            b_shares = shamir.split(self._b, xs, self.config.t)
+            sk_shares = shamir.split(sk_bytes, xs, self.config.t)
+            del sk_bytes
+            boxes = []
+            self._s_pks = {}
+            self._box_in = {}
+            for j, (cid, c_pk, s_pk) in enumerate(entries):
+                shared = exchange(self._c_sk, c_pk)
+                k_out, k_in = share_box_keys(
+                    shared, session=self._session, round_index=self.round_index, a=self.id, b=cid
+                )
+                self._box_in[cid] = k_in
+                self._s_pks[cid] = s_pk
+                plaintext = wire.pack_share_plaintext(self.id, cid, b_shares[j], sk_shares[j])
+                ad = wire.share_associated_data(self._env, self.id, cid)
+                boxes.append((cid, seal(k_out, plaintext, ad)))
+            self._c_sk = None  # only needed for the share boxes
+            return wire.encode_shares(self._env, self.id, boxes)
+
+    def masked_input(self, forward_message: bytes, x: np.ndarray) -> bytes:
+        """Round 2: ``y = x + PRG(b) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv) mod 2**bits``.
+
+        Args:
+            forward_message: The server's FORWARD message (shares from neighbours that
+                completed round 1; these are exactly the neighbours this client masks with).
+            x: This client's ring-encoded input, uint64 ``[dim]`` with values ``< 2**bits``.
+        """
+        x = np.asarray(x)
+        if x.dtype != np.uint64 or x.shape != (self.dim,):
+            raise ConfigError(f"x must be a uint64 array of shape ({self.dim},)")
+        if self.bits < 64 and int(x.max()) >> self.bits:
+            raise ConfigError(f"x must be reduced modulo 2**{self.bits}")
+        with self._stage_step(Stage.SHARED, Stage.MASKED):
+            entries = wire.decode_forward(
+                self._env, forward_message, receiver=self.id, n_clients=self.config.n_clients
+            )
+            held = {}
+            for cid, ct in entries:
+                key = self._box_in.get(cid)
+                if key is None:
+                    raise IntegrityError()
+                ad = wire.share_associated_data(self._env, cid, self.id)
+                plaintext = open_sealed(key, ct, ad)
+                held[cid] = wire.unpack_share_plaintext(plaintext, sender=cid, receiver=self.id)
+            if len(held) < self.config.t:
+                raise ClientAborted(
+                    f"only {len(held)} neighbours completed key sharing, fewer than the "
+                    f"threshold t={self.config.t}"
+                )
+            acc = x.copy()
+            ex = self._expander
+            ex.add(
+                self_mask_key(
+                    self._b, session=self._session, round_index=self.round_index, client=self.id
+                ),
+                acc,
+            )
+            for cid in held:
+                shared = exchange(self._s_sk, self._s_pks[cid])
+                key = pair_mask_key(
+                    shared, session=self._session, round_index=self.round_index, a=self.id, b=cid
+                )
+                if cid > self.id:
+                    ex.add(key, acc)
+                else:
+                    ex.sub(key, acc)
+            if self.bits < 64:
+                acc &= np.uint64((1 << self.bits) - 1)
+            self._held = held
+            self._s_sk = None  # recoverable from shares if this client drops; no longer needed
+            self._b = None
+            self._box_in = None
+            return wire.encode_masked_input(self._env, self.id, acc, self.bits)
+
+    def unmask(self, request_message: bytes) -> bytes:
+        """Round 4: reveal ``b``-shares of surviving and ``s_sk``-shares of dropped neighbours.
+
+        Aborts (:class:`ClientAborted`) if the request names a client both survivor and
+        dropped, names this client dropped, claims fewer than ``t`` survivors, or does not
+        classify exactly the neighbours this client masked with. Never reveals both shares of
+        one client: each owner appears once, and the client answers only one request.
+        """
+        with self._stage_step(Stage.MASKED, Stage.DONE):
+            total, survivors, dropped = wire.decode_unmask_request(
+                self._env, request_message, receiver=self.id, n_clients=self.config.n_clients
+            )
+            surv, drop = set(survivors), set(dropped)
+            if surv & drop:
+                raise ClientAborted("unmask request names a client both survivor and dropped")
+            if self.id in drop or self.id in surv:
+                raise ClientAborted("unmask request lists this client among its neighbours")
+            if total < self.config.t:
+                raise ClientAborted(
+                    f"unmask request names {total} survivors, fewer than t={self.config.t}"
+                )
+            if total < len(surv) + 1:
+                raise ClientAborted("unmask request's survivor count is inconsistent")
+            if surv | drop != set(self._held):
+                raise ClientAborted(
+                    "unmask request does not classify exactly the neighbours this client "
+                    "masked with"
+                )
+            out = []
+            for owner in sorted(self._held):
+                b_share, sk_share = self._held[owner]
+                if owner in surv:
+                    out.append((owner, wire.ShareKind.SELF_MASK_SEED, b_share))
+                else:
+                    out.append((owner, wire.ShareKind.MASK_KEY, sk_share))
+            return wire.encode_unmask_shares(self._env, self.id, out)
+
+    # -- machinery --------------------------------------------------------------------------
+
+    @contextmanager
+    def _stage_step(self, expected: Stage, after: Stage) -> Iterator[None]:
+        if self.stage is not expected:
+            self._abort()
+            raise IntegrityError()
+        try:
+            yield
+        except BaseException:
+            self._abort()
+            raise
+        self.stage = after
+        if after is Stage.DONE:
+            self._wipe()
+
+    def _abort(self) -> None:
+        self.stage = Stage.ABORTED
+        self._wipe()
+
+    def _wipe(self) -> None:
+        self._c_sk = None
+        self._s_sk = None
+        self._b = None
+        self._own_keys = ()
+        self._s_pks = None
+        self._box_in = None
+        self._held = None

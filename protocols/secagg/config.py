@@ -1,0 +1,293 @@
+"""Round configuration and the choice of neighbours ``k`` and threshold ``t`` (SecAgg+).
+
+Bell et al. (CCS 2020, "Secure Single-Server Aggregation with (Poly)Logarithmic Overhead")
+replace Bonawitz et al.'s complete graph by a sparse graph of degree ``k = O(log n)``: a client
+exchanges keys, shares and masks only with its ``k`` neighbours. We use their Harary-graph
+instantiation: the circulant graph ``H(n, k)`` (each node linked to the ``k/2`` nearest nodes on
+either side of a cycle) on a uniformly random relabelling of the clients drawn from a public
+per-round seed, so every client's neighbourhood is a uniformly random ``k``-subset.
+
+The conditions below follow the structure of Bell et al.'s analysis; the bounds are our own
+union bounds with exact hypergeometric tails. ``n`` clients, at most ``C = ceil(gamma n)``
+corrupt (colluding with the server) and at most ``D = ceil(delta n)`` dropping, both fixed
+before the graph is drawn:
+
+* correctness (failure <= 2**-eta): every client keeps at least ``t`` surviving neighbours,
+  ``n * P[Hyp(n-1, D, k) > k - t] <= 2**-eta``;
+* secrecy of shares (failure <= 2**-sigma): no honest client has ``t`` corrupt neighbours,
+  ``n * P[Hyp(n-1, C, k) >= t] <= 2**-sigma``;
+* no partial sums (failure <= 2**-sigma): honest survivors stay connected. On ``H(n, k)`` the
+  remaining nodes are disconnected only if two disjoint runs of ``k/2`` consecutive cycle
+  positions are all corrupt-or-dropped: ``n**2 * P[k specific positions all removed]``.
+
+Among the feasible thresholds ``[t_secure, t_correct]`` we aim for a majority,
+``t = max(t_secure, min(k // 2 + 1, t_correct))``: a majority threshold also stops a server that
+equivocates about who dropped, and a higher ``t`` leaves margin against more collusion than
+configured; when dropouts make a majority incorrect we take the largest correct ``t``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Literal
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from protocols.errors import ConfigError
+from protocols.secagg.primitives import hkdf_sha256, info
+
+Mode = Literal["semi-honest", "malicious"]
+MAX_CLIENTS = 1 << 31
+
+
+@dataclass(frozen=True, kw_only=True)
+class GraphGuarantee:
+    """log2 failure probabilities (union bounds) of one ``(n, k, t)`` choice.
+
+    ``-inf`` means the event is impossible under the stated fractions.
+    """
+
+    correctness_log2: float
+    share_secrecy_log2: float
+    connectivity_log2: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class SecAggConfig:
+    """Public parameters of one secure-aggregation round.
+
+    Args:
+        n_clients: Number of clients in the cohort (ids ``0 .. n-1``).
+        neighbours: Degree ``k`` of the SecAgg+ graph; ``None`` chooses it from ``n`` and the
+            fractions below (``n - 1`` or more means the complete graph of SecAgg).
+        threshold: Shamir threshold ``t``; ``None`` chooses it.
+        dropout_tolerance: Fraction of clients that may drop while the round still succeeds.
+        corrupt_fraction: Fraction of clients that may collude with the server.
+        modulus_bits: Ring size ``2**modulus_bits`` (<= 64); take it from
+            :attr:`FixedPointCodec.modulus_bits`. Required by :func:`secure_sum`.
+        mode: ``"semi-honest"`` (implemented) or ``"malicious"`` (majority threshold enforced;
+            signatures and the consistency round are not implemented yet and raise).
+        security_bits: ``sigma``; secrecy fails with probability at most ``2**-sigma``.
+        correctness_bits: ``eta``; an honest round aborts with probability at most ``2**-eta``.
+    """
+
+    n_clients: int
+    neighbours: int | None = None
+    threshold: int | None = None
+    dropout_tolerance: float = 0.05
+    corrupt_fraction: float = 0.05
+    modulus_bits: int | None = None
+    mode: Mode = "semi-honest"
+    security_bits: int = 40
+    correctness_bits: int = 20
+    k: int = field(init=False, repr=False)
+    t: int = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        n = self.n_clients
+        if not isinstance(n, int) or not 2 <= n < MAX_CLIENTS:
+            raise ConfigError(f"n_clients must be an int in [2, 2**31), got {n!r}")
+        for name in ("dropout_tolerance", "corrupt_fraction"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {value!r}")
+        if self.mode not in ("semi-honest", "malicious"):
+            raise ConfigError(f"mode must be 'semi-honest' or 'malicious', got {self.mode!r}")
+        if self.mode == "malicious":
+            raise ConfigError(
+                "mode='malicious' (signatures and consistency round) is not implemented yet; "
+                "use mode='semi-honest'"
+            )
+        if self.modulus_bits is not None and not 1 <= self.modulus_bits <= 64:
+            raise ConfigError(f"modulus_bits must be in [1, 64], got {self.modulus_bits!r}")
+        if self.security_bits < 1 or self.correctness_bits < 1:
+            raise ConfigError(
+                f"security_bits and correctness_bits must be >= 1, got "
+                f"{self.security_bits!r} and {self.correctness_bits!r}"
+            )
+        k, t = _resolve(self)
+        object.__setattr__(self, "k", k)
+        object.__setattr__(self, "t", t)
+
+    @property
+    def complete_graph(self) -> bool:
+        """True when every client is paired with every other one (original SecAgg)."""
+        return self.k >= self.n_clients - 1
+
+    def guarantee(self) -> GraphGuarantee:
+        """The failure bounds of the resolved ``(k, t)`` under the configured fractions."""
+        return _guarantee(
+            self.n_clients, self.k, self.t, self.dropout_tolerance, self.corrupt_fraction
+        )
+
+
+def _resolve(cfg: SecAggConfig) -> tuple[int, int]:
+    n = cfg.n_clients
+    if cfg.neighbours is not None:
+        k = cfg.neighbours
+        if not isinstance(k, int) or k < 2:
+            raise ConfigError(f"neighbours must be an int >= 2, got {k!r}")
+        k = min(k, n - 1)
+        if k < n - 1 and k % 2:
+            k += 1  # Harary graphs H(n, k) need an even degree below n - 1
+            k = min(k, n - 1)
+        if cfg.threshold is not None:
+            t = cfg.threshold
+        else:
+            t = _choose_threshold(cfg, k)
+            if t is None:
+                t = max(2, k // 2 + 1) if k >= 3 else k
+    else:
+        k, t_chosen = choose_graph_parameters(
+            n,
+            dropout_tolerance=cfg.dropout_tolerance,
+            corrupt_fraction=cfg.corrupt_fraction,
+            security_bits=cfg.security_bits,
+            correctness_bits=cfg.correctness_bits,
+        )
+        t = cfg.threshold if cfg.threshold is not None else t_chosen
+    if not isinstance(t, int) or not 1 <= t <= k:
+        raise ConfigError(f"threshold must be an int in [1, k={k}], got {t!r}")
+    return k, t
+
+
+def _hyp_tail_ge(pop: int, marked: int, draws: int, at_least: int) -> float:
+    """P[X >= at_least] for X ~ Hypergeometric(population, marked, draws)."""
+    marked = min(marked, pop)
+    if at_least <= 0:
+        return 1.0
+    hi = min(marked, draws)
+    if at_least > hi:
+        return 0.0
+    total = math.comb(pop, draws)
+    num = sum(
+        math.comb(marked, i) * math.comb(pop - marked, draws - i) for i in range(at_least, hi + 1)
+    )
+    return num / total
+
+
+def _log2(p: float) -> float:
+    return -math.inf if p <= 0.0 else math.log2(p)
+
+
+def _counts(n: int, delta: float, gamma: float) -> tuple[int, int]:
+    return math.ceil(delta * n), math.ceil(gamma * n)
+
+
+def _guarantee(n: int, k: int, t: int, delta: float, gamma: float) -> GraphGuarantee:
+    dropped, corrupt = _counts(n, delta, gamma)
+    correct = min(1.0, n * _hyp_tail_ge(n - 1, dropped, k, k - t + 1))
+    secret = min(1.0, n * _hyp_tail_ge(n - 1, corrupt, k, t))
+    if k >= n - 1:
+        connect = 0.0
+    else:
+        removed = min(n, dropped + corrupt)
+        run = 1.0
+        for i in range(k):
+            run *= max(0, removed - i) / (n - i)
+        connect = min(1.0, n * n * run)
+    return GraphGuarantee(
+        correctness_log2=_log2(correct),
+        share_secrecy_log2=_log2(secret),
+        connectivity_log2=_log2(connect),
+    )
+
+
+def _choose_threshold(cfg: SecAggConfig, k: int) -> int | None:
+    """The preferred feasible ``t`` for degree ``k``, or ``None`` if none meets the bounds."""
+    return _threshold_for(
+        cfg.n_clients,
+        k,
+        cfg.dropout_tolerance,
+        cfg.corrupt_fraction,
+        cfg.security_bits,
+        cfg.correctness_bits,
+    )
+
+
+def _threshold_for(n: int, k: int, delta: float, gamma: float, sigma: int, eta: int) -> int | None:
+    dropped, corrupt = _counts(n, delta, gamma)
+    t_secure = next(
+        (t for t in range(2, k + 1) if n * _hyp_tail_ge(n - 1, corrupt, k, t) <= 2.0**-sigma),
+        None,
+    )
+    if t_secure is None:
+        return None
+    t_correct = next(
+        (t for t in range(k, 0, -1) if n * _hyp_tail_ge(n - 1, dropped, k, k - t + 1) <= 2.0**-eta),
+        None,
+    )
+    if t_correct is None or t_correct < t_secure:
+        return None
+    return max(t_secure, min(k // 2 + 1, t_correct))
+
+
+@lru_cache(maxsize=256)
+def choose_graph_parameters(
+    n_clients: int,
+    *,
+    dropout_tolerance: float,
+    corrupt_fraction: float,
+    security_bits: int = 40,
+    correctness_bits: int = 20,
+) -> tuple[int, int]:
+    """Smallest even degree ``k`` (or the complete graph) and its threshold ``t``.
+
+    Returns:
+        ``(k, t)`` meeting the three bounds of the module docstring.
+
+    Raises:
+        ConfigError: when even the complete graph cannot meet them (too many dropouts or
+            corrupt clients for ``n``).
+    """
+    n = n_clients
+    for k in range(2, n - 1, 2):
+        g = _guarantee(n, k, k, dropout_tolerance, corrupt_fraction)
+        if g.connectivity_log2 > -security_bits:
+            continue
+        t = _threshold_for(
+            n, k, dropout_tolerance, corrupt_fraction, security_bits, correctness_bits
+        )
+        if t is not None:
+            return k, t
+    t = _threshold_for(
+        n, n - 1, dropout_tolerance, corrupt_fraction, security_bits, correctness_bits
+    )
+    if t is None:
+        raise ConfigError(
+            f"no (neighbours, threshold) meets 2**-{security_bits} security and "
+            f"2**-{correctness_bits} correctness for n_clients={n}, "
+            f"dropout_tolerance={dropout_tolerance!r}, corrupt_fraction={corrupt_fraction!r}; "
+            "lower the fractions or the security/correctness bits, or add clients"
+        )
+    return n - 1, t
+
+
+@lru_cache(maxsize=8)
+def neighbour_table(session: bytes, n: int, k: int) -> np.ndarray:
+    """The public SecAgg+ graph of a round: row ``i`` lists client ``i``'s neighbours, sorted.
+
+    A random relabelling of the Harary graph ``H(n, k)`` (``k`` even) from an AES-CTR stream
+    keyed by HKDF of the round's public session id; the complete graph when ``k >= n - 1``.
+    Every party computes the same table; the result is read-only and cached.
+    """
+    if k >= n - 1:
+        full = np.broadcast_to(np.arange(n, dtype=np.int64), (n, n))
+        table = full[~np.eye(n, dtype=bool)].reshape(n, n - 1)
+    else:
+        key = hkdf_sha256(session, salt=session, info=info(b"graph", 0, n, k), length=16)
+        enc = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
+        sort_keys = np.frombuffer(enc.update(bytes(8 * n)), dtype=np.uint64)
+        perm = np.argsort(sort_keys, kind="stable")
+        pos = np.empty(n, dtype=np.int64)
+        pos[perm] = np.arange(n)
+        half = k // 2
+        offsets = np.concatenate([np.arange(-half, 0), np.arange(1, half + 1)])
+        table = perm[(pos[:, None] + offsets[None, :]) % n]
+        table = np.sort(table, axis=1)
+    table = np.ascontiguousarray(table, dtype=np.int64)
+    table.setflags(write=False)
+    return table

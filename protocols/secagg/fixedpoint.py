@@ -1,0 +1,184 @@
+"""Fixed-point encoding of float updates into the ring Z_{2**b} with no wrap-around.
+
+Secure aggregation sums integers modulo ``2**b``. If the true sum of the encoded inputs leaves
+``[-2**(b-1), 2**(b-1))`` it wraps and decodes to garbage; Flower's SecAgg+ (1.x) returned a sum
+off by ~70 for 2,100 clients x 320 values this way. :meth:`FixedPointCodec.for_sum` makes that
+impossible by construction: it bounds every encoded coordinate of every client and picks the
+smallest ``b`` whose signed range holds ``n_clients`` times that bound.
+
+Encoding is unbiased stochastic rounding, ``q = floor(x * scale + u)`` with ``u ~ U[0, 1)`` from
+the caller's generator, so ``E[q] = x * scale`` and ``|q - x * scale| < 1``. Integer DP noise
+(e.g. the discrete Gaussian) is added after encoding with :meth:`to_ring` and :meth:`add`;
+its per-coordinate bound ``extra_int_bound`` enters the ring size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from protocols.errors import ConfigError
+
+_EPS = 2.0**-52
+
+
+@dataclass(frozen=True, kw_only=True)
+class FixedPointCodec:
+    """Float <-> ring codec for a sum of ``n_clients`` inputs.
+
+    Build it with :meth:`for_sum`. Attributes are public parameters (no secrets).
+
+    Attributes:
+        n_clients: Largest number of inputs the ring can sum without wrapping.
+        clip: Largest ``|x|`` of one float coordinate that :meth:`encode` accepts.
+        scale: Fixed-point scale (a float; a power of two when built from ``scale_bits``).
+        extra_int_bound: Largest ``|noise|`` per coordinate and client :meth:`to_ring` accepts.
+        modulus_bits: ``b``; the ring is ``Z_{2**b}``, ``b <= 64``.
+    """
+
+    n_clients: int
+    clip: float
+    scale: float
+    extra_int_bound: int
+    modulus_bits: int
+
+    @classmethod
+    def for_sum(
+        cls,
+        *,
+        n_clients: int,
+        clip: float,
+        scale_bits: int | None = None,
+        scale: float | None = None,
+        extra_int_bound: int = 0,
+    ) -> FixedPointCodec:
+        """The smallest ring in which ``n_clients`` encoded inputs (plus noise) never wrap.
+
+        Args:
+            n_clients: Number of inputs summed (>= 1).
+            clip: Bound on ``|x|`` for every float coordinate of one input (> 0).
+            scale_bits: Scale ``2**scale_bits``; give this or ``scale``.
+            scale: Any positive scale.
+            extra_int_bound: Bound on ``|noise|`` of the integer noise one client adds to one
+                coordinate after encoding (0 when there is none).
+
+        Raises:
+            ConfigError: if the sum needs more than 64 bits; lower the scale, the clip, the
+                noise bound or the cohort size.
+        """
+        if (scale_bits is None) == (scale is None):
+            raise ConfigError("give exactly one of scale_bits and scale")
+        if scale_bits is not None:
+            if not 0 <= scale_bits <= 60:
+                raise ConfigError(f"scale_bits must be in [0, 60], got {scale_bits!r}")
+            scale = float(2**scale_bits)
+        assert scale is not None
+        if not (math.isfinite(scale) and scale > 0):
+            raise ConfigError(f"scale must be a positive finite float, got {scale!r}")
+        if not (isinstance(n_clients, int) and n_clients >= 1):
+            raise ConfigError(f"n_clients must be an int >= 1, got {n_clients!r}")
+        if not (math.isfinite(clip) and clip > 0):
+            raise ConfigError(f"clip must be a positive finite float, got {clip!r}")
+        if not (isinstance(extra_int_bound, int) and extra_int_bound >= 0):
+            raise ConfigError(f"extra_int_bound must be an int >= 0, got {extra_int_bound!r}")
+        per_client = cls._per_client_bound(clip, scale, extra_int_bound)
+        bits = (n_clients * per_client).bit_length() + 1
+        if bits > 64:
+            raise ConfigError(
+                f"the sum of {n_clients} inputs with clip={clip!r}, scale={scale!r} and "
+                f"extra_int_bound={extra_int_bound} needs a {bits}-bit ring (max 64); lower the "
+                "scale, the clip, the noise bound or the cohort size"
+            )
+        return cls(
+            n_clients=n_clients,
+            clip=float(clip),
+            scale=float(scale),
+            extra_int_bound=extra_int_bound,
+            modulus_bits=bits,
+        )
+
+    @staticmethod
+    def _per_client_bound(clip: float, scale: float, extra: int) -> int:
+        # floor(v + u) with |v| <= clip * scale (rounded up by one ulp), u in [0, 1).
+        return math.floor(clip * scale * (1.0 + 2 * _EPS)) + 1 + extra
+
+    @property
+    def modulus(self) -> int:
+        """``2**modulus_bits``."""
+        return 1 << self.modulus_bits
+
+    @property
+    def mask(self) -> np.uint64:
+        """``2**modulus_bits - 1`` as uint64 (reduces a uint64 modulo the ring)."""
+        return np.uint64(self.modulus - 1)
+
+    @property
+    def per_client_bound(self) -> int:
+        """Largest ``|integer|`` one client contributes to one coordinate."""
+        return self._per_client_bound(self.clip, self.scale, self.extra_int_bound)
+
+    def encode(self, x: np.ndarray, *, rng: np.random.Generator) -> np.ndarray:
+        """Stochastically round float inputs to the ring.
+
+        Args:
+            x: Float array (any shape, typically ``[m, d]``), every ``|x| <= clip``.
+            rng: Generator of the rounding noise (per client and round, see
+                :mod:`protocols.seeding`).
+
+        Returns:
+            uint64 array of the same shape with values in ``[0, 2**modulus_bits)``.
+        """
+        x = np.asarray(x, dtype=np.float64)
+        if not np.all(np.abs(x) <= self.clip):  # also rejects NaN
+            raise ConfigError(
+                f"inputs must be finite with |x| <= clip={self.clip!r}; clip them before encoding"
+            )
+        q = np.floor(x * self.scale + rng.random(x.shape))
+        return self._wrap(q.astype(np.int64))
+
+    def to_ring(self, values: np.ndarray) -> np.ndarray:
+        """Integers (e.g. discrete-Gaussian noise) into the ring; ``|v| <= extra_int_bound``."""
+        v = np.asarray(values)
+        if v.dtype.kind not in "iu":
+            raise ConfigError(f"values must be an integer array, got dtype {v.dtype}")
+        v = v.astype(np.int64)
+        if v.size and int(np.max(np.abs(v))) > self.extra_int_bound:
+            raise ConfigError(
+                f"integer values must satisfy |v| <= extra_int_bound={self.extra_int_bound}; "
+                "raise extra_int_bound in FixedPointCodec.for_sum or truncate the noise"
+            )
+        return self._wrap(v)
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """``(a + b) mod 2**modulus_bits`` for ring arrays."""
+        return (np.asarray(a, dtype=np.uint64) + np.asarray(b, dtype=np.uint64)) & self.mask
+
+    def decode_sum(self, s: np.ndarray) -> np.ndarray:
+        """A ring sum of at most ``n_clients`` encoded inputs back to float64."""
+        s = np.asarray(s)
+        if s.dtype != np.uint64:
+            raise ConfigError(f"ring values must be uint64, got dtype {s.dtype}")
+        if np.any(s >> np.uint64(self.modulus_bits) if self.modulus_bits < 64 else False):
+            raise ConfigError(f"ring values must be < 2**{self.modulus_bits}")
+        signed = s.view(np.int64) if self.modulus_bits == 64 else s.astype(np.int64)
+        if self.modulus_bits < 64:
+            half = 1 << (self.modulus_bits - 1)
+            signed = np.where(signed >= half, signed - self.modulus, signed)
+        return signed.astype(np.float64) / self.scale
+
+    def max_decode_error(self, n: int) -> float:
+        """Bound on ``|decode_sum(sum of n encodings) - sum of the n float inputs|``.
+
+        Each stochastic rounding errs by less than 1 unit (``1 / scale``); the float products
+        ``x * scale`` and the final division add relative errors of ``2**-52``. Integer noise
+        is not counted: it is signal, not error.
+        """
+        if not 0 <= n <= self.n_clients:
+            raise ConfigError(f"n must be in [0, {self.n_clients}], got {n!r}")
+        units = n * (1.0 + self.clip * self.scale * 2 * _EPS) + n * self.per_client_bound * _EPS
+        return units / self.scale
+
+    def _wrap(self, v: np.ndarray) -> np.ndarray:
+        return v.astype(np.uint64) & self.mask

@@ -1,0 +1,356 @@
+"""Wire format: every protocol message is bytes with a versioned, length-checked header.
+
+Layout (big-endian)::
+
+    magic "SAGG" | version u8 | kind u8 | reserved u16 = 0 | session 16 B | round u64
+    | sender u32 | receiver u32 | body length u32 | body
+
+``session`` is the first 16 bytes of the round's session id (public seed and round index),
+``SERVER`` (0xFFFFFFFF) is the server's id. Decoding checks every field against what the
+receiver expects (kind, session, round, sender, receiver, exact lengths, sorted distinct ids,
+value ranges) and raises :class:`IntegrityError` with one fixed message for any mismatch, so a
+tampered, truncated, replayed (other round or session) or mis-addressed message is rejected
+without telling the sender which check failed. Messages carry public keys, AES-GCM
+ciphertexts of shares, masked vectors and revealed shares only; never a private key or seed.
+
+Bodies (``n`` = entry count u32 first):
+
+* ADVERTISE      ``c_pk 32 | s_pk 32``
+* KEYS           ``n | (id u32, c_pk 32, s_pk 32) * n``           ids ascending
+* SHARES         ``n | (receiver u32, ciphertext 90) * n``        ids ascending
+* FORWARD        ``n | (sender u32, ciphertext 90) * n``          ids ascending
+* MASKED_INPUT   ``bits u8 | width u8 | dim u32 | dim * width bytes (little-endian)``
+* UNMASK_REQUEST ``n_survivors_total u32 | n | ids | m | ids``    survivors / dropped neighbours
+* UNMASK_SHARES  ``n | (owner u32, kind u8, share 33) * n``       (owner, kind) ascending
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+from protocols.errors import IntegrityError
+from protocols.secagg.primitives import GCM_TAG_BYTES
+from protocols.secagg.shamir import SHARE_BYTES
+
+MAGIC = b"SAGG"
+VERSION = 1
+SERVER = 0xFFFFFFFF
+KEY_BYTES = 32
+SESSION_BYTES = 16
+SHARE_PLAINTEXT_BYTES = 8 + 2 * SHARE_BYTES
+CIPHERTEXT_BYTES = SHARE_PLAINTEXT_BYTES + GCM_TAG_BYTES
+
+_HEADER = struct.Struct(">4sBBH16sQIII")
+HEADER_BYTES = _HEADER.size
+_U32 = struct.Struct(">I")
+_KEY_ENTRY = struct.Struct(f">I{KEY_BYTES}s{KEY_BYTES}s")
+_BOX_ENTRY = struct.Struct(f">I{CIPHERTEXT_BYTES}s")
+_SHARE_ENTRY = struct.Struct(f">IB{SHARE_BYTES}s")
+
+
+class Kind(IntEnum):
+    """Message kinds, in protocol order."""
+
+    ADVERTISE = 1
+    KEYS = 2
+    SHARES = 3
+    FORWARD = 4
+    MASKED_INPUT = 5
+    UNMASK_REQUEST = 6
+    UNMASK_SHARES = 7
+
+
+class ShareKind(IntEnum):
+    """Which secret a revealed share belongs to (Bonawitz et al. §4, round 4)."""
+
+    SELF_MASK_SEED = 0  # b_u of a survivor
+    MASK_KEY = 1  # s_u^SK of a dropped client
+
+
+_MAX_SHARE_KIND = max(ShareKind)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Envelope:
+    """Who may send what to whom in a round; used to build and check headers."""
+
+    session: bytes
+    round_index: int
+
+    def header(self, kind: Kind, sender: int, receiver: int, body_len: int) -> bytes:
+        return _HEADER.pack(
+            MAGIC,
+            VERSION,
+            kind,
+            0,
+            self.session[:SESSION_BYTES],
+            self.round_index,
+            sender,
+            receiver,
+            body_len,
+        )
+
+    def pack(self, kind: Kind, sender: int, receiver: int, body: bytes) -> bytes:
+        return self.header(kind, sender, receiver, len(body)) + body
+
+    def open(self, message: bytes, kind: Kind, *, sender: int, receiver: int) -> memoryview:
+        """Check the header of ``message`` and return its body."""
+        if not isinstance(message, bytes | bytearray | memoryview):
+            raise IntegrityError()
+        if len(message) < HEADER_BYTES:
+            raise IntegrityError()
+        magic, version, k, reserved, session, rnd, snd, rcv, body_len = _HEADER.unpack_from(message)
+        if (
+            magic != MAGIC
+            or version != VERSION
+            or k != kind
+            or reserved != 0
+            or session != self.session[:SESSION_BYTES]
+            or rnd != self.round_index
+            or snd != sender
+            or rcv != receiver
+            or body_len != len(message) - HEADER_BYTES
+        ):
+            raise IntegrityError()
+        return memoryview(message)[HEADER_BYTES:]
+
+
+class _Reader:
+    """Length-checked cursor over a body; every overrun raises IntegrityError."""
+
+    def __init__(self, body: memoryview) -> None:
+        self.body = body
+        self.pos = 0
+
+    def take(self, n: int) -> memoryview:
+        end = self.pos + n
+        if n < 0 or end > len(self.body):
+            raise IntegrityError()
+        out = self.body[self.pos : end]
+        self.pos = end
+        return out
+
+    def u32(self) -> int:
+        return _U32.unpack(self.take(4))[0]
+
+    def u8(self) -> int:
+        return self.take(1)[0]
+
+    def count(self, entry_bytes: int, limit: int) -> int:
+        n = self.u32()
+        if n > limit or n * entry_bytes > len(self.body) - self.pos:
+            raise IntegrityError()
+        return n
+
+    def ids(self, limit: int, n_clients: int) -> list[int]:
+        n = self.count(4, limit)
+        raw = self.take(4 * n)
+        ids = list(struct.unpack(f">{n}I", raw))
+        _check_ascending(ids, n_clients)
+        return ids
+
+    def done(self) -> None:
+        if self.pos != len(self.body):
+            raise IntegrityError()
+
+
+def _check_ascending(ids: list[int], n_clients: int) -> None:
+    prev = -1
+    for i in ids:
+        if i <= prev or i >= n_clients:
+            raise IntegrityError()
+        prev = i
+
+
+# -- ADVERTISE --------------------------------------------------------------------------------
+
+
+def encode_advertise(env: Envelope, sender: int, c_pk: bytes, s_pk: bytes) -> bytes:
+    return env.pack(Kind.ADVERTISE, sender, SERVER, c_pk + s_pk)
+
+
+def decode_advertise(env: Envelope, message: bytes, *, sender: int) -> tuple[bytes, bytes]:
+    r = _Reader(env.open(message, Kind.ADVERTISE, sender=sender, receiver=SERVER))
+    c_pk, s_pk = bytes(r.take(KEY_BYTES)), bytes(r.take(KEY_BYTES))
+    r.done()
+    return c_pk, s_pk
+
+
+# -- KEYS (server -> client) ------------------------------------------------------------------
+
+
+def encode_keys(env: Envelope, receiver: int, keys: list[tuple[int, bytes, bytes]]) -> bytes:
+    body = [_U32.pack(len(keys))]
+    for cid, c_pk, s_pk in keys:
+        body.append(_U32.pack(cid) + c_pk + s_pk)
+    return env.pack(Kind.KEYS, SERVER, receiver, b"".join(body))
+
+
+def decode_keys(
+    env: Envelope, message: bytes, *, receiver: int, n_clients: int
+) -> list[tuple[int, bytes, bytes]]:
+    r = _Reader(env.open(message, Kind.KEYS, sender=SERVER, receiver=receiver))
+    n = r.count(_KEY_ENTRY.size, n_clients)
+    out = list(_KEY_ENTRY.iter_unpack(r.take(n * _KEY_ENTRY.size)))
+    r.done()
+    _check_ascending([e[0] for e in out], n_clients)
+    return out
+
+
+# -- SHARES (client -> server) and FORWARD (server -> client) ---------------------------------
+
+
+def _encode_boxes(entries: list[tuple[int, bytes]]) -> bytes:
+    body = [_U32.pack(len(entries))]
+    for cid, ct in entries:
+        if len(ct) != CIPHERTEXT_BYTES:
+            raise ValueError("ciphertext has the wrong length")
+        body.append(_U32.pack(cid) + ct)
+    return b"".join(body)
+
+
+def _decode_boxes(r: _Reader, n_clients: int) -> list[tuple[int, bytes]]:
+    n = r.count(_BOX_ENTRY.size, n_clients)
+    out = list(_BOX_ENTRY.iter_unpack(r.take(n * _BOX_ENTRY.size)))
+    r.done()
+    _check_ascending([e[0] for e in out], n_clients)
+    return out
+
+
+def encode_shares(env: Envelope, sender: int, boxes: list[tuple[int, bytes]]) -> bytes:
+    return env.pack(Kind.SHARES, sender, SERVER, _encode_boxes(boxes))
+
+
+def decode_shares(
+    env: Envelope, message: bytes, *, sender: int, n_clients: int
+) -> list[tuple[int, bytes]]:
+    body = env.open(message, Kind.SHARES, sender=sender, receiver=SERVER)
+    return _decode_boxes(_Reader(body), n_clients)
+
+
+def encode_forward(env: Envelope, receiver: int, boxes: list[tuple[int, bytes]]) -> bytes:
+    return env.pack(Kind.FORWARD, SERVER, receiver, _encode_boxes(boxes))
+
+
+def decode_forward(
+    env: Envelope, message: bytes, *, receiver: int, n_clients: int
+) -> list[tuple[int, bytes]]:
+    body = env.open(message, Kind.FORWARD, sender=SERVER, receiver=receiver)
+    return _decode_boxes(_Reader(body), n_clients)
+
+
+def share_associated_data(env: Envelope, sender: int, receiver: int) -> bytes:
+    """AES-GCM associated data of one encrypted share: binds session, round and both ids."""
+    return (
+        MAGIC
+        + bytes([VERSION])
+        + env.session
+        + struct.pack(">QII", env.round_index, sender, receiver)
+    )
+
+
+def pack_share_plaintext(sender: int, receiver: int, b_share: int, sk_share: int) -> bytes:
+    return (
+        struct.pack(">II", sender, receiver)
+        + b_share.to_bytes(SHARE_BYTES, "big")
+        + sk_share.to_bytes(SHARE_BYTES, "big")
+    )
+
+
+def unpack_share_plaintext(data: bytes, *, sender: int, receiver: int) -> tuple[bytes, bytes]:
+    if len(data) != SHARE_PLAINTEXT_BYTES or struct.unpack_from(">II", data) != (
+        sender,
+        receiver,
+    ):
+        raise IntegrityError()
+    return data[8 : 8 + SHARE_BYTES], data[8 + SHARE_BYTES :]
+
+
+# -- MASKED_INPUT -----------------------------------------------------------------------------
+
+
+def ring_dtype(bits: int) -> np.dtype:
+    """Smallest little-endian unsigned dtype holding ``bits``-bit ring elements."""
+    for width, name in ((1, "<u1"), (2, "<u2"), (4, "<u4"), (8, "<u8")):
+        if bits <= 8 * width:
+            return np.dtype(name)
+    raise ValueError(f"bits must be <= 64, got {bits!r}")
+
+
+def encode_masked_input(env: Envelope, sender: int, y: np.ndarray, bits: int) -> bytes:
+    dtype = ring_dtype(bits)
+    head = struct.pack(">BBI", bits, dtype.itemsize, y.shape[0])
+    return env.pack(Kind.MASKED_INPUT, sender, SERVER, head + y.astype(dtype, copy=False).tobytes())
+
+
+def decode_masked_input(
+    env: Envelope, message: bytes, *, sender: int, bits: int, dim: int
+) -> np.ndarray:
+    """The masked vector as a read-only array of the ring dtype (zero-copy view)."""
+    r = _Reader(env.open(message, Kind.MASKED_INPUT, sender=sender, receiver=SERVER))
+    dtype = ring_dtype(bits)
+    b, width = r.u8(), r.u8()
+    if b != bits or width != dtype.itemsize or r.u32() != dim:
+        raise IntegrityError()
+    y = np.frombuffer(r.take(dim * width), dtype=dtype)
+    r.done()
+    if bits < 8 * width and dim and int(y.max()) >> bits:
+        raise IntegrityError()
+    return y
+
+
+# -- UNMASK_REQUEST and UNMASK_SHARES ---------------------------------------------------------
+
+
+def encode_unmask_request(
+    env: Envelope, receiver: int, n_survivors: int, survivors: list[int], dropped: list[int]
+) -> bytes:
+    body = _U32.pack(n_survivors)
+    for ids in (survivors, dropped):
+        body += _U32.pack(len(ids)) + struct.pack(f">{len(ids)}I", *ids)
+    return env.pack(Kind.UNMASK_REQUEST, SERVER, receiver, body)
+
+
+def decode_unmask_request(
+    env: Envelope, message: bytes, *, receiver: int, n_clients: int
+) -> tuple[int, list[int], list[int]]:
+    r = _Reader(env.open(message, Kind.UNMASK_REQUEST, sender=SERVER, receiver=receiver))
+    total = r.u32()
+    if total > n_clients:
+        raise IntegrityError()
+    survivors = r.ids(n_clients, n_clients)
+    dropped = r.ids(n_clients, n_clients)
+    r.done()
+    return total, survivors, dropped
+
+
+def encode_unmask_shares(
+    env: Envelope, sender: int, shares: list[tuple[int, ShareKind, bytes]]
+) -> bytes:
+    body = [_U32.pack(len(shares))]
+    for owner, kind, share in shares:
+        body.append(struct.pack(">IB", owner, kind) + share)
+    return env.pack(Kind.UNMASK_SHARES, sender, SERVER, b"".join(body))
+
+
+def decode_unmask_shares(
+    env: Envelope, message: bytes, *, sender: int, n_clients: int
+) -> list[tuple[int, ShareKind, bytes]]:
+    r = _Reader(env.open(message, Kind.UNMASK_SHARES, sender=sender, receiver=SERVER))
+    n = r.count(_SHARE_ENTRY.size, n_clients)
+    out = []
+    for owner, kind, share in _SHARE_ENTRY.iter_unpack(r.take(n * _SHARE_ENTRY.size)):
+        if owner >= n_clients or kind > _MAX_SHARE_KIND:
+            raise IntegrityError()
+        out.append((owner, ShareKind(kind), share))
+    r.done()
+    prev = -1
+    for owner, _kind, _share in out:  # one share per owner, ascending
+        if owner <= prev:
+            raise IntegrityError()
+        prev = owner
+    return out

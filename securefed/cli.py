@@ -1,0 +1,245 @@
+"""The ``securefed`` command: a thin layer over the public Python API.
+
+Every command turns its flags into the library's typed configs, calls the library, and
+renders progress and results with rich. A :class:`~securefed.errors.SecureFedError` (a user
+mistake, bad data, an exhausted budget) becomes one clear line on stderr and exit code 2;
+anything else keeps its traceback, because it is a bug.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from securefed.errors import SecureFedError
+
+app = typer.Typer(
+    name="securefed",
+    help="Privacy-hardened federated recommendation: train, account, audit, report.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+out = Console()
+
+
+@app.callback()
+def _root() -> None:
+    """Privacy-hardened federated recommendation: train, account, audit, report."""
+
+
+def _fail(message: str) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code=2)
+
+
+@contextmanager
+def _user_errors() -> Iterator[None]:
+    """Turn securefed's own errors into one line and exit code 2."""
+    try:
+        yield
+    except SecureFedError as exc:
+        raise _fail(str(exc)) from None
+    except KeyboardInterrupt:
+        raise _fail("interrupted; resume with --resume RUN_DIR") from None
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+@app.command()
+def train(
+    model: Annotated[str | None, typer.Option(help="fedrap or fedrecgel.")] = None,
+    dataset: Annotated[
+        str | None,
+        typer.Option(help="synthetic (default), ml-100k, ml-1m, filmtrust, or a file path."),
+    ] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(help="Folder holding datasets (else $SECUREFED_DATA_DIR, the cache, download)."),
+    ] = None,
+    rounds: Annotated[int | None, typer.Option(help="Federated rounds (default 100).")] = None,
+    local_epochs: Annotated[int | None, typer.Option(help="FedRAP local epochs per round.")] = None,
+    dim: Annotated[int | None, typer.Option(help="Embedding size (FedRAP dim, FedRecGEL GMF dim).")] = None,
+    client_fraction: Annotated[
+        float | None, typer.Option(help="Poisson sampling: each client joins with this probability.")
+    ] = None,
+    clients_per_round: Annotated[int | None, typer.Option(help="Fixed-size cohorts of K clients.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Root seed of every random step.")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory to create.")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML file with settings (flags override it).")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu or cuda.")] = None,
+    resume: Annotated[Path | None, typer.Option(help="Continue an interrupted run directory.")] = None,
+    checkpoint_every: Annotated[int | None, typer.Option(help="Checkpoint every N rounds.")] = None,
+    eval_every: Annotated[int | None, typer.Option(help="Evaluate every N rounds.")] = None,
+    negatives_from: Annotated[
+        str | None,
+        typer.Option(help="train (leak-free default) or history (the official FedRAP protocol)."),
+    ] = None,
+    curriculum: Annotated[str | None, typer.Option(help="FedRAP: tanh (paper) or none (code).")] = None,
+    lam: Annotated[float | None, typer.Option("--lambda", help="FedRAP lambda.")] = None,
+    mu: Annotated[float | None, typer.Option(help="FedRAP mu.")] = None,
+    l2: Annotated[float | None, typer.Option(help="FedRAP weight decay.")] = None,
+    lr_network: Annotated[float | None, typer.Option(help="FedRAP scorer learning rate.")] = None,
+    lr_args: Annotated[float | None, typer.Option(help="FedRAP C/D learning rate.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="FedRAP local batch size.")] = None,
+    sam: Annotated[str | None, typer.Option(help="FedRecGEL: on (default) or off (FedNCF).")] = None,
+    rho_shared: Annotated[float | None, typer.Option(help="FedRecGEL SAM radius, shared.")] = None,
+    rho_private: Annotated[float | None, typer.Option(help="FedRecGEL SAM radius, private.")] = None,
+    epsilon: Annotated[float | None, typer.Option(help="Target user-level epsilon for the run.")] = None,
+    delta: Annotated[float | None, typer.Option(help="DP delta (default 1e-5).")] = None,
+    noise_multiplier: Annotated[float | None, typer.Option(help="Noise multiplier (instead of --epsilon).")] = None,
+    clip: Annotated[float | None, typer.Option(help="L2 clip of each client update.")] = None,
+    accountant: Annotated[str | None, typer.Option(help="prv (default) or rdp.")] = None,
+    noise: Annotated[str | None, typer.Option(help="central or distributed.")] = None,
+    secure: Annotated[bool | None, typer.Option("--secure/--no-secure", help="OS-random DP noise; refuses --seed.")] = None,
+    secagg: Annotated[bool | None, typer.Option("--secagg/--no-secagg", help="Secure aggregation.")] = None,
+    synthetic_users: Annotated[int | None, typer.Option(help="Users of the synthetic dataset.")] = None,
+    synthetic_items: Annotated[int | None, typer.Option(help="Items of the synthetic dataset.")] = None,
+    min_interactions: Annotated[int | None, typer.Option(help="Drop users with fewer interactions.")] = None,
+) -> None:
+    """Train FedRAP or FedRecGEL federatedly and write a run directory."""
+    from securefed.training import TrainConfig, load_config_file
+    from securefed.training import train as run_train
+
+    with _user_errors():
+        if resume is not None:
+            given = [k for k, v in locals().items() if v is not None and k not in ("resume",)]
+            given = [k for k in given if k not in ("TrainConfig", "load_config_file", "run_train")]
+            if given:
+                raise _fail(
+                    "--resume continues a run with its recorded settings; drop "
+                    + ", ".join("--" + g.replace("_", "-") for g in given)
+                )
+            cfg = None
+        else:
+            raw: dict[str, Any] = load_config_file(config) if config is not None else {}
+            top = _given(
+                model=model, dataset=dataset, data_dir=str(data_dir) if data_dir else None,
+                rounds=rounds, seed=seed, client_fraction=client_fraction,
+                clients_per_round=clients_per_round, device=device,
+                checkpoint_every=checkpoint_every, eval_every=eval_every,
+                synthetic_users=synthetic_users, synthetic_items=synthetic_items,
+                min_interactions=min_interactions,
+            )
+            raw.update(top)
+            fedrap = _given(
+                local_epochs=local_epochs, dim=dim, negatives_from=negatives_from,
+                curriculum=curriculum, lam=lam, mu=mu, l2=l2, lr_network=lr_network,
+                lr_args=lr_args, batch_size=batch_size,
+            )
+            if sam is not None and sam not in ("on", "off"):
+                raise _fail(f"--sam must be on or off, got {sam!r}")
+            fedrecgel = _given(
+                gmf_dim=dim, negatives_from=negatives_from,
+                sam=None if sam is None else sam == "on",
+                rho_shared=rho_shared, rho_private=rho_private,
+            )
+            privacy = _given(
+                epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier, clip=clip,
+                accountant=accountant, noise=noise, secure=secure, secagg=secagg,
+            )
+            for name, section in (("fedrap", fedrap), ("fedrecgel", fedrecgel), ("privacy", privacy)):
+                if section:
+                    merged = dict(raw.get(name, {}))
+                    merged.update(section)
+                    raw[name] = merged
+            cfg = TrainConfig.from_dict(raw)
+            if cfg.privacy.secure and (seed is not None or "seed" in raw):
+                raise _fail("--secure draws noise from the OS and refuses a user seed; drop --seed")
+        _run_with_progress(cfg, out_dir, resume, run_train)
+
+
+def _run_with_progress(cfg: Any, out_dir: Path | None, resume: Path | None, run_train: Callable[..., Any]) -> None:
+    from securefed.training import RoundRecord
+
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[status]}"),
+    )
+    with Progress(*columns, console=err, transient=False) as progress:
+        task = progress.add_task("rounds", total=None, status="loading data")
+        downloads: dict[str, Any] = {}
+
+        def on_download(description: str, done: int, total: int | None) -> None:
+            if description not in downloads:
+                downloads[description] = progress.add_task(description, total=total, status="")
+            progress.update(downloads[description], completed=done, total=total)
+
+        def on_round(rec: RoundRecord) -> None:
+            v = rec.values
+            status = f"loss {v['loss']:.4f}"
+            if "val_hr@10" in v:
+                status += f"  val HR@10 {v['val_hr@10']:.4f}"
+            if v.get("epsilon") is not None:
+                status += f"  eps {v['epsilon']:.3f}"
+            progress.update(task, completed=rec.round, status=status)
+
+        total = None if cfg is None else cfg.rounds
+        progress.update(task, total=total)
+        result = run_train(cfg, out=out_dir, resume=resume, progress=on_round, download_progress=on_download)
+    _print_summary(result)
+
+
+def _print_summary(result: Any) -> None:
+    s = result.summary
+    if s.get("synthetic"):
+        err.print("[yellow]note:[/] trained on the built-in SYNTHETIC dataset (use --dataset for real data)")
+    table = Table(title=f"{s['model']} on {s['dataset']} — {s['rounds']} rounds, {s['seconds']:.1f} s")
+    table.add_column("metric")
+    table.add_column("validation", justify="right")
+    table.add_column("test", justify="right")
+    for label, key in (
+        ("HR@10 (sampled)", "hr@10"),
+        ("NDCG@10 (sampled)", "ndcg@10"),
+        ("HR@10 (full ranking)", "full_hr@10"),
+        ("NDCG@10 (full ranking)", "full_ndcg@10"),
+    ):
+        table.add_row(label, _fmt(s.get(f"val_{key}")), _fmt(s.get(f"test_{key}")))
+    out.print(table)
+    if "selected_round" in s:
+        out.print(f"reported round {s['selected_round']} (best validation HR@10)")
+    if s.get("epsilon") is not None:
+        out.print(
+            f"privacy: epsilon {s['epsilon']:.4g} at delta {s['delta']:g} "
+            f"({s.get('privacy_unit')}-level, {s.get('accountant')} accountant, "
+            f"noise multiplier {s.get('noise_multiplier'):.4g}, clip {s.get('clip'):g})"
+        )
+    if s.get("stopped"):
+        err.print(f"[yellow]stopped early:[/] {s['stopped']}")
+    out.print(f"run directory: {result.run_dir}")
+
+
+def _fmt(value: Any) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def main() -> None:
+    """Console entry point."""
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
+

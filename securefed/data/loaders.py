@@ -1,0 +1,474 @@
+"""Readers for the published rating files and generic interaction tables.
+
+Every loader returns :class:`~securefed.data.types.Interactions` with dense ids and implicit
+feedback (every rating, whatever its value, is one positive interaction). The cleaning steps
+are the same for all formats and are counted in the :class:`~securefed.data.types.LoadReport`:
+
+1. Duplicate ``(user, item)`` pairs keep one row: the one with the latest timestamp (ties:
+   the first in file order) or, without timestamps, the first in file order.
+2. Users with fewer than ``min_interactions`` interactions are dropped (one pass, no k-core
+   iteration); items left without any interaction disappear with them.
+3. Original ids are remapped to dense indices in ascending order of the original id.
+
+A malformed file raises one :class:`~securefed.errors.DataError` that names the file, what is
+wrong with it and what to do; pandas parser errors never reach the caller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from securefed.data.types import Interactions, LoadReport
+from securefed.errors import ConfigError, DataError
+
+__all__ = [
+    "AGE_BUCKET_EDGES",
+    "filter_min_interactions",
+    "load_filmtrust",
+    "load_ml100k",
+    "load_ml1m",
+    "load_table",
+]
+
+# Lower edges of the MovieLens 1M age groups ("Under 18", "18-24", ..., "56+"); MovieLens 100K
+# exact ages are put into the same groups so that both datasets share one ``age_bucket`` code.
+AGE_BUCKET_EDGES = (0, 18, 25, 35, 45, 50, 56)
+
+
+def _age_bucket(age: np.ndarray) -> np.ndarray:
+    bucket = np.searchsorted(np.asarray(AGE_BUCKET_EDGES[1:]), age, side="right").astype(np.int64)
+    return np.where(age < 0, -1, bucket)
+
+
+def _read_text(path: Path, *, what: str) -> bytes:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"{what} file not found: {path}") from None
+    except OSError as exc:
+        raise DataError(f"cannot read {what} file {path}: {exc.strerror or exc}") from None
+    if not raw.strip():
+        raise DataError(f"{path} is empty; expected {what} rows")
+    return raw
+
+
+def _read_columns(
+    path: Path,
+    raw: bytes,
+    *,
+    sep: str,
+    names: tuple[str, ...],
+    optional: int = 0,
+    what: str,
+) -> pd.DataFrame:
+    """Parse a header-less table and check its column count.
+
+    Args:
+        path: The file (for messages only).
+        raw: Its bytes (multi-character separators already replaced by ``sep``).
+        sep: Single-character separator or ``r"\\s+"``.
+        names: Column names; the last ``optional`` of them may be missing from the file.
+        optional: How many trailing columns are optional.
+        what: Human description of the expected layout, used in messages.
+    """
+    try:
+        frame = pd.read_csv(io.BytesIO(raw), sep=sep, header=None, keep_default_na=False)
+    except pd.errors.EmptyDataError:
+        raise DataError(f"{path} is empty; expected {what}") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DataError(
+            f"{path} is not a valid {what} file ({first}); check the separator and that "
+            f"every line has {len(names)} columns"
+        ) from None
+    n_cols = frame.shape[1]
+    if not len(names) - optional <= n_cols <= len(names):
+        raise DataError(
+            f"{path} has {n_cols} column(s) per line, expected {len(names)} ({what}); "
+            "check that this is the right file and separator"
+        )
+    frame.columns = list(names[:n_cols])
+    empty = (frame.isna() | (frame == "")).to_numpy()
+    if empty.any():
+        row = int(np.nonzero(empty.any(axis=1))[0][0])
+        raise DataError(
+            f"{path} line {row + 1} has missing fields; expected {len(names)} columns ({what})"
+        )
+    return frame
+
+
+def _integer_column(values: pd.Series, *, path: Path, column: str, offset: int = 1) -> np.ndarray:
+    numeric = pd.to_numeric(values, errors="coerce")
+    arr = numeric.to_numpy(dtype=np.float64, na_value=np.nan)
+    bad = ~np.isfinite(arr) | (arr != np.round(arr))
+    if bad.any():
+        row = int(np.nonzero(bad)[0][0])
+        raise DataError(
+            f"{path} line {row + offset}: {column} {values.iloc[row]!r} is not an integer; "
+            f"{column}s must be integer ids"
+        )
+    return arr.astype(np.int64)
+
+
+def _float_column(values: pd.Series, *, path: Path, column: str, offset: int = 1) -> np.ndarray:
+    arr = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        row = int(np.nonzero(bad)[0][0])
+        raise DataError(
+            f"{path} line {row + offset}: {column} {values.iloc[row]!r} is not a number"
+        )
+    return arr
+
+
+def _build(
+    *,
+    name: str,
+    source: Path | str,
+    users: np.ndarray,
+    items: np.ndarray,
+    timestamps: np.ndarray | None,
+    user_table: dict[str, dict[int, int]] | None,
+    min_interactions: int,
+    notes: tuple[str, ...] = (),
+) -> Interactions:
+    """Deduplicate, remap to dense ids, attach attributes and apply the user filter."""
+    raw_rows = len(users)
+    order = np.arange(raw_rows)
+    if timestamps is not None:
+        # Latest timestamp first, ties by file order, so the first row of each pair wins.
+        order = np.lexsort((order, -timestamps))
+    pair = pd.DataFrame({"u": users[order], "i": items[order]})
+    keep = order[~pair.duplicated(keep="first").to_numpy()]
+    keep.sort()  # back to file order
+    duplicates = raw_rows - len(keep)
+    users, items = users[keep], items[keep]
+    if timestamps is not None:
+        timestamps = timestamps[keep]
+    user_ids, dense_users = np.unique(users, return_inverse=True)
+    item_ids, dense_items = np.unique(items, return_inverse=True)
+
+    attributes: dict[str, np.ndarray] = {}
+    extra_notes: list[str] = []
+    if user_table:
+        missing = 0
+        for key, mapping in user_table.items():
+            values = np.array([mapping.get(int(u), -1) for u in user_ids], dtype=np.int64)
+            missing = max(missing, int((values < 0).sum()))
+            attributes[key] = values
+        if missing:
+            extra_notes.append(f"{missing} user(s) have no demographics row; attributes are -1")
+    if duplicates:
+        rule = "latest timestamp" if timestamps is not None else "first row in file order"
+        extra_notes.append(f"{duplicates} duplicate (user, item) row(s) removed, kept the {rule}")
+
+    data = Interactions(
+        name=name,
+        users=dense_users.astype(np.int64),
+        items=dense_items.astype(np.int64),
+        timestamps=None if timestamps is None else timestamps.astype(np.float64),
+        n_users=len(user_ids),
+        n_items=len(item_ids),
+        user_ids=user_ids,
+        item_ids=item_ids,
+        attributes=attributes,
+        report=LoadReport(
+            source=str(source),
+            raw_rows=raw_rows,
+            duplicate_rows=duplicates,
+            dropped_users=0,
+            dropped_interactions=0,
+            notes=(*notes, *extra_notes),
+        ),
+    )
+    result = filter_min_interactions(data, min_interactions)
+    if result.n_users == 0:
+        raise DataError(
+            f"{source}: no user has at least {min_interactions} interactions "
+            f"({raw_rows} rows read); lower min_interactions or use a larger dataset"
+        )
+    return result
+
+
+def filter_min_interactions(data: Interactions, min_interactions: int) -> Interactions:
+    """Drop users with fewer than ``min_interactions`` interactions.
+
+    Users and items are re-indexed densely when anything is dropped (items whose only
+    interactions belonged to dropped users disappear); the report counts what was removed.
+    Returns ``data`` itself when nothing is dropped.
+
+    Args:
+        data: Interactions without duplicate ``(user, item)`` pairs.
+        min_interactions: Minimum interactions per kept user (at least 1). Leave-one-out
+            needs 3; the FedRecGEL preprocessing uses 5.
+    """
+    if isinstance(min_interactions, bool) or not isinstance(min_interactions, int | np.integer):
+        raise ConfigError(f"min_interactions must be an integer, got {min_interactions!r}")
+    if min_interactions < 1:
+        raise ConfigError(f"min_interactions must be at least 1, got {min_interactions!r}")
+    counts = np.bincount(data.users, minlength=data.n_users)
+    keep_user = counts >= min_interactions
+    if keep_user.all():
+        return data
+    rows = keep_user[data.users]
+    kept_users = np.nonzero(keep_user)[0]
+    kept_items = np.unique(data.items[rows])
+    user_map = np.full(data.n_users, -1, dtype=np.int64)
+    user_map[kept_users] = np.arange(len(kept_users))
+    item_map = np.full(data.n_items, -1, dtype=np.int64)
+    item_map[kept_items] = np.arange(len(kept_items))
+    dropped_users = int(data.n_users - len(kept_users))
+    dropped_rows = int(len(rows) - rows.sum())
+    report = dataclasses.replace(
+        data.report,
+        dropped_users=data.report.dropped_users + dropped_users,
+        dropped_interactions=data.report.dropped_interactions + dropped_rows,
+        notes=(
+            *data.report.notes,
+            f"{dropped_users} user(s) with fewer than {min_interactions} interactions dropped "
+            f"({dropped_rows} interactions)",
+        ),
+    )
+    return dataclasses.replace(
+        data,
+        users=user_map[data.users[rows]],
+        items=item_map[data.items[rows]],
+        timestamps=None if data.timestamps is None else data.timestamps[rows],
+        n_users=len(kept_users),
+        n_items=len(kept_items),
+        user_ids=data.user_ids[kept_users],
+        item_ids=data.item_ids[kept_items],
+        attributes={k: v[kept_users] for k, v in data.attributes.items()},
+        report=report,
+    )
+
+
+def _read_users(
+    path: Path, *, sep: str, multi_sep: str | None, exact_age: bool
+) -> dict[str, dict[int, int]]:
+    """Read MovieLens demographics (``user|age|gender|...`` or ``user::gender::age::...``)."""
+    raw = _read_text(path, what="MovieLens users")
+    if multi_sep is not None:
+        raw = raw.replace(multi_sep.encode(), sep.encode())
+    if exact_age:
+        names = ("user", "age", "gender", "occupation", "zip")
+        layout = "user|age|gender|occupation|zip"
+    else:
+        names = ("user", "gender", "age", "occupation", "zip")
+        layout = "UserID::Gender::Age::Occupation::Zip-code"
+    try:
+        frame = pd.read_csv(
+            io.BytesIO(raw),
+            sep=sep,
+            header=None,
+            dtype=str,
+            keep_default_na=False,
+            encoding="latin-1",
+        )
+    except (pd.errors.ParserError, ValueError) as exc:
+        raise DataError(f"{path} is not a valid users file ({layout}): {exc}") from None
+    if frame.shape[1] != len(names):
+        raise DataError(
+            f"{path} has {frame.shape[1]} column(s) per line, expected {len(names)} ({layout})"
+        )
+    frame.columns = list(names)
+    users = _integer_column(frame["user"], path=path, column="user id")
+    age = _integer_column(frame["age"], path=path, column="age")
+    gender_raw = frame["gender"].str.strip().str.upper()
+    bad = ~gender_raw.isin(["F", "M"])
+    if bad.any():
+        row = int(np.nonzero(bad.to_numpy())[0][0])
+        raise DataError(
+            f"{path} line {row + 1}: gender {frame['gender'].iloc[row]!r} is not 'F' or 'M'"
+        )
+    gender = (gender_raw == "F").to_numpy().astype(np.int64)
+    return {
+        "gender": dict(zip(users.tolist(), gender.tolist(), strict=True)),
+        "age": dict(zip(users.tolist(), age.tolist(), strict=True)),
+        "age_bucket": dict(zip(users.tolist(), _age_bucket(age).tolist(), strict=True)),
+    }
+
+
+def _resolve_file(path: str | Path, filename: str) -> Path:
+    path = Path(path)
+    return path / filename if path.is_dir() else path
+
+
+def load_ml100k(path: str | Path, *, min_interactions: int = 3) -> Interactions:
+    """Load MovieLens 100K (``u.data``; demographics from ``u.user`` beside it when present).
+
+    Args:
+        path: ``u.data`` itself or the folder that holds it.
+        min_interactions: Users with fewer interactions are dropped.
+
+    Returns:
+        Interactions with timestamps and, when ``u.user`` exists, the attributes ``"gender"``
+        (1 = F, 0 = M), ``"age"`` (years) and ``"age_bucket"`` (index into
+        :data:`AGE_BUCKET_EDGES`).
+    """
+    data_path = _resolve_file(path, "u.data")
+    raw = _read_text(data_path, what="MovieLens 100K ratings")
+    frame = _read_columns(
+        data_path,
+        raw,
+        sep="\t",
+        names=("user", "item", "rating", "timestamp"),
+        what="tab-separated 'user item rating timestamp' (MovieLens u.data)",
+    )
+    users_path = data_path.with_name("u.user")
+    table = None
+    if users_path.is_file():
+        table = _read_users(users_path, sep="|", multi_sep=None, exact_age=True)
+    return _build(
+        name="ml-100k",
+        source=data_path,
+        users=_integer_column(frame["user"], path=data_path, column="user id"),
+        items=_integer_column(frame["item"], path=data_path, column="item id"),
+        timestamps=_float_column(frame["timestamp"], path=data_path, column="timestamp"),
+        user_table=table,
+        min_interactions=min_interactions,
+    )
+
+
+def load_ml1m(path: str | Path, *, min_interactions: int = 3) -> Interactions:
+    """Load MovieLens 1M (``ratings.dat``; demographics from ``users.dat`` when present).
+
+    Args:
+        path: ``ratings.dat`` itself or the folder that holds it.
+        min_interactions: Users with fewer interactions are dropped.
+
+    Returns:
+        Interactions with timestamps and, when ``users.dat`` exists, ``"gender"`` (1 = F),
+        ``"age"`` (the MovieLens 1M age-group code: 1, 18, 25, ...) and ``"age_bucket"``.
+    """
+    data_path = _resolve_file(path, "ratings.dat")
+    raw = _read_text(data_path, what="MovieLens 1M ratings").replace(b"::", b"\t")
+    frame = _read_columns(
+        data_path,
+        raw,
+        sep="\t",
+        names=("user", "item", "rating", "timestamp"),
+        what="'::'-separated 'UserID::MovieID::Rating::Timestamp' (MovieLens ratings.dat)",
+    )
+    users_path = data_path.with_name("users.dat")
+    table = None
+    if users_path.is_file():
+        table = _read_users(users_path, sep="\t", multi_sep="::", exact_age=False)
+    return _build(
+        name="ml-1m",
+        source=data_path,
+        users=_integer_column(frame["user"], path=data_path, column="user id"),
+        items=_integer_column(frame["item"], path=data_path, column="item id"),
+        timestamps=_float_column(frame["timestamp"], path=data_path, column="timestamp"),
+        user_table=table,
+        min_interactions=min_interactions,
+    )
+
+
+def load_filmtrust(path: str | Path, *, min_interactions: int = 3) -> Interactions:
+    """Load FilmTrust (LibRec ``ratings.txt``: space-separated ``user item rating``).
+
+    The file has no timestamps, so :func:`~securefed.data.split.leave_one_out` orders each
+    user's interactions by a seeded random permutation. The published file contains duplicate
+    ``(user, item)`` rows; the first in file order is kept and the rest are counted.
+
+    Args:
+        path: ``ratings.txt`` itself or the folder that holds it.
+        min_interactions: Users with fewer interactions are dropped.
+    """
+    data_path = _resolve_file(path, "ratings.txt")
+    raw = _read_text(data_path, what="FilmTrust ratings")
+    frame = _read_columns(
+        data_path,
+        raw,
+        sep=r"\s+",
+        names=("user", "item", "rating"),
+        what="space-separated 'user item rating' (FilmTrust ratings.txt)",
+    )
+    return _build(
+        name="filmtrust",
+        source=data_path,
+        users=_integer_column(frame["user"], path=data_path, column="user id"),
+        items=_integer_column(frame["item"], path=data_path, column="item id"),
+        timestamps=None,
+        user_table=None,
+        min_interactions=min_interactions,
+    )
+
+
+def load_table(path: str | Path, *, min_interactions: int = 3) -> Interactions:
+    """Load a CSV or Parquet table with columns ``user``, ``item`` [, ``rating``, ``timestamp``].
+
+    Column names are matched case-insensitively; other columns are ignored. Ids must be
+    integers. ``timestamp`` may be numeric (seconds) or ISO 8601 date-time strings.
+
+    Args:
+        path: A ``.csv`` / ``.tsv`` or ``.parquet`` / ``.pq`` file.
+        min_interactions: Users with fewer interactions are dropped.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    hint = "a table with a header row naming the columns user, item[, rating, timestamp]"
+    if suffix in (".parquet", ".pq"):
+        if not path.is_file():
+            raise DataError(f"interaction table not found: {path}")
+        try:
+            frame = pd.read_parquet(path)
+        except ImportError:
+            raise DataError(
+                f"reading {path} needs pyarrow; install it with 'pip install securefed[parquet]'"
+            ) from None
+        except Exception as exc:  # pyarrow raises many unrelated types for a bad file
+            raise DataError(
+                f"{path} is not a readable Parquet file ({exc}); expected {hint}"
+            ) from None
+        offset = 0
+    else:
+        raw = _read_text(path, what="interaction table")
+        sep = "\t" if suffix == ".tsv" else ","
+        try:
+            frame = pd.read_csv(io.BytesIO(raw), sep=sep, keep_default_na=False)
+        except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0]
+            raise DataError(f"{path} is not a valid table ({first}); expected {hint}") from None
+        offset = 2  # line numbers in messages: header is line 1
+    columns = {str(c).strip().lower(): c for c in frame.columns}
+    missing = [c for c in ("user", "item") if c not in columns]
+    if missing:
+        found = ", ".join(str(c) for c in frame.columns) or "none"
+        raise DataError(
+            f"{path} has no column(s) {', '.join(missing)} (found: {found}); expected {hint}"
+        )
+    if len(frame) == 0:
+        raise DataError(f"{path} has a header but no rows; expected {hint}")
+
+    timestamps = None
+    if "timestamp" in columns:
+        ts = frame[columns["timestamp"]]
+        numeric = pd.to_numeric(ts, errors="coerce")
+        if numeric.notna().all():
+            timestamps = numeric.to_numpy(dtype=np.float64)
+        else:
+            try:
+                parsed = pd.to_datetime(ts, utc=True, format="ISO8601")
+            except (ValueError, TypeError):
+                row = int(np.nonzero(numeric.isna().to_numpy())[0][0])
+                raise DataError(
+                    f"{path} line {row + offset}: timestamp {ts.iloc[row]!r} is neither a number "
+                    "nor an ISO 8601 date-time"
+                ) from None
+            timestamps = (parsed - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy()
+    return _build(
+        name=path.stem,
+        source=path,
+        users=_integer_column(frame[columns["user"]], path=path, column="user id", offset=offset),
+        items=_integer_column(frame[columns["item"]], path=path, column="item id", offset=offset),
+        timestamps=timestamps,
+        user_table=None,
+        min_interactions=min_interactions,
+    )

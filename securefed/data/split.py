@@ -1,0 +1,166 @@
+"""Leave-one-out split and the sampled evaluation negatives.
+
+Protocol (the one of the FedRAP and FedRecGEL papers): per user, the latest interaction is the
+test item, the second latest the validation item, the rest are training positives.
+
+* With timestamps, interactions are ordered by time; equal timestamps keep their order in the
+  :class:`~securefed.data.types.Interactions` arrays (file order), so ties are broken the same
+  way on every run.
+* Without timestamps (FilmTrust), each user's interactions are put in the order of a random
+  permutation drawn from ``derive_seed(seed, "split", "order")``: the held-out items are a
+  uniformly random pair of the user's items, and the same ``seed`` gives the same split.
+
+The evaluation negatives are ``n_eval_negatives`` distinct items per user that the user never
+interacted with (train, validation or test), drawn once per seed and separately for validation
+and test, so every model evaluated with the same seed ranks against the same lists.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from protocols.seeding import numpy_generator
+from securefed.data.types import Interactions, Split
+from securefed.errors import ConfigError, DataError
+
+__all__ = ["complement_items", "leave_one_out"]
+
+
+def _csr(users: np.ndarray, items: np.ndarray, n_users: int) -> tuple[np.ndarray, np.ndarray]:
+    """CSR (indptr, items sorted within each user) of the given pairs."""
+    order = np.lexsort((items, users))
+    indptr = np.zeros(n_users + 1, dtype=np.int64)
+    np.cumsum(np.bincount(users, minlength=n_users), out=indptr[1:])
+    return indptr, items[order].astype(np.int64)
+
+
+def complement_items(
+    indptr: np.ndarray, items: np.ndarray, n_items: int, users: np.ndarray, ranks: np.ndarray
+) -> np.ndarray:
+    """Map ranks within each user's complement to item ids.
+
+    For user ``u`` with sorted positives ``h_0 < h_1 < ...``, rank ``r`` in
+    ``[0, n_items - len(h))`` maps to the ``r``-th item not in ``h``: ``r + #{j : h_j - j <= r}``.
+    The adjusted keys ``u * n_items + h_j - j`` are globally non-decreasing, so one
+    ``searchsorted`` serves all users at once.
+
+    Args:
+        indptr: CSR row pointers (``n_users + 1``).
+        items: CSR items, sorted and unique within each user.
+        n_items: Catalogue size.
+        users: User of each query (any shape).
+        ranks: Rank of each query within that user's complement (same shape as ``users``).
+    """
+    counts = np.diff(indptr)
+    within = np.arange(len(items), dtype=np.int64) - np.repeat(indptr[:-1], counts)
+    owners = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    keys = owners * n_items + items - within
+    found = np.searchsorted(keys, users * n_items + ranks, side="right")
+    return ranks + found - indptr[users]
+
+
+def _sample_distinct(rng: np.random.Generator, sizes: np.ndarray, k: int) -> np.ndarray:
+    """``k`` distinct ranks in ``[0, sizes[u])`` per row, uniformly (Floyd's algorithm).
+
+    Vectorised over rows; the loop runs over the ``k`` positions only.
+    """
+    n = len(sizes)
+    out = np.empty((n, k), dtype=np.int64)
+    for col in range(k):
+        j = sizes - k + col  # Floyd: draw t in [0, j]; if taken, take j instead
+        t = np.floor(rng.random(n) * (j + 1)).astype(np.int64)
+        t = np.minimum(t, j)
+        taken = (out[:, :col] == t[:, None]).any(axis=1)
+        out[:, col] = np.where(taken, j, t)
+    return out
+
+
+def leave_one_out(data: Interactions, *, seed: int, n_eval_negatives: int = 99) -> Split:
+    """Split interactions leave-one-out and draw the sampled evaluation negatives.
+
+    Args:
+        data: Interactions without duplicate ``(user, item)`` pairs; every user needs at least
+            3 interactions (load with ``min_interactions >= 3``).
+        seed: Root seed of the tie order without timestamps and of the evaluation negatives.
+        n_eval_negatives: Negatives per user for the sampled protocol (99 in the papers);
+            0 keeps only the full-ranking protocol.
+
+    Returns:
+        The :class:`~securefed.data.types.Split`; see the module docstring for the protocol.
+
+    Raises:
+        DataError: A user has fewer than 3 interactions, duplicate pairs exist, or a user has
+            fewer than ``n_eval_negatives`` items left to sample from.
+    """
+    if isinstance(n_eval_negatives, bool) or not isinstance(n_eval_negatives, int):
+        raise ConfigError(f"n_eval_negatives must be an integer, got {n_eval_negatives!r}")
+    if n_eval_negatives < 0:
+        raise ConfigError(f"n_eval_negatives must be non-negative, got {n_eval_negatives!r}")
+    n_users, n_items = data.n_users, data.n_items
+    users = np.asarray(data.users, dtype=np.int64)
+    items = np.asarray(data.items, dtype=np.int64)
+    counts = np.bincount(users, minlength=n_users)
+    if len(counts) > n_users or (len(items) and (items.min() < 0 or items.max() >= n_items)):
+        raise DataError(f"{data.name}: user or item index out of range for its n_users/n_items")
+    short = counts < 3
+    if short.any():
+        raise DataError(
+            f"{data.name}: {int(short.sum())} user(s) have fewer than 3 interactions "
+            f"(smallest: {int(counts.min())}); leave-one-out needs 3 per user: load the data "
+            "with min_interactions >= 3"
+        )
+    history_indptr, history_items = _csr(users, items, n_users)
+    same = np.diff(history_items) == 0
+    same &= np.repeat(np.arange(n_users), counts)[1:] == np.repeat(np.arange(n_users), counts)[:-1]
+    if same.any():
+        raise DataError(
+            f"{data.name}: {int(same.sum())} duplicate (user, item) interaction(s); "
+            "deduplicate them (the loaders do) before splitting"
+        )
+
+    position = np.arange(len(users))
+    if data.timestamps is not None:
+        order = np.lexsort((position, np.asarray(data.timestamps, dtype=np.float64), users))
+    else:
+        keys = numpy_generator(seed, "split", "order").random(len(users))
+        order = np.lexsort((keys, users))
+    ordered = items[order]
+    last = history_indptr[1:] - 1
+    test_items = ordered[last]
+    val_items = ordered[last - 1]
+    is_train = np.ones(len(users), dtype=bool)
+    is_train[last] = False
+    is_train[last - 1] = False
+    train_indptr, train_items = _csr(users[order][is_train], ordered[is_train], n_users)
+
+    free = n_items - counts
+    if n_eval_negatives and (free < n_eval_negatives).any():
+        worst = int(free.min())
+        raise DataError(
+            f"{data.name}: a user has only {worst} never-interacted item(s), fewer than "
+            f"n_eval_negatives={n_eval_negatives}; lower n_eval_negatives"
+        )
+    negatives = {}
+    row_users = np.arange(n_users, dtype=np.int64)[:, None]
+    for which in ("val", "test"):
+        rng = numpy_generator(seed, "split", "eval-negatives", which)
+        ranks = _sample_distinct(rng, free, n_eval_negatives)
+        negatives[which] = complement_items(
+            history_indptr, history_items, n_items, np.broadcast_to(row_users, ranks.shape), ranks
+        )
+
+    return Split(
+        name=data.name,
+        n_users=n_users,
+        n_items=n_items,
+        train_indptr=train_indptr,
+        train_items=train_items,
+        history_indptr=history_indptr,
+        history_items=history_items,
+        val_items=val_items,
+        test_items=test_items,
+        val_negatives=negatives["val"],
+        test_negatives=negatives["test"],
+        attributes=dict(data.attributes),
+        report=data.report,
+    )

@@ -1,0 +1,97 @@
+"""Typed containers passed from the data layer to models, federation and evaluation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadReport:
+    """What the loader did to the raw file, shown to the user and written into the run."""
+
+    source: str
+    raw_rows: int
+    duplicate_rows: int
+    dropped_users: int
+    dropped_interactions: int
+    synthetic: bool = False
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Interactions:
+    """Implicit-feedback interactions with dense ids.
+
+    Attributes:
+        name: Dataset name (``"ml-100k"``, ``"synthetic"``, a file name, ...).
+        users: int64 array of dense user indices in ``[0, n_users)``, one per interaction.
+        items: int64 array of dense item indices in ``[0, n_items)``.
+        timestamps: float64 array (seconds) or ``None`` when the data has no timestamps.
+        n_users: Number of users.
+        n_items: Number of items.
+        user_ids: Original user ids, ``user_ids[dense] == original``.
+        item_ids: Original item ids.
+        attributes: Per-user attributes (arrays of length ``n_users``), e.g. ``"gender"``
+            (0/1), ``"age"``; empty when the dataset has none.
+        report: What loading did (duplicates removed, users dropped, ...).
+    """
+
+    name: str
+    users: np.ndarray
+    items: np.ndarray
+    timestamps: np.ndarray | None
+    n_users: int
+    n_items: int
+    user_ids: np.ndarray
+    item_ids: np.ndarray
+    attributes: dict[str, np.ndarray] = field(default_factory=dict)
+    report: LoadReport
+
+
+@dataclass(frozen=True, kw_only=True)
+class Split:
+    """Leave-one-out split with the sampled evaluation protocol.
+
+    Per user, the latest interaction is the test item, the second latest the validation
+    item and the rest are training positives. Training positives are stored in CSR form:
+    user ``u`` owns ``train_items[train_indptr[u]:train_indptr[u + 1]]`` (sorted, unique).
+    The full history (train + val + test) is stored the same way in ``history_*``.
+
+    ``val_negatives`` / ``test_negatives`` hold, per user, ``n_eval_negatives`` items the
+    user never interacted with (whole history), sampled once per seed: the papers' sampled
+    protocol ranks the held-out item among them.
+    """
+
+    name: str
+    n_users: int
+    n_items: int
+    train_indptr: np.ndarray
+    train_items: np.ndarray
+    history_indptr: np.ndarray
+    history_items: np.ndarray
+    val_items: np.ndarray
+    test_items: np.ndarray
+    val_negatives: np.ndarray
+    test_negatives: np.ndarray
+    attributes: dict[str, np.ndarray] = field(default_factory=dict)
+    report: LoadReport
+
+    @property
+    def train_counts(self) -> np.ndarray:
+        """Number of training positives per user (int64, length ``n_users``)."""
+        return np.diff(self.train_indptr)
+
+    @property
+    def n_train(self) -> int:
+        """Total number of training positives."""
+        return int(self.train_indptr[-1])
+
+    def train_users(self) -> np.ndarray:
+        """The user index of every training positive (aligned with ``train_items``)."""
+        return np.repeat(np.arange(self.n_users, dtype=np.int64), self.train_counts)
+
+    def user_train_items(self, user: int) -> np.ndarray:
+        """Training positives of one user."""
+        return self.train_items[self.train_indptr[user] : self.train_indptr[user + 1]]

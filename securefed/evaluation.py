@@ -1,0 +1,207 @@
+"""HR@k and NDCG@k under the sampled and the full-ranking leave-one-out protocols.
+
+* Sampled (the papers' protocol): the held-out item is ranked among the user's
+  ``n_eval_negatives`` (99) sampled negatives, items the user never interacted with.
+* Full ranking: the held-out item is ranked among every item the user has no training
+  interaction with, excluding the other held-out item (the test item when evaluating
+  validation and vice versa), whose label the model must not be rewarded or punished for.
+
+Rank convention (pessimistic): the rank of the target is the number of candidates whose
+score is *greater than or equal to* the target's score, i.e. the target is placed after every
+candidate with a strictly greater score and after every tie. A constant model therefore gets
+HR = 0, not a lucky 1. A NaN score never helps: a NaN target ranks last and NaN candidates rank
+ahead of the target.
+
+``rank == 0`` is the top; HR@k = ``rank < k``; NDCG@k = ``1 / log2(rank + 2)`` if ``rank < k``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+import torch
+
+from securefed.data.types import Split
+from securefed.errors import ConfigError
+
+__all__ = ["EvalResult", "Scorer", "evaluate", "hit_ratio", "ndcg", "rank_of_target"]
+
+
+class Scorer(Protocol):
+    """What evaluation needs from a model (a subset of ``federation.base.Recommender``)."""
+
+    def score(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor: ...
+
+    def score_all(self, users: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalResult:
+    """Metrics of one evaluation.
+
+    Attributes:
+        which: ``"val"`` or ``"test"``.
+        k: The cut-off.
+        n_users: Number of users evaluated.
+        hr: HR@k under the sampled protocol.
+        ndcg: NDCG@k under the sampled protocol.
+        full_hr: HR@k under full ranking (``None`` when not computed).
+        full_ndcg: NDCG@k under full ranking (``None`` when not computed).
+        ranks: Per-user sampled rank (int64, ``n_users``), when requested.
+        full_ranks: Per-user full-ranking rank, when requested and computed.
+    """
+
+    which: str
+    k: int
+    n_users: int
+    hr: float
+    ndcg: float
+    full_hr: float | None = None
+    full_ndcg: float | None = None
+    ranks: np.ndarray | None = None
+    full_ranks: np.ndarray | None = None
+
+
+def _as_tensor(ranks: torch.Tensor | np.ndarray) -> torch.Tensor:
+    return ranks if isinstance(ranks, torch.Tensor) else torch.as_tensor(np.asarray(ranks))
+
+
+def _check_k(k: int) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ConfigError(f"k must be a positive integer, got {k!r}")
+
+
+def hit_ratio(ranks: torch.Tensor | np.ndarray, k: int) -> float:
+    """Mean HR@k of 0-based target ranks (``rank < k`` counts as a hit)."""
+    _check_k(k)
+    r = _as_tensor(ranks)
+    if r.numel() == 0:
+        raise ConfigError("cannot compute a metric over zero users")
+    return float((r < k).double().mean())
+
+
+def ndcg(ranks: torch.Tensor | np.ndarray, k: int) -> float:
+    """Mean NDCG@k of 0-based target ranks (one relevant item: ``1 / log2(rank + 2)``)."""
+    _check_k(k)
+    r = _as_tensor(ranks).double()
+    if r.numel() == 0:
+        raise ConfigError("cannot compute a metric over zero users")
+    gains = torch.where(r < k, 1.0 / torch.log2(r + 2.0), torch.zeros_like(r))
+    return float(gains.mean())
+
+
+def rank_of_target(
+    target_scores: torch.Tensor,
+    candidate_scores: torch.Tensor,
+    candidate_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """0-based rank of each target among its candidates, ties broken against the target.
+
+    Args:
+        target_scores: ``[B]`` scores of the held-out items.
+        candidate_scores: ``[B, K]`` scores of the candidates (the target excluded).
+        candidate_mask: Optional bool ``[B, K]``; ``False`` entries are not candidates.
+
+    Returns:
+        int64 ``[B]``: the number of candidates scoring ``>=`` the target (NaN-pessimistic).
+    """
+    if candidate_scores.ndim != 2 or target_scores.shape != candidate_scores.shape[:1]:
+        raise ValueError(
+            f"expected target [B] and candidates [B, K], got {tuple(target_scores.shape)} "
+            f"and {tuple(candidate_scores.shape)}"
+        )
+    target = target_scores[:, None]
+    ahead = (candidate_scores >= target) | candidate_scores.isnan() | target.isnan()
+    if candidate_mask is not None:
+        ahead &= candidate_mask
+    return ahead.sum(dim=1).to(torch.int64)
+
+
+def evaluate(
+    model: Scorer,
+    split: Split,
+    *,
+    which: Literal["val", "test"],
+    k: int = 10,
+    batch_size: int = 256,
+    full: bool = True,
+    per_user: bool = False,
+) -> EvalResult:
+    """Evaluate ``model`` on every user's validation or test item.
+
+    Args:
+        model: Anything with ``score(users [B], items [B, K]) -> [B, K]`` and (for
+            ``full=True``) ``score_all(users [B]) -> [B, n_items]``.
+        split: The leave-one-out split (its sampled negatives fix the sampled protocol).
+        which: ``"val"`` or ``"test"``.
+        k: Cut-off of HR@k and NDCG@k.
+        batch_size: Users scored per call to the model.
+        full: Also compute the full-ranking metrics.
+        per_user: Keep the per-user ranks in the result.
+
+    Returns:
+        The :class:`EvalResult`.
+    """
+    if which not in ("val", "test"):
+        raise ConfigError(f"which must be 'val' or 'test', got {which!r}")
+    _check_k(k)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+    targets = torch.from_numpy(split.val_items if which == "val" else split.test_items)
+    others = torch.from_numpy(split.test_items if which == "val" else split.val_items)
+    negatives = torch.from_numpy(split.val_negatives if which == "val" else split.test_negatives)
+    indptr = torch.from_numpy(split.train_indptr)
+    train_items = torch.from_numpy(split.train_items)
+
+    sampled_ranks: list[torch.Tensor] = []
+    full_ranks: list[torch.Tensor] = []
+    with torch.no_grad():
+        for start in range(0, split.n_users, batch_size):
+            stop = min(start + batch_size, split.n_users)
+            users = torch.arange(start, stop, dtype=torch.int64)
+            b = stop - start
+            candidates = torch.cat([targets[start:stop, None], negatives[start:stop]], dim=1)
+            scores = model.score(users, candidates)
+            if tuple(scores.shape) != tuple(candidates.shape):
+                raise ValueError(
+                    f"model.score returned shape {tuple(scores.shape)}, "
+                    f"expected {tuple(candidates.shape)}"
+                )
+            scores = scores.detach().cpu()
+            sampled_ranks.append(rank_of_target(scores[:, 0], scores[:, 1:]))
+            if not full:
+                continue
+            all_scores = model.score_all(users)
+            if tuple(all_scores.shape) != (b, split.n_items):
+                raise ValueError(
+                    f"model.score_all returned shape {tuple(all_scores.shape)}, "
+                    f"expected {(b, split.n_items)}"
+                )
+            all_scores = all_scores.detach().cpu()
+            mask = torch.ones((b, split.n_items), dtype=torch.bool)
+            lo, hi = int(indptr[start]), int(indptr[stop])
+            rows = torch.repeat_interleave(
+                torch.arange(b), indptr[start + 1 : stop + 1] - indptr[start:stop]
+            )
+            mask[rows, train_items[lo:hi]] = False
+            row_ids = torch.arange(b)
+            mask[row_ids, others[start:stop]] = False
+            mask[row_ids, targets[start:stop]] = False
+            target_scores = all_scores[row_ids, targets[start:stop]]
+            full_ranks.append(rank_of_target(target_scores, all_scores, mask))
+
+    ranks = torch.cat(sampled_ranks)
+    full_r = torch.cat(full_ranks) if full else None
+    return EvalResult(
+        which=which,
+        k=k,
+        n_users=split.n_users,
+        hr=hit_ratio(ranks, k),
+        ndcg=ndcg(ranks, k),
+        full_hr=None if full_r is None else hit_ratio(full_r, k),
+        full_ndcg=None if full_r is None else ndcg(full_r, k),
+        ranks=ranks.numpy() if per_user else None,
+        full_ranks=full_r.numpy() if per_user and full_r is not None else None,
+    )

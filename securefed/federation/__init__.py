@@ -1,0 +1,1 @@
+"""Batched federated simulation: cohort sampling, the round loop and aggregation."""

@@ -1,0 +1,47 @@
+"""The server's view of a round: one function from client updates to an aggregate.
+
+This is the seam where privacy protocols plug in: :class:`PlainAggregator` averages in the
+clear; the DP and secure-aggregation aggregators replace it and nothing else changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from securefed.federation.base import Aggregate, ClientUpdates
+
+
+class Aggregator(Protocol):
+    """Turns one round's client updates into what the server learns."""
+
+    def __call__(self, updates: ClientUpdates, round_index: int) -> Aggregate | None:
+        """The aggregate, or None when the round must be skipped (e.g. too few survivors)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class PlainAggregator:
+    """Unweighted mean of the updates (FedAvg as both papers' code does it); no privacy."""
+
+    def __call__(self, updates: ClientUpdates, round_index: int) -> Aggregate | None:
+        m = len(updates)
+        if m == 0:
+            return None
+        total = updates.weighted_sum(torch.ones(m))
+        return Aggregate(total=total, contributors=m, denominator=float(m))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
+
+
+def aggregate(updates: ClientUpdates) -> Aggregate | None:
+    """Plain aggregation of one round (see :class:`PlainAggregator`)."""
+    return PlainAggregator()(updates, 0)

@@ -1,0 +1,162 @@
+"""The contract between recommenders, the round loop and the privacy protocols.
+
+A round reads top to bottom: sample cohort -> ``Recommender.client_round`` (all participants
+trained together as batched tensor operations) -> ``ClientUpdates`` (one flat float vector per
+client, what leaves the device) -> ``aggregate`` (plain mean, or DP / secure aggregation) ->
+``Recommender.apply_aggregate`` (the server's model step) -> ``Recommender.end_round``.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass(frozen=True)
+class UpdateLayout:
+    """How a flat update vector splits into named parameter tensors."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        if len(self.names) != len(self.shapes):
+            raise ValueError(f"layout has {len(self.names)} names but {len(self.shapes)} shapes")
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(math.prod(s) for s in self.shapes)
+
+    @property
+    def size(self) -> int:
+        """Total number of floats in one flat update."""
+        return sum(self.sizes)
+
+    def split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Views of ``flat`` (``[..., size]``) as the named tensors (``[..., *shape]``)."""
+        lead = flat.shape[:-1]
+        parts = torch.split(flat, list(self.sizes), dim=-1)
+        return {
+            n: p.reshape(*lead, *s) for n, p, s in zip(self.names, parts, self.shapes, strict=True)
+        }
+
+
+class ClientUpdates(abc.ABC):
+    """What the participants of one round send to the server, before any privacy protocol.
+
+    One flat float32 update per client (``[m, layout.size]`` when materialised). FedRAP: the
+    change of the shared item matrix C against the round's global C; FedRecGEL: the SAM
+    gradient of the shared parameters. Subclasses may keep a structured form (FedRAP's update
+    is a scaled copy of C plus a few changed rows) so that norms and weighted sums never need
+    the dense ``[m, d]`` matrix; :meth:`dense` materialises rows when a protocol needs them.
+    """
+
+    clients: torch.Tensor
+    layout: UpdateLayout
+
+    def __len__(self) -> int:
+        return int(self.clients.shape[0])
+
+    @abc.abstractmethod
+    def dense(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The flat updates of ``rows`` (positions in ``clients``; all when None), ``[r, d]``."""
+
+    @abc.abstractmethod
+    def norms(self) -> torch.Tensor:
+        """L2 norm of every client's flat update, ``[m]`` (float64 accumulation)."""
+
+    @abc.abstractmethod
+    def weighted_sum(self, weights: torch.Tensor) -> torch.Tensor:
+        """``sum_i weights[i] * update_i`` as a flat ``[d]`` float32 tensor."""
+
+
+@dataclass(frozen=True)
+class DenseUpdates(ClientUpdates):
+    """Client updates held as one dense ``[m, d]`` float32 matrix."""
+
+    clients: torch.Tensor
+    vectors: torch.Tensor
+    layout: UpdateLayout
+
+    def __post_init__(self) -> None:
+        if self.vectors.ndim != 2 or self.vectors.shape[1] != self.layout.size:
+            raise ValueError(
+                f"updates must be [clients, {self.layout.size}], got {tuple(self.vectors.shape)}"
+            )
+        if self.clients.shape[0] != self.vectors.shape[0]:
+            raise ValueError("one update row per client is required")
+
+    def dense(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        return self.vectors if rows is None else self.vectors[rows]
+
+    def norms(self) -> torch.Tensor:
+        return torch.linalg.vector_norm(self.vectors.double(), dim=1)
+
+    def weighted_sum(self, weights: torch.Tensor) -> torch.Tensor:
+        return weights.to(self.vectors.dtype) @ self.vectors
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """What the server learns from a round: the (possibly noised) sum and how to average it.
+
+    ``mean`` is ``total / denominator``. Without DP the denominator is the number of
+    contributors; DP-FedAvg with Poisson sampling uses the fixed expected cohort size.
+    """
+
+    total: torch.Tensor
+    contributors: int
+    denominator: float
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.total / self.denominator
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    """Per-round training statistics reported by a recommender."""
+
+    loss: float
+    samples: int
+
+
+@runtime_checkable
+class Recommender(Protocol):
+    """A federated recommender whose clients are simulated together, batched."""
+
+    name: str
+    layout: UpdateLayout
+
+    def client_round(
+        self, participants: torch.Tensor, round_index: int, generator: torch.Generator
+    ) -> tuple[ClientUpdates, RoundStats]:
+        """Train all ``participants`` locally (batched) and return their uploads."""
+        ...
+
+    def apply_aggregate(self, aggregate: Aggregate, round_index: int) -> None:
+        """The server's model step from the aggregate of the round."""
+        ...
+
+    def end_round(self, round_index: int) -> None:
+        """Bookkeeping after a round (learning-rate decay, ...)."""
+        ...
+
+    def score(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """Personalised scores ``[B, K]`` of ``items[b]`` for ``users[b]`` (higher = better)."""
+        ...
+
+    def score_all(self, users: torch.Tensor) -> torch.Tensor:
+        """Personalised scores ``[B, n_items]`` of every item for each user."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume training exactly (global and private state)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ...

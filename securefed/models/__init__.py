@@ -1,0 +1,1 @@
+"""Federated recommenders: FedRAP and FedRecGEL."""

@@ -1,0 +1,523 @@
+"""FedRAP: federated recommendation with additive personalization (Li, Long, Zhou; ICLR 2024).
+
+Every user keeps a private local item view ``D_u`` (items x dim, persistent across rounds)
+and a private affine scorer ``(w_u, b_u)``; the server keeps the shared global view ``C``.
+A user scores item ``i`` as ``sigmoid(w_u . (D_u[i] + C[i]) + b_u)`` (paper Sec. 3, Eq. 3).
+
+The local objective on a batch ``B`` of one client (paper Eq. 4, official ``model/loss.py``)::
+
+    L = BCE(score, label) - lambda_t * MSE(D_u[B], C[B]) + mu_t * L1(C[B])
+
+with PyTorch's mean reductions over the gathered ``[|B|, dim]`` rows. Local training is plain
+SGD with weight decay ``l2`` on all parameters (dense: untouched rows decay too), learning
+rate ``lr_args`` for C and D and ``lr_network`` for the scorer, ExponentialLR(0.95) stepped per
+local batch and restarted per client per round, up to ``local_epochs`` epochs with the official
+relative-loss early stop, batches of ``batch_size`` samples per client. Both base learning
+rates are multiplied by ``decay`` after every round.
+
+Batched simulation
+------------------
+All participants train together. Within a round a client only ever reads or writes the rows of
+``D_u`` and of its copy of ``C`` for the items in its samples, so the state lives on the unique
+(user, item) pairs touched this round: one gather at the start, one scatter at the end. Weight
+decay on the untouched rows is a per-user scalar: a parameter is stored as ``value = s_u * q``
+with a per-user scale ``s_u`` that absorbs each step's ``(1 - lr * l2)`` factor, and gradient
+steps update ``q`` by ``-lr * g / s_u``. ``D`` keeps such a scale across rounds as well
+(``_d_scale``), so untouched rows of ``D_u`` are never rewritten. Users with more than one
+batch per epoch take extra sub-steps on the subset of their pairs. The result equals a per-client
+loop up to float rounding (``tests/test_fedrap.py`` checks it against one).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from securefed.data.negatives import NegativeSampler
+from securefed.data.types import Split
+from securefed.errors import ConfigError
+from securefed.federation.base import Aggregate, ClientUpdates, RoundStats, UpdateLayout
+
+
+@dataclass(frozen=True, kw_only=True)
+class FedRAPConfig:
+    """FedRAP hyperparameters; defaults are the official README's for MovieLens 100K."""
+
+    dim: int = 32
+    lam: float = 0.1
+    mu: float = 1e-3
+    l2: float = 1e-6
+    lr_network: float = 1e-4
+    lr_args: float = 1e3
+    decay: float = 0.97
+    lr_gamma: float = 0.95
+    local_epochs: int = 10
+    tol: float = 1e-4
+    batch_size: int = 2048
+    num_negatives: int = 4
+    negatives_from: Literal["train", "history"] = "train"
+    curriculum: Literal["tanh", "none"] = "tanh"
+    compile: bool | None = None
+
+    def __post_init__(self) -> None:
+        _positive_int("dim", self.dim)
+        _positive_int("local_epochs", self.local_epochs)
+        _positive_int("batch_size", self.batch_size)
+        _positive_int("num_negatives", self.num_negatives)
+        for name in ("lam", "mu", "l2", "tol"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
+        for name in ("lr_network", "lr_args"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
+        for name in ("decay", "lr_gamma"):
+            value = getattr(self, name)
+            if not 0 < value <= 1:
+                raise ConfigError(f"{name} must be in (0, 1], got {value!r}")
+        if self.negatives_from not in ("train", "history"):
+            raise ConfigError(
+                f"negatives_from must be 'train' or 'history', got {self.negatives_from!r}"
+            )
+        if self.curriculum not in ("tanh", "none"):
+            raise ConfigError(f"curriculum must be 'tanh' or 'none', got {self.curriculum!r}")
+
+
+def _positive_int(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def curriculum_weights(config: FedRAPConfig, round_index: int) -> tuple[float, float]:
+    """(lambda_t, mu_t) for a round: the paper's ``tanh(t / 10)`` ramp, or the constants.
+
+    The official code computes the ramp but its loss reads the constant weights, so
+    ``curriculum="none"`` reproduces the code and ``"tanh"`` the paper (Sec. 3.3).
+    """
+    if config.curriculum == "none":
+        return config.lam, config.mu
+    ramp = math.tanh(round_index / 10.0)
+    return ramp * config.lam, ramp * config.mu
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """The samples of one round and how they fall into local batches.
+
+    Attributes:
+        participants: Global user ids of the cohort, ``[m]``.
+        sample_user: Local participant index (``0..m-1``) of every sample.
+        sample_item: Item of every sample.
+        sample_label: 1.0 for positives, 0.0 for negatives.
+        batches_per_user: Local batches per epoch of every participant, ``[m]``.
+        batch_of_sample: ``[epochs, n_samples]`` batch index of every sample in each epoch.
+    """
+
+    participants: torch.Tensor
+    sample_user: torch.Tensor
+    sample_item: torch.Tensor
+    sample_label: torch.Tensor
+    batches_per_user: torch.Tensor
+    batch_of_sample: torch.Tensor
+
+
+def _bce_terms(logit: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(d BCE(sigmoid(z), y) / dz, BCE value)`` exactly as torch's BCELoss computes them.
+
+    BCELoss clamps its log terms at -100 and divides its backward by
+    ``max(p (1 - p), 1e-12)``, so a saturated sigmoid gives a zero gradient; we keep that.
+    """
+    p = torch.sigmoid(logit)
+    pq = p * (1 - p)
+    dz = (p - y) / torch.clamp(pq, min=1e-12) * pq
+    value = -(y * torch.clamp(torch.log(p), min=-100) + (1 - y) * torch.clamp(torch.log1p(-p), min=-100))
+    return dz, value
+
+
+def _substep(
+    q_d: torch.Tensor,
+    q_c: torch.Tensor,
+    pair_user: torch.Tensor,
+    y: torch.Tensor,
+    count: torch.Tensor,
+    size: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor,
+    scale: torch.Tensor,
+    lr: torch.Tensor,
+    lr_net: torch.Tensor,
+    lam: float,
+    mu: float,
+    l2: float,
+) -> tuple[torch.Tensor, ...]:
+    """One local SGD step of every client on its touched (user, item) pairs: the hot path.
+
+    Per pair: ``count`` samples in this batch, label ``y``; per client (``[m]`` tensors,
+    gathered by ``pair_user``): batch ``size``, scorer ``w``/``b``, in-round scale, learning
+    rates ``lr`` (C and D) and ``lr_net`` (scorer), zero for clients that do not step.
+    Returns the new ``q_d``, ``q_c``, ``w``, ``b``, ``scale`` and each client's batch loss.
+    """
+    m, dim = w.shape
+    coef = count / size.clamp_min(1)[pair_user]
+    s = scale[pair_user].unsqueeze(1)
+    wp = w[pair_user]
+    d = q_d * s
+    c = q_c * s
+    dc = d + c
+    logit = (dc * wp).sum(1) + b[pair_user]
+    dz, bce = _bce_terms(logit, y)
+    g_logit = coef * dz
+    diff = d - c
+    k = (2.0 * lam / dim) * coef.unsqueeze(1)
+    g_common = g_logit.unsqueeze(1) * wp
+    grad_d = g_common - k * diff
+    grad_c = g_common + k * diff + (mu / dim) * coef.unsqueeze(1) * torch.sign(c)
+    new_scale = scale * (1 - lr * l2)
+    step = (lr / new_scale)[pair_user].unsqueeze(1)
+    pair_loss = coef * (bce - (lam / dim) * (diff * diff).sum(1) + (mu / dim) * c.abs().sum(1))
+    grad_w = torch.zeros_like(w).index_add_(0, pair_user, g_logit.unsqueeze(1) * dc)
+    grad_b = torch.zeros_like(b).index_add_(0, pair_user, g_logit)
+    loss = torch.zeros_like(b).index_add_(0, pair_user, pair_loss)
+    f_net = 1 - lr_net * l2
+    new_w = f_net.unsqueeze(1) * w - lr_net.unsqueeze(1) * grad_w
+    new_b = f_net * b - lr_net * grad_b
+    return q_d - step * grad_d, q_c - step * grad_c, new_w, new_b, new_scale, loss
+
+
+_compiled_substep: Any = None
+
+
+def _substep_fn(use_compile: bool) -> Any:
+    global _compiled_substep
+    if not use_compile:
+        return _substep
+    if _compiled_substep is None:
+        _compiled_substep = torch.compile(_substep, dynamic=True)
+    return _compiled_substep
+
+
+def compile_available() -> bool:
+    """Whether ``torch.compile``'s CPU backend can run here (it needs a C++ compiler)."""
+    return shutil.which("g++") is not None or shutil.which("c++") is not None
+
+
+class FedRAPUpdates(ClientUpdates):
+    """FedRAP uploads in structured form: ``C_u - C = (s_u - 1) C`` plus the touched rows.
+
+    A client's uploaded ``C_u`` equals ``s_u * C`` on every row it did not touch (weight decay
+    only) and a trained value on the rows it touched; we keep those rows and ``s_u``.
+    """
+
+    def __init__(
+        self,
+        *,
+        clients: torch.Tensor,
+        layout: UpdateLayout,
+        global_c: torch.Tensor,
+        scale: torch.Tensor,
+        pair_client: torch.Tensor,
+        pair_item: torch.Tensor,
+        pair_rows: torch.Tensor,
+    ) -> None:
+        self.clients = clients
+        self.layout = layout
+        self.global_c = global_c
+        self.scale = scale
+        self.pair_client = pair_client
+        self.pair_item = pair_item
+        self.pair_rows = pair_rows
+
+    def dense(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        n_items, dim = self.global_c.shape
+        if rows is None:
+            rows = torch.arange(len(self), dtype=torch.long)
+        out = (self.scale[rows] - 1).unsqueeze(1) * self.global_c.reshape(1, -1)
+        position = torch.full((len(self),), -1, dtype=torch.long)
+        position[rows] = torch.arange(rows.shape[0], dtype=torch.long)
+        keep = position[self.pair_client] >= 0
+        if bool(keep.any()):
+            item = self.pair_item[keep]
+            row = position[self.pair_client[keep]]
+            view = out.view(rows.shape[0], n_items, dim)
+            view[row, item] = self.pair_rows[keep] - self.global_c[item]
+        return out
+
+    def norms(self) -> torch.Tensor:
+        c64 = self.global_c.double()
+        row_sq = (c64 * c64).sum(1)
+        touched_sq = torch.zeros(len(self), dtype=torch.float64)
+        touched_sq.index_add_(0, self.pair_client, row_sq[self.pair_item])
+        delta = self.pair_rows.double() - c64[self.pair_item]
+        changed = torch.zeros(len(self), dtype=torch.float64)
+        changed.index_add_(0, self.pair_client, (delta * delta).sum(1))
+        untouched = (row_sq.sum() - touched_sq).clamp_min(0)
+        sq = (self.scale.double() - 1) ** 2 * untouched + changed
+        return sq.sqrt()
+
+    def weighted_sum(self, weights: torch.Tensor) -> torch.Tensor:
+        w = weights.to(torch.float32)
+        total = (w * (self.scale - 1)).sum() * self.global_c
+        pw = w[self.pair_client]
+        ps = self.scale[self.pair_client]
+        rows = pw.unsqueeze(1) * (self.pair_rows - ps.unsqueeze(1) * self.global_c[self.pair_item])
+        total.index_add_(0, self.pair_item, rows)
+        return total.reshape(-1)
+
+
+class FedRAP:
+    """Batched FedRAP over every user of a split (see the module docstring)."""
+
+    name = "fedrap"
+
+    def __init__(
+        self,
+        split: Split,
+        config: FedRAPConfig,
+        *,
+        generator: torch.Generator,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.split = split
+        self.config = config
+        self.device = torch.device(device)
+        n_users, n_items, dim = split.n_users, split.n_items, config.dim
+        self.layout = UpdateLayout(names=("C",), shapes=((n_items, dim),))
+        # PyTorch defaults, as the official code: Embedding N(0, 1), Linear U(+-1/sqrt(dim)).
+        # Every user starts from the same D and scorer (the official code deep-copies one model).
+        self.C = torch.randn(n_items, dim, generator=generator)
+        d0 = torch.randn(n_items, dim, generator=generator)
+        bound = 1.0 / math.sqrt(dim)
+        w0 = (torch.rand(dim, generator=generator) * 2 - 1) * bound
+        b0 = (torch.rand((), generator=generator) * 2 - 1) * bound
+        self.D = d0.unsqueeze(0).repeat(n_users, 1, 1).to(self.device)
+        self._d_scale = torch.ones(n_users, device=self.device)
+        self.w = w0.unsqueeze(0).repeat(n_users, 1).to(self.device)
+        self.b = b0.repeat(n_users).to(self.device)
+        self.C = self.C.to(self.device)
+        self.lr_args = config.lr_args
+        self.lr_network = config.lr_network
+        self._sampler = NegativeSampler(split, config.negatives_from)
+        self._train_indptr = torch.from_numpy(np.asarray(split.train_indptr, dtype=np.int64))
+        self._train_items = torch.from_numpy(np.asarray(split.train_items, dtype=np.int64))
+
+    # ------------------------------------------------------------------ planning
+    def plan_round(self, participants: torch.Tensor, generator: torch.Generator) -> RoundPlan:
+        """Draw the round's negatives and the per-epoch batch assignment of every sample."""
+        cfg = self.config
+        participants = participants.to(torch.long).cpu()
+        m = participants.shape[0]
+        k = cfg.num_negatives + 1
+        counts = self._train_indptr[participants + 1] - self._train_indptr[participants]
+        # Clients with more local batches go last, so each sub-step works on a suffix.
+        order = torch.argsort((counts * k + cfg.batch_size - 1) // cfg.batch_size, stable=True)
+        participants = participants[order]
+        counts = counts[order]
+        starts = self._train_indptr[participants]
+        local = torch.repeat_interleave(torch.arange(m), counts)
+        offsets = torch.arange(local.shape[0]) - torch.repeat_interleave(
+            torch.cumsum(counts, 0) - counts, counts
+        )
+        pos_items = self._train_items[starts[local] + offsets]
+        pos_users = participants[local]
+        neg = self._sampler.sample(pos_users, cfg.num_negatives, generator)
+        # Each positive followed by its negatives, as the official data generator lays them out.
+        items = torch.cat([pos_items.unsqueeze(1), neg], dim=1).reshape(-1)
+        users = local.repeat_interleave(k)
+        labels = torch.zeros(pos_items.shape[0], k)
+        labels[:, 0] = 1.0
+        labels = labels.reshape(-1)
+        n_samples = counts * k
+        batches = (n_samples + cfg.batch_size - 1) // cfg.batch_size
+        batch_of_sample = torch.zeros(cfg.local_epochs, users.shape[0], dtype=torch.long)
+        multi = batches[users] > 1
+        if bool(multi.any()):
+            idx = torch.nonzero(multi).squeeze(1)
+            u_multi = users[idx]
+            multi_first = torch.searchsorted(u_multi, u_multi)  # u_multi is sorted
+            for epoch in range(cfg.local_epochs):
+                # A per-client shuffle (DataLoader(shuffle=True)): sort by (user, random key).
+                key = torch.rand(idx.shape[0], generator=generator, dtype=torch.float64)
+                order = torch.argsort(u_multi.double() * 2.0 + key)
+                rank = torch.empty_like(order)
+                rank[order] = torch.arange(order.shape[0])
+                position = rank - multi_first
+                batch_of_sample[epoch, idx] = position // cfg.batch_size
+        return RoundPlan(
+            participants=participants,
+            sample_user=users,
+            sample_item=items,
+            sample_label=labels,
+            batches_per_user=batches,
+            batch_of_sample=batch_of_sample,
+        )
+
+    # ------------------------------------------------------------------ training
+    def client_round(
+        self, participants: torch.Tensor, round_index: int, generator: torch.Generator
+    ) -> tuple[FedRAPUpdates, RoundStats]:
+        plan = self.plan_round(participants, generator)
+        return self.train_plan(plan, round_index)
+
+    def train_plan(self, plan: RoundPlan, round_index: int) -> tuple[FedRAPUpdates, RoundStats]:
+        """Local training of every participant of ``plan``, batched over (user, item) pairs."""
+        cfg = self.config
+        lam, mu = curriculum_weights(cfg, round_index)
+        n_items = self.split.n_items
+        m = plan.participants.shape[0]
+        glob = plan.participants
+        # Unique (participant, item) pairs; their label and how many samples each has.
+        key = plan.sample_user * n_items + plan.sample_item
+        pair_key, sample_pair = torch.unique(key, return_inverse=True)
+        n_pairs = pair_key.shape[0]
+        pair_user = pair_key // n_items
+        pair_item = pair_key % n_items
+        pair_label = torch.zeros(n_pairs)
+        pair_label[sample_pair] = plan.sample_label
+        n_samples = torch.bincount(plan.sample_user, minlength=m).to(torch.float32)
+        batches = plan.batches_per_user
+        max_batches = int(batches.max()) if m else 0
+        # Pairs of clients with more than b batches form the suffix pair_start[b]: (plan order).
+        first_user = torch.searchsorted(batches, torch.arange(max_batches), right=True)
+        pair_start = torch.searchsorted(pair_user, first_user).tolist()
+
+        # Gather the touched rows once: actual values, with a fresh in-round scale of 1.
+        g_user = glob[pair_user]
+        q_d = self.D[g_user, pair_item] * self._d_scale[g_user].unsqueeze(1)
+        q_c = self.C[pair_item].clone()
+        w = self.w[glob].clone()
+        b = self.b[glob].clone()
+        scale = torch.ones(m)
+        steps_done = torch.zeros(m, dtype=torch.float64)
+        active = torch.ones(m, dtype=torch.bool)
+        loss_sum = torch.zeros(m, dtype=torch.float64)
+        seen = torch.zeros(m, dtype=torch.float64)
+        previous = torch.zeros(m, dtype=torch.float64)
+        final_loss = torch.zeros(m, dtype=torch.float64)
+
+        use_compile = cfg.compile if cfg.compile is not None else (
+            n_pairs >= 50_000 and compile_available()
+        )
+        substep = _substep_fn(use_compile)
+        counts0 = torch.bincount(sample_pair, minlength=n_pairs).to(torch.float32)
+        multi_pair0 = pair_start[1] if max_batches > 1 else n_pairs
+        multi_sample0 = int(torch.searchsorted(plan.sample_user, first_user[1])) if max_batches > 1 else 0
+
+        for epoch in range(cfg.local_epochs):
+            if not bool(active.any()):
+                break
+            sizes = n_samples.unsqueeze(1).repeat(1, max(max_batches, 1))
+            counts = None
+            if max_batches > 1:
+                # Per-epoch batch membership of the multi-batch clients' samples.
+                bos = plan.batch_of_sample[epoch, multi_sample0:]
+                su = plan.sample_user[multi_sample0:]
+                sp = sample_pair[multi_sample0:] - multi_pair0
+                ones = torch.ones(bos.shape[0])
+                counts = torch.zeros(n_pairs - multi_pair0, max_batches)
+                counts.index_put_((sp, bos), ones, accumulate=True)
+                sizes_multi = torch.zeros(m, max_batches)
+                sizes_multi.index_put_((su, bos), ones, accumulate=True)
+                sizes[first_user[1]:] = sizes_multi[first_user[1]:]
+                counts0[multi_pair0:] = counts[:, 0]
+            epoch_loss = torch.zeros(m, dtype=torch.float64)
+            for sub in range(max_batches):
+                users_in = active & (sizes[:, sub] > 0)
+                decay = cfg.lr_gamma ** steps_done
+                lr = torch.where(users_in, self.lr_args * decay, 0.0).to(torch.float32)
+                lr_net = torch.where(users_in, self.lr_network * decay, 0.0).to(torch.float32)
+                lo = pair_start[sub]
+                if sub == 0:
+                    pc = counts0
+                else:
+                    assert counts is not None
+                    pc = counts[lo - multi_pair0 :, sub]
+                out = substep(
+                    q_d[lo:], q_c[lo:], pair_user[lo:], pair_label[lo:], pc,
+                    sizes[:, sub].contiguous(), w, b, scale, lr, lr_net, lam, mu, cfg.l2,
+                )
+                if lo == 0:
+                    q_d, q_c = out[0], out[1]
+                else:
+                    q_d[lo:] = out[0]
+                    q_c[lo:] = out[1]
+                w, b, scale = out[2], out[3], out[4]
+                steps_done += users_in.double()
+                epoch_loss += torch.where(users_in, out[5].double() * sizes[:, sub].double(), 0.0)
+            # The official running mean over all epochs so far and its relative-change stop.
+            ran = active.clone()
+            loss_sum += torch.where(ran, epoch_loss, 0.0)
+            seen += torch.where(ran, n_samples.double(), 0.0)
+            current = loss_sum / seen.clamp_min(1)
+            final_loss = torch.where(ran, current, final_loss)
+            if epoch > 0:
+                converged = (current - previous).abs() / previous.abs() < cfg.tol
+                active &= ~converged
+            previous = torch.where(ran, current, previous)
+
+        # Scatter back: D rows (persistent scale), scorers; C rows become the upload.
+        new_d_scale = self._d_scale[glob] * scale
+        self._d_scale[glob] = new_d_scale
+        self.D[g_user, pair_item] = (
+            q_d * scale[pair_user].unsqueeze(1) / self._d_scale[g_user].unsqueeze(1)
+        )
+        self.w[glob] = w
+        self.b[glob] = b
+        updates = FedRAPUpdates(
+            clients=glob,
+            layout=self.layout,
+            global_c=self.C,
+            scale=scale,
+            pair_client=pair_user,
+            pair_item=pair_item,
+            pair_rows=q_c * scale[pair_user].unsqueeze(1),
+        )
+        stats = RoundStats(loss=float(final_loss.mean()) if m else float("nan"), samples=int(key.shape[0]))
+        return updates, stats
+
+    def apply_aggregate(self, aggregate: Aggregate, round_index: int) -> None:
+        """The server replaces C by the mean of the uploads: C += mean(C_u - C)."""
+        self.C += aggregate.mean.reshape(self.C.shape).to(self.C.dtype)
+
+    def end_round(self, round_index: int) -> None:
+        self.lr_args *= self.config.decay
+        self.lr_network *= self.config.decay
+
+    # ------------------------------------------------------------------ scoring
+    def score(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        d = self.D[users.unsqueeze(1), items] * self._d_scale[users].view(-1, 1, 1)
+        v = d + self.C[items]
+        return torch.sigmoid((v * self.w[users].unsqueeze(1)).sum(-1) + self.b[users].unsqueeze(1))
+
+    def score_all(self, users: torch.Tensor) -> torch.Tensor:
+        w = self.w[users]
+        dw = torch.bmm(self.D[users], w.unsqueeze(2)).squeeze(2) * self._d_scale[users].unsqueeze(1)
+        logits = dw + w @ self.C.T + self.b[users].unsqueeze(1)
+        return torch.sigmoid(logits)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "config": asdict(self.config),
+            "C": self.C.clone(),
+            "D": self.D.clone(),
+            "d_scale": self._d_scale.clone(),
+            "w": self.w.clone(),
+            "b": self.b.clone(),
+            "lr_args": self.lr_args,
+            "lr_network": self.lr_network,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.C = state["C"].clone()
+        self.D = state["D"].clone()
+        self._d_scale = state["d_scale"].clone()
+        self.w = state["w"].clone()
+        self.b = state["b"].clone()
+        self.lr_args = float(state["lr_args"])
+        self.lr_network = float(state["lr_network"])

@@ -1,0 +1,742 @@
+"""FedRecGEL: federated recommendation with generalisation-enhanced learning (arXiv 2603.11503).
+
+The scorer is NCF (GMF + MLP, He et al. 2017) split between client and server: every user keeps
+two private embeddings ``p_u`` (GMF, ``gmf_dim``) and ``q_u`` (MLP, ``mlp_dim``) that never leave
+the device; the item embeddings of both branches, the MLP tower and the predict layer are shared.
+The logit of user ``u`` for item ``i`` is::
+
+    z = w_p . [p_u * P_i ; h_L] + b_p,   h_0 = [q_u ; Q_i],   h_k = relu(W_k h_{k-1} + b_k)
+
+The client objective is the official code's: positives plus ``num_negatives`` fresh negatives
+per positive, laid out as ``pos, neg, .., neg, pos, ..`` (positives shuffled), cut into
+consecutive chunks of ``chunk_size`` samples, loss = sum over chunks of the mean BCE-with-logits.
+
+Sharpness-aware client step (paper Sec. 4, official ``fit_client_epochs``), per client::
+
+    g       = grad L(theta_sh, theta_ns)                        (pass 1)
+    g_sh^*  = grad_sh L(theta_sh + rho_sh g_sh / ||g_sh||, theta_ns)   (pass 2)
+    g_ns^*  = grad_ns L(theta_sh, theta_ns + rho_ns g_ns / ||g_ns||)   (pass 3)
+
+with one global norm over all shared (resp. both private) tensors, ``eps = 0`` where the norm is
+0. The client takes one Adam step (``client_lr``, state kept per client across rounds) on
+``theta_ns`` with ``g_ns^*`` and uploads ``g_sh^*``; the server averages the uploads and takes
+one Adam step (``server_lr``) on the shared parameters. ``sam=False`` is FedNCF (one pass, plain
+gradients).
+
+Batched simulation
+------------------
+All participants train together, with hand-written forward/backward math instead of autograd:
+
+* samples are laid out chunk-major, ``[K, S]`` (``K`` chunks of ``S <= chunk_size`` slots, each
+  chunk owned by one client, only a client's last chunk padded, padding weighted 0), so a
+  per-client weight matrix is one batched matmul per chunk and a per-client weight gradient is
+  one ``bmm`` per chunk followed by a sum over the client's chunks;
+* the first MLP layer is split ``W_1 = [W_1u | W_1i]``; with shared weights its user half is a
+  per-client ``[m, h]`` term and its item half a per-item ``[n_items, h]`` table, gathered;
+* per-client item-embedding gradients live on the unique (client, item) pairs of the round and
+  are scattered into the dense upload once.
+
+``tests/test_fedrecgel.py`` checks the result against a per-client autograd loop.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from securefed.data.negatives import NegativeSampler
+from securefed.data.types import Split
+from securefed.errors import ConfigError
+from securefed.federation.base import Aggregate, DenseUpdates, RoundStats, UpdateLayout
+
+__all__ = [
+    "FedRecGEL",
+    "FedRecGELConfig",
+    "RoundDiagnostics",
+    "RoundPlan",
+    "sam_scale",
+]
+
+_BETA1 = 0.9
+_BETA2 = 0.999
+_ADAM_EPS = 1e-8
+_SAM_EPS = 1e-12  # the official ``rho / (||g|| + 1e-12)``
+_GMF = "embed_item_gmf"
+_MLP = "embed_item_mlp"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FedRecGELConfig:
+    """FedRecGEL hyperparameters; defaults follow the official code (``models/ncf.py``).
+
+    Attributes:
+        gmf_dim: GMF embedding size (users and items).
+        mlp_dim: MLP embedding size (users and items); ``layers[0]`` must be ``2 * mlp_dim``.
+        layers: Widths of the MLP tower, input first (``Linear(layers[k], layers[k+1])`` + ReLU).
+        rho_shared: SAM radius of the shared parameters (``rho_sh``).
+        rho_private: SAM radius of the private user embeddings (``rho_ns``).
+        sam: ``False`` gives the FedNCF ablation (plain gradients, one pass).
+        client_lr: Adam learning rate of the private embeddings.
+        server_lr: Adam learning rate of the server (the official code hard-codes 0.001).
+        num_negatives: Fresh negatives per training positive per round.
+        negatives_from: ``"train"`` (leak-free) or ``"history"``; see
+            :mod:`securefed.data.negatives`.
+        chunk_size: Samples per loss chunk (the official ``bs = 128``).
+        local_steps: Local steps per round; the official FedRecGEL client takes exactly one.
+    """
+
+    gmf_dim: int = 32
+    mlp_dim: int = 128
+    layers: tuple[int, ...] = (256, 128, 64, 32)
+    rho_shared: float = 0.02
+    rho_private: float = 0.02
+    sam: bool = True
+    client_lr: float = 0.1
+    server_lr: float = 0.001
+    num_negatives: int = 4
+    negatives_from: Literal["train", "history"] = "train"
+    chunk_size: int = 128
+    local_steps: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("gmf_dim", "mlp_dim", "num_negatives", "chunk_size"):
+            _positive_int(name, getattr(self, name))
+        layers = tuple(self.layers)
+        if len(layers) < 2 or any(
+            isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in layers
+        ):
+            raise ConfigError(
+                f"layers must be at least two positive integers (input width first), "
+                f"got {self.layers!r}"
+            )
+        if layers[0] != 2 * self.mlp_dim:
+            raise ConfigError(
+                f"layers[0] must be 2 * mlp_dim = {2 * self.mlp_dim} (user and item MLP "
+                f"embeddings concatenated), got {layers[0]!r}"
+            )
+        object.__setattr__(self, "layers", layers)
+        for name in ("rho_shared", "rho_private"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ConfigError(f"{name} must be >= 0, got {value!r}")
+        for name in ("client_lr", "server_lr"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
+        if not isinstance(self.sam, bool):
+            raise ConfigError(f"sam must be True or False, got {self.sam!r}")
+        if self.negatives_from not in ("train", "history"):
+            raise ConfigError(
+                f"negatives_from must be 'train' or 'history', got {self.negatives_from!r}"
+            )
+        if isinstance(self.local_steps, bool) or self.local_steps != 1:
+            raise ConfigError(
+                f"local_steps must be 1 (the official FedRecGEL client takes one SAM step per "
+                f"round), got {self.local_steps!r}"
+            )
+
+
+def _positive_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def sam_scale(sq_norms: torch.Tensor, rho: float) -> torch.Tensor:
+    """Per-client SAM step factors: ``eps_c = sam_scale(||g_c||^2)[c] * g_c``.
+
+    ``rho / (||g_c|| + 1e-12)`` as in the official ``_sam_perturb_from_grads``, and 0 where the
+    gradient is 0 (no perturbation), so ``||eps_c|| = rho`` up to the 1e-12 guard otherwise.
+
+    Args:
+        sq_norms: Squared global gradient norms, one per client, ``[m]``.
+        rho: SAM radius (``>= 0``).
+    """
+    norm = sq_norms.sqrt()
+    scale = rho / (norm + _SAM_EPS)
+    return torch.where(norm > 0, scale, torch.zeros_like(scale))
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """The samples of one round in each client's official order.
+
+    Attributes:
+        participants: Global user ids of the cohort, ``[m]`` (upload row order).
+        sample_client: Participant position (``0..m-1``) of every sample, non-decreasing.
+        sample_item: Item of every sample; within a client ``pos, neg x num_negatives, pos, ..``.
+        sample_label: 1.0 for positives, 0.0 for negatives.
+        samples_per_client: ``[m]``.
+    """
+
+    participants: torch.Tensor
+    sample_client: torch.Tensor
+    sample_item: torch.Tensor
+    sample_label: torch.Tensor
+    samples_per_client: torch.Tensor
+
+
+@dataclass(frozen=True)
+class RoundDiagnostics:
+    """Norms of the last round's SAM perturbations (zeros with ``sam=False``), ``[m]`` each."""
+
+    shared_eps_norm: torch.Tensor
+    private_eps_norm: torch.Tensor
+
+
+@dataclass
+class _Batch:
+    """A round plan in the chunk-major ``[K, S]`` layout plus its (client, item) pairs."""
+
+    m: int
+    chunk_client: torch.Tensor  # [K]
+    item: torch.Tensor  # [K, S]
+    label: torch.Tensor  # [K, S]
+    weight: torch.Tensor  # [K, S], 1 / chunk size, 0 on padding
+    pair: torch.Tensor  # [K, S] pair index of every slot
+    pair_client: torch.Tensor  # [P]
+    pair_item: torch.Tensor  # [P]
+
+
+@dataclass
+class _Pass:
+    """Per-client results of one forward/backward pass."""
+
+    loss: torch.Tensor  # [m]
+    d_user_gmf: torch.Tensor  # [m, gmf_dim]
+    d_user_mlp: torch.Tensor  # [m, mlp_dim]
+    dense: dict[str, torch.Tensor] | None  # name -> [m, *shape] (non-embedding shared params)
+    pair_gmf: torch.Tensor | None  # [P, gmf_dim]
+    pair_mlp: torch.Tensor | None  # [P, mlp_dim]
+
+
+def _seg(x: torch.Tensor, chunk_client: torch.Tensor, m: int) -> torch.Tensor:
+    """Per-client sums of ``[K, ...]`` per-chunk values."""
+    out = torch.zeros((m, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    return out.index_add_(0, chunk_client, x)
+
+
+def _adam_(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    step: torch.Tensor | int,
+    lr: float,
+) -> None:
+    """torch.optim.Adam's update (no weight decay, no amsgrad), in place.
+
+    ``step`` is the step number after this update: an int, or a per-row int tensor ``[rows]``
+    for row-wise independent optimizers (one per client).
+    """
+    exp_avg.lerp_(grad, 1 - _BETA1)
+    exp_avg_sq.mul_(_BETA2).addcmul_(grad, grad, value=1 - _BETA2)
+    if isinstance(step, int):
+        bc1 = 1 - _BETA1**step
+        bc2_sqrt = math.sqrt(1 - _BETA2**step)
+        denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(_ADAM_EPS)
+        param.addcdiv_(exp_avg, denom, value=-lr / bc1)
+        return
+    t = step.to(torch.float64)
+    shape = (-1,) + (1,) * (param.ndim - 1)
+    step_size = (lr / (1 - _BETA1**t)).to(param.dtype).view(shape)
+    bc2_sqrt = (1 - _BETA2**t).sqrt().to(param.dtype).view(shape)
+    denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(_ADAM_EPS)
+    param.sub_(step_size * exp_avg / denom)
+
+
+class FedRecGEL:
+    """FedRecGEL (and FedNCF with ``sam=False``) with all participants simulated batched.
+
+    Args:
+        split: The leave-one-out split (training positives per user).
+        config: Hyperparameters.
+        generator: Draws the initial parameters.
+        device: Where the parameters live.
+    """
+
+    name = "fedrecgel"
+
+    def __init__(
+        self,
+        split: Split,
+        config: FedRecGELConfig,
+        *,
+        generator: torch.Generator,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.split = split
+        self.config = config
+        self.device = torch.device(device)
+        n_users, n_items = split.n_users, split.n_items
+        widths = config.layers
+        names = [_GMF, _MLP]
+        shapes: list[tuple[int, ...]] = [(n_items, config.gmf_dim), (n_items, config.mlp_dim)]
+        for k in range(len(widths) - 1):
+            names += [f"mlp.{k}.weight", f"mlp.{k}.bias"]
+            shapes += [(widths[k + 1], widths[k]), (widths[k + 1],)]
+        names += ["predict.weight", "predict.bias"]
+        shapes += [(1, config.gmf_dim + widths[-1]), (1,)]
+        self.layout = UpdateLayout(names=tuple(names), shapes=tuple(shapes))
+        self.n_layers = len(widths) - 1
+
+        # Initialisation of the official ``init_serve_weights`` / ``init_client_weight``.
+        def normal(*shape: int) -> torch.Tensor:
+            return torch.empty(shape).normal_(0.0, 0.01, generator=generator)
+
+        shared: dict[str, torch.Tensor] = {
+            _GMF: normal(n_items, config.gmf_dim),
+            _MLP: normal(n_items, config.mlp_dim),
+        }
+        for k in range(self.n_layers):
+            w = torch.empty(widths[k + 1], widths[k])
+            torch.nn.init.xavier_uniform_(w, generator=generator)
+            shared[f"mlp.{k}.weight"] = w
+            shared[f"mlp.{k}.bias"] = torch.zeros(widths[k + 1])
+        wp = torch.empty(1, config.gmf_dim + widths[-1])
+        # kaiming_uniform_(a=1, nonlinearity="sigmoid"): gain 1, bound sqrt(3 / fan_in).
+        torch.nn.init.kaiming_uniform_(wp, a=1, nonlinearity="sigmoid", generator=generator)
+        shared["predict.weight"] = wp
+        shared["predict.bias"] = torch.zeros(1)
+        self.shared = {k: v.to(self.device) for k, v in shared.items()}
+        self.user_gmf = normal(n_users, config.gmf_dim).to(self.device)
+        self.user_mlp = normal(n_users, config.mlp_dim).to(self.device)
+
+        self._client_adam = {
+            "user_gmf.exp_avg": torch.zeros_like(self.user_gmf),
+            "user_gmf.exp_avg_sq": torch.zeros_like(self.user_gmf),
+            "user_mlp.exp_avg": torch.zeros_like(self.user_mlp),
+            "user_mlp.exp_avg_sq": torch.zeros_like(self.user_mlp),
+            "step": torch.zeros(n_users, dtype=torch.long, device=self.device),
+        }
+        self._server_step = 0
+        self._server_exp_avg = {k: torch.zeros_like(v) for k, v in self.shared.items()}
+        self._server_exp_avg_sq = {k: torch.zeros_like(v) for k, v in self.shared.items()}
+
+        self._sampler = NegativeSampler(split, config.negatives_from)
+        self._train_indptr = torch.from_numpy(np.asarray(split.train_indptr, dtype=np.int64))
+        self._train_items = torch.from_numpy(np.asarray(split.train_items, dtype=np.int64))
+        self.last_round: RoundDiagnostics | None = None
+
+    # ------------------------------------------------------------------ planning
+    def plan_round(self, participants: torch.Tensor, generator: torch.Generator) -> RoundPlan:
+        """Shuffle every participant's positives and draw their negatives (official order).
+
+        Draws, in this order: one uniform key per positive (the shuffle), then the negatives.
+        """
+        cfg = self.config
+        participants = self._check_users(participants, "participants")
+        if torch.unique(participants).numel() != participants.numel():
+            raise ConfigError("participants must be distinct user indices, got a repeated one")
+        m = participants.shape[0]
+        starts = self._train_indptr[participants]
+        counts = self._train_indptr[participants + 1] - starts
+        local = torch.repeat_interleave(torch.arange(m), counts)
+        first = torch.cumsum(counts, 0) - counts
+        offsets = torch.arange(local.shape[0]) - first[local]
+        pos_items = self._train_items[starts[local] + offsets]
+        # Per-client shuffle (the official ``random.shuffle(pos_items)``): sort by client + key.
+        key = torch.rand(local.shape[0], generator=generator, dtype=torch.float64)
+        order = torch.argsort(local.to(torch.float64) + key)
+        pos_items = pos_items[order]
+        neg = self._sampler.sample(participants[local], cfg.num_negatives, generator)
+        k = cfg.num_negatives + 1
+        items = torch.cat([pos_items.unsqueeze(1), neg], dim=1).reshape(-1)
+        labels = torch.zeros(pos_items.shape[0], k)
+        labels[:, 0] = 1.0
+        return RoundPlan(
+            participants=participants,
+            sample_client=local.repeat_interleave(k),
+            sample_item=items,
+            sample_label=labels.reshape(-1),
+            samples_per_client=counts * k,
+        )
+
+    def _batch(self, plan: RoundPlan) -> _Batch:
+        """Chunk-major layout and (client, item) pairs of a plan."""
+        cs = self.config.chunk_size
+        m = plan.participants.shape[0]
+        n = plan.samples_per_client
+        n_items = self.split.n_items
+        chunks = (n + cs - 1) // cs
+        chunk_first = torch.cumsum(chunks, 0) - chunks
+        n_chunks = int(chunks.sum())
+        width = int(min(cs, int(n.max()))) if n_chunks else 1
+        c = plan.sample_client
+        t = torch.arange(c.shape[0]) - (torch.cumsum(n, 0) - n)[c]
+        chunk = chunk_first[c] + t // cs
+        slot = t % cs
+        size = torch.minimum(n[c] - (t // cs) * cs, torch.tensor(cs))
+        chunk_client = torch.repeat_interleave(torch.arange(m), chunks)
+        flat = chunk * width + slot
+        item = torch.zeros(n_chunks * width, dtype=torch.long)
+        item[flat] = plan.sample_item
+        label = torch.zeros(n_chunks * width)
+        label[flat] = plan.sample_label
+        weight = torch.zeros(n_chunks * width)
+        weight[flat] = 1.0 / size.to(torch.float32)
+        # Unique (client, item) pairs through a dense mark over the m x n_items key space;
+        # padding slots map to (their client, item 0) with zero weight.
+        keys = chunk_client.repeat_interleave(width) * n_items + item
+        mark = torch.zeros(m * n_items, dtype=torch.bool)
+        mark[keys] = True
+        pair_key = torch.nonzero(mark).squeeze(1)
+        rank = torch.cumsum(mark, 0) - 1
+        dev = self.device
+        return _Batch(
+            m=m,
+            chunk_client=chunk_client.to(dev),
+            item=item.view(n_chunks, width).to(dev),
+            label=label.view(n_chunks, width).to(dev),
+            weight=weight.view(n_chunks, width).to(dev),
+            pair=rank[keys].view(n_chunks, width).to(dev),
+            pair_client=(pair_key // n_items).to(dev),
+            pair_item=(pair_key % n_items).to(dev),
+        )
+
+    # ------------------------------------------------------------------ training
+    def client_round(
+        self, participants: torch.Tensor, round_index: int, generator: torch.Generator
+    ) -> tuple[DenseUpdates, RoundStats]:
+        """Train all participants (batched); upload their SAM gradients of the shared params."""
+        return self.train_plan(self.plan_round(participants, generator), round_index)
+
+    def train_plan(self, plan: RoundPlan, round_index: int) -> tuple[DenseUpdates, RoundStats]:
+        """One round of local training for the samples of ``plan``."""
+        cfg = self.config
+        m = plan.participants.shape[0]
+        glob = plan.participants.to(self.device)
+        if m == 0:
+            self.last_round = RoundDiagnostics(torch.zeros(0), torch.zeros(0))
+            empty = torch.zeros(0, self.layout.size, device=self.device)
+            return DenseUpdates(glob, empty, self.layout), RoundStats(float("nan"), 0)
+        b = self._batch(plan)
+        ug, um = self.user_gmf[glob], self.user_mlp[glob]
+        sh = self.shared
+        # Shared-weight tables reused by passes 1 and 3.
+        w1 = sh["mlp.0.weight"]
+        item_table = sh[_MLP] @ w1[:, cfg.mlp_dim :].T + sh["mlp.0.bias"]
+        gmf_rows = sh[_GMF][b.item]
+        base = self._pass(b, ug, um, per_client=None, gmf_rows=gmf_rows, table=item_table)
+        assert base.dense is not None and base.pair_gmf is not None and base.pair_mlp is not None
+        zeros = torch.zeros(m, device=self.device)
+        sh_grad, ns_grad = base, base
+        sh_norm, ns_norm = zeros, zeros
+        if cfg.sam and cfg.rho_shared > 0:
+            sq = torch.zeros(m, device=self.device).index_add_(
+                0, b.pair_client, base.pair_gmf.square().sum(1) + base.pair_mlp.square().sum(1)
+            )
+            for g in base.dense.values():
+                sq += g.reshape(m, -1).square().sum(1)
+            s = sam_scale(sq, cfg.rho_shared)
+            eps = {k: s.view((-1,) + (1,) * sh[k].ndim) * g for k, g in base.dense.items()}
+            s_pair = s[b.pair_client].unsqueeze(1)
+            eps_gmf, eps_mlp = s_pair * base.pair_gmf, s_pair * base.pair_mlp
+            sh_norm = torch.zeros(m, device=self.device).index_add_(
+                0, b.pair_client, eps_gmf.square().sum(1) + eps_mlp.square().sum(1)
+            )
+            for e in eps.values():
+                sh_norm += e.reshape(m, -1).square().sum(1)
+            sh_norm = sh_norm.sqrt()
+            sh_grad = self._pass(
+                b,
+                ug,
+                um,
+                per_client={k: sh[k] + e for k, e in eps.items()},
+                gmf_rows=gmf_rows + eps_gmf[b.pair],
+                mlp_rows=sh[_MLP][b.item] + eps_mlp[b.pair],
+            )
+        if cfg.sam and cfg.rho_private > 0:
+            sq = base.d_user_gmf.square().sum(1) + base.d_user_mlp.square().sum(1)
+            s = sam_scale(sq, cfg.rho_private).unsqueeze(1)
+            eps_ug, eps_um = s * base.d_user_gmf, s * base.d_user_mlp
+            ns_norm = (eps_ug.square().sum(1) + eps_um.square().sum(1)).sqrt()
+            ns_grad = self._pass(
+                b,
+                ug + eps_ug,
+                um + eps_um,
+                per_client=None,
+                gmf_rows=gmf_rows,
+                table=item_table,
+                want_shared=False,
+            )
+        self.last_round = RoundDiagnostics(shared_eps_norm=sh_norm, private_eps_norm=ns_norm)
+
+        # Private step: one Adam step per client on its own state.
+        adam = self._client_adam
+        step = adam["step"][glob] + 1
+        adam["step"][glob] = step
+        for name, param, grad in (
+            ("user_gmf", self.user_gmf, ns_grad.d_user_gmf),
+            ("user_mlp", self.user_mlp, ns_grad.d_user_mlp),
+        ):
+            p, ea, es = param[glob], adam[f"{name}.exp_avg"][glob], adam[f"{name}.exp_avg_sq"][glob]
+            _adam_(p, grad, ea, es, step, cfg.client_lr)
+            param[glob] = p
+            adam[f"{name}.exp_avg"][glob] = ea
+            adam[f"{name}.exp_avg_sq"][glob] = es
+
+        # The dense upload: SAM gradients of the shared parameters.
+        assert sh_grad.dense is not None and sh_grad.pair_gmf is not None
+        assert sh_grad.pair_mlp is not None
+        vectors = torch.zeros(m, self.layout.size, device=self.device)
+        views = self.layout.split(vectors)
+        views[_GMF][b.pair_client, b.pair_item] = sh_grad.pair_gmf
+        views[_MLP][b.pair_client, b.pair_item] = sh_grad.pair_mlp
+        for name, g in sh_grad.dense.items():
+            views[name].copy_(g)
+        stats = RoundStats(loss=float(base.loss.mean()), samples=int(plan.sample_item.shape[0]))
+        return DenseUpdates(clients=glob, vectors=vectors, layout=self.layout), stats
+
+    def _pass(
+        self,
+        b: _Batch,
+        ug: torch.Tensor,
+        um: torch.Tensor,
+        *,
+        per_client: dict[str, torch.Tensor] | None,
+        gmf_rows: torch.Tensor,
+        table: torch.Tensor | None = None,
+        mlp_rows: torch.Tensor | None = None,
+        want_shared: bool = True,
+    ) -> _Pass:
+        """Forward and backward of every client's chunked loss, gradients kept per client.
+
+        Args:
+            b: The round's batch.
+            ug, um: Private embeddings of the participants, ``[m, gmf_dim]``, ``[m, mlp_dim]``.
+            per_client: ``None`` to use the shared dense parameters for every client, else
+                per-client copies ``name -> [m, *shape]`` (the SAM-perturbed point).
+            gmf_rows: GMF item embedding of every slot, ``[K, S, gmf_dim]``.
+            table: With shared parameters: ``Q @ W_1i^T + b_1`` per item, ``[n_items, h_1]``.
+            mlp_rows: With per-client parameters: MLP item embedding of every slot.
+            want_shared: Whether to compute the gradients of the shared parameters.
+        """
+        cfg = self.config
+        m, cc = b.m, b.chunk_client
+        d_mlp = cfg.mlp_dim
+        shared = per_client is None
+        prm = self.shared if per_client is None else per_client
+
+        def chunked(t: torch.Tensor) -> torch.Tensor:  # per-client [m, ...] -> per-chunk [K, ...]
+            return t[cc]
+
+        # Per-layer weights: shared [out, in] or per chunk [K, out, in].
+        weights = [prm[f"mlp.{k}.weight"] for k in range(self.n_layers)]
+        biases = [prm[f"mlp.{k}.bias"] for k in range(self.n_layers)]
+        w1u = weights[0][..., :d_mlp]
+        w1i = weights[0][..., d_mlp:]
+        wp = prm["predict.weight"][..., 0, :]
+        wp_g, wp_m = wp[..., : cfg.gmf_dim], wp[..., cfg.gmf_dim :]
+        bp = prm["predict.bias"][..., 0]
+
+        def lin(x: torch.Tensor, k: int) -> torch.Tensor:
+            w = weights[k] if shared else wk_chunk[k]
+            out = x @ w.transpose(-1, -2)
+            return out + (biases[k] if shared else chunked(biases[k]).unsqueeze(1))
+
+        # ---- forward
+        if shared:
+            wk_chunk: list[torch.Tensor] = []
+            assert table is not None
+            a_user = um @ w1u.T  # [m, h1]
+            a = chunked(a_user).unsqueeze(1) + table[b.item]
+        else:
+            assert mlp_rows is not None
+            wk_chunk = [chunked(w) for w in weights]
+            wk_chunk[0] = wk_chunk[0][..., d_mlp:]  # item half, [K, h1, d_mlp]
+            a_user = torch.bmm(w1u, um.unsqueeze(2)).squeeze(2) + biases[0]  # [m, h1]
+            a = chunked(a_user).unsqueeze(1) + mlp_rows @ wk_chunk[0].transpose(1, 2)
+        pre = [a]
+        acts = [torch.relu(a)]
+        for k in range(1, self.n_layers):
+            pre.append(lin(acts[-1], k))
+            acts.append(torch.relu(pre[-1]))
+        ug_c = chunked(ug).unsqueeze(1)
+        gm = ug_c * gmf_rows  # [K, S, gmf]
+        if shared:
+            z = gm @ wp_g + acts[-1] @ wp_m + bp
+        else:
+            z = (
+                (gm * chunked(wp_g).unsqueeze(1)).sum(-1)
+                + (acts[-1] * chunked(wp_m).unsqueeze(1)).sum(-1)
+                + chunked(bp).unsqueeze(1)
+            )
+        loss = F.binary_cross_entropy_with_logits(z, b.label, reduction="none") * b.weight
+        loss_c = _seg(loss.sum(1), cc, m)
+        dz = (torch.sigmoid(z) - b.label) * b.weight  # [K, S]
+
+        # ---- backward
+        wpg_b = wp_g if shared else chunked(wp_g).unsqueeze(1)
+        wpm_b = wp_m if shared else chunked(wp_m).unsqueeze(1)
+        dgm = dz.unsqueeze(2) * wpg_b
+        d_ug = _seg((dgm * gmf_rows).sum(1), cc, m)
+        da = (dz.unsqueeze(2) * wpm_b) * (pre[-1] > 0)
+        dense: dict[str, torch.Tensor] = {}
+        for k in range(self.n_layers - 1, 0, -1):
+            if want_shared:
+                dense[f"mlp.{k}.weight"] = _seg(torch.bmm(da.transpose(1, 2), acts[k - 1]), cc, m)
+                dense[f"mlp.{k}.bias"] = _seg(da.sum(1), cc, m)
+            w = weights[k] if shared else wk_chunk[k]
+            da = (da @ w) * (pre[k - 1] > 0)
+        s1 = _seg(da.sum(1), cc, m)  # [m, h1]: per-client sum of d a_1
+        d_um = s1 @ w1u if shared else torch.bmm(s1.unsqueeze(1), w1u).squeeze(1)
+        pair_gmf = pair_mlp = None
+        if want_shared:
+            rows = mlp_rows if mlp_rows is not None else self.shared[_MLP][b.item]
+            d_w1i = _seg(torch.bmm(da.transpose(1, 2), rows), cc, m)
+            d_w1u = s1.unsqueeze(2) * um.unsqueeze(1)
+            dense["mlp.0.weight"] = torch.cat([d_w1u, d_w1i], dim=2)
+            dense["mlp.0.bias"] = s1
+            feats = torch.cat([gm, acts[-1]], dim=2)
+            dense["predict.weight"] = _seg(torch.bmm(dz.unsqueeze(1), feats), cc, m)
+            dense["predict.bias"] = _seg(dz.sum(1, keepdim=True), cc, m)
+            d_rows_mlp = da @ (w1i if shared else wk_chunk[0])
+            n_pairs = b.pair_client.shape[0]
+            flat = b.pair.reshape(-1)
+            pair_gmf = torch.zeros(n_pairs, cfg.gmf_dim, device=self.device).index_add_(
+                0, flat, (dgm * ug_c).reshape(-1, cfg.gmf_dim)
+            )
+            pair_mlp = torch.zeros(n_pairs, d_mlp, device=self.device).index_add_(
+                0, flat, d_rows_mlp.reshape(-1, d_mlp)
+            )
+            dense = {name: dense[name] for name in self.layout.names[2:]}
+        return _Pass(
+            loss=loss_c,
+            d_user_gmf=d_ug,
+            d_user_mlp=d_um,
+            dense=dense if want_shared else None,
+            pair_gmf=pair_gmf,
+            pair_mlp=pair_mlp,
+        )
+
+    def apply_aggregate(self, aggregate: Aggregate, round_index: int) -> None:
+        """Server step: one Adam step (``server_lr``) with the mean gradient as ``.grad``."""
+        mean = aggregate.mean
+        if mean.shape != (self.layout.size,):
+            raise ConfigError(
+                f"aggregate must be a flat vector of {self.layout.size} floats, "
+                f"got shape {tuple(mean.shape)}"
+            )
+        grads = self.layout.split(mean.to(device=self.device, dtype=torch.float32))
+        self._server_step += 1
+        for name, param in self.shared.items():
+            _adam_(
+                param,
+                grads[name],
+                self._server_exp_avg[name],
+                self._server_exp_avg_sq[name],
+                self._server_step,
+                self.config.server_lr,
+            )
+
+    def end_round(self, round_index: int) -> None:
+        """Nothing to do: FedRecGEL has no schedules."""
+
+    # ------------------------------------------------------------------ scoring
+    def _check_users(self, users: torch.Tensor, what: str) -> torch.Tensor:
+        users = users.to(torch.long).cpu().reshape(-1)
+        if users.numel() and (int(users.min()) < 0 or int(users.max()) >= self.split.n_users):
+            raise ConfigError(f"{what} must be user indices in [0, {self.split.n_users})")
+        return users
+
+    @torch.no_grad()
+    def score(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, K]`` of ``items[b]`` for ``users[b]`` (each user's private embeddings)."""
+        users = users.to(self.device, torch.long)
+        items = items.to(self.device, torch.long)
+        cfg, sh = self.config, self.shared
+        table = sh[_MLP] @ sh["mlp.0.weight"][:, cfg.mlp_dim :].T + sh["mlp.0.bias"]
+        block = max(1, (1 << 22) // max(1, items.shape[1] * cfg.layers[1]))
+        out = [
+            self._logits(users[i : i + block], items[i : i + block], table)
+            for i in range(0, users.shape[0], block)
+        ]
+        return torch.cat(out) if out else torch.zeros(0, items.shape[1], device=self.device)
+
+    @torch.no_grad()
+    def score_all(self, users: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, n_items]`` of every item for each user."""
+        users = users.to(self.device, torch.long)
+        items = torch.arange(self.split.n_items, device=self.device)
+        return self.score(users, items.expand(users.shape[0], -1))
+
+    def _logits(
+        self, users: torch.Tensor, items: torch.Tensor, table: torch.Tensor
+    ) -> torch.Tensor:
+        cfg, sh = self.config, self.shared
+        w1u = sh["mlp.0.weight"][:, : cfg.mlp_dim]
+        a = (self.user_mlp[users] @ w1u.T).unsqueeze(1) + table[items]
+        h = torch.relu(a)
+        for k in range(1, self.n_layers):
+            h = torch.relu(h @ sh[f"mlp.{k}.weight"].T + sh[f"mlp.{k}.bias"])
+        wp = sh["predict.weight"][0]
+        gm = self.user_gmf[users].unsqueeze(1) * sh[_GMF][items]
+        return gm @ wp[: cfg.gmf_dim] + h @ wp[cfg.gmf_dim :] + sh["predict.bias"]
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Shared parameters, private embeddings and every Adam state (server and clients)."""
+        return {
+            "config": asdict(self.config),
+            "shared": {k: v.clone() for k, v in self.shared.items()},
+            "user_gmf": self.user_gmf.clone(),
+            "user_mlp": self.user_mlp.clone(),
+            "client_adam": {k: v.clone() for k, v in self._client_adam.items()},
+            "server_adam": {
+                "step": self._server_step,
+                "exp_avg": {k: v.clone() for k, v in self._server_exp_avg.items()},
+                "exp_avg_sq": {k: v.clone() for k, v in self._server_exp_avg_sq.items()},
+            },
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`; validates every tensor before changing anything."""
+        expected = self.state_dict()
+        try:
+            checks = [
+                *[(f"shared.{k}", state["shared"][k], v) for k, v in expected["shared"].items()],
+                ("user_gmf", state["user_gmf"], self.user_gmf),
+                ("user_mlp", state["user_mlp"], self.user_mlp),
+                *[
+                    (f"client_adam.{k}", state["client_adam"][k], v)
+                    for k, v in self._client_adam.items()
+                ],
+                *[
+                    (f"server_adam.{part}.{k}", state["server_adam"][part][k], v)
+                    for part in ("exp_avg", "exp_avg_sq")
+                    for k, v in self.shared.items()
+                ],
+            ]
+            server_step = int(state["server_adam"]["step"])
+        except (KeyError, TypeError) as exc:
+            raise ConfigError(f"not a FedRecGEL state dict: missing entry {exc}") from exc
+        for name, got, want in checks:
+            if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+                shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+                raise ConfigError(
+                    f"state entry {name} must have shape {tuple(want.shape)}, got {shape}; "
+                    "was it saved from a model with the same data and config?"
+                )
+        self.shared = {
+            k: state["shared"][k].to(self.device, torch.float32).clone() for k in self.shared
+        }
+        self.user_gmf = state["user_gmf"].to(self.device, torch.float32).clone()
+        self.user_mlp = state["user_mlp"].to(self.device, torch.float32).clone()
+        self._client_adam = {
+            k: state["client_adam"][k].to(self.device, v.dtype).clone()
+            for k, v in self._client_adam.items()
+        }
+        self._server_step = server_step
+        self._server_exp_avg = {
+            k: state["server_adam"]["exp_avg"][k].to(self.device, torch.float32).clone()
+            for k in self.shared
+        }
+        self._server_exp_avg_sq = {
+            k: state["server_adam"]["exp_avg_sq"][k].to(self.device, torch.float32).clone()
+            for k in self.shared
+        }

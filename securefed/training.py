@@ -1,0 +1,513 @@
+"""``securefed.train``: the federated simulation end to end, writing a run directory.
+
+A round reads top to bottom: sample cohort -> local training of all participants (batched)
+-> aggregate (the privacy seam) -> server model step -> evaluation -> metrics line ->
+checkpoint. Every randomized step takes a generator derived from the run seed and the round,
+so a resumed run draws exactly what an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from protocols.seeding import torch_generator
+from securefed import runs
+from securefed.data.registry import load_dataset
+from securefed.data.split import leave_one_out
+from securefed.data.synthetic import make_synthetic
+from securefed.data.types import LoadReport, Split
+from securefed.errors import ConfigError, PrivacyBudgetError
+from securefed.evaluation import evaluate
+from securefed.federation.aggregation import Aggregator, PlainAggregator
+from securefed.federation.base import Recommender
+from securefed.federation.cohort import CohortSpec, sample_cohort
+from securefed.models.fedrap import FedRAP, FedRAPConfig
+from securefed.models.fedrecgel import FedRecGEL, FedRecGELConfig
+
+ModelName = Literal["fedrap", "fedrecgel"]
+MODELS: tuple[str, ...] = ("fedrap", "fedrecgel")
+DEFAULT_ROUNDS = 100
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrivacyConfig:
+    """Differential privacy and secure aggregation settings of a run (off by default)."""
+
+    epsilon: float | None = None
+    delta: float = 1e-5
+    noise_multiplier: float | None = None
+    clip: float = 1.0
+    accountant: Literal["prv", "rdp"] = "prv"
+    noise: Literal["central", "distributed"] | None = None
+    privacy_unit: Literal["user", "interaction"] = "user"
+    secure: bool = False
+    secagg: bool = False
+    secagg_neighbours: int | None = None
+    secagg_dropout: float = 0.1
+    secagg_corrupt: float = 0.1
+    secagg_scale_bits: int = 16
+
+    def __post_init__(self) -> None:
+        if self.epsilon is not None and not (self.epsilon > 0):
+            raise ConfigError(f"epsilon must be > 0, got {self.epsilon!r}")
+        if self.noise_multiplier is not None and not (self.noise_multiplier >= 0):
+            raise ConfigError(f"noise multiplier must be >= 0, got {self.noise_multiplier!r}")
+        if self.epsilon is not None and self.noise_multiplier is not None:
+            raise ConfigError("give either --epsilon or --noise-multiplier, not both")
+        if not 0 < self.delta < 1:
+            raise ConfigError(f"delta must be in (0, 1), got {self.delta!r}")
+        if not (math.isfinite(self.clip) and self.clip > 0):
+            raise ConfigError(f"clip must be a finite number > 0, got {self.clip!r}")
+        if self.accountant not in ("prv", "rdp"):
+            raise ConfigError(f"accountant must be prv or rdp, got {self.accountant!r}")
+        if self.noise not in (None, "central", "distributed"):
+            raise ConfigError(f"noise must be central or distributed, got {self.noise!r}")
+        if self.privacy_unit not in ("user", "interaction"):
+            raise ConfigError(f"privacy unit must be user or interaction, got {self.privacy_unit!r}")
+        if not 0 <= self.secagg_dropout < 1:
+            raise ConfigError(f"secagg dropout must be in [0, 1), got {self.secagg_dropout!r}")
+        if not 0 <= self.secagg_corrupt < 1:
+            raise ConfigError(f"secagg corrupt fraction must be in [0, 1), got {self.secagg_corrupt!r}")
+
+    @property
+    def dp(self) -> bool:
+        """Whether differential privacy is on."""
+        return self.epsilon is not None or self.noise_multiplier is not None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """Everything a run needs; written to ``config.toml`` fully resolved.
+
+    ``rounds``/``cohort`` default per model: FedRAP trains every client every round,
+    FedRecGEL a uniform 10% each round (as their papers do).
+    """
+
+    model: ModelName = "fedrap"
+    dataset: str = "synthetic"
+    data_dir: str | None = None
+    rounds: int = DEFAULT_ROUNDS
+    seed: int = 0
+    client_fraction: float | None = None
+    clients_per_round: int | None = None
+    device: str = "cpu"
+    eval_every: int = 1
+    checkpoint_every: int = 10
+    min_interactions: int | None = None
+    synthetic_users: int = 943
+    synthetic_items: int = 1682
+    fedrap: FedRAPConfig = field(default_factory=FedRAPConfig)
+    fedrecgel: FedRecGELConfig = field(default_factory=FedRecGELConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise ConfigError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
+        for name in ("rounds", "eval_every", "checkpoint_every", "synthetic_users", "synthetic_items"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name.replace('_', ' ')} must be a positive integer, got {value!r}")
+        if self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if self.client_fraction is not None and self.clients_per_round is not None:
+            raise ConfigError("give either --client-fraction or --clients-per-round, not both")
+        if self.client_fraction is not None and not 0 < self.client_fraction <= 1:
+            raise ConfigError(f"client fraction must be in (0, 1], got {self.client_fraction!r}")
+        if self.clients_per_round is not None and self.clients_per_round < 1:
+            raise ConfigError(
+                f"clients per round must be a positive integer, got {self.clients_per_round!r}"
+            )
+        if self.min_interactions is not None and self.min_interactions < 3:
+            raise ConfigError(
+                f"min interactions must be >= 3 (leave-one-out needs them), got {self.min_interactions!r}"
+            )
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ConfigError(f"device must be cpu or cuda, got {self.device!r}")
+
+    def cohort(self, n_users: int) -> CohortSpec:
+        """The cohort sampling of this run (flags first, else the model's paper default)."""
+        if self.client_fraction is not None:
+            if self.client_fraction == 1.0:
+                return CohortSpec(kind="all")
+            return CohortSpec(kind="poisson", fraction=self.client_fraction)
+        if self.clients_per_round is not None:
+            return CohortSpec(kind="fixed", size=self.clients_per_round)
+        if self.model == "fedrecgel":
+            return CohortSpec(kind="fixed", size=max(1, int(0.1 * n_users)))
+        return CohortSpec(kind="all")
+
+    def resolved_min_interactions(self) -> int:
+        if self.min_interactions is not None:
+            return self.min_interactions
+        return 5 if self.model == "fedrecgel" else 3
+
+    def to_dict(self) -> dict[str, Any]:
+        """A TOML-ready mapping: scalars at the top, one table per sub-config."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> TrainConfig:
+        """Build a config from a mapping (e.g. a TOML file); unknown keys are errors."""
+        subs = {"fedrap": FedRAPConfig, "fedrecgel": FedRecGELConfig, "privacy": PrivacyConfig}
+        kwargs: dict[str, Any] = {}
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key, value in raw.items():
+            if key not in known:
+                raise ConfigError(f"unknown config key {key!r}; known keys: {', '.join(sorted(known))}")
+            if key in subs:
+                if not isinstance(value, Mapping):
+                    raise ConfigError(f"config section [{key}] must be a table")
+                kwargs[key] = _build_sub(subs[key], key, value)
+            else:
+                kwargs[key] = value
+        try:
+            return cls(**kwargs)
+        except TypeError as exc:
+            raise ConfigError(f"invalid config: {exc}") from None
+
+
+def _build_sub(kind: type, section: str, values: Mapping[str, Any]) -> Any:
+    known = {f.name: f for f in dataclasses.fields(kind)}
+    clean: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(
+                f"unknown key {key!r} in [{section}]; known keys: {', '.join(sorted(known))}"
+            )
+        clean[key] = tuple(value) if isinstance(value, list) else value
+    try:
+        return kind(**clean)
+    except TypeError as exc:
+        raise ConfigError(f"invalid [{section}] config: {exc}") from None
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a TOML config file into a mapping, with a clear error for a bad file."""
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {p}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One line of ``metrics.jsonl``, handed to the progress callback as well."""
+
+    values: dict[str, Any]
+
+    @property
+    def round(self) -> int:
+        return int(self.values["round"])
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What :func:`train` returns: the run directory, its summary and per-round metrics."""
+
+    run_dir: Path
+    summary: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    split: Split
+    model: Recommender
+
+
+ProgressFn = Callable[[RoundRecord], None]
+
+
+def load_split(config: TrainConfig, *, download_progress: Any = None) -> Split:
+    """Load the configured dataset and split it (leave-one-out, 99 sampled negatives)."""
+    min_inter = config.resolved_min_interactions()
+    if config.dataset == "synthetic":
+        from securefed.data.loaders import filter_min_interactions
+
+        data = filter_min_interactions(
+            make_synthetic(n_users=config.synthetic_users, n_items=config.synthetic_items, seed=config.seed),
+            min_inter,
+        )
+    else:
+        data = load_dataset(
+            config.dataset,
+            data_dir=config.data_dir,
+            min_interactions=min_inter,
+            seed=config.seed,
+            progress=download_progress,
+        )
+    return leave_one_out(data, seed=config.seed)
+
+
+def build_model(config: TrainConfig, split: Split) -> Recommender:
+    """The configured recommender with its parameters initialised from the run seed."""
+    gen = torch_generator(config.seed, "init")
+    if config.model == "fedrap":
+        return FedRAP(split, config.fedrap, generator=gen, device=config.device)
+    return FedRecGEL(split, config.fedrecgel, generator=gen, device=config.device)
+
+
+def build_aggregator(config: TrainConfig, split: Split) -> Aggregator:
+    """The aggregation seam: plain averaging, DP, secure aggregation or both."""
+    p = config.privacy
+    if not p.dp and not p.secagg:
+        return PlainAggregator()
+    from securefed.privacy import build_private_aggregator
+
+    return build_private_aggregator(config, split)
+
+
+def _default_run_dir(config: TrainConfig) -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    name = Path(config.dataset).stem if config.dataset not in ("synthetic",) else "synthetic"
+    return Path("runs") / f"{stamp}-{config.model}-{name}"
+
+
+def _evaluate_round(model: Recommender, split: Split) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for which in ("val", "test"):
+        res = evaluate(model, split, which=which, k=10, full=True)
+        out[f"{which}_hr@10"] = res.hr
+        out[f"{which}_ndcg@10"] = res.ndcg
+        out[f"{which}_full_hr@10"] = float(res.full_hr) if res.full_hr is not None else float("nan")
+        out[f"{which}_full_ndcg@10"] = (
+            float(res.full_ndcg) if res.full_ndcg is not None else float("nan")
+        )
+    return out
+
+
+SUMMARY_METRICS = (
+    "test_hr@10",
+    "test_ndcg@10",
+    "test_full_hr@10",
+    "test_full_ndcg@10",
+    "val_hr@10",
+    "val_ndcg@10",
+    "val_full_hr@10",
+    "val_full_ndcg@10",
+)
+
+
+def _summary(
+    config: TrainConfig,
+    split: Split,
+    metrics: list[dict[str, Any]],
+    seconds: float,
+    aggregator: Aggregator,
+    stopped: str | None,
+) -> dict[str, Any]:
+    evaluated = [m for m in metrics if "val_hr@10" in m]
+    summary: dict[str, Any] = {
+        "model": config.model,
+        "dataset": config.dataset,
+        "rounds": len(metrics),
+        "rounds_planned": config.rounds,
+        "seed": config.seed,
+        "seconds": round(seconds, 3),
+        "users": split.n_users,
+        "items": split.n_items,
+        "train_interactions": split.n_train,
+        "synthetic": split.report.synthetic,
+        "selection": "round with the best validation HR@10 (ties: latest)",
+    }
+    if evaluated:
+        best = max(evaluated, key=lambda m: (m["val_hr@10"], m["val_ndcg@10"], m["round"]))
+        summary["selected_round"] = best["round"]
+        for key in SUMMARY_METRICS:
+            summary[key] = best[key]
+        last = evaluated[-1]
+        for key in SUMMARY_METRICS:
+            summary[f"final_{key}"] = last[key]
+    if stopped:
+        summary["stopped"] = stopped
+    summary.update(_privacy_summary(aggregator))
+    return summary
+
+
+def _privacy_summary(aggregator: Aggregator) -> dict[str, Any]:
+    describe = getattr(aggregator, "summary", None)
+    if describe is None:
+        return {"epsilon": None, "privacy_unit": None, "secagg": False}
+    return dict(describe())
+
+
+def train(
+    config: TrainConfig | None = None,
+    *,
+    out: str | Path | None = None,
+    resume: str | Path | None = None,
+    progress: ProgressFn | None = None,
+    download_progress: Any = None,
+    split: Split | None = None,
+) -> TrainResult:
+    """Train a federated recommender and write a run directory.
+
+    Args:
+        config: The run's configuration (defaults: FedRAP on synthetic data). Ignored with
+            ``resume``, which reads the run's own ``config.toml``.
+        out: Run directory to create (default ``runs/<timestamp>-<model>-<dataset>/``); it
+            must not hold another run.
+        resume: An interrupted run directory to continue from its last checkpoint.
+        progress: Called after every round with that round's metrics.
+        download_progress: Passed to the dataset downloader (see ``load_dataset``).
+        split: A pre-built split to train on (skips loading; for notebooks and tests).
+
+    Returns:
+        The run directory, its summary (also in ``summary.json``) and per-round metrics.
+
+    Raises:
+        ConfigError: Invalid settings, or ``out`` already holds a run.
+        DataError: The dataset is missing or malformed.
+        PrivacyBudgetError: Never escapes; a run that would overspend stops cleanly and
+            records ``stopped`` in its summary.
+    """
+    started = time.perf_counter()
+    if resume is not None:
+        run_dir = Path(resume)
+        if not (run_dir / runs.CONFIG_FILE).exists():
+            raise ConfigError(f"{run_dir} is not a run directory (no {runs.CONFIG_FILE}); check --resume")
+        config = TrainConfig.from_dict(load_config_file(run_dir / runs.CONFIG_FILE))
+    else:
+        config = config or TrainConfig()
+        run_dir = Path(out) if out is not None else _default_run_dir(config)
+        if (run_dir / runs.CONFIG_FILE).exists() or (run_dir / runs.METRICS_FILE).exists():
+            raise ConfigError(
+                f"{run_dir} already holds a run; choose another --out or continue it with --resume {run_dir}"
+            )
+    if config.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was given but torch sees no GPU here; use --device cpu")
+
+    if split is None:
+        split = load_split(config, download_progress=download_progress)
+    model = build_model(config, split)
+    aggregator = build_aggregator(config, split)
+    cohort = config.cohort(split.n_users)
+    if cohort.kind == "fixed" and cohort.size > split.n_users:
+        raise ConfigError(
+            f"--clients-per-round {cohort.size} exceeds the {split.n_users} users of the dataset"
+        )
+
+    start_round = 0
+    elapsed_before = 0.0
+    metrics: list[dict[str, Any]] = []
+    if resume is not None and (run_dir / runs.CHECKPOINT_FILE).exists():
+        ckpt = runs.load_checkpoint(run_dir)
+        model.load_state_dict(ckpt["model"])
+        aggregator.load_state_dict(ckpt.get("aggregator", {}))
+        start_round = int(ckpt["round"])
+        elapsed_before = float(ckpt.get("seconds", 0.0))
+        metrics = runs.read_metrics(run_dir, upto_round=start_round)
+        runs.rewrite_metrics(run_dir, metrics)
+    elif resume is not None:
+        runs.rewrite_metrics(run_dir, [])
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        runs.atomic_write_text(run_dir / runs.CONFIG_FILE, runs.dumps_toml(config.to_dict()))
+        runs.write_json(run_dir / "data.json", _data_record(split.report, split))
+
+    stopped: str | None = None
+    train_seconds = sum(m.get("train_seconds", 0.0) for m in metrics)
+    for r in range(start_round, config.rounds):
+        t0 = time.perf_counter()
+        participants = sample_cohort(cohort, split.n_users, torch_generator(config.seed, "cohort", r))
+        updates, stats = model.client_round(participants, r, torch_generator(config.seed, "train", r))
+        try:
+            agg = aggregator(updates, r)
+        except PrivacyBudgetError as exc:
+            stopped = str(exc)
+            break
+        if agg is not None:
+            model.apply_aggregate(agg, r)
+        model.end_round(r)
+        t1 = time.perf_counter()
+        record: dict[str, Any] = {
+            "round": r + 1,
+            "loss": stats.loss,
+            "participants": int(participants.shape[0]),
+            "contributors": agg.contributors if agg is not None else 0,
+            "train_seconds": t1 - t0,
+        }
+        record.update(_round_privacy(aggregator))
+        if (r + 1) % config.eval_every == 0 or r + 1 == config.rounds:
+            record.update(_evaluate_round(model, split))
+            record["eval_seconds"] = time.perf_counter() - t1
+        train_seconds += t1 - t0
+        metrics.append(record)
+        runs.append_metrics(run_dir, record)
+        if (r + 1) % config.checkpoint_every == 0 or r + 1 == config.rounds:
+            _checkpoint(run_dir, model, aggregator, r + 1, elapsed_before + time.perf_counter() - started)
+        if progress is not None:
+            progress(RoundRecord(record))
+
+    seconds = elapsed_before + time.perf_counter() - started
+    if stopped is not None and metrics:
+        _checkpoint(run_dir, model, aggregator, metrics[-1]["round"], seconds)
+    summary = _summary(config, split, metrics, seconds, aggregator, stopped)
+    summary["train_seconds"] = round(train_seconds, 3)
+    runs.write_json(run_dir / runs.SUMMARY_FILE, summary)
+    return TrainResult(run_dir=run_dir, summary=summary, metrics=metrics, split=split, model=model)
+
+
+def _round_privacy(aggregator: Aggregator) -> dict[str, Any]:
+    latest = getattr(aggregator, "round_record", None)
+    return dict(latest()) if latest is not None else {}
+
+
+def _checkpoint(run_dir: Path, model: Recommender, aggregator: Aggregator, rounds_done: int, seconds: float) -> None:
+    runs.save_checkpoint(
+        run_dir,
+        {
+            "round": rounds_done,
+            "model": model.state_dict(),
+            "aggregator": aggregator.state_dict(),
+            "seconds": seconds,
+        },
+    )
+    ledger = getattr(aggregator, "ledger_dicts", None)
+    if ledger is not None:
+        runs.write_json(run_dir / runs.LEDGER_FILE, ledger())
+
+
+def _data_record(report: LoadReport, split: Split) -> dict[str, Any]:
+    return {
+        "name": split.name,
+        "users": split.n_users,
+        "items": split.n_items,
+        "train_interactions": split.n_train,
+        "source": report.source,
+        "raw_rows": report.raw_rows,
+        "duplicate_rows": report.duplicate_rows,
+        "dropped_users": report.dropped_users,
+        "dropped_interactions": report.dropped_interactions,
+        "synthetic": report.synthetic,
+        "notes": list(report.notes),
+    }
+
+
+__all__ = [
+    "MODELS",
+    "PrivacyConfig",
+    "RoundRecord",
+    "TrainConfig",
+    "TrainResult",
+    "build_aggregator",
+    "build_model",
+    "load_config_file",
+    "load_split",
+    "train",
+]
+

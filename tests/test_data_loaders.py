@@ -1,0 +1,145 @@
+"""Loaders on the real reference files and on malformed ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from securefed.data import filter_min_interactions
+from securefed.data.loaders import load_filmtrust, load_ml1m, load_ml100k, load_table
+from securefed.errors import ConfigError, DataError
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+needs_shared = pytest.mark.skipif(
+    not (SHARED / "ml-100k" / "u.data").is_file(),
+    reason=f"reference data not found at {SHARED} (clone ../shared beside the repo)",
+)
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+@needs_shared
+def test_ml100k_real_counts_and_demographics() -> None:
+    data = load_ml100k(SHARED / "ml-100k")
+    assert (data.n_users, data.n_items, len(data.users)) == (943, 1682, 100_000)
+    assert data.report.raw_rows == 100_000
+    assert data.report.duplicate_rows == data.report.dropped_users == 0
+    assert data.timestamps is not None and data.timestamps.dtype == np.float64
+    assert data.users.dtype == data.items.dtype == np.int64
+    assert data.users.max() == 942 and data.items.max() == 1681
+    # u.user: user 1 is a 24-year-old man, user 2 a 53-year-old woman.
+    assert data.user_ids[0] == 1 and data.user_ids[1] == 2
+    assert data.attributes["gender"][:2].tolist() == [0, 1]
+    assert data.attributes["age"][:2].tolist() == [24, 53]
+    assert data.attributes["age_bucket"][:2].tolist() == [1, 5]  # 18-24, 50-55
+    assert 0.25 < data.attributes["gender"].mean() < 0.33  # 273 of 943 are women
+
+
+@needs_shared
+def test_filmtrust_real_duplicates_and_filter() -> None:
+    data = load_filmtrust(SHARED / "filmtrust" / "ratings.txt")
+    assert data.timestamps is None
+    assert data.report.raw_rows == 35_498
+    assert data.report.duplicate_rows == 4
+    assert any("duplicate" in note for note in data.report.notes)
+    kept = data.report.raw_rows - data.report.duplicate_rows - data.report.dropped_interactions
+    assert len(data.users) == kept
+    assert np.bincount(data.users).min() >= 3
+    strict = load_filmtrust(SHARED / "filmtrust", min_interactions=5)
+    assert np.bincount(strict.users).min() >= 5
+    assert strict.report.dropped_users > data.report.dropped_users > 0
+    pairs = data.users * data.n_items + data.items
+    assert len(np.unique(pairs)) == len(pairs)
+
+
+def test_duplicates_keep_latest_timestamp(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path / "u.data",
+        "1\t10\t5\t100\n1\t11\t3\t50\n1\t10\t2\t300\n1\t12\t1\t200\n1\t10\t4\t300\n",
+    )
+    data = load_ml100k(path)
+    assert data.report.duplicate_rows == 2
+    assert len(data.users) == 3
+    ts = dict(zip(data.item_ids[data.items].tolist(), data.timestamps.tolist(), strict=True))
+    assert ts == {10: 300.0, 11: 50.0, 12: 200.0}
+
+
+def test_min_interactions_drops_users_and_reindexes(tmp_path: Path) -> None:
+    rows = ["7 1 1", "7 2 1", "7 3 1", "9 4 1", "9 1 1", "8 5 1", "8 1 1", "8 2 1"]
+    data = load_filmtrust(_write(tmp_path / "ratings.txt", "\n".join(rows)))
+    assert data.user_ids.tolist() == [7, 8]
+    assert data.item_ids.tolist() == [1, 2, 3, 5]  # item 4 only had user 9
+    assert data.report.dropped_users == 1 and data.report.dropped_interactions == 2
+    assert data.n_users == 2 and data.n_items == 4
+    again = filter_min_interactions(data, 3)
+    assert again is data
+    with pytest.raises(ConfigError, match="min_interactions"):
+        filter_min_interactions(data, 0)
+
+
+def test_ml1m_format_with_users(tmp_path: Path) -> None:
+    ratings = "".join(f"{u}::{i}::4::{978300000 + i}\n" for u in (1, 2) for i in (5, 6, 7))
+    _write(tmp_path / "ratings.dat", ratings)
+    _write(tmp_path / "users.dat", "1::F::1::10::48067\n2::M::56::16::70072\n")
+    data = load_ml1m(tmp_path)
+    assert (data.n_users, data.n_items, len(data.users)) == (2, 3, 6)
+    assert data.attributes["gender"].tolist() == [1, 0]
+    assert data.attributes["age_bucket"].tolist() == [0, 6]
+
+
+def test_csv_and_parquet_tables(tmp_path: Path) -> None:
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame(
+        {"User": [3, 3, 3, 4, 4, 4], "item": [1, 2, 3, 1, 2, 2], "timestamp": [1, 2, 3, 4, 5, 6]}
+    )
+    csv = tmp_path / "log.csv"
+    frame.to_csv(csv, index=False)
+    data = load_table(csv)
+    assert data.name == "log" and data.report.duplicate_rows == 1
+    assert data.report.dropped_users == 1  # user 4 has 2 distinct items left
+    pytest.importorskip("pyarrow")
+    frame.to_parquet(tmp_path / "log.parquet")
+    again = load_table(tmp_path / "log.parquet")
+    assert np.array_equal(again.items, data.items)
+    assert np.array_equal(again.timestamps, data.timestamps)
+
+
+@pytest.mark.parametrize(
+    ("filename", "text", "loader", "message"),
+    [
+        ("u.data", "1\t2\t3\n4\t5\t6\n", load_ml100k, "3 column"),
+        ("u.data", "1\t2\t3\t4\nx\t5\t6\t7\n", load_ml100k, "line 2: user id 'x' is not an int"),
+        ("u.data", "1\t2.5\t3\t4\n", load_ml100k, "item id '2.5' is not an integer"),
+        ("u.data", "1\t2\t3\t4\n1\t2\n", load_ml100k, "missing fields"),
+        ("u.data", "", load_ml100k, "is empty"),
+        ("u.data", "\n\n", load_ml100k, "is empty"),
+        ("u.data", "1\t2\t3\t4\n1\t3\t3\t5\n", load_ml100k, "no user has at least 3"),
+        ("ratings.txt", "1 2 3 4 5\n", load_filmtrust, "5 column"),
+        ("ratings.dat", "1,2,3,4\n", load_ml1m, "1 column"),
+        ("t.csv", "a,b\n1,2\n", load_table, "no column\\(s\\) user, item"),
+        ("t.csv", "user,item\n", load_table, "no rows"),
+        ("t.csv", "user,item\n1,2\n1,zz\n", load_table, "line 3: item id 'zz'"),
+        ("t.parquet", "not parquet", load_table, "not a readable Parquet"),
+    ],
+)
+def test_malformed_files_raise_one_clear_data_error(
+    tmp_path: Path, filename: str, text: str, loader, message: str
+) -> None:
+    path = _write(tmp_path / filename, text)
+    with pytest.raises(DataError, match=message) as info:
+        loader(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_file_and_bad_users_file(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="not found"):
+        load_ml100k(tmp_path / "nope" / "u.data")
+    _write(tmp_path / "u.data", "".join(f"1\t{i}\t3\t{i}\n" for i in range(3)))
+    _write(tmp_path / "u.user", "1|24|X|writer|00000\n")
+    with pytest.raises(DataError, match="gender 'X'"):
+        load_ml100k(tmp_path)

@@ -1,0 +1,161 @@
+"""Accountant golden values, cross-checks against dp_accounting, and calibration properties."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+from dp_accounting import dp_event, pld, rdp
+
+from protocols.dp import (
+    calibrate_noise_multiplier,
+    compute_epsilon,
+    ddg_rdp,
+    ddg_tau,
+    poisson_subsampled_rdp,
+)
+from protocols.dp.accounting import INTEGER_ORDERS, gaussian_rdp
+from protocols.errors import ConfigError
+
+
+def test_pinned_opacus_rdp_value() -> None:
+    # opacus/tests/accountants_test.py::test_rdp_accountant
+    eps = compute_epsilon(
+        noise_multiplier=1.5, sample_rate=0.04, steps=int(90 / 0.04), delta=1e-5, accountant="rdp"
+    )
+    assert eps == pytest.approx(7.32911117143, abs=1e-7)
+
+
+def test_pinned_opacus_noise_multiplier() -> None:
+    # opacus/tests/accountants_test.py::test_get_noise_multiplier_rdp_steps
+    sigma = calibrate_noise_multiplier(
+        epsilon=8, delta=1e-5, sample_rate=0.04, steps=2000, accountant="rdp"
+    )
+    assert sigma == pytest.approx(1.3562, abs=1e-4)
+
+
+@pytest.mark.parametrize(("q", "expected"), [(1.0, 20.0), (0.1, 2.3)])
+def test_prv_reference_sigmas(q: float, expected: float) -> None:
+    sigma = calibrate_noise_multiplier(epsilon=2.0, delta=1e-5, sample_rate=q, steps=100)
+    assert sigma == pytest.approx(expected, rel=0.03)
+
+
+def _google_epsilon(make_accountant, sigma: float, q: float, steps: int, delta: float) -> float:
+    acc = make_accountant()
+    event = dp_event.GaussianDpEvent(sigma)
+    if q < 1:
+        event = dp_event.PoissonSampledDpEvent(q, event)
+    acc.compose(event, steps)
+    return float(acc.get_epsilon(delta))
+
+
+def _google_pld() -> pld.PLDAccountant:
+    return pld.PLDAccountant(value_discretization_interval=1e-3)
+
+
+def _google_rdp() -> rdp.RdpAccountant:
+    return rdp.RdpAccountant([1.25, 1.5, 1.75, *range(2, 257)])
+
+
+@pytest.mark.parametrize(
+    ("q", "steps"),
+    [(1.0, 100), (0.1, 100), pytest.param(0.02, 500, marks=pytest.mark.slow)],
+)
+def test_calibration_cross_checks_google_dp_accounting(q: float, steps: int) -> None:
+    """Google's independent accountants put the calibrated sigma within 2%: at 0.98*sigma
+    they report epsilon above the target, at 1.02*sigma below it."""
+    eps, delta = 2.0, 1e-5
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for accountant, make in (("prv", _google_pld), ("rdp", _google_rdp)):
+            sigma = calibrate_noise_multiplier(
+                epsilon=eps, delta=delta, sample_rate=q, steps=steps, accountant=accountant
+            )
+            assert _google_epsilon(make, 0.98 * sigma, q, steps, delta) > eps
+            assert _google_epsilon(make, 1.02 * sigma, q, steps, delta) < eps
+
+
+@pytest.mark.parametrize("accountant", ["prv", "rdp"])
+@pytest.mark.parametrize(
+    ("epsilon", "q", "steps"),
+    [
+        (0.5, 1.0, 10),
+        (2.0, 0.1, 100),
+        pytest.param(8.0, 0.05, 300, marks=pytest.mark.slow),
+        pytest.param(1.0, 0.5, 50, marks=pytest.mark.slow),
+    ],
+)
+def test_calibrated_sigma_never_overshoots(
+    accountant: str, epsilon: float, q: float, steps: int
+) -> None:
+    sigma = calibrate_noise_multiplier(
+        epsilon=epsilon, delta=1e-5, sample_rate=q, steps=steps, accountant=accountant
+    )
+    achieved = compute_epsilon(
+        noise_multiplier=sigma, sample_rate=q, steps=steps, delta=1e-5, accountant=accountant
+    )
+    assert achieved <= epsilon
+    assert achieved >= 0.9 * epsilon  # and is not wastefully large
+    assert (
+        compute_epsilon(
+            noise_multiplier=0.95 * sigma,
+            sample_rate=q,
+            steps=steps,
+            delta=1e-5,
+            accountant=accountant,
+        )
+        > achieved
+    )
+
+
+def test_delta_against_population_and_bad_inputs() -> None:
+    with pytest.raises(ConfigError, match=r"delta must be below 1/n_users"):
+        calibrate_noise_multiplier(epsilon=2, delta=1e-3, sample_rate=1.0, steps=10, n_users=1000)
+    with pytest.raises(ConfigError, match=r"delta must be in \(0, 1\), got 1.5"):
+        compute_epsilon(noise_multiplier=1, sample_rate=1, steps=1, delta=1.5)
+    with pytest.raises(ConfigError, match="epsilon must be a finite number > 0, got 0"):
+        calibrate_noise_multiplier(epsilon=0, delta=1e-5, sample_rate=1.0, steps=10)
+    with pytest.raises(ConfigError, match=r"sample rate must be in \(0, 1\]"):
+        compute_epsilon(noise_multiplier=1, sample_rate=1.2, steps=1, delta=1e-5)
+    with pytest.raises(ConfigError, match="accountant must be one of"):
+        compute_epsilon(noise_multiplier=1, sample_rate=1, steps=1, delta=1e-5, accountant="gdp")
+
+
+def test_general_subsampling_bound_dominates_exact_gaussian() -> None:
+    orders = list(range(2, 65))
+    for sigma in (0.8, 2.0, 10.0):
+        for q in (0.01, 0.1, 0.5):
+            exact = gaussian_rdp(orders, noise_multiplier=sigma, sample_rate=q)
+            general = poisson_subsampled_rdp(lambda a, s=sigma: a / (2 * s * s), orders, q)
+            assert (general >= exact * (1 - 1e-9)).all()
+            # The l = 2 term is exact at alpha = 2 (only l <= 2 terms exist).
+            assert general[0] == pytest.approx(exact[0], rel=1e-9)
+            # ... and never above the unamplified mechanism.
+            assert (general <= np.asarray(orders) / (2 * sigma**2) + 1e-12).all()
+
+
+def test_discrete_gaussian_rdp_reduces_to_gaussian_for_one_share() -> None:
+    orders = np.array([1.5, 2.0, 10.0])
+    got = ddg_rdp(
+        orders, share_sigma=4.0, l2_sensitivity=2.0, l1_sensitivity=4.0, dim=100, n_contributors=1
+    )
+    np.testing.assert_allclose(got, orders * 4.0 / (2 * 16.0))
+    assert ddg_tau(4.0, 1) == 0.0
+    # The sum of many small discrete shares is penalised by tau * d.
+    small = ddg_rdp(
+        orders,
+        share_sigma=0.5,
+        l2_sensitivity=2.0,
+        l1_sensitivity=4.0,
+        dim=10**6,
+        n_contributors=100,
+    )
+    assert (small > orders * 4.0 / (2 * 100 * 0.25)).all()
+    assert ddg_tau(0.5, 100) > ddg_tau(1.0, 100) > ddg_tau(3.0, 100) > 0
+    assert ddg_tau(3.0, 100) < 1e-30
+    assert math.isclose(ddg_tau(1.0, 2), 10 * math.exp(-(math.pi**2)))
+    with pytest.raises(ConfigError, match="integer orders"):
+        poisson_subsampled_rdp(lambda a: a, [2.5], 0.5)
+    assert INTEGER_ORDERS[0] == 2

@@ -1,0 +1,148 @@
+"""Distributed discrete Gaussian: rounding, share sizing, ring bounds and accounting."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from scipy import stats
+
+from protocols.dp import (
+    DistributedDiscreteGaussian,
+    calibrate_distributed_noise_multiplier,
+    calibrate_noise_multiplier,
+    clip_rows,
+    conditional_randomized_round,
+    distributed_epsilon,
+    distributed_noise_plan,
+    rounded_l2_bound,
+)
+from protocols.errors import ConfigError
+from protocols.seeding import torch_generator
+
+FALSE_FAILURE = 1e-6
+
+
+def test_plan_sizes_shares_for_min_survivors() -> None:
+    plan = distributed_noise_plan(
+        clip=1.0, noise_multiplier=1.5, scale=1000.0, dim=400, min_survivors=9, cohort_size=12
+    )
+    d2 = plan.l2_sensitivity_after_rounding
+    assert 1000.0 < d2 <= 1000.0 + math.sqrt(400)
+    assert d2 == pytest.approx(rounded_l2_bound(1000.0, 400, plan.rounding_beta))
+    assert plan.share_sigma == pytest.approx(1.5 * d2 / 3.0)
+    assert plan.per_coordinate_bound == 12 * math.floor(d2) + plan.noise_bound
+    assert 2**plan.min_ring_bits > 2 * plan.per_coordinate_bound
+    assert 2 ** (plan.min_ring_bits - 1) <= 2 * plan.per_coordinate_bound
+    event = plan.event(3, sample_rate=1.0, noise_contributors=10)
+    assert (event.noise_contributors, event.min_survivors, event.placement) == (
+        10,
+        9,
+        "distributed",
+    )
+
+
+@pytest.mark.statistical
+def test_discrete_shares_sum_to_calibrated_variance() -> None:
+    plan = distributed_noise_plan(
+        clip=1.0, noise_multiplier=1.2, scale=4.0, dim=2000, min_survivors=6
+    )
+    mech = DistributedDiscreteGaussian(plan=plan)
+    g = torch_generator(5, "test", "ddg-shares")
+    sums = torch.stack([mech.client_share(6, generator=g).sum(dim=0) for _ in range(50)])
+    x = sums.to(torch.float64).flatten()
+    target = (1.2 * plan.l2_sensitivity_after_rounding) ** 2
+    stat = float((x * x).sum()) / target
+    lo = stats.chi2.ppf(FALSE_FAILURE / 2, x.numel())
+    hi = stats.chi2.isf(FALSE_FAILURE / 2, x.numel())
+    assert lo <= stat <= hi  # shares >= 1 unit: discrete variance ~ sigma^2
+    assert not (lo <= stat * (1 / 1.21) <= hi)  # power: 10% larger sigma is rejected
+    assert int(sums.abs().max()) <= plan.noise_sum_bound(6)
+
+
+def test_conditional_rounding_enforces_the_l2_bound() -> None:
+    g = torch_generator(6, "test", "round")
+    x, _ = clip_rows(torch.randn(64, 300, generator=g) * 3, 1.0)
+    bound = rounded_l2_bound(50.0, 300, math.exp(-0.5))
+    y = conditional_randomized_round(x, scale=50.0, l2_bound=bound, generator=g)
+    assert y.dtype == torch.int64
+    assert (torch.linalg.vector_norm(y.double(), dim=1) <= bound).all()
+    assert ((y.double() - 50.0 * x.double()).abs() < 1.0).all()
+    # Unbiased: the mean rounding error over 64*300 coordinates is ~0 (z-bound at 1e-6;
+    # each error has variance <= 1/4).
+    err = (y.double() - 50.0 * x.double()).mean()
+    assert abs(float(err)) <= stats.norm.isf(FALSE_FAILURE / 2) * 0.5 / math.sqrt(y.numel())
+    secure = conditional_randomized_round(
+        x, scale=50.0, l2_bound=bound, generator=None, secure=True
+    )
+    assert (torch.linalg.vector_norm(secure.double(), dim=1) <= bound).all()
+
+
+def test_distributed_accounting_is_close_to_gaussian_without_subsampling() -> None:
+    sigma = calibrate_distributed_noise_multiplier(
+        epsilon=2.0,
+        delta=1e-5,
+        sample_rate=1.0,
+        steps=100,
+        clip=1.0,
+        scale=1024.0,
+        dim=10_000,
+        min_survivors=50,
+    )
+    gauss = calibrate_noise_multiplier(
+        epsilon=2.0, delta=1e-5, sample_rate=1.0, steps=100, accountant="rdp"
+    )
+    assert sigma == pytest.approx(gauss, rel=0.02)
+    plan = distributed_noise_plan(
+        clip=1.0, noise_multiplier=sigma, scale=1024.0, dim=10_000, min_survivors=50
+    )
+    assert distributed_epsilon(plan, sample_rate=1.0, steps=100, delta=1e-5) <= 2.0
+    # More survivors than assumed only helps; fewer hurts.
+    more = distributed_epsilon(plan, sample_rate=1.0, steps=100, delta=1e-5, noise_contributors=80)
+    fewer = distributed_epsilon(plan, sample_rate=1.0, steps=100, delta=1e-5, noise_contributors=30)
+    assert more < 2.0 < fewer
+
+
+def test_coarse_scale_pays_for_discretisation() -> None:
+    fine = distributed_noise_plan(
+        clip=1.0, noise_multiplier=0.8, scale=2**12, dim=10**5, min_survivors=100
+    )
+    coarse = distributed_noise_plan(
+        clip=1.0, noise_multiplier=0.8, scale=2.0, dim=10**5, min_survivors=100
+    )
+    e_fine = distributed_epsilon(fine, sample_rate=1.0, steps=10, delta=1e-5)
+    e_coarse = distributed_epsilon(coarse, sample_rate=1.0, steps=10, delta=1e-5)
+    assert e_coarse > 1.5 * e_fine
+
+
+def test_subsampled_distributed_accounting_never_overshoots() -> None:
+    sigma = calibrate_distributed_noise_multiplier(
+        epsilon=4.0,
+        delta=1e-5,
+        sample_rate=0.2,
+        steps=50,
+        clip=1.0,
+        scale=512.0,
+        dim=1000,
+        min_survivors=10,
+    )
+    plan = distributed_noise_plan(
+        clip=1.0, noise_multiplier=sigma, scale=512.0, dim=1000, min_survivors=10
+    )
+    assert distributed_epsilon(plan, sample_rate=0.2, steps=50, delta=1e-5) <= 4.0
+    slightly_less = distributed_noise_plan(
+        clip=1.0, noise_multiplier=0.99 * sigma, scale=512.0, dim=1000, min_survivors=10
+    )
+    assert distributed_epsilon(slightly_less, sample_rate=0.2, steps=50, delta=1e-5) > 4.0
+
+
+def test_plan_validation() -> None:
+    with pytest.raises(ConfigError, match="below 0.5 integer units"):
+        distributed_noise_plan(clip=1.0, noise_multiplier=0.01, scale=1.0, dim=1, min_survivors=100)
+    with pytest.raises(ConfigError, match="cohort_size 3 is below min_survivors 5"):
+        distributed_noise_plan(
+            clip=1.0, noise_multiplier=1.0, scale=10.0, dim=5, min_survivors=5, cohort_size=3
+        )
+    with pytest.raises(ConfigError, match="fixed-point scale"):
+        distributed_noise_plan(clip=1.0, noise_multiplier=1.0, scale=0.0, dim=5, min_survivors=5)

@@ -1,0 +1,127 @@
+"""Metric functions against hand-computed values and evaluate() on oracle models."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from securefed.data import Split, leave_one_out, make_synthetic
+from securefed.errors import ConfigError
+from securefed.evaluation import evaluate, hit_ratio, ndcg, rank_of_target
+
+
+def test_metric_functions_hand_values() -> None:
+    assert hit_ratio(torch.tensor([0]), 10) == 1.0 and ndcg(torch.tensor([0]), 10) == 1.0
+    assert ndcg(torch.tensor([3]), 10) == pytest.approx(1 / math.log2(5))
+    assert hit_ratio(torch.tensor([9]), 10) == 1.0 and hit_ratio(torch.tensor([10]), 10) == 0.0
+    assert ndcg(torch.tensor([10]), 10) == 0.0
+    ranks = np.array([0, 1, 3, 10])  # numpy works too
+    assert hit_ratio(ranks, 10) == 0.75
+    assert ndcg(ranks, 10) == pytest.approx((1 + 1 / math.log2(3) + 1 / math.log2(5)) / 4)
+    assert hit_ratio(ranks, 1) == 0.25
+    with pytest.raises(ConfigError, match="k must be"):
+        ndcg(ranks, 0)
+
+
+def test_rank_of_target_ties_and_nan_are_pessimistic() -> None:
+    target = torch.tensor([0.5, 0.5, 0.5, float("nan"), 0.5])
+    cand = torch.tensor(
+        [
+            [0.1, 0.2, 0.3],  # strictly best -> 0
+            [0.9, 0.5, 0.1],  # one greater, one tie -> 2
+            [0.5, 0.5, 0.5],  # all ties -> 3
+            [0.1, 0.2, 0.3],  # NaN target -> last
+            [float("nan"), 0.1, 0.9],  # NaN candidate counts ahead -> 2
+        ]
+    )
+    assert rank_of_target(target, cand).tolist() == [0, 2, 3, 3, 2]
+    mask = torch.tensor([[True] * 3, [False, True, True], [True] * 3, [True] * 3, [True] * 3])
+    assert rank_of_target(target, cand, mask)[1].item() == 1
+
+
+class _Model:
+    """Scores from a dense ``[n_users, n_items]`` table."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self.table = table
+        self.calls = 0
+
+    def score(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.table[users[:, None], items]
+
+    def score_all(self, users: torch.Tensor) -> torch.Tensor:
+        return self.table[users]
+
+
+@pytest.fixture(scope="module")
+def split() -> Split:
+    data = make_synthetic(n_users=50, n_items=120, seed=2, min_history=8, mean_history=20.0)
+    return leave_one_out(data, seed=2, n_eval_negatives=30)
+
+
+def _train_mask(split: Split) -> torch.Tensor:
+    mask = torch.zeros((split.n_users, split.n_items), dtype=torch.bool)
+    mask[torch.from_numpy(split.train_users()), torch.from_numpy(split.train_items)] = True
+    return mask
+
+
+def test_oracle_scores_perfectly_even_when_training_items_score_higher(split: Split) -> None:
+    table = torch.zeros((split.n_users, split.n_items))
+    table[_train_mask(split)] = 10.0  # training positives are excluded from full ranking
+    users = torch.arange(split.n_users)
+    table[users, torch.from_numpy(split.val_items)] = 10.0  # the other held-out item too
+    table[users, torch.from_numpy(split.test_items)] = 5.0
+    model = _Model(table)
+    result = evaluate(model, split, which="test", batch_size=7, per_user=True)
+    assert (result.hr, result.ndcg, result.full_hr, result.full_ndcg) == (1.0, 1.0, 1.0, 1.0)
+    assert model.calls == math.ceil(split.n_users / 7)
+    assert result.ranks.shape == result.full_ranks.shape == (split.n_users,)
+    # For validation the target (10) ties only training positives and the test item, all
+    # excluded from full ranking; sampled negatives (never in the history) score 0.
+    val = evaluate(model, split, which="val")
+    assert val.full_hr == 1.0 and val.hr == 1.0 and val.ranks is None
+
+
+def test_constant_model_gets_zero_not_a_lucky_hit(split: Split) -> None:
+    result = evaluate(_Model(torch.ones((split.n_users, split.n_items))), split, which="test")
+    assert result.hr == result.ndcg == result.full_hr == result.full_ndcg == 0.0
+
+
+def test_ranks_match_an_independent_numpy_count(split: Split) -> None:
+    gen = torch.Generator().manual_seed(0)
+    table = torch.randint(0, 8, (split.n_users, split.n_items), generator=gen).float()  # ties
+    result = evaluate(_Model(table), split, which="val", k=5, per_user=True)
+    t = table.numpy()
+    train = _train_mask(split).numpy()
+    for u in range(split.n_users):
+        target, other = split.val_items[u], split.test_items[u]
+        s = t[u, target]
+        assert result.ranks[u] == int((t[u, split.val_negatives[u]] >= s).sum())
+        allowed = ~train[u]
+        allowed[[target, other]] = False
+        assert result.full_ranks[u] == int((t[u, allowed] >= s).sum())
+    assert result.hr == pytest.approx(float((result.ranks < 5).mean()))
+    assert result.full_ndcg == pytest.approx(
+        float(np.where(result.full_ranks < 5, 1 / np.log2(result.full_ranks + 2), 0).mean())
+    )
+
+
+def test_evaluate_validates_arguments(split: Split) -> None:
+    model = _Model(torch.zeros((split.n_users, split.n_items)))
+    with pytest.raises(ConfigError, match="which"):
+        evaluate(model, split, which="train")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="batch_size"):
+        evaluate(model, split, which="val", batch_size=0)
+    sampled_only = evaluate(model, split, which="val", full=False)
+    assert sampled_only.full_hr is None and sampled_only.full_ndcg is None
+
+    class Wrong(_Model):
+        def score(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+            return super().score(users, items)[:, :3]
+
+    with pytest.raises(ValueError, match="model.score returned shape"):
+        evaluate(Wrong(model.table), split, which="val")

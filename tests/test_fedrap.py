@@ -1,0 +1,155 @@
+"""FedRAP: the batched simulation equals a slow per-client loop written like the official code."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from securefed.federation.aggregation import PlainAggregator
+from securefed.models.fedrap import FedRAP, FedRAPConfig, curriculum_weights
+
+
+class _Client(torch.nn.Module):
+    """One client's model as in the official code: D, C, affine scorer, sigmoid."""
+
+    def __init__(self, d: torch.Tensor, c: torch.Tensor, w: torch.Tensor, b: torch.Tensor):
+        super().__init__()
+        self.item_personality = torch.nn.Embedding.from_pretrained(d.clone(), freeze=False)
+        self.item_commonality = torch.nn.Embedding.from_pretrained(c.clone(), freeze=False)
+        self.affine_output = torch.nn.Linear(d.shape[1], 1)
+        with torch.no_grad():
+            self.affine_output.weight.copy_(w.view(1, -1))
+            self.affine_output.bias.copy_(b.view(1))
+
+    def forward(self, items: torch.Tensor):
+        p = self.item_personality(items)
+        c = self.item_commonality(items)
+        return torch.sigmoid(self.affine_output(p + c)), p, c
+
+
+def _reference_round(model: FedRAP, plan, round_index: int) -> dict:
+    """Per-client loop with torch.optim.SGD, ExponentialLR and the official loss/early stop."""
+    cfg = model.config
+    lam, mu = curriculum_weights(cfg, round_index)
+    new_c_sum = torch.zeros_like(model.C)
+    results = {}
+    for local, user in enumerate(plan.participants.tolist()):
+        d_u = model.D[user] * model._d_scale[user]
+        net = _Client(d_u, model.C, model.w[user], model.b[user]).double()
+        opt = torch.optim.SGD(
+            [
+                {"params": net.affine_output.parameters(), "lr": model.lr_network},
+                {"params": net.item_personality.parameters(), "lr": model.lr_args},
+                {"params": net.item_commonality.parameters(), "lr": model.lr_args},
+            ],
+            weight_decay=cfg.l2,
+        )
+        sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=cfg.lr_gamma)
+        mine = plan.sample_user == local
+        items = plan.sample_item[mine]
+        labels = plan.sample_label[mine].double()
+        n_batches = int(plan.batches_per_user[local])
+        loss_total, seen, history = 0.0, 0, []
+        for epoch in range(cfg.local_epochs):
+            bos = plan.batch_of_sample[epoch][mine]
+            for bidx in range(n_batches):
+                sel = bos == bidx
+                pred, p, c = net(items[sel])
+                loss = (
+                    torch.nn.functional.binary_cross_entropy(pred.view(-1), labels[sel])
+                    - lam * torch.nn.functional.mse_loss(p, c)
+                    + mu * torch.nn.functional.l1_loss(c, torch.zeros_like(c))
+                )
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                sched.step()
+                loss_total += loss.item() * int(sel.sum())
+                seen += int(sel.sum())
+            history.append(loss_total / seen)
+            if epoch > 0 and abs(history[-1] - history[-2]) / abs(history[-2]) < cfg.tol:
+                break
+        results[user] = {
+            "D": net.item_personality.weight.detach().float(),
+            "w": net.affine_output.weight.detach().view(-1).float(),
+            "b": net.affine_output.bias.detach().view(()).float(),
+            "loss": history[-1],
+        }
+        new_c_sum += net.item_commonality.weight.detach().float()
+    results["C"] = new_c_sum / len(plan.participants)
+    return results
+
+
+def _state(model: FedRAP, user: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return model.D[user] * model._d_scale[user], model.w[user], model.b[user]
+
+
+@pytest.mark.parametrize("batch_size", [1000, 7])
+def test_batched_round_equals_per_client_loop(small_split, batch_size):
+    cfg = FedRAPConfig(
+        dim=8, lr_args=2.0, lr_network=0.5, l2=1e-2, lam=0.1, mu=1e-2,
+        local_epochs=4, batch_size=batch_size, compile=False, tol=1e-4,
+    )
+    model = FedRAP(small_split, cfg, generator=torch.Generator().manual_seed(0))
+    participants = torch.tensor([0, 3, 4, 9, 17, 21, 33, 39])
+    for r in range(3):
+        plan = model.plan_round(participants, torch.Generator().manual_seed(100 + r))
+        if batch_size == 7:
+            assert int(plan.batches_per_user.max()) > 1  # the multi-batch path is exercised
+        expected = _reference_round(copy.deepcopy(model), plan, r)
+        updates, stats = model.train_plan(plan, r)
+        model.apply_aggregate(PlainAggregator()(updates, r), r)
+        model.end_round(r)
+        torch.testing.assert_close(model.C, expected["C"], rtol=1e-4, atol=1e-4)
+        losses = []
+        for user in participants.tolist():
+            d, w, b = _state(model, user)
+            torch.testing.assert_close(d, expected[user]["D"], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(w, expected[user]["w"], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(b, expected[user]["b"], rtol=1e-4, atol=1e-4)
+            losses.append(expected[user]["loss"])
+        assert stats.loss == pytest.approx(sum(losses) / len(losses), rel=1e-4)
+
+
+def test_structured_updates_match_dense(small_split):
+    cfg = FedRAPConfig(dim=6, lr_args=5.0, l2=1e-2, local_epochs=2, compile=False)
+    model = FedRAP(small_split, cfg, generator=torch.Generator().manual_seed(1))
+    participants = torch.arange(small_split.n_users)
+    c_before = model.C.clone()
+    updates, _ = model.client_round(participants, 0, torch.Generator().manual_seed(5))
+    dense = updates.dense()
+    # Each row of the upload is C_u - C; untouched rows only shrink by weight decay.
+    torch.testing.assert_close(updates.norms().float(), torch.linalg.vector_norm(dense, dim=1))
+    weights = torch.rand(len(updates), generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(updates.weighted_sum(weights), weights @ dense, rtol=1e-5, atol=1e-5)
+    rows = torch.tensor([5, 1, 30])
+    torch.testing.assert_close(updates.dense(rows), dense[rows])
+    # Rows a client never touched are an exact multiple of C (the touched-row leak).
+    user0_items = set(updates.pair_item[updates.pair_client == 0].tolist())
+    untouched = [i for i in range(small_split.n_items) if i not in user0_items]
+    row0 = dense[0].view(small_split.n_items, -1)[untouched]
+    ratio = row0 / c_before[untouched]
+    assert torch.allclose(ratio, ratio.flatten()[0].expand_as(ratio), atol=1e-4)
+
+
+def test_curriculum_ramp():
+    cfg = FedRAPConfig(lam=0.2, mu=0.01)
+    assert curriculum_weights(cfg, 0) == (0.0, 0.0)
+    lam, mu = curriculum_weights(cfg, 10)
+    assert lam == pytest.approx(math.tanh(1.0) * 0.2)
+    assert mu == pytest.approx(math.tanh(1.0) * 0.01)
+    assert curriculum_weights(FedRAPConfig(lam=0.2, mu=0.01, curriculum="none"), 0) == (0.2, 0.01)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"dim": 0}, {"lr_args": -1.0}, {"decay": 1.5}, {"negatives_from": "all"}, {"curriculum": "sin"}],
+)
+def test_config_rejects_bad_values(kwargs):
+    from securefed.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        FedRAPConfig(**kwargs)
