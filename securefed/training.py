@@ -46,8 +46,8 @@ class PrivacyConfig:
     epsilon: float | None = None
     delta: float = 1e-5
     noise_multiplier: float | None = None
-    clip: float = 1.0
-    accountant: Literal["prv", "rdp"] = "prv"
+    clip: float | None = None
+    accountant: Literal["prv", "rdp"] | None = None
     noise: Literal["central", "distributed"] | None = None
     privacy_unit: Literal["user", "interaction"] = "user"
     secure: bool = False
@@ -56,6 +56,7 @@ class PrivacyConfig:
     secagg_dropout: float = 0.1
     secagg_corrupt: float = 0.1
     secagg_scale_bits: int = 16
+    secagg_simulate_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         if self.epsilon is not None and not (self.epsilon > 0):
@@ -66,9 +67,9 @@ class PrivacyConfig:
             raise ConfigError("give either --epsilon or --noise-multiplier, not both")
         if not 0 < self.delta < 1:
             raise ConfigError(f"delta must be in (0, 1), got {self.delta!r}")
-        if not (math.isfinite(self.clip) and self.clip > 0):
+        if self.clip is not None and not (math.isfinite(self.clip) and self.clip > 0):
             raise ConfigError(f"clip must be a finite number > 0, got {self.clip!r}")
-        if self.accountant not in ("prv", "rdp"):
+        if self.accountant not in (None, "prv", "rdp"):
             raise ConfigError(f"accountant must be prv or rdp, got {self.accountant!r}")
         if self.noise not in (None, "central", "distributed"):
             raise ConfigError(f"noise must be central or distributed, got {self.noise!r}")
@@ -76,6 +77,14 @@ class PrivacyConfig:
             raise ConfigError(f"privacy unit must be user or interaction, got {self.privacy_unit!r}")
         if not 0 <= self.secagg_dropout < 1:
             raise ConfigError(f"secagg dropout must be in [0, 1), got {self.secagg_dropout!r}")
+        if not 0 <= self.secagg_simulate_dropout < 1:
+            raise ConfigError(
+                f"simulated dropout must be in [0, 1), got {self.secagg_simulate_dropout!r}"
+            )
+        if not 1 <= self.secagg_scale_bits <= 40:
+            raise ConfigError(f"secagg scale bits must be in [1, 40], got {self.secagg_scale_bits!r}")
+        if self.secure and not self.dp:
+            raise ConfigError("--secure draws DP noise from the OS; it needs --epsilon or --noise-multiplier")
         if not 0 <= self.secagg_corrupt < 1:
             raise ConfigError(f"secagg corrupt fraction must be in [0, 1), got {self.secagg_corrupt!r}")
 
@@ -261,14 +270,14 @@ def build_model(config: TrainConfig, split: Split) -> Recommender:
     return FedRecGEL(split, config.fedrecgel, generator=gen, device=config.device)
 
 
-def build_aggregator(config: TrainConfig, split: Split) -> Aggregator:
+def build_aggregator(config: TrainConfig, split: Split, model: Recommender) -> Aggregator:
     """The aggregation seam: plain averaging, DP, secure aggregation or both."""
     p = config.privacy
     if not p.dp and not p.secagg:
         return PlainAggregator()
-    from securefed.privacy import build_private_aggregator
+    from securefed.privacy import PrivateAggregator
 
-    return build_private_aggregator(config, split)
+    return PrivateAggregator(config, split, dim=model.layout.size)
 
 
 def _default_run_dir(config: TrainConfig) -> Path:
@@ -394,7 +403,7 @@ def train(
     if split is None:
         split = load_split(config, download_progress=download_progress)
     model = build_model(config, split)
-    aggregator = build_aggregator(config, split)
+    aggregator = build_aggregator(config, split, model)
     cohort = config.cohort(split.n_users)
     if cohort.kind == "fixed" and cohort.size > split.n_users:
         raise ConfigError(

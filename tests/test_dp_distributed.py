@@ -13,6 +13,7 @@ from protocols.dp import (
     calibrate_distributed_noise_multiplier,
     calibrate_noise_multiplier,
     clip_rows,
+    compute_epsilon,
     conditional_randomized_round,
     distributed_epsilon,
     distributed_noise_plan,
@@ -104,16 +105,32 @@ def test_distributed_accounting_is_close_to_gaussian_without_subsampling() -> No
     assert more < 2.0 < fewer
 
 
-def test_coarse_scale_pays_for_discretisation() -> None:
+def test_discretisation_costs_are_accounted() -> None:
+    # A coarse scale inflates the rounded sensitivity, so the same sigma means more noise
+    # in float units (utility cost; epsilon is relative to the rounded sensitivity).
     fine = distributed_noise_plan(
         clip=1.0, noise_multiplier=0.8, scale=2**12, dim=10**5, min_survivors=100
     )
     coarse = distributed_noise_plan(
         clip=1.0, noise_multiplier=0.8, scale=2.0, dim=10**5, min_survivors=100
     )
-    e_fine = distributed_epsilon(fine, sample_rate=1.0, steps=10, delta=1e-5)
-    e_coarse = distributed_epsilon(coarse, sample_rate=1.0, steps=10, delta=1e-5)
-    assert e_coarse > 1.5 * e_fine
+
+    def float_std(p):
+        return p.share_sigma * 10 / p.scale
+
+    assert float_std(coarse) > 50 * float_std(fine)
+    # Tiny shares: the sum of discrete Gaussians is far from discrete Gaussian (tau * d),
+    # and the accounting charges for it.
+    tiny = distributed_noise_plan(
+        clip=1.0, noise_multiplier=0.37, scale=1.0, dim=1000, min_survivors=100
+    )
+    assert 0.5 <= tiny.share_sigma < 0.7
+    eps_tiny = distributed_epsilon(tiny, sample_rate=1.0, steps=1, delta=1e-5)
+
+    gauss = compute_epsilon(
+        noise_multiplier=0.37, sample_rate=1.0, steps=1, delta=1e-5, accountant="rdp"
+    )
+    assert eps_tiny > 1.5 * gauss
 
 
 def test_subsampled_distributed_accounting_never_overshoots() -> None:

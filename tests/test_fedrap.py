@@ -54,7 +54,7 @@ def _reference_round(model: FedRAP, plan, round_index: int) -> dict:
         n_batches = int(plan.batches_per_user[local])
         loss_total, seen, history = 0.0, 0, []
         for epoch in range(cfg.local_epochs):
-            bos = plan.batch_of_sample[epoch][mine]
+            bos = plan.batch_of_sample(epoch)[mine]
             for bidx in range(n_batches):
                 sel = bos == bidx
                 pred, p, c = net(items[sel])

@@ -1,4 +1,4 @@
-"""FedRecGEL: the batched round against a per-client autograd loop written like the official code."""
+"""FedRecGEL: the batched round against a per-client autograd loop in the official style."""
 
 from __future__ import annotations
 
@@ -237,7 +237,7 @@ def test_sam_scale_gives_norm_rho_or_zero(rows, rho):
             assert float(norms[i]) == 0.0
         else:  # rho / (n + 1e-12) * n: rho up to the official 1e-12 guard
             assert math.isclose(float(norms[i]), rho * n / (n + 1e-12), rel_tol=1e-9, abs_tol=0)
-            assert abs(float(norms[i]) - rho) <= rho * 1e-12 / n * (1 + 1e-9)
+            assert abs(float(norms[i]) - rho) <= rho * (1e-12 / n + 1e-12)
 
 
 def test_state_dict_round_trip_continues_identically():
@@ -310,7 +310,8 @@ def test_scores_match_the_reference_forward():
 
 
 def test_training_beats_random_ranking():
-    split = small_split(n_users=120, n_items=300, seed=3)
+    data = make_synthetic(n_users=40, n_items=200, seed=3, min_history=20, mean_history=40.0)
+    split = leave_one_out(data, seed=3, n_eval_negatives=99)
     model = FedRecGEL(split, FedRecGELConfig(), generator=gen(14))
     users = torch.arange(split.n_users)
     candidates = torch.cat(
@@ -324,7 +325,8 @@ def test_training_beats_random_ranking():
         return float((rank < 10).double().mean())
 
     start = hr_at_10()
-    for r in range(20):
+    losses = []
+    for r in range(15):
         updates, stats = model.client_round(users, r, gen(200 + r))
         model.apply_aggregate(
             Aggregate(
@@ -334,9 +336,11 @@ def test_training_beats_random_ranking():
             ),
             r,
         )
+        losses.append(stats.loss)
     end = hr_at_10()
-    # 21 candidates: a random ranking gives HR@10 = 10/21 ~ 0.48 in expectation.
-    assert end > 0.75, (start, end)
+    # 100 candidates: a random ranking has HR@10 = 0.1; 40 users give a binomial sd of 0.047.
+    assert end >= 0.25, (start, end)
+    assert losses[-1] < losses[0]
 
 
 def test_protocol_layout_and_init():

@@ -81,8 +81,9 @@ def test_keystream_is_aes_ctr_from_counter_zero():
     blocks = b"".join(i.to_bytes(16, "big") for i in range(8))
     expected = np.frombuffer(ecb.update(blocks), dtype=np.uint64)
     np.testing.assert_array_equal(keystream(key, 16), expected)
-    # A short expander gives the prefix of the same stream.
+    # A short expander gives the prefix of the same stream; narrow words split it.
     np.testing.assert_array_equal(MaskExpander(5).expand(key), expected[:5])
+    np.testing.assert_array_equal(keystream(key, 32, np.uint32), expected.view(np.uint32))
 
 
 def test_pairwise_keys_agree_across_the_pair_and_differ_per_pair():

@@ -202,3 +202,15 @@ def test_secure_sum_rejects_unreduced_inputs_and_missing_modulus():
             round_index=0,
             public_seed=SEED,
         )
+
+
+@pytest.mark.slow
+def test_full_size_round_943_clients_53824_values_is_exact():
+    n, d = 943, 53_824
+    rng = np.random.default_rng(11)
+    codec = FixedPointCodec.for_sum(n_clients=n, clip=1.0, scale_bits=16)
+    cfg = SecAggConfig(n_clients=n, modulus_bits=codec.modulus_bits)
+    x = codec.encode(rng.uniform(-1, 1, size=(n, d)), rng=rng)
+    sched = DropoutSchedule.random(n, rate=0.05, rng=rng)
+    res = secure_sum(x, config=cfg, round_index=2, public_seed=SEED, dropouts=sched)
+    np.testing.assert_array_equal(res.sum, _plain(x, res.survivors, codec.modulus_bits))

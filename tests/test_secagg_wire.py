@@ -248,3 +248,39 @@ def test_fuzz_mutated_valid_messages_only_raise_integrity_error(which, edits, cu
 def test_valid_messages_decode():
     assert wire.decode_advertise(_ENV, _VALID[0], sender=0)
     assert len(wire.decode_keys(_ENV, _VALID[1], receiver=0, n_clients=N)) == N - 1
+
+
+def test_share_box_moved_to_another_receiver_fails_authentication():
+    clients, server = _parties()
+    for i, c in enumerate(clients):
+        server.receive_advertise(i, c.advertise())
+    keys = server.finish_advertise()
+    shares = {i: clients[i].share_keys(m) for i, m in keys.items()}
+    boxes_of_3 = dict(wire.decode_shares(_ENV, shares[3], sender=3, n_clients=N))
+    env = wire.Envelope(session=session_id(SEED, 1), round_index=1)
+    # The server hands client 0 the box client 3 sealed for client 1, labelled as 3 -> 0.
+    forged = wire.encode_forward(env, 0, [(3, boxes_of_3[1])])
+    with pytest.raises(IntegrityError):
+        clients[0].masked_input(forged, np.zeros(D, np.uint64))
+
+
+def test_secrets_never_leave_in_clear_or_in_repr():
+    clients, server = _parties()
+    sent = [c.advertise() for c in clients]
+    secrets = []
+    for c in clients:
+        secrets += [c._s_sk.private_bytes_raw(), c._c_sk.private_bytes_raw(), c._b]
+    for i, m in enumerate(sent):
+        server.receive_advertise(i, m)
+    for i, m in server.finish_advertise().items():
+        reply = clients[i].share_keys(m)
+        sent.append(reply)
+        server.receive_shares(i, reply)
+    for i, m in server.finish_shares().items():
+        reply = clients[i].masked_input(m, np.zeros(D, np.uint64))
+        sent.append(reply)
+    texts = [repr(c) for c in clients] + [repr(server)]
+    for secret in secrets:
+        assert all(secret not in m for m in sent)
+        assert all(secret.hex() not in t for t in texts)
+    assert all(c._s_sk is None and c._b is None for c in clients)  # wiped after masking

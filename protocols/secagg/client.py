@@ -49,6 +49,13 @@ def exchange(private: X25519PrivateKey, public_bytes: bytes) -> bytes:
         raise IntegrityError() from None
 
 
+def _need[T](value: T | None) -> T:
+    """A secret of an earlier stage; missing means the stage machine was bypassed."""
+    if value is None:
+        raise IntegrityError()
+    return value
+
+
 def require_modulus(config: SecAggConfig) -> int:
     if config.modulus_bits is None:
         raise ConfigError(
@@ -69,6 +76,14 @@ class SecAggClient:
         expander: Optional shared :class:`MaskExpander` of length ``dim`` (saves allocations
             when many clients are simulated in one process).
     """
+
+    _c_sk: X25519PrivateKey | None
+    _s_sk: X25519PrivateKey | None
+    _b: bytes | None
+    _own_keys: tuple[bytes, ...]
+    _s_pks: dict[int, bytes] | None
+    _box_in: dict[int, bytes] | None
+    _held: dict[int, tuple[bytes, bytes]] | None
 
     def __init__(
         self,
@@ -91,9 +106,13 @@ class SecAggClient:
         self._env = wire.Envelope(session=self._session, round_index=round_index)
         table = neighbour_table(self._session, config.n_clients, config.k)
         self.neighbours = frozenset(int(j) for j in table[client_id])
-        self._expander = expander if expander is not None else MaskExpander(dim)
-        if self._expander.dim != dim:
-            raise ConfigError(f"expander has dim {self._expander.dim}, expected {dim}")
+        word = wire.ring_dtype(self.bits)
+        self._expander = expander if expander is not None else MaskExpander(dim, word)
+        if self._expander.dim != dim or self._expander.dtype != word:
+            raise ConfigError(
+                f"expander must have dim {dim} and dtype {word}, got "
+                f"{self._expander.dim} and {self._expander.dtype}"
+            )
         self.stage = Stage.INIT
         self._wipe()
 
@@ -105,12 +124,12 @@ class SecAggClient:
     def advertise(self) -> bytes:
         """Round 0: fresh key pairs ``(c, s)`` and self-mask seed ``b``; send both public keys."""
         with self._stage_step(Stage.INIT, Stage.ADVERTISED):
-            self._c_sk = X25519PrivateKey.generate()
-            self._s_sk = X25519PrivateKey.generate()
+            c_sk, s_sk = X25519PrivateKey.generate(), X25519PrivateKey.generate()
+            self._c_sk, self._s_sk = c_sk, s_sk
             self._b = os.urandom(shamir.SECRET_BYTES)
             self._own_keys = (
-                self._c_sk.public_key().public_bytes_raw(),
-                self._s_sk.public_key().public_bytes_raw(),
+                c_sk.public_key().public_bytes_raw(),
+                s_sk.public_key().public_bytes_raw(),
             )
             return wire.encode_advertise(self._env, self.id, *self._own_keys)
 
@@ -133,23 +152,25 @@ class SecAggClient:
                     f"t={self.config.t}"
                 )
             xs = [cid + 1 for cid in ids]
-            sk_bytes = self._s_sk.private_bytes_raw()
-            b_shares = shamir.split(self._b, xs, self.config.t)
+            c_sk, s_sk, seed = _need(self._c_sk), _need(self._s_sk), _need(self._b)
+            sk_bytes = s_sk.private_bytes_raw()
+            b_shares = shamir.split(seed, xs, self.config.t)
             sk_shares = shamir.split(sk_bytes, xs, self.config.t)
             del sk_bytes
             boxes = []
-            self._s_pks = {}
-            self._box_in = {}
+            s_pks: dict[int, bytes] = {}
+            box_in: dict[int, bytes] = {}
             for j, (cid, c_pk, s_pk) in enumerate(entries):
-                shared = exchange(self._c_sk, c_pk)
+                shared = exchange(c_sk, c_pk)
                 k_out, k_in = share_box_keys(
                     shared, session=self._session, round_index=self.round_index, a=self.id, b=cid
                 )
-                self._box_in[cid] = k_in
-                self._s_pks[cid] = s_pk
+                box_in[cid] = k_in
+                s_pks[cid] = s_pk
                 plaintext = wire.pack_share_plaintext(self.id, cid, b_shares[j], sk_shares[j])
                 ad = wire.share_associated_data(self._env, self.id, cid)
                 boxes.append((cid, seal(k_out, plaintext, ad)))
+            self._s_pks, self._box_in = s_pks, box_in
             self._c_sk = None  # only needed for the share boxes
             return wire.encode_shares(self._env, self.id, boxes)
 
@@ -170,9 +191,11 @@ class SecAggClient:
             entries = wire.decode_forward(
                 self._env, forward_message, receiver=self.id, n_clients=self.config.n_clients
             )
+            box_in, s_pks = _need(self._box_in), _need(self._s_pks)
+            s_sk, seed = _need(self._s_sk), _need(self._b)
             held = {}
             for cid, ct in entries:
-                key = self._box_in.get(cid)
+                key = box_in.get(cid)
                 if key is None:
                     raise IntegrityError()
                 ad = wire.share_associated_data(self._env, cid, self.id)
@@ -183,16 +206,14 @@ class SecAggClient:
                     f"only {len(held)} neighbours completed key sharing, fewer than the "
                     f"threshold t={self.config.t}"
                 )
-            acc = x.copy()
             ex = self._expander
-            ex.add(
-                self_mask_key(
-                    self._b, session=self._session, round_index=self.round_index, client=self.id
-                ),
-                acc,
+            acc = ex.acc
+            self_key = self_mask_key(
+                seed, session=self._session, round_index=self.round_index, client=self.id
             )
+            np.add(x, ex.expand(self_key), out=acc, casting="unsafe")  # mod 2**word bits
             for cid in held:
-                shared = exchange(self._s_sk, self._s_pks[cid])
+                shared = exchange(s_sk, s_pks[cid])
                 key = pair_mask_key(
                     shared, session=self._session, round_index=self.round_index, a=self.id, b=cid
                 )
@@ -200,8 +221,6 @@ class SecAggClient:
                     ex.add(key, acc)
                 else:
                     ex.sub(key, acc)
-            if self.bits < 64:
-                acc &= np.uint64((1 << self.bits) - 1)
             self._held = held
             self._s_sk = None  # recoverable from shares if this client drops; no longer needed
             self._b = None
@@ -231,14 +250,15 @@ class SecAggClient:
                 )
             if total < len(surv) + 1:
                 raise ClientAborted("unmask request's survivor count is inconsistent")
-            if surv | drop != set(self._held):
+            held = _need(self._held)
+            if surv | drop != set(held):
                 raise ClientAborted(
                     "unmask request does not classify exactly the neighbours this client "
                     "masked with"
                 )
             out = []
-            for owner in sorted(self._held):
-                b_share, sk_share = self._held[owner]
+            for owner in sorted(held):
+                b_share, sk_share = held[owner]
                 if owner in surv:
                     out.append((owner, wire.ShareKind.SELF_MASK_SEED, b_share))
                 else:

@@ -137,9 +137,21 @@ def _resolve(cfg: SecAggConfig) -> tuple[int, int]:
         if cfg.threshold is not None:
             t = cfg.threshold
         else:
-            t = _choose_threshold(cfg, k)
-            if t is None:
-                t = max(2, k // 2 + 1) if k >= 3 else k
+            chosen = _choose_threshold(cfg, k)
+            if chosen is not None:
+                t = chosen
+            else:  # no t meets both bounds: favour correctness, aim for a majority
+                dropped, _ = _counts(n, cfg.dropout_tolerance, cfg.corrupt_fraction)
+                t_correct = next(
+                    (
+                        t
+                        for t in range(k, 0, -1)
+                        if n * _hyp_tail_ge(n - 1, dropped, k, k - t + 1)
+                        <= 2.0**-cfg.correctness_bits
+                    ),
+                    1,
+                )
+                t = max(min(2, k), min(k // 2 + 1, t_correct))
     else:
         k, t_chosen = choose_graph_parameters(
             n,

@@ -100,41 +100,51 @@ def open_sealed(key: bytes, ciphertext: bytes, associated_data: bytes) -> bytes:
         raise IntegrityError() from None
 
 
-def keystream(key: bytes, n_words: int) -> np.ndarray:
-    """``n_words`` uint64 words of AES-128-CTR keystream (counter block starts at zero)."""
-    expander = MaskExpander(n_words)
+def keystream(key: bytes, n_words: int, dtype: np.dtype | type = np.uint64) -> np.ndarray:
+    """``n_words`` little-endian words of AES-128-CTR keystream (counter block starts at 0)."""
+    expander = MaskExpander(n_words, dtype)
     return expander.expand(key).copy()
 
 
 class MaskExpander:
-    """Expands AES-CTR keystreams into a reusable uint64 buffer and accumulates them.
+    """Expands AES-CTR keystreams into a reusable word buffer and accumulates them.
 
-    The keystream is written with ``encryptor.update_into`` over a preallocated zero buffer, so
-    expanding a mask costs one AES-CTR pass and one vector add; no per-mask allocation. One
-    expander can be shared by all clients simulated in one process (not across threads).
+    ``PRG(key)`` is the AES-128-CTR keystream (zero IV) read as little-endian words of
+    ``dtype``. Use the narrowest unsigned dtype holding the ring (``wire.ring_dtype(bits)``):
+    ``2**bits`` divides ``2**(8 * itemsize)``, so wrapping word arithmetic followed by masking
+    the low ``bits`` is exact, and a 32-bit ring needs half the keystream of a 64-bit one.
+    The keystream is written with ``encryptor.update_into`` over a preallocated zero buffer,
+    so a mask costs one AES-CTR pass and one vector add and no allocation. One expander may
+    be shared by all clients simulated in one process (not across threads).
 
     Args:
-        dim: Number of uint64 words per mask.
+        dim: Number of words per mask.
+        dtype: Unsigned word type (uint8, uint16, uint32 or uint64).
     """
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, dtype: np.dtype | type = np.uint64) -> None:
         if dim < 1:
             raise ValueError(f"dim must be >= 1, got {dim!r}")
+        self.dtype = np.dtype(dtype).newbyteorder("<")
+        if self.dtype.kind != "u":
+            raise ValueError(f"dtype must be unsigned, got {self.dtype}")
         self.dim = dim
-        self._zeros = bytes(8 * dim)
-        self._buf = bytearray(8 * dim + 16)  # update_into needs block_size - 1 spare bytes
-        self._words = np.frombuffer(self._buf, dtype=np.uint64, count=dim)
+        nbytes = dim * self.dtype.itemsize
+        self._zeros = bytes(nbytes)
+        self._buf = bytearray(nbytes + 16)  # update_into needs block_size - 1 spare bytes
+        self._words = np.frombuffer(self._buf, dtype=self.dtype, count=dim)
+        self.acc = np.zeros(dim, dtype=self.dtype)  # scratch accumulator for one masked vector
 
     def expand(self, key: bytes) -> np.ndarray:
-        """The keystream of ``key`` as a uint64 view, valid until the next call."""
+        """The keystream of ``key`` as a word view, valid until the next call."""
         enc = Cipher(algorithms.AES(key), modes.CTR(_ZERO_NONCE_CTR)).encryptor()
         enc.update_into(self._zeros, self._buf)
         return self._words
 
     def add(self, key: bytes, acc: np.ndarray) -> None:
-        """``acc += PRG(key)`` modulo 2**64, in place."""
+        """``acc += PRG(key)`` modulo ``2**(8 * itemsize)``, in place."""
         np.add(acc, self.expand(key), out=acc)
 
     def sub(self, key: bytes, acc: np.ndarray) -> None:
-        """``acc -= PRG(key)`` modulo 2**64, in place."""
+        """``acc -= PRG(key)`` modulo ``2**(8 * itemsize)``, in place."""
         np.subtract(acc, self.expand(key), out=acc)

@@ -16,7 +16,7 @@ from collections import defaultdict
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from protocols.errors import IntegrityError
+from protocols.errors import ConfigError, IntegrityError
 from protocols.secagg import shamir, wire
 from protocols.secagg.client import Stage, exchange, require_modulus
 from protocols.secagg.config import SecAggConfig, neighbour_table
@@ -53,11 +53,14 @@ class SecAggServer:
         self._session = session_id(public_seed, round_index)
         self._env = wire.Envelope(session=self._session, round_index=round_index)
         self._table = neighbour_table(self._session, config.n_clients, config.k)
-        self._expander = expander if expander is not None else MaskExpander(dim)
+        word = wire.ring_dtype(self.bits)
+        self._expander = expander if expander is not None else MaskExpander(dim, word)
+        if self._expander.dim != dim or self._expander.dtype != word:
+            raise ConfigError(f"expander must have dim {dim} and dtype {word}")
         self.stage = Stage.INIT
         self._keys: dict[int, tuple[bytes, bytes]] = {}
         self._boxes: dict[int, list[tuple[int, bytes]]] = {}
-        self._acc = np.zeros(dim, dtype=np.uint64)
+        self._acc = np.zeros(dim, dtype=word)
         self._u3: set[int] = set()
         self._requested: dict[int, dict[int, wire.ShareKind]] = {}
         self._revealed: dict[tuple[int, wire.ShareKind], list[tuple[int, int]]] = defaultdict(list)
@@ -128,7 +131,7 @@ class SecAggServer:
         y = wire.decode_masked_input(
             self._env, message, sender=sender, bits=self.bits, dim=self.dim
         )
-        np.add(self._acc, y, out=self._acc, casting="unsafe")
+        np.add(self._acc, y, out=self._acc)
         self._u3.add(sender)
 
     def finish_masked_input(self) -> dict[int, bytes]:
@@ -173,7 +176,7 @@ class SecAggServer:
         """Reconstruct, remove the self masks and the dropped clients' pairwise masks.
 
         Returns:
-            The sum of the survivors' inputs modulo ``2**bits`` (uint64 ``[dim]``).
+            The sum of the survivors' inputs modulo ``2**bits`` (a new uint64 ``[dim]``).
 
         Raises:
             RoundAborted: if some survivor's seed or some dropped client's key has fewer than
@@ -203,11 +206,12 @@ class SecAggServer:
                     ex.sub(key, acc)
                 else:  # v subtracted it
                     ex.add(key, acc)
+        total = acc.astype(np.uint64)
         if self.bits < 64:
-            acc &= np.uint64((1 << self.bits) - 1)
+            total &= np.uint64((1 << self.bits) - 1)
         self.stage = Stage.DONE
         self._revealed.clear()
-        return acc
+        return total
 
     # -- machinery --------------------------------------------------------------------------
 

@@ -67,8 +67,8 @@ def combine(xs: Sequence[int], ys: Sequence[int]) -> bytes:
         raise ConfigError(f"need as many xs as ys (>= 1), got {len(xs)} and {len(ys)}")
     if len(set(xs)) != len(xs) or any(x % PRIME == 0 for x in xs):
         raise IntegrityError()
-    # sum_i y_i * prod_{j != i} x_j / (x_j - x_i), with one modular inversion in total.
-    nums = []
+    # sum_i y_i * prod_{j != i} x_j / (x_j - x_i); one modular inversion for all (Montgomery).
+    weights = []
     dens = []
     for i, xi in enumerate(xs):
         num = 1
@@ -77,21 +77,17 @@ def combine(xs: Sequence[int], ys: Sequence[int]) -> bytes:
             if i != j:
                 num = num * xj % PRIME
                 den = den * (xj - xi) % PRIME
-        nums.append(num)
+        weights.append(ys[i] * num % PRIME)
         dens.append(den)
-    total_den = 1
+    prefix = [1]
     for den in dens:
-        total_den = total_den * den % PRIME
-    inv_total = pow(total_den, -1, PRIME)
+        prefix.append(prefix[-1] * den % PRIME)
+    inv = pow(prefix[-1], -1, PRIME)
     secret = 0
-    for i, y in enumerate(ys):
-        # 1/den_i = inv_total * prod_{j != i} den_j
-        other = 1
-        for j, den in enumerate(dens):
-            if j != i:
-                other = other * den % PRIME
-        secret = (secret + y * nums[i] % PRIME * other) % PRIME
-    secret = secret * inv_total % PRIME
+    for i in range(len(dens) - 1, -1, -1):
+        inv_den = inv * prefix[i] % PRIME  # 1 / dens[i]
+        inv = inv * dens[i] % PRIME  # 1 / prod(dens[:i])
+        secret = (secret + weights[i] * inv_den) % PRIME
     if secret >> (8 * SECRET_BYTES):
         raise IntegrityError()
     return secret.to_bytes(SECRET_BYTES, "big")

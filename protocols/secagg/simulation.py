@@ -21,6 +21,7 @@ from protocols.secagg.config import SecAggConfig
 from protocols.secagg.errors import ClientAborted
 from protocols.secagg.primitives import MaskExpander
 from protocols.secagg.server import SecAggServer
+from protocols.secagg.wire import ring_dtype
 
 STAGES = ("advertise", "share", "masked_input", "unmask")
 
@@ -147,7 +148,7 @@ def secure_sum(
 
     n, dim = x.shape
     start = time.perf_counter()
-    expander = MaskExpander(dim)
+    expander = MaskExpander(dim, ring_dtype(bits))
     kw = {"config": config, "round_index": round_index, "public_seed": public_seed, "dim": dim}
     clients = [SecAggClient(i, expander=expander, **kw) for i in range(n)]
     server = SecAggServer(expander=expander, **kw)
@@ -199,7 +200,7 @@ def secure_sum(
     )
     everyone = frozenset(range(n))
     return SecureSumResult(
-        sum=total.copy(),
+        sum=total,
         survivors=np.array(sorted(server.u3), dtype=np.int64),
         dropped=np.array(sorted(server.dropped), dtype=np.int64),
         excluded=np.array(sorted(everyone - server.u2), dtype=np.int64),

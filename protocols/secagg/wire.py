@@ -282,9 +282,17 @@ def ring_dtype(bits: int) -> np.dtype:
 
 
 def encode_masked_input(env: Envelope, sender: int, y: np.ndarray, bits: int) -> bytes:
+    """Reduce ``y`` (uint64) modulo ``2**bits`` straight into the message buffer."""
     dtype = ring_dtype(bits)
-    head = struct.pack(">BBI", bits, dtype.itemsize, y.shape[0])
-    return env.pack(Kind.MASKED_INPUT, sender, SERVER, head + y.astype(dtype, copy=False).tobytes())
+    dim = y.shape[0]
+    body_len = 6 + dim * dtype.itemsize
+    buf = bytearray(HEADER_BYTES + body_len)
+    buf[:HEADER_BYTES] = env.header(Kind.MASKED_INPUT, sender, SERVER, body_len)
+    buf[HEADER_BYTES : HEADER_BYTES + 6] = struct.pack(">BBI", bits, dtype.itemsize, dim)
+    out = np.frombuffer(buf, dtype=dtype, offset=HEADER_BYTES + 6)
+    mask = np.uint64((1 << bits) - 1) if bits < 64 else np.uint64(2**64 - 1)
+    np.bitwise_and(y, mask, out=out, casting="unsafe")
+    return bytes(buf)
 
 
 def decode_masked_input(

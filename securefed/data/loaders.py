@@ -109,7 +109,7 @@ def _integer_column(values: pd.Series, *, path: Path, column: str, offset: int =
     if bad.any():
         row = int(np.nonzero(bad)[0][0])
         raise DataError(
-            f"{path} line {row + offset}: {column} {values.iloc[row]!r} is not an integer; "
+            f"{path} line {row + offset}: {column} '{values.iloc[row]}' is not an integer; "
             f"{column}s must be integer ids"
         )
     return arr.astype(np.int64)
@@ -121,7 +121,7 @@ def _float_column(values: pd.Series, *, path: Path, column: str, offset: int = 1
     if bad.any():
         row = int(np.nonzero(bad)[0][0])
         raise DataError(
-            f"{path} line {row + offset}: {column} {values.iloc[row]!r} is not a number"
+            f"{path} line {row + offset}: {column} '{values.iloc[row]}' is not a number"
         )
     return arr
 

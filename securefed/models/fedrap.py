@@ -115,8 +115,10 @@ class RoundPlan:
         sample_user: Local participant index (``0..m-1``) of every sample.
         sample_item: Item of every sample.
         sample_label: 1.0 for positives, 0.0 for negatives.
-        batches_per_user: Local batches per epoch of every participant, ``[m]``.
-        batch_of_sample: ``[epochs, n_samples]`` batch index of every sample in each epoch.
+        batches_per_user: Local batches per epoch of every participant, ``[m]`` (non-decreasing:
+            participants are ordered by it).
+        multi_start: First sample of the clients with more than one batch (a suffix).
+        multi_batch: ``[epochs, n_samples - multi_start]`` batch index of those samples.
     """
 
     participants: torch.Tensor
@@ -124,7 +126,14 @@ class RoundPlan:
     sample_item: torch.Tensor
     sample_label: torch.Tensor
     batches_per_user: torch.Tensor
-    batch_of_sample: torch.Tensor
+    multi_start: int
+    multi_batch: torch.Tensor
+
+    def batch_of_sample(self, epoch: int) -> torch.Tensor:
+        """Batch index of every sample in ``epoch`` (``[n_samples]``)."""
+        out = torch.zeros(self.sample_user.shape[0], dtype=torch.long)
+        out[self.multi_start :] = self.multi_batch[epoch]
+        return out
 
 
 def _bce_terms(logit: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -334,27 +343,29 @@ class FedRAP:
         labels = labels.reshape(-1)
         n_samples = counts * k
         batches = (n_samples + cfg.batch_size - 1) // cfg.batch_size
-        batch_of_sample = torch.zeros(cfg.local_epochs, users.shape[0], dtype=torch.long)
-        multi = batches[users] > 1
-        if bool(multi.any()):
-            idx = torch.nonzero(multi).squeeze(1)
-            u_multi = users[idx]
-            multi_first = torch.searchsorted(u_multi, u_multi)  # u_multi is sorted
-            for epoch in range(cfg.local_epochs):
-                # A per-client shuffle (DataLoader(shuffle=True)): sort by (user, random key).
-                key = torch.rand(idx.shape[0], generator=generator, dtype=torch.float64)
-                order = torch.argsort(u_multi.double() * 2.0 + key)
-                rank = torch.empty_like(order)
-                rank[order] = torch.arange(order.shape[0])
-                position = rank - multi_first
-                batch_of_sample[epoch, idx] = position // cfg.batch_size
+        # Clients are ordered by batch count, so the multi-batch clients' samples are a suffix.
+        multi_user0 = int(torch.searchsorted(batches, torch.tensor(1), right=True))
+        multi_start = int(n_samples[:multi_user0].sum())
+        u_multi = users[multi_start:]
+        n_multi = u_multi.shape[0]
+        if n_multi:
+            # A per-client shuffle per epoch (DataLoader(shuffle=True)): sort by (user, key).
+            keys = torch.rand(cfg.local_epochs, n_multi, generator=generator, dtype=torch.float64)
+            order = torch.argsort(keys + (u_multi.double() * 2.0), dim=1)
+            first = torch.searchsorted(u_multi, u_multi)
+            rank = torch.empty_like(order)
+            rank.scatter_(1, order, torch.arange(n_multi).expand(cfg.local_epochs, n_multi))
+            multi_batch = (rank - first) // cfg.batch_size
+        else:
+            multi_batch = torch.zeros(cfg.local_epochs, 0, dtype=torch.long)
         return RoundPlan(
             participants=participants,
             sample_user=users,
             sample_item=items,
             sample_label=labels,
             batches_per_user=batches,
-            batch_of_sample=batch_of_sample,
+            multi_start=multi_start,
+            multi_batch=multi_batch,
         )
 
     # ------------------------------------------------------------------ training
@@ -406,7 +417,7 @@ class FedRAP:
         substep = _substep_fn(use_compile)
         counts0 = torch.bincount(sample_pair, minlength=n_pairs).to(torch.float32)
         multi_pair0 = pair_start[1] if max_batches > 1 else n_pairs
-        multi_sample0 = int(torch.searchsorted(plan.sample_user, first_user[1])) if max_batches > 1 else 0
+        multi_sample0 = plan.multi_start
 
         for epoch in range(cfg.local_epochs):
             if not bool(active.any()):
@@ -415,7 +426,7 @@ class FedRAP:
             counts = None
             if max_batches > 1:
                 # Per-epoch batch membership of the multi-batch clients' samples.
-                bos = plan.batch_of_sample[epoch, multi_sample0:]
+                bos = plan.multi_batch[epoch]
                 su = plan.sample_user[multi_sample0:]
                 sp = sample_pair[multi_sample0:] - multi_pair0
                 ones = torch.ones(bos.shape[0])
@@ -496,7 +507,12 @@ class FedRAP:
 
     def score_all(self, users: torch.Tensor) -> torch.Tensor:
         w = self.w[users]
-        dw = torch.bmm(self.D[users], w.unsqueeze(2)).squeeze(2) * self._d_scale[users].unsqueeze(1)
+        n = users.shape[0]
+        if n and int(users[-1]) - int(users[0]) + 1 == n and bool((users.diff() == 1).all()):
+            d = self.D[int(users[0]) : int(users[0]) + n]  # a view: no copy of the rows
+        else:
+            d = self.D[users]
+        dw = torch.bmm(d, w.unsqueeze(2)).squeeze(2) * self._d_scale[users].unsqueeze(1)
         logits = dw + w @ self.C.T + self.b[users].unsqueeze(1)
         return torch.sigmoid(logits)
 

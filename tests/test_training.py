@@ -1,0 +1,191 @@
+"""End-to-end training through the library API and the CLI: run directory, resume, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from securefed.cli import app
+from securefed.errors import ConfigError
+from securefed.training import TrainConfig, train
+
+SMALL = ["--synthetic-users", "60", "--synthetic-items", "400"]
+QUALITY_KEYS = ("loss", "val_hr@10", "val_ndcg@10", "test_hr@10", "test_ndcg@10", "test_full_hr@10")
+runner = CliRunner()
+
+
+def _small(**kw) -> TrainConfig:
+    base = dict(synthetic_users=60, synthetic_items=400, rounds=4, checkpoint_every=1)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _quality(metrics: list[dict]) -> list[tuple]:
+    return [tuple(m[k] for k in QUALITY_KEYS) for m in metrics]
+
+
+def test_train_writes_a_complete_run_directory(tmp_path):
+    result = train(_small(), out=tmp_path / "run")
+    run = tmp_path / "run"
+    for name in ("config.toml", "metrics.jsonl", "checkpoint.pt", "summary.json", "data.json"):
+        assert (run / name).exists(), name
+    summary = json.loads((run / "summary.json").read_text())
+    for key in (
+        "model", "dataset", "rounds", "seed", "seconds", "test_hr@10", "test_ndcg@10",
+        "test_full_hr@10", "test_full_ndcg@10", "val_hr@10", "val_ndcg@10",
+    ):
+        assert key in summary, key
+    assert summary["rounds"] == 4 and summary["model"] == "fedrap"
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in lines] == [1, 2, 3, 4]
+    # The reported round is chosen on validation, and its test numbers are that round's.
+    best = max(result.metrics, key=lambda m: (m["val_hr@10"], m["val_ndcg@10"], m["round"]))
+    assert summary["selected_round"] == best["round"]
+    assert summary["test_hr@10"] == best["test_hr@10"]
+    # The resolved config round-trips.
+    cfg = TrainConfig.from_dict(tomllib.loads((run / "config.toml").read_text()))
+    assert cfg == _small()
+
+
+def test_same_seed_same_metrics_and_other_seed_differs(tmp_path):
+    a = train(_small(rounds=2), out=tmp_path / "a")
+    b = train(_small(rounds=2), out=tmp_path / "b")
+    c = train(_small(rounds=2, seed=1), out=tmp_path / "c")
+    assert _quality(a.metrics) == _quality(b.metrics)
+    assert _quality(a.metrics) != _quality(c.metrics)
+
+
+def test_resume_after_interruption_gives_uninterrupted_metrics(tmp_path):
+    full = train(_small(rounds=5, checkpoint_every=2), out=tmp_path / "full")
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_3(record):
+        if record.round == 3:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(_small(rounds=5, checkpoint_every=2), out=tmp_path / "cut", progress=stop_at_3)
+    # Rounds 1-3 were logged, the checkpoint holds round 2: resume replays round 3.
+    assert len((tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()) == 3
+    resumed = train(resume=tmp_path / "cut")
+    assert _quality(resumed.metrics) == _quality(full.metrics)
+    lines = (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["round"] for x in lines] == [1, 2, 3, 4, 5]
+
+
+def test_kill_9_then_resume(tmp_path):
+    """A run killed with SIGKILL mid-way resumes to the uninterrupted metrics."""
+    args = ["train", *SMALL, "--rounds", "6", "--checkpoint-every", "1"]
+    full = runner.invoke(app, [*args, "--out", str(tmp_path / "full")])
+    assert full.exit_code == 0, full.output
+    run = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "securefed.cli", *args, "--out", str(run)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    deadline = time.time() + 120
+    metrics = run / "metrics.jsonl"
+    while time.time() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+            break
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    resumed = runner.invoke(app, ["train", "--resume", str(run)])
+    assert resumed.exit_code == 0, resumed.output
+    read = lambda p: [json.loads(x) for x in (p / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    assert _quality(read(run)) == _quality(read(tmp_path / "full"))
+
+
+def test_cli_train_on_synthetic(tmp_path):
+    res = runner.invoke(app, ["train", *SMALL, "--rounds", "2", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    assert "SYNTHETIC" in res.output
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["rounds"] == 2 and 0 <= summary["test_hr@10"] <= 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--model", "nope"], "model must be one of"),
+        (["--rounds", "0"], "rounds must be a positive integer"),
+        (["--client-fraction", "1.5"], "client fraction must be in (0, 1]"),
+        (["--client-fraction", "0.5", "--clients-per-round", "3"], "not both"),
+        (["--dataset", "/no/such/file.csv"], "no/such/file.csv"),
+        (["--negatives-from", "everything"], "negatives_from"),
+        (["--sam", "maybe"], "--sam must be on or off"),
+        (["--device", "tpu"], "device must be cpu or cuda"),
+    ],
+)
+def test_cli_bad_flags_exit_2_with_one_line(tmp_path, argv, needle):
+    res = runner.invoke(app, ["train", *SMALL, "--rounds", "1", *argv, "--out", str(tmp_path / "x")])
+    assert res.exit_code == 2, res.output
+    assert needle in res.output
+    assert "Traceback" not in res.output
+    assert not (tmp_path / "x" / "metrics.jsonl").exists()
+
+
+def test_cli_refuses_to_overwrite_a_run(tmp_path):
+    res = runner.invoke(app, ["train", *SMALL, "--rounds", "1", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    before = (tmp_path / "r" / "metrics.jsonl").read_text()
+    again = runner.invoke(app, ["train", *SMALL, "--rounds", "1", "--out", str(tmp_path / "r")])
+    assert again.exit_code == 2 and "already holds a run" in again.output
+    assert (tmp_path / "r" / "metrics.jsonl").read_text() == before
+
+
+def test_config_file_and_flag_precedence(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('rounds = 2\nsynthetic_users = 60\nsynthetic_items = 400\n[fedrap]\ndim = 8\n')
+    res = runner.invoke(app, ["train", "--config", str(cfg), "--rounds", "1", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    resolved = tomllib.loads((tmp_path / "r" / "config.toml").read_text())
+    assert resolved["rounds"] == 1 and resolved["fedrap"]["dim"] == 8
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[fedrap]\ndimension = 8\n")
+    res = runner.invoke(app, ["train", "--config", str(bad), "--out", str(tmp_path / "s")])
+    assert res.exit_code == 2 and "unknown key 'dimension'" in res.output
+
+
+def test_config_validation_errors():
+    with pytest.raises(ConfigError, match="seed"):
+        TrainConfig(seed=-1)
+    with pytest.raises(ConfigError, match="unknown config key"):
+        TrainConfig.from_dict({"roundz": 3})
+
+
+def test_cli_train_on_movielens(tmp_path, shared_data):
+    res = runner.invoke(
+        app,
+        ["train", "--dataset", "ml-100k", "--data-dir", str(shared_data), "--rounds", "1",
+         "--local-epochs", "1", "--out", str(tmp_path / "ml")],
+    )
+    assert res.exit_code == 0, res.output
+    summary = json.loads((tmp_path / "ml" / "summary.json").read_text())
+    assert summary["users"] == 943 and summary["items"] == 1682
+    assert summary["dataset"] == "ml-100k"
+
+
+def test_fedrecgel_trains_through_the_cli(tmp_path):
+    res = runner.invoke(
+        app, ["train", "--model", "fedrecgel", *SMALL, "--rounds", "2", "--out", str(tmp_path / "g")]
+    )
+    assert res.exit_code == 0, res.output
+    metrics = [json.loads(x) for x in (tmp_path / "g" / "metrics.jsonl").read_text().splitlines()]
+    assert all(m["participants"] == 6 for m in metrics)  # a uniform 10% of 60 users
