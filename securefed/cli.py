@@ -231,6 +231,37 @@ def _print_summary(result: Any) -> None:
     out.print(f"run directory: {result.run_dir}")
 
 
+@app.command()
+def account(
+    epsilon: Annotated[float | None, typer.Option(help="Target epsilon (gives the noise multiplier).")] = None,
+    noise_multiplier: Annotated[float | None, typer.Option(help="Noise multiplier (gives epsilon).")] = None,
+    delta: Annotated[float, typer.Option(help="DP delta.")] = 1e-5,
+    rounds: Annotated[int, typer.Option(help="Training rounds.")] = 100,
+    client_fraction: Annotated[float, typer.Option(help="Poisson sampling rate (1 = everyone).")] = 1.0,
+    users: Annotated[int | None, typer.Option(help="Number of users (checks delta < 1/users).")] = None,
+    accountant: Annotated[str, typer.Option(help="prv or rdp.")] = "prv",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """User-level DP accounting without training: sigma for an epsilon, or the reverse."""
+    import json
+
+    from securefed.privacy import account as run_account
+
+    with _user_errors():
+        res = run_account(
+            epsilon=epsilon, noise_multiplier=noise_multiplier, delta=delta, rounds=rounds,
+            client_fraction=client_fraction, users=users, accountant=accountant,
+        )
+    if as_json:
+        out.print_json(json.dumps(res))
+        return
+    out.print(
+        f"noise multiplier {res['noise_multiplier']:.4f} -> epsilon {res['epsilon']:.4f} at delta "
+        f"{res['delta']:g} ({res['rounds']} rounds, sample rate {res['sample_rate']:g}, "
+        f"{res['accountant']} accountant, user-level)"
+    )
+
+
 def _fmt(value: Any) -> str:
     return "-" if value is None else f"{value:.4f}"
 

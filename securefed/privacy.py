@@ -206,8 +206,12 @@ class PrivateAggregator:
 
     def _spend(self, event: Any) -> None:
         assert self.dp is not None
-        target = self.dp.epsilon if self.dp.epsilon is not None else math.inf
-        self.ledger.spend(event, target_epsilon=target, delta=self.dp.delta, accountant=self.dp.accountant)
+        if self.dp.epsilon is None:
+            self.ledger.record(event)
+        else:
+            self.ledger.spend(
+                event, target_epsilon=self.dp.epsilon, delta=self.dp.delta, accountant=self.dp.accountant
+            )
         self._last["epsilon"] = self.ledger.epsilon(self.dp.delta, self.dp.accountant)
 
     def _secure_round(
@@ -316,3 +320,53 @@ class PrivateAggregator:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "ledger" in state:
             self.ledger = PrivacyLedger.from_dicts(state["ledger"])
+
+
+def account(
+    *,
+    epsilon: float | None = None,
+    noise_multiplier: float | None = None,
+    delta: float = 1e-5,
+    rounds: int = 100,
+    client_fraction: float = 1.0,
+    users: int | None = None,
+    accountant: str = "prv",
+) -> dict[str, Any]:
+    """Noise multiplier for a target epsilon, or epsilon for a noise multiplier, no training.
+
+    User-level DP-FedAvg with Poisson sampling at ``client_fraction`` (1.0 means every client
+    every round, no amplification), composed over ``rounds`` rounds.
+
+    Returns:
+        ``{"epsilon", "delta", "noise_multiplier", "sample_rate", "rounds", "accountant"}``.
+    """
+    from protocols.dp import compute_epsilon
+
+    if (epsilon is None) == (noise_multiplier is None):
+        raise ConfigError("give exactly one of --epsilon and --noise-multiplier")
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ConfigError(f"rounds must be a positive integer, got {rounds!r}")
+    if not 0 < client_fraction <= 1:
+        raise ConfigError(f"client fraction must be in (0, 1], got {client_fraction!r}")
+    cfg = DPConfig(
+        epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier, clip=1.0, accountant=accountant
+    )
+    if users is not None:
+        cfg.check_population(users)
+    if noise_multiplier is None:
+        sigma = cfg.resolve_noise_multiplier(
+            sample_rate=client_fraction, steps=rounds, n_users=users or 10**12
+        )
+    else:
+        sigma = float(noise_multiplier)
+    spent = compute_epsilon(
+        noise_multiplier=sigma, sample_rate=client_fraction, steps=rounds, delta=delta, accountant=accountant
+    )
+    return {
+        "epsilon": spent,
+        "delta": delta,
+        "noise_multiplier": sigma,
+        "sample_rate": client_fraction,
+        "rounds": rounds,
+        "accountant": accountant,
+    }

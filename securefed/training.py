@@ -41,7 +41,13 @@ DEFAULT_ROUNDS = 100
 
 @dataclass(frozen=True, kw_only=True)
 class PrivacyConfig:
-    """Differential privacy and secure aggregation settings of a run (off by default)."""
+    """Differential privacy and secure aggregation settings of a run (off by default).
+
+    ``epsilon`` alone calibrates the noise multiplier for the configured rounds and sampling;
+    ``noise_multiplier`` alone fixes it and reports the epsilon spent; both together fix the
+    noise and treat ``epsilon`` as a budget cap: a round that would overspend is refused and
+    the run stops cleanly (``summary["stopped"]``) with its checkpoint kept.
+    """
 
     epsilon: float | None = None
     delta: float = 1e-5
@@ -63,8 +69,6 @@ class PrivacyConfig:
             raise ConfigError(f"epsilon must be > 0, got {self.epsilon!r}")
         if self.noise_multiplier is not None and not (self.noise_multiplier >= 0):
             raise ConfigError(f"noise multiplier must be >= 0, got {self.noise_multiplier!r}")
-        if self.epsilon is not None and self.noise_multiplier is not None:
-            raise ConfigError("give either --epsilon or --noise-multiplier, not both")
         if not 0 < self.delta < 1:
             raise ConfigError(f"delta must be in (0, 1), got {self.delta!r}")
         if self.clip is not None and not (math.isfinite(self.clip) and self.clip > 0):

@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
+from typing import TypeVar
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -28,6 +29,8 @@ from protocols.secagg.primitives import (
     session_id,
     share_box_keys,
 )
+
+_T = TypeVar("_T")
 
 
 class Stage(Enum):
@@ -49,7 +52,7 @@ def exchange(private: X25519PrivateKey, public_bytes: bytes) -> bytes:
         raise IntegrityError() from None
 
 
-def _need[T](value: T | None) -> T:
+def _need(value: _T | None) -> _T:
     """A secret of an earlier stage; missing means the stage machine was bypassed."""
     if value is None:
         raise IntegrityError()

@@ -158,13 +158,14 @@ def secure_sum(
     def run(stage: str, inbox: dict[int, bytes | None], step, receive, finish):
         t0 = time.perf_counter()
         for i, msg in inbox.items():
+            traffic[stage] += len(msg) if msg is not None else 0  # sent even if i is gone
             if i in getattr(sched, stage):
                 continue
             try:
                 reply = step(clients[i], msg)
             except ClientAborted:
                 continue  # an aborting client is indistinguishable from a dropout
-            traffic[stage] += len(reply) + (len(msg) if msg is not None else 0)
+            traffic[stage] += len(reply)
             receive(i, reply)
         out = finish()
         timing[stage] = time.perf_counter() - t0

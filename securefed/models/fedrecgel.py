@@ -11,7 +11,7 @@ The client objective is the official code's: positives plus ``num_negatives`` fr
 per positive, laid out as ``pos, neg, .., neg, pos, ..`` (positives shuffled), cut into
 consecutive chunks of ``chunk_size`` samples, loss = sum over chunks of the mean BCE-with-logits.
 
-Sharpness-aware client step (paper Sec. 4, official ``fit_client_epochs``), per client::
+Sharpness-aware client step (official ``NCFClient.fit_client_epochs``), per client::
 
     g       = grad L(theta_sh, theta_ns)                        (pass 1)
     g_sh^*  = grad_sh L(theta_sh + rho_sh g_sh / ||g_sh||, theta_ns)   (pass 2)
@@ -561,8 +561,8 @@ class FedRecGEL:
             a = chunked(a_user).unsqueeze(1) + _take(table, b.item)
         else:
             assert mlp_rows is not None
-            wk_chunk = [chunked(w) for w in weights]
-            wk_chunk[0] = wk_chunk[0][..., d_mlp:]  # item half, [K, h1, d_mlp]
+            # Layer 1: only the item half per chunk, [K, h1, d_mlp]; the user half is per client.
+            wk_chunk = [chunked(w1i)] + [chunked(w) for w in weights[1:]]
             a_user = torch.bmm(w1u, um.unsqueeze(2)).squeeze(2) + biases[0]  # [m, h1]
             a = chunked(a_user).unsqueeze(1) + mlp_rows @ wk_chunk[0].transpose(1, 2)
         pre = [a]
