@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -245,6 +245,32 @@ class TrainResult:
 ProgressFn = Callable[[RoundRecord], None]
 
 
+@dataclass(frozen=True)
+class RoundView:
+    """Everything that happened in one round, for observers (attacks, audits, recorders).
+
+    ``updates`` are the clients' raw uploads as computed on the devices, before clipping,
+    noise or masking; an observer that models a threat must apply what that threat model's
+    observer would really see (see :mod:`attacks`). ``aggregate`` is what the server learned
+    (None when the round was skipped or aborted). ``model`` is the recommender after the
+    server step; observers must read only its public (global) state.
+    """
+
+    round_index: int
+    participants: torch.Tensor
+    updates: Any
+    aggregate: Any
+    model: Recommender
+    config: TrainConfig
+    global_before: dict[str, torch.Tensor]
+
+
+class RoundObserver(Protocol):
+    """Receives a :class:`RoundView` after every round of :func:`train`."""
+
+    def __call__(self, view: RoundView) -> None: ...
+
+
 def load_split(config: TrainConfig, *, download_progress: Any = None) -> Split:
     """Load the configured dataset and split it (leave-one-out, 99 sampled negatives)."""
     min_inter = config.resolved_min_interactions()
@@ -366,6 +392,7 @@ def train(
     progress: ProgressFn | None = None,
     download_progress: Any = None,
     split: Split | None = None,
+    observer: RoundObserver | None = None,
 ) -> TrainResult:
     """Train a federated recommender and write a run directory.
 
@@ -378,6 +405,7 @@ def train(
         progress: Called after every round with that round's metrics.
         download_progress: Passed to the dataset downloader (see ``load_dataset``).
         split: A pre-built split to train on (skips loading; for notebooks and tests).
+        observer: Called after every round with a :class:`RoundView` (attacks, audits).
 
     Returns:
         The run directory, its summary (also in ``summary.json``) and per-round metrics.
@@ -437,6 +465,7 @@ def train(
     for r in range(start_round, config.rounds):
         t0 = time.perf_counter()
         participants = sample_cohort(cohort, split.n_users, torch_generator(config.seed, "cohort", r))
+        global_before = public_state(model) if observer is not None else {}
         updates, stats = model.client_round(participants, r, torch_generator(config.seed, "train", r))
         try:
             agg = aggregator(updates, r)
@@ -447,6 +476,8 @@ def train(
             model.apply_aggregate(agg, r)
         model.end_round(r)
         t1 = time.perf_counter()
+        if observer is not None:
+            observer(RoundView(r, participants, updates, agg, model, config, global_before))
         record: dict[str, Any] = {
             "round": r + 1,
             "loss": stats.loss,
@@ -473,6 +504,13 @@ def train(
     summary["train_seconds"] = round(train_seconds, 3)
     runs.write_json(run_dir / runs.SUMMARY_FILE, summary)
     return TrainResult(run_dir=run_dir, summary=summary, metrics=metrics, split=split, model=model)
+
+
+def public_state(model: Recommender) -> dict[str, torch.Tensor]:
+    """Copies of the model's shared (global) parameters, named as in its update layout."""
+    if hasattr(model, "global_parameters"):
+        return {k: v.detach().clone() for k, v in model.global_parameters().items()}
+    raise TypeError(f"{type(model).__name__} does not expose global_parameters()")
 
 
 def _round_privacy(aggregator: Aggregator) -> dict[str, Any]:
@@ -514,7 +552,10 @@ def _data_record(report: LoadReport, split: Split) -> dict[str, Any]:
 __all__ = [
     "MODELS",
     "PrivacyConfig",
+    "RoundObserver",
     "RoundRecord",
+    "RoundView",
+    "public_state",
     "TrainConfig",
     "TrainResult",
     "build_aggregator",

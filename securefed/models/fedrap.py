@@ -516,6 +516,10 @@ class FedRAP:
         logits = dw + w @ self.C.T + self.b[users].unsqueeze(1)
         return torch.sigmoid(logits)
 
+    def global_parameters(self) -> dict[str, torch.Tensor]:
+        """The shared global item view C (what every participant receives)."""
+        return {"C": self.C}
+
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         return {

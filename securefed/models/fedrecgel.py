@@ -258,9 +258,9 @@ def _adam_(
     t = step.to(torch.float64)
     shape = (-1,) + (1,) * (param.ndim - 1)
     step_size = (lr / (1 - _BETA1**t)).to(param.dtype).view(shape)
-    bc2_sqrt = (1 - _BETA2**t).sqrt().to(param.dtype).view(shape)
-    denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(_ADAM_EPS)
-    param.sub_(step_size * exp_avg / denom)
+    bc2_rows = (1 - _BETA2**t).sqrt().to(param.dtype).view(shape)
+    denom_rows = (exp_avg_sq.sqrt() / bc2_rows).add_(_ADAM_EPS)
+    param.sub_(step_size * exp_avg / denom_rows)
 
 
 class FedRecGEL:
@@ -689,6 +689,10 @@ class FedRecGEL:
         return gm @ wp[: cfg.gmf_dim] + h @ wp[cfg.gmf_dim :] + sh["predict.bias"]
 
     # ------------------------------------------------------------------ state
+    def global_parameters(self) -> dict[str, torch.Tensor]:
+        """The shared parameters every participant receives (named as in ``layout``)."""
+        return dict(self.shared)
+
     def state_dict(self) -> dict[str, Any]:
         """Shared parameters, private embeddings and every Adam state (server and clients)."""
         return {
