@@ -23,6 +23,7 @@ METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_FILE = "checkpoint.pt"
 SUMMARY_FILE = "summary.json"
 LEDGER_FILE = "privacy_ledger.json"
+BEST_FILE = "best_model.pt"
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -116,12 +117,27 @@ def rewrite_metrics(run_dir: Path, records: list[dict[str, Any]]) -> None:
     atomic_write_text(run_dir / METRICS_FILE, text)
 
 
-def save_checkpoint(run_dir: Path, state: Mapping[str, Any]) -> None:
+def save_state(path: Path, state: Mapping[str, Any]) -> None:
+    """``torch.save`` a mapping atomically."""
     buf = io.BytesIO()
     torch.save(dict(state), buf)
-    atomic_write_bytes(run_dir / CHECKPOINT_FILE, buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def load_state(path: Path) -> dict[str, Any] | None:
+    """A mapping written by :func:`save_state`, or None when the file does not exist."""
+    if not path.exists():
+        return None
+    with path.open("rb") as fh:
+        return torch.load(fh, map_location="cpu", weights_only=False)
+
+
+def save_checkpoint(run_dir: Path, state: Mapping[str, Any]) -> None:
+    save_state(run_dir / CHECKPOINT_FILE, state)
 
 
 def load_checkpoint(run_dir: Path) -> dict[str, Any]:
-    with (run_dir / CHECKPOINT_FILE).open("rb") as fh:
-        return torch.load(fh, map_location="cpu", weights_only=False)
+    state = load_state(run_dir / CHECKPOINT_FILE)
+    if state is None:
+        raise FileNotFoundError(run_dir / CHECKPOINT_FILE)
+    return state

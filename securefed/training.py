@@ -27,7 +27,7 @@ from securefed.data.split import leave_one_out
 from securefed.data.synthetic import make_synthetic
 from securefed.data.types import LoadReport, Split
 from securefed.errors import ConfigError, PrivacyBudgetError
-from securefed.evaluation import evaluate
+from securefed.evaluation import evaluate_splits
 from securefed.federation.aggregation import Aggregator, PlainAggregator
 from securefed.federation.base import Recommender
 from securefed.federation.cohort import CohortSpec, sample_cohort
@@ -115,6 +115,7 @@ class TrainConfig:
     clients_per_round: int | None = None
     device: str = "cpu"
     eval_every: int = 1
+    full_eval_every: int | None = None
     checkpoint_every: int = 10
     min_interactions: int | None = None
     synthetic_users: int = 943
@@ -130,6 +131,10 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name.replace('_', ' ')} must be a positive integer, got {value!r}")
+        if self.full_eval_every is not None and (
+            not isinstance(self.full_eval_every, int) or self.full_eval_every < 1
+        ):
+            raise ConfigError(f"full eval every must be a positive integer, got {self.full_eval_every!r}")
         if self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
         if self.client_fraction is not None and self.clients_per_round is not None:
@@ -158,6 +163,14 @@ class TrainConfig:
         if self.model == "fedrecgel":
             return CohortSpec(kind="fixed", size=max(1, int(0.1 * n_users)))
         return CohortSpec(kind="all")
+
+    def resolved_full_eval_every(self) -> int:
+        """Full ranking every round for FedRAP (cheap); every 10 rounds for FedRecGEL, whose
+        MLP scorer makes users x items scoring costly. The selected round is always given
+        full-ranking metrics (from a saved copy of its model)."""
+        if self.full_eval_every is not None:
+            return self.full_eval_every
+        return 10 if self.model == "fedrecgel" else 1
 
     def resolved_min_interactions(self) -> int:
         if self.min_interactions is not None:
@@ -316,17 +329,22 @@ def _default_run_dir(config: TrainConfig) -> Path:
     return Path("runs") / f"{stamp}-{config.model}-{name}"
 
 
-def _evaluate_round(model: Recommender, split: Split) -> dict[str, float]:
+def _evaluate_round(model: Recommender, split: Split, *, full: bool) -> dict[str, float]:
     out: dict[str, float] = {}
-    for which in ("val", "test"):
-        res = evaluate(model, split, which=which, k=10, full=True)
+    for which, res in evaluate_splits(model, split, k=10, full=full).items():
         out[f"{which}_hr@10"] = res.hr
         out[f"{which}_ndcg@10"] = res.ndcg
-        out[f"{which}_full_hr@10"] = float(res.full_hr) if res.full_hr is not None else float("nan")
-        out[f"{which}_full_ndcg@10"] = (
-            float(res.full_ndcg) if res.full_ndcg is not None else float("nan")
-        )
+        if res.full_hr is not None and res.full_ndcg is not None:
+            out[f"{which}_full_hr@10"] = res.full_hr
+            out[f"{which}_full_ndcg@10"] = res.full_ndcg
     return out
+
+
+def _is_better(record: dict[str, Any], best: dict[str, Any] | None) -> bool:
+    """The selection rule: best validation HR@10, then NDCG@10; ties go to the later round."""
+    if best is None:
+        return True
+    return (record["val_hr@10"], record["val_ndcg@10"]) >= (best["val_hr@10"], best["val_ndcg@10"])
 
 
 SUMMARY_METRICS = (
@@ -364,13 +382,17 @@ def _summary(
         "selection": "round with the best validation HR@10 (ties: latest)",
     }
     if evaluated:
-        best = max(evaluated, key=lambda m: (m["val_hr@10"], m["val_ndcg@10"], m["round"]))
+        best = None
+        for m in evaluated:
+            if _is_better(m, best):
+                best = m
+        assert best is not None
         summary["selected_round"] = best["round"]
         for key in SUMMARY_METRICS:
-            summary[key] = best[key]
+            summary[key] = best.get(key)
         last = evaluated[-1]
         for key in SUMMARY_METRICS:
-            summary[f"final_{key}"] = last[key]
+            summary[f"final_{key}"] = last.get(key)
     if stopped:
         summary["stopped"] = stopped
     summary.update(_privacy_summary(aggregator))
@@ -462,6 +484,10 @@ def train(
 
     stopped: str | None = None
     train_seconds = sum(m.get("train_seconds", 0.0) for m in metrics)
+    best: dict[str, Any] | None = None
+    for m in metrics:
+        if "val_hr@10" in m and _is_better(m, best):
+            best = m
     for r in range(start_round, config.rounds):
         t0 = time.perf_counter()
         participants = sample_cohort(cohort, split.n_users, torch_generator(config.seed, "cohort", r))
@@ -487,8 +513,13 @@ def train(
         }
         record.update(_round_privacy(aggregator))
         if (r + 1) % config.eval_every == 0 or r + 1 == config.rounds:
-            record.update(_evaluate_round(model, split))
+            full = (r + 1) % config.resolved_full_eval_every() == 0 or r + 1 == config.rounds
+            record.update(_evaluate_round(model, split, full=full))
             record["eval_seconds"] = time.perf_counter() - t1
+            if _is_better(record, best):
+                best = record
+                if not full:  # keep the model so the selected round gets full-ranking metrics
+                    runs.save_state(run_dir / runs.BEST_FILE, {"round": r + 1, "model": model.state_dict()})
         train_seconds += t1 - t0
         metrics.append(record)
         runs.append_metrics(run_dir, record)
@@ -500,10 +531,30 @@ def train(
     seconds = elapsed_before + time.perf_counter() - started
     if stopped is not None and metrics:
         _checkpoint(run_dir, model, aggregator, metrics[-1]["round"], seconds)
+    _complete_selected_round(config, split, metrics, run_dir)
     summary = _summary(config, split, metrics, seconds, aggregator, stopped)
     summary["train_seconds"] = round(train_seconds, 3)
     runs.write_json(run_dir / runs.SUMMARY_FILE, summary)
     return TrainResult(run_dir=run_dir, summary=summary, metrics=metrics, split=split, model=model)
+
+
+def _complete_selected_round(
+    config: TrainConfig, split: Split, metrics: list[dict[str, Any]], run_dir: Path
+) -> None:
+    """Give the selected round full-ranking metrics when it was evaluated sampled-only."""
+    best = None
+    for m in metrics:
+        if "val_hr@10" in m and _is_better(m, best):
+            best = m
+    if best is None or "test_full_hr@10" in best:
+        return
+    saved = runs.load_state(run_dir / runs.BEST_FILE)
+    if saved is None or saved["round"] != best["round"]:
+        return
+    model = build_model(config, split)
+    model.load_state_dict(saved["model"])
+    best.update(_evaluate_round(model, split, full=True))
+    runs.rewrite_metrics(run_dir, metrics)
 
 
 def public_state(model: Recommender) -> dict[str, torch.Tensor]:

@@ -189,3 +189,14 @@ def test_fedrecgel_trains_through_the_cli(tmp_path):
     assert res.exit_code == 0, res.output
     metrics = [json.loads(x) for x in (tmp_path / "g" / "metrics.jsonl").read_text().splitlines()]
     assert all(m["participants"] == 6 for m in metrics)  # a uniform 10% of 60 users
+
+
+def test_selected_round_always_gets_full_ranking_metrics(tmp_path):
+    """Full ranking every 10 rounds: the selected round is re-evaluated from its saved model."""
+    res = train(_small(model="fedrecgel", rounds=3, full_eval_every=10), out=tmp_path / "g")
+    assert "test_full_hr@10" not in res.metrics[0] or res.summary["selected_round"] == 3
+    assert res.summary["test_full_hr@10"] is not None
+    selected = next(m for m in res.metrics if m["round"] == res.summary["selected_round"])
+    assert selected["test_full_hr@10"] == res.summary["test_full_hr@10"]
+    lines = [json.loads(x) for x in (tmp_path / "g" / "metrics.jsonl").read_text().splitlines()]
+    assert "test_full_hr@10" in lines[res.summary["selected_round"] - 1]

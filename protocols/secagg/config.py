@@ -83,8 +83,8 @@ class SecAggConfig:
     mode: Mode = "semi-honest"
     security_bits: int = 40
     correctness_bits: int = 20
-    k: int = field(init=False, repr=False)
-    t: int = field(init=False, repr=False)
+    k: int = field(init=False)  # resolved neighbours
+    t: int = field(init=False)  # resolved threshold
 
     def __post_init__(self) -> None:
         n = self.n_clients

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from protocols.errors import IntegrityError
+from protocols.errors import ConfigError, IntegrityError
 
 _INFO_PREFIX = b"securefed/secagg/v1/"
 _ZERO_NONCE_CTR = bytes(16)
@@ -124,10 +124,10 @@ class MaskExpander:
 
     def __init__(self, dim: int, dtype: np.dtype | type = np.uint64) -> None:
         if dim < 1:
-            raise ValueError(f"dim must be >= 1, got {dim!r}")
+            raise ConfigError(f"dim must be >= 1, got {dim!r}")
         self.dtype = np.dtype(dtype).newbyteorder("<")
         if self.dtype.kind != "u":
-            raise ValueError(f"dtype must be unsigned, got {self.dtype}")
+            raise ConfigError(f"dtype must be unsigned, got {self.dtype}")
         self.dim = dim
         nbytes = dim * self.dtype.itemsize
         self._zeros = bytes(nbytes)
