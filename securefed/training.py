@@ -59,8 +59,8 @@ class PrivacyConfig:
     secure: bool = False
     secagg: bool = False
     secagg_neighbours: int | None = None
-    secagg_dropout: float = 0.1
-    secagg_corrupt: float = 0.1
+    secagg_dropout: float = 0.05
+    secagg_corrupt: float = 0.05
     secagg_scale_bits: int = 16
     secagg_simulate_dropout: float = 0.0
 
