@@ -7,6 +7,8 @@ continues), then writes the table.
     python benchmarks/results.py --data-dir ../shared/data --out /tmp/securefed-results --write
 """
 
+# ruff: noqa: E501
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +23,14 @@ sys.path.insert(0, str(ROOT))
 
 PAPER = {
     # Published / measured reference numbers (sampled protocol, test HR@10 / NDCG@10).
-    ("fedrap", "ml-100k"): "official code, its README settings: 0.151/0.065, 0.244/0.112, 0.323/0.159 after rounds 1-3 (measured here); authors' logs ~0.989/0.892 near round 93",
-    ("fedrecgel", "filmtrust"): "official code here (seed 0): 0.789/0.570 after 3 rounds, 0.911/0.819 after 100 (last-10 mean 0.912/0.820); authors' notebook 0.918/0.818",
+    (
+        "fedrap",
+        "ml-100k",
+    ): "official code, its README settings: 0.151/0.065, 0.244/0.112, 0.323/0.159 after rounds 1-3 (measured here); authors' logs ~0.989/0.892 near round 93",
+    (
+        "fedrecgel",
+        "filmtrust",
+    ): "official code here (seed 0): 0.789/0.570 after 3 rounds, 0.911/0.819 after 100 (last-10 mean 0.912/0.820); authors' notebook 0.918/0.818",
 }
 KEYS = ("test_hr@10", "test_ndcg@10", "test_full_hr@10", "test_full_ndcg@10")
 
@@ -76,7 +84,12 @@ def main() -> None:
         for dataset in args.datasets.split(","):
             for negatives in args.negatives.split(","):
                 summaries = [_cell(model, dataset, negatives, s, args) for s in range(args.seeds)]
-                row = {"model": model, "dataset": dataset, "negatives": negatives, "seeds": len(summaries)}
+                row = {
+                    "model": model,
+                    "dataset": dataset,
+                    "negatives": negatives,
+                    "seeds": len(summaries),
+                }
                 for key in KEYS:
                     row[key] = [s[key] for s in summaries]
                 row["selected_round"] = [s["selected_round"] for s in summaries]

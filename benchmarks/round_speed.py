@@ -64,7 +64,10 @@ def _child(args: argparse.Namespace) -> dict:
 
 def _run(cmd_args: list[str]) -> dict:
     proc = subprocess.run(
-        [sys.executable, __file__, "--child", *cmd_args], capture_output=True, text=True, check=False
+        [sys.executable, __file__, "--child", *cmd_args],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if proc.returncode != 0:
         raise SystemExit(f"benchmark child failed:\n{proc.stderr[-4000:]}")
@@ -119,22 +122,50 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="/tmp/securefed-bench")
     ap.add_argument("--models", default="fedrap,fedrecgel")
-    ap.add_argument("--ml1m-memory", action="store_true", help="also FedRAP on a 6040x3706 synthetic set")
+    ap.add_argument(
+        "--ml1m-memory", action="store_true", help="also FedRAP on a 6040x3706 synthetic set"
+    )
     ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     args = ap.parse_args()
     if args.child:
         print(json.dumps(_child(args)))
         return
     rows = []
-    base = ["--data-dir", args.data_dir, "--rounds", str(args.rounds), "--threads", str(args.threads),
-            "--out", args.out, "--dataset", args.dataset]
+    base = [
+        "--data-dir",
+        args.data_dir,
+        "--rounds",
+        str(args.rounds),
+        "--threads",
+        str(args.threads),
+        "--out",
+        args.out,
+        "--dataset",
+        args.dataset,
+    ]
     for model in args.models.split(","):
         for ev in (0, 1):
             rows.append(_run([*base, "--model", model, "--eval", str(ev)]))
             print(json.dumps(rows[-1]), flush=True)
     if args.ml1m_memory:
-        rows.append(_run(["--model", "fedrap", "--dataset", "synthetic-ml1m", "--rounds", "3",
-                          "--eval", "1", "--threads", str(args.threads), "--out", args.out]))
+        rows.append(
+            _run(
+                [
+                    "--model",
+                    "fedrap",
+                    "--dataset",
+                    "synthetic-ml1m",
+                    "--rounds",
+                    "3",
+                    "--eval",
+                    "1",
+                    "--threads",
+                    str(args.threads),
+                    "--out",
+                    args.out,
+                ]
+            )
+        )
         print(json.dumps(rows[-1]), flush=True)
     if args.write:
         _write_docs(rows, "python benchmarks/round_speed.py " + " ".join(sys.argv[1:]))

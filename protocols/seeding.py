@@ -42,7 +42,9 @@ def numpy_generator(root: int, *path: str | int) -> np.random.Generator:
     return np.random.default_rng(derive_seed(root, *path))
 
 
-def torch_generator(root: int, *path: str | int, device: str | torch.device = "cpu") -> torch.Generator:
+def torch_generator(
+    root: int, *path: str | int, device: str | torch.device = "cpu"
+) -> torch.Generator:
     """A torch ``Generator`` on ``device`` seeded by :func:`derive_seed`."""
     g = torch.Generator(device=device)
     g.manual_seed(derive_seed(root, *path))

@@ -73,47 +73,79 @@ def train(
     ] = None,
     data_dir: Annotated[
         Path | None,
-        typer.Option(help="Folder holding datasets (else $SECUREFED_DATA_DIR, the cache, download)."),
+        typer.Option(
+            help="Folder holding datasets (else $SECUREFED_DATA_DIR, the cache, download)."
+        ),
     ] = None,
     rounds: Annotated[int | None, typer.Option(help="Federated rounds (default 100).")] = None,
     local_epochs: Annotated[int | None, typer.Option(help="FedRAP local epochs per round.")] = None,
-    dim: Annotated[int | None, typer.Option(help="Embedding size (FedRAP dim, FedRecGEL GMF dim).")] = None,
-    client_fraction: Annotated[
-        float | None, typer.Option(help="Poisson sampling: each client joins with this probability.")
+    dim: Annotated[
+        int | None, typer.Option(help="Embedding size (FedRAP dim, FedRecGEL GMF dim).")
     ] = None,
-    clients_per_round: Annotated[int | None, typer.Option(help="Fixed-size cohorts of K clients.")] = None,
+    client_fraction: Annotated[
+        float | None,
+        typer.Option(help="Poisson sampling: each client joins with this probability."),
+    ] = None,
+    clients_per_round: Annotated[
+        int | None, typer.Option(help="Fixed-size cohorts of K clients.")
+    ] = None,
     seed: Annotated[int | None, typer.Option(help="Root seed of every random step.")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory to create.")] = None,
-    config: Annotated[Path | None, typer.Option(help="TOML file with settings (flags override it).")] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="TOML file with settings (flags override it).")
+    ] = None,
     device: Annotated[str | None, typer.Option(help="cpu or cuda.")] = None,
-    resume: Annotated[Path | None, typer.Option(help="Continue an interrupted run directory.")] = None,
+    resume: Annotated[
+        Path | None, typer.Option(help="Continue an interrupted run directory.")
+    ] = None,
     checkpoint_every: Annotated[int | None, typer.Option(help="Checkpoint every N rounds.")] = None,
     eval_every: Annotated[int | None, typer.Option(help="Evaluate every N rounds.")] = None,
     negatives_from: Annotated[
         str | None,
         typer.Option(help="train (leak-free default) or history (the official FedRAP protocol)."),
     ] = None,
-    curriculum: Annotated[str | None, typer.Option(help="FedRAP: tanh (paper) or none (code).")] = None,
+    curriculum: Annotated[
+        str | None, typer.Option(help="FedRAP: tanh (paper) or none (code).")
+    ] = None,
     lam: Annotated[float | None, typer.Option("--lambda", help="FedRAP lambda.")] = None,
     mu: Annotated[float | None, typer.Option(help="FedRAP mu.")] = None,
     l2: Annotated[float | None, typer.Option(help="FedRAP weight decay.")] = None,
     lr_network: Annotated[float | None, typer.Option(help="FedRAP scorer learning rate.")] = None,
     lr_args: Annotated[float | None, typer.Option(help="FedRAP C/D learning rate.")] = None,
     batch_size: Annotated[int | None, typer.Option(help="FedRAP local batch size.")] = None,
-    sam: Annotated[str | None, typer.Option(help="FedRecGEL: on (default) or off (FedNCF).")] = None,
+    sam: Annotated[
+        str | None, typer.Option(help="FedRecGEL: on (default) or off (FedNCF).")
+    ] = None,
     rho_shared: Annotated[float | None, typer.Option(help="FedRecGEL SAM radius, shared.")] = None,
-    rho_private: Annotated[float | None, typer.Option(help="FedRecGEL SAM radius, private.")] = None,
-    epsilon: Annotated[float | None, typer.Option(help="Target user-level epsilon for the run.")] = None,
+    rho_private: Annotated[
+        float | None, typer.Option(help="FedRecGEL SAM radius, private.")
+    ] = None,
+    epsilon: Annotated[
+        float | None, typer.Option(help="Target user-level epsilon for the run.")
+    ] = None,
     delta: Annotated[float | None, typer.Option(help="DP delta (default 1e-5).")] = None,
-    noise_multiplier: Annotated[float | None, typer.Option(help="Noise multiplier (instead of --epsilon).")] = None,
+    noise_multiplier: Annotated[
+        float | None, typer.Option(help="Noise multiplier (instead of --epsilon).")
+    ] = None,
     clip: Annotated[float | None, typer.Option(help="L2 clip of each client update.")] = None,
     accountant: Annotated[str | None, typer.Option(help="prv (default) or rdp.")] = None,
     noise: Annotated[str | None, typer.Option(help="central or distributed.")] = None,
-    secure: Annotated[bool | None, typer.Option("--secure/--no-secure", help="OS-random DP noise; refuses --seed.")] = None,
-    secagg: Annotated[bool | None, typer.Option("--secagg/--no-secagg", help="Secure aggregation.")] = None,
-    synthetic_users: Annotated[int | None, typer.Option(help="Users of the synthetic dataset.")] = None,
-    synthetic_items: Annotated[int | None, typer.Option(help="Items of the synthetic dataset.")] = None,
-    min_interactions: Annotated[int | None, typer.Option(help="Drop users with fewer interactions.")] = None,
+    secure: Annotated[
+        bool | None,
+        typer.Option("--secure/--no-secure", help="OS-random DP noise; refuses --seed."),
+    ] = None,
+    secagg: Annotated[
+        bool | None, typer.Option("--secagg/--no-secagg", help="Secure aggregation.")
+    ] = None,
+    synthetic_users: Annotated[
+        int | None, typer.Option(help="Users of the synthetic dataset.")
+    ] = None,
+    synthetic_items: Annotated[
+        int | None, typer.Option(help="Items of the synthetic dataset.")
+    ] = None,
+    min_interactions: Annotated[
+        int | None, typer.Option(help="Drop users with fewer interactions.")
+    ] = None,
 ) -> None:
     """Train FedRAP or FedRecGEL federatedly and write a run directory."""
     from securefed.training import TrainConfig, load_config_file
@@ -132,31 +164,57 @@ def train(
         else:
             raw: dict[str, Any] = load_config_file(config) if config is not None else {}
             top = _given(
-                model=model, dataset=dataset, data_dir=str(data_dir) if data_dir else None,
-                rounds=rounds, seed=seed, client_fraction=client_fraction,
-                clients_per_round=clients_per_round, device=device,
-                checkpoint_every=checkpoint_every, eval_every=eval_every,
-                synthetic_users=synthetic_users, synthetic_items=synthetic_items,
+                model=model,
+                dataset=dataset,
+                data_dir=str(data_dir) if data_dir else None,
+                rounds=rounds,
+                seed=seed,
+                client_fraction=client_fraction,
+                clients_per_round=clients_per_round,
+                device=device,
+                checkpoint_every=checkpoint_every,
+                eval_every=eval_every,
+                synthetic_users=synthetic_users,
+                synthetic_items=synthetic_items,
                 min_interactions=min_interactions,
             )
             raw.update(top)
             fedrap = _given(
-                local_epochs=local_epochs, dim=dim, negatives_from=negatives_from,
-                curriculum=curriculum, lam=lam, mu=mu, l2=l2, lr_network=lr_network,
-                lr_args=lr_args, batch_size=batch_size,
+                local_epochs=local_epochs,
+                dim=dim,
+                negatives_from=negatives_from,
+                curriculum=curriculum,
+                lam=lam,
+                mu=mu,
+                l2=l2,
+                lr_network=lr_network,
+                lr_args=lr_args,
+                batch_size=batch_size,
             )
             if sam is not None and sam not in ("on", "off"):
                 raise _fail(f"--sam must be on or off, got {sam!r}")
             fedrecgel = _given(
-                gmf_dim=dim, negatives_from=negatives_from,
+                gmf_dim=dim,
+                negatives_from=negatives_from,
                 sam=None if sam is None else sam == "on",
-                rho_shared=rho_shared, rho_private=rho_private,
+                rho_shared=rho_shared,
+                rho_private=rho_private,
             )
             privacy = _given(
-                epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier, clip=clip,
-                accountant=accountant, noise=noise, secure=secure, secagg=secagg,
+                epsilon=epsilon,
+                delta=delta,
+                noise_multiplier=noise_multiplier,
+                clip=clip,
+                accountant=accountant,
+                noise=noise,
+                secure=secure,
+                secagg=secagg,
             )
-            for name, section in (("fedrap", fedrap), ("fedrecgel", fedrecgel), ("privacy", privacy)):
+            for name, section in (
+                ("fedrap", fedrap),
+                ("fedrecgel", fedrecgel),
+                ("privacy", privacy),
+            ):
                 if section:
                     merged = dict(raw.get(name, {}))
                     merged.update(section)
@@ -167,7 +225,9 @@ def train(
         _run_with_progress(cfg, out_dir, resume, run_train)
 
 
-def _run_with_progress(cfg: Any, out_dir: Path | None, resume: Path | None, run_train: Callable[..., Any]) -> None:
+def _run_with_progress(
+    cfg: Any, out_dir: Path | None, resume: Path | None, run_train: Callable[..., Any]
+) -> None:
     from securefed.training import RoundRecord
 
     columns = (
@@ -198,15 +258,22 @@ def _run_with_progress(cfg: Any, out_dir: Path | None, resume: Path | None, run_
 
         total = None if cfg is None else cfg.rounds
         progress.update(task, total=total)
-        result = run_train(cfg, out=out_dir, resume=resume, progress=on_round, download_progress=on_download)
+        result = run_train(
+            cfg, out=out_dir, resume=resume, progress=on_round, download_progress=on_download
+        )
     _print_summary(result)
 
 
 def _print_summary(result: Any) -> None:
     s = result.summary
     if s.get("synthetic"):
-        err.print("[yellow]note:[/] trained on the built-in SYNTHETIC dataset (use --dataset for real data)")
-    table = Table(title=f"{s['model']} on {s['dataset']} — {s['rounds']} rounds, {s['seconds']:.1f} s")
+        err.print(
+            "[yellow]note:[/] trained on the built-in SYNTHETIC dataset "
+            "(use --dataset for real data)"
+        )
+    table = Table(
+        title=f"{s['model']} on {s['dataset']} — {s['rounds']} rounds, {s['seconds']:.1f} s"
+    )
     table.add_column("metric")
     table.add_column("validation", justify="right")
     table.add_column("test", justify="right")
@@ -233,12 +300,20 @@ def _print_summary(result: Any) -> None:
 
 @app.command()
 def account(
-    epsilon: Annotated[float | None, typer.Option(help="Target epsilon (gives the noise multiplier).")] = None,
-    noise_multiplier: Annotated[float | None, typer.Option(help="Noise multiplier (gives epsilon).")] = None,
+    epsilon: Annotated[
+        float | None, typer.Option(help="Target epsilon (gives the noise multiplier).")
+    ] = None,
+    noise_multiplier: Annotated[
+        float | None, typer.Option(help="Noise multiplier (gives epsilon).")
+    ] = None,
     delta: Annotated[float, typer.Option(help="DP delta.")] = 1e-5,
     rounds: Annotated[int, typer.Option(help="Training rounds.")] = 100,
-    client_fraction: Annotated[float, typer.Option(help="Poisson sampling rate (1 = everyone).")] = 1.0,
-    users: Annotated[int | None, typer.Option(help="Number of users (checks delta < 1/users).")] = None,
+    client_fraction: Annotated[
+        float, typer.Option(help="Poisson sampling rate (1 = everyone).")
+    ] = 1.0,
+    users: Annotated[
+        int | None, typer.Option(help="Number of users (checks delta < 1/users).")
+    ] = None,
     accountant: Annotated[str, typer.Option(help="prv or rdp.")] = "prv",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
@@ -249,8 +324,13 @@ def account(
 
     with _user_errors():
         res = run_account(
-            epsilon=epsilon, noise_multiplier=noise_multiplier, delta=delta, rounds=rounds,
-            client_fraction=client_fraction, users=users, accountant=accountant,
+            epsilon=epsilon,
+            noise_multiplier=noise_multiplier,
+            delta=delta,
+            rounds=rounds,
+            client_fraction=client_fraction,
+            users=users,
+            accountant=accountant,
         )
     if as_json:
         out.print_json(json.dumps(res))
@@ -273,4 +353,3 @@ def main() -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
-

@@ -82,7 +82,9 @@ class PrivateAggregator:
             placement_note = None
         self.placement_note = placement_note
         if p.dp:
-            accountant = p.accountant or ("rdp" if placement == "distributed" and p.secagg else "prv")
+            accountant = p.accountant or (
+                "rdp" if placement == "distributed" and p.secagg else "prv"
+            )
             self.dp = DPConfig(
                 epsilon=p.epsilon,
                 delta=p.delta,
@@ -176,13 +178,17 @@ class PrivateAggregator:
         if self.dp is None:
             if m == 0:
                 return None
-            return Aggregate(total=updates.weighted_sum(factors), contributors=m, denominator=denominator)
+            return Aggregate(
+                total=updates.weighted_sum(factors), contributors=m, denominator=denominator
+            )
         assert self.noise_multiplier is not None
         if self.dp.placement == "distributed":
             mech = DistributedGaussian(
                 clip=self.dp.clip, noise_multiplier=self.noise_multiplier, min_survivors=max(m, 1)
             )
-            event = mech.event(round_index, sample_rate=self.sample_rate, noise_contributors=max(m, 1))
+            event = mech.event(
+                round_index, sample_rate=self.sample_rate, noise_contributors=max(m, 1)
+            )
         else:
             central = CentralGaussian(clip=self.dp.clip, noise_multiplier=self.noise_multiplier)
             event = central.event(round_index, sample_rate=self.sample_rate)
@@ -190,8 +196,11 @@ class PrivateAggregator:
         self._spend(event)
         total = updates.weighted_sum(factors) if m else torch.zeros(self.dim)
         if self.dp.placement == "distributed" and m:
-            shares = mech.client_share((m, self.dim), generator=self._generator("dp-noise", round_index),
-                                       secure=self.secure)
+            shares = mech.client_share(
+                (m, self.dim),
+                generator=self._generator("dp-noise", round_index),
+                secure=self.secure,
+            )
             total = total + shares.sum(0)
         else:
             total = total + central.noise_for_sum(
@@ -210,7 +219,10 @@ class PrivateAggregator:
             self.ledger.record(event)
         else:
             self.ledger.spend(
-                event, target_epsilon=self.dp.epsilon, delta=self.dp.delta, accountant=self.dp.accountant
+                event,
+                target_epsilon=self.dp.epsilon,
+                delta=self.dp.delta,
+                accountant=self.dp.accountant,
             )
         self._last["epsilon"] = self.ledger.epsilon(self.dp.delta, self.dp.accountant)
 
@@ -260,13 +272,17 @@ class PrivateAggregator:
             x = updates.dense(rows) * factors[rows].unsqueeze(1)
             if ddg is not None:
                 ints = ddg.round_update(x, generator=round_gen, secure=self.secure)
-                ints = ints + ddg.client_share(rows.shape[0], generator=noise_gen, secure=self.secure)
+                ints = ints + ddg.client_share(
+                    rows.shape[0], generator=noise_gen, secure=self.secure
+                )
                 ring[lo : lo + rows.shape[0]] = codec.to_ring(ints.numpy())
             else:
                 ring[lo : lo + rows.shape[0]] = codec.encode(x.double().numpy(), rng=rng)
         dropout_rate = self.p.secagg_simulate_dropout
         dropouts = (
-            DropoutSchedule.random(m, rate=dropout_rate, rng=numpy_generator(self.seed, "dropout", round_index))
+            DropoutSchedule.random(
+                m, rate=dropout_rate, rng=numpy_generator(self.seed, "dropout", round_index)
+            )
             if dropout_rate > 0
             else None
         )
@@ -275,14 +291,20 @@ class PrivateAggregator:
             public_seed = secrets.token_bytes(16)
         try:
             result = secure_sum(
-                ring, config=sa_cfg, round_index=round_index, public_seed=public_seed, dropouts=dropouts
+                ring,
+                config=sa_cfg,
+                round_index=round_index,
+                public_seed=public_seed,
+                dropouts=dropouts,
             )
         except RoundAborted as exc:
             self._last["aborted"] = str(exc)
             return None
         survivors = int(len(result.survivors))
         if self.dp is not None and ddg is not None:
-            self._spend(ddg.event(round_index, sample_rate=self.sample_rate, noise_contributors=survivors))
+            self._spend(
+                ddg.event(round_index, sample_rate=self.sample_rate, noise_contributors=survivors)
+            )
         total = torch.from_numpy(codec.decode_sum(result.sum)).to(torch.float32)
         self._last.update(
             {
@@ -291,7 +313,9 @@ class PrivateAggregator:
                 "secagg_bits": codec.modulus_bits,
             }
         )
-        return Aggregate(total=total, contributors=survivors, denominator=self._denominator(survivors))
+        return Aggregate(
+            total=total, contributors=survivors, denominator=self._denominator(survivors)
+        )
 
     # ------------------------------------------------------------------ reporting
     def round_record(self) -> dict[str, Any]:
@@ -300,7 +324,9 @@ class PrivateAggregator:
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"secagg": self.secagg, "clip": self.clip}
         if self.dp is None:
-            out.update({"epsilon": None, "delta": None, "privacy_unit": None, "noise_multiplier": None})
+            out.update(
+                {"epsilon": None, "delta": None, "privacy_unit": None, "noise_multiplier": None}
+            )
             return out
         out.update(privacy_summary(self.dp, self.ledger))
         out["noise_multiplier"] = self.noise_multiplier
@@ -349,7 +375,11 @@ def account(
     if not 0 < client_fraction <= 1:
         raise ConfigError(f"client fraction must be in (0, 1], got {client_fraction!r}")
     cfg = DPConfig(
-        epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier, clip=1.0, accountant=accountant
+        epsilon=epsilon,
+        delta=delta,
+        noise_multiplier=noise_multiplier,
+        clip=1.0,
+        accountant=accountant,
     )
     if users is not None:
         cfg.check_population(users)
@@ -360,7 +390,11 @@ def account(
     else:
         sigma = float(noise_multiplier)
     spent = compute_epsilon(
-        noise_multiplier=sigma, sample_rate=client_fraction, steps=rounds, delta=delta, accountant=accountant
+        noise_multiplier=sigma,
+        sample_rate=client_fraction,
+        steps=rounds,
+        delta=delta,
+        accountant=accountant,
     )
     return {
         "epsilon": spent,

@@ -14,7 +14,7 @@ import time
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -78,7 +78,9 @@ class PrivacyConfig:
         if self.noise not in (None, "central", "distributed"):
             raise ConfigError(f"noise must be central or distributed, got {self.noise!r}")
         if self.privacy_unit not in ("user", "interaction"):
-            raise ConfigError(f"privacy unit must be user or interaction, got {self.privacy_unit!r}")
+            raise ConfigError(
+                f"privacy unit must be user or interaction, got {self.privacy_unit!r}"
+            )
         if not 0 <= self.secagg_dropout < 1:
             raise ConfigError(f"secagg dropout must be in [0, 1), got {self.secagg_dropout!r}")
         if not 0 <= self.secagg_simulate_dropout < 1:
@@ -86,11 +88,17 @@ class PrivacyConfig:
                 f"simulated dropout must be in [0, 1), got {self.secagg_simulate_dropout!r}"
             )
         if not 1 <= self.secagg_scale_bits <= 40:
-            raise ConfigError(f"secagg scale bits must be in [1, 40], got {self.secagg_scale_bits!r}")
+            raise ConfigError(
+                f"secagg scale bits must be in [1, 40], got {self.secagg_scale_bits!r}"
+            )
         if self.secure and not self.dp:
-            raise ConfigError("--secure draws DP noise from the OS; it needs --epsilon or --noise-multiplier")
+            raise ConfigError(
+                "--secure draws DP noise from the OS; it needs --epsilon or --noise-multiplier"
+            )
         if not 0 <= self.secagg_corrupt < 1:
-            raise ConfigError(f"secagg corrupt fraction must be in [0, 1), got {self.secagg_corrupt!r}")
+            raise ConfigError(
+                f"secagg corrupt fraction must be in [0, 1), got {self.secagg_corrupt!r}"
+            )
 
     @property
     def dp(self) -> bool:
@@ -127,14 +135,24 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.model not in MODELS:
             raise ConfigError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
-        for name in ("rounds", "eval_every", "checkpoint_every", "synthetic_users", "synthetic_items"):
+        for name in (
+            "rounds",
+            "eval_every",
+            "checkpoint_every",
+            "synthetic_users",
+            "synthetic_items",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name.replace('_', ' ')} must be a positive integer, got {value!r}")
+                raise ConfigError(
+                    f"{name.replace('_', ' ')} must be a positive integer, got {value!r}"
+                )
         if self.full_eval_every is not None and (
             not isinstance(self.full_eval_every, int) or self.full_eval_every < 1
         ):
-            raise ConfigError(f"full eval every must be a positive integer, got {self.full_eval_every!r}")
+            raise ConfigError(
+                f"full eval every must be a positive integer, got {self.full_eval_every!r}"
+            )
         if self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
         if self.client_fraction is not None and self.clients_per_round is not None:
@@ -147,7 +165,8 @@ class TrainConfig:
             )
         if self.min_interactions is not None and self.min_interactions < 3:
             raise ConfigError(
-                f"min interactions must be >= 3 (leave-one-out needs them), got {self.min_interactions!r}"
+                "min interactions must be >= 3 (leave-one-out needs them), "
+                f"got {self.min_interactions!r}"
             )
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"device must be cpu or cuda, got {self.device!r}")
@@ -193,7 +212,9 @@ class TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         for key, value in raw.items():
             if key not in known:
-                raise ConfigError(f"unknown config key {key!r}; known keys: {', '.join(sorted(known))}")
+                raise ConfigError(
+                    f"unknown config key {key!r}; known keys: {', '.join(sorted(known))}"
+                )
             if key in subs:
                 if not isinstance(value, Mapping):
                     raise ConfigError(f"config section [{key}] must be a table")
@@ -291,7 +312,9 @@ def load_split(config: TrainConfig, *, download_progress: Any = None) -> Split:
         from securefed.data.loaders import filter_min_interactions
 
         data = filter_min_interactions(
-            make_synthetic(n_users=config.synthetic_users, n_items=config.synthetic_items, seed=config.seed),
+            make_synthetic(
+                n_users=config.synthetic_users, n_items=config.synthetic_items, seed=config.seed
+            ),
             min_inter,
         )
     else:
@@ -324,7 +347,7 @@ def build_aggregator(config: TrainConfig, split: Split, model: Recommender) -> A
 
 
 def _default_run_dir(config: TrainConfig) -> Path:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     name = Path(config.dataset).stem if config.dataset not in ("synthetic",) else "synthetic"
     return Path("runs") / f"{stamp}-{config.model}-{name}"
 
@@ -442,14 +465,17 @@ def train(
     if resume is not None:
         run_dir = Path(resume)
         if not (run_dir / runs.CONFIG_FILE).exists():
-            raise ConfigError(f"{run_dir} is not a run directory (no {runs.CONFIG_FILE}); check --resume")
+            raise ConfigError(
+                f"{run_dir} is not a run directory (no {runs.CONFIG_FILE}); check --resume"
+            )
         config = TrainConfig.from_dict(load_config_file(run_dir / runs.CONFIG_FILE))
     else:
         config = config or TrainConfig()
         run_dir = Path(out) if out is not None else _default_run_dir(config)
         if (run_dir / runs.CONFIG_FILE).exists() or (run_dir / runs.METRICS_FILE).exists():
             raise ConfigError(
-                f"{run_dir} already holds a run; choose another --out or continue it with --resume {run_dir}"
+                f"{run_dir} already holds a run; choose another --out or continue it "
+                f"with --resume {run_dir}"
             )
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda was given but torch sees no GPU here; use --device cpu")
@@ -490,9 +516,13 @@ def train(
             best = m
     for r in range(start_round, config.rounds):
         t0 = time.perf_counter()
-        participants = sample_cohort(cohort, split.n_users, torch_generator(config.seed, "cohort", r))
+        participants = sample_cohort(
+            cohort, split.n_users, torch_generator(config.seed, "cohort", r)
+        )
         global_before = public_state(model) if observer is not None else {}
-        updates, stats = model.client_round(participants, r, torch_generator(config.seed, "train", r))
+        updates, stats = model.client_round(
+            participants, r, torch_generator(config.seed, "train", r)
+        )
         try:
             agg = aggregator(updates, r)
         except PrivacyBudgetError as exc:
@@ -519,12 +549,16 @@ def train(
             if _is_better(record, best):
                 best = record
                 if not full:  # keep the model so the selected round gets full-ranking metrics
-                    runs.save_state(run_dir / runs.BEST_FILE, {"round": r + 1, "model": model.state_dict()})
+                    runs.save_state(
+                        run_dir / runs.BEST_FILE, {"round": r + 1, "model": model.state_dict()}
+                    )
         train_seconds += t1 - t0
         metrics.append(record)
         runs.append_metrics(run_dir, record)
         if (r + 1) % config.checkpoint_every == 0 or r + 1 == config.rounds:
-            _checkpoint(run_dir, model, aggregator, r + 1, elapsed_before + time.perf_counter() - started)
+            _checkpoint(
+                run_dir, model, aggregator, r + 1, elapsed_before + time.perf_counter() - started
+            )
         if progress is not None:
             progress(RoundRecord(record))
 
@@ -569,7 +603,9 @@ def _round_privacy(aggregator: Aggregator) -> dict[str, Any]:
     return dict(latest()) if latest is not None else {}
 
 
-def _checkpoint(run_dir: Path, model: Recommender, aggregator: Aggregator, rounds_done: int, seconds: float) -> None:
+def _checkpoint(
+    run_dir: Path, model: Recommender, aggregator: Aggregator, rounds_done: int, seconds: float
+) -> None:
     runs.save_checkpoint(
         run_dir,
         {
@@ -615,4 +651,3 @@ __all__ = [
     "load_split",
     "train",
 ]
-

@@ -90,8 +90,16 @@ def _state(model: FedRAP, user: int) -> tuple[torch.Tensor, torch.Tensor, torch.
 @pytest.mark.parametrize("batch_size", [1000, 7])
 def test_batched_round_equals_per_client_loop(small_split, batch_size):
     cfg = FedRAPConfig(
-        dim=8, lr_args=2.0, lr_network=0.5, l2=1e-2, lam=0.1, mu=1e-2,
-        local_epochs=4, batch_size=batch_size, compile=False, tol=1e-4,
+        dim=8,
+        lr_args=2.0,
+        lr_network=0.5,
+        l2=1e-2,
+        lam=0.1,
+        mu=1e-2,
+        local_epochs=4,
+        batch_size=batch_size,
+        compile=False,
+        tol=1e-4,
     )
     model = FedRAP(small_split, cfg, generator=torch.Generator().manual_seed(0))
     participants = torch.tensor([0, 3, 4, 9, 17, 21, 33, 39])
@@ -146,7 +154,13 @@ def test_curriculum_ramp():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"dim": 0}, {"lr_args": -1.0}, {"decay": 1.5}, {"negatives_from": "all"}, {"curriculum": "sin"}],
+    [
+        {"dim": 0},
+        {"lr_args": -1.0},
+        {"decay": 1.5},
+        {"negatives_from": "all"},
+        {"curriculum": "sin"},
+    ],
 )
 def test_config_rejects_bad_values(kwargs):
     from securefed.errors import ConfigError

@@ -25,7 +25,9 @@ def _aggregator(small_split, **privacy) -> PrivateAggregator:
 def test_clipping_is_applied_before_summing(small_split):
     agg = _aggregator(small_split, noise_multiplier=1e-6, clip=1.0, accountant="rdp")
     vectors = torch.tensor([[3.0, 4.0, 0, 0], [0.3, 0.4, 0, 0], [0, 0, 0, 10.0]])
-    updates = DenseUpdates(clients=torch.arange(3), vectors=vectors, layout=UpdateLayout(("x",), ((4,),)))
+    updates = DenseUpdates(
+        clients=torch.arange(3), vectors=vectors, layout=UpdateLayout(("x",), ((4,),))
+    )
     out = agg(updates, 0)
     expected = torch.tensor([0.6 + 0.3, 0.8 + 0.4, 0.0, 1.0])
     torch.testing.assert_close(out.total, expected, atol=1e-4, rtol=0)
@@ -46,8 +48,11 @@ def test_central_noise_has_the_calibrated_std(small_split):
         small_split,
         dim=20_000,
     )
-    zeros = DenseUpdates(clients=torch.arange(2), vectors=torch.zeros(2, 20_000),
-                         layout=UpdateLayout(("x",), ((20_000,),)))
+    zeros = DenseUpdates(
+        clients=torch.arange(2),
+        vectors=torch.zeros(2, 20_000),
+        layout=UpdateLayout(("x",), ((20_000,),)),
+    )
     noise = agg(zeros, 0).total
     std = float(noise.double().std())
     assert abs(std / 1.0 - 1) < 0.05
@@ -55,7 +60,9 @@ def test_central_noise_has_the_calibrated_std(small_split):
 
 
 def test_dp_run_reports_spent_epsilon_and_ledger(tmp_path):
-    res = train(TrainConfig(rounds=3, privacy=PrivacyConfig(epsilon=2.0), **SMALL), out=tmp_path / "r")
+    res = train(
+        TrainConfig(rounds=3, privacy=PrivacyConfig(epsilon=2.0), **SMALL), out=tmp_path / "r"
+    )
     s = res.summary
     assert s["epsilon"] <= 2.0 and s["epsilon"] > 1.9
     assert s["delta"] == 1e-5 and s["privacy_unit"] == "user" and s["accountant"] == "prv"
@@ -87,8 +94,21 @@ def test_budget_cap_stops_cleanly_and_keeps_checkpoint(tmp_path):
 def test_train_epsilon_2_on_movielens(tmp_path, shared_data):
     res = runner.invoke(
         app,
-        ["train", "--dataset", "ml-100k", "--data-dir", str(shared_data), "--epsilon", "2",
-         "--rounds", "2", "--local-epochs", "2", "--out", str(tmp_path / "dp")],
+        [
+            "train",
+            "--dataset",
+            "ml-100k",
+            "--data-dir",
+            str(shared_data),
+            "--epsilon",
+            "2",
+            "--rounds",
+            "2",
+            "--local-epochs",
+            "2",
+            "--out",
+            str(tmp_path / "dp"),
+        ],
     )
     assert res.exit_code == 0, res.output
     s = json.loads((tmp_path / "dp" / "summary.json").read_text())
@@ -97,15 +117,46 @@ def test_train_epsilon_2_on_movielens(tmp_path, shared_data):
 
 
 def test_account_command_json():
-    res = runner.invoke(app, ["account", "--epsilon", "2", "--rounds", "100", "--client-fraction", "0.1",
-                              "--users", "943", "--json"])
+    res = runner.invoke(
+        app,
+        [
+            "account",
+            "--epsilon",
+            "2",
+            "--rounds",
+            "100",
+            "--client-fraction",
+            "0.1",
+            "--users",
+            "943",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     obj = json.loads(res.output)
-    assert set(obj) >= {"epsilon", "delta", "noise_multiplier", "sample_rate", "rounds", "accountant"}
+    assert set(obj) >= {
+        "epsilon",
+        "delta",
+        "noise_multiplier",
+        "sample_rate",
+        "rounds",
+        "accountant",
+    }
     assert obj["noise_multiplier"] == pytest.approx(2.3, rel=0.05)  # Opacus PRV reference value
     assert obj["epsilon"] <= 2.0
-    back = runner.invoke(app, ["account", "--noise-multiplier", str(obj["noise_multiplier"]),
-                               "--rounds", "100", "--client-fraction", "0.1", "--json"])
+    back = runner.invoke(
+        app,
+        [
+            "account",
+            "--noise-multiplier",
+            str(obj["noise_multiplier"]),
+            "--rounds",
+            "100",
+            "--client-fraction",
+            "0.1",
+            "--json",
+        ],
+    )
     assert json.loads(back.output)["epsilon"] == pytest.approx(obj["epsilon"], rel=1e-6)
 
 
@@ -119,7 +170,20 @@ def test_account_command_json():
     ],
 )
 def test_dp_flag_errors(tmp_path, argv, needle):
-    res = runner.invoke(app, ["train", "--synthetic-users", "60", "--synthetic-items", "400",
-                              "--rounds", "1", *argv, "--out", str(tmp_path / "x")])
+    res = runner.invoke(
+        app,
+        [
+            "train",
+            "--synthetic-users",
+            "60",
+            "--synthetic-items",
+            "400",
+            "--rounds",
+            "1",
+            *argv,
+            "--out",
+            str(tmp_path / "x"),
+        ],
+    )
     assert res.exit_code == 2, res.output
     assert needle in res.output and "Traceback" not in res.output

@@ -53,8 +53,20 @@ def test_secagg_with_epsilon_uses_distributed_discrete_noise(tmp_path):
 def test_cli_secagg_epsilon(tmp_path):
     res = runner.invoke(
         app,
-        ["train", "--synthetic-users", "60", "--synthetic-items", "400", "--rounds", "1",
-         "--secagg", "--epsilon", "2", "--out", str(tmp_path / "r")],
+        [
+            "train",
+            "--synthetic-users",
+            "60",
+            "--synthetic-items",
+            "400",
+            "--rounds",
+            "1",
+            "--secagg",
+            "--epsilon",
+            "2",
+            "--out",
+            str(tmp_path / "r"),
+        ],
     )
     assert res.exit_code == 0, res.output
     assert "epsilon" in res.output
@@ -66,7 +78,9 @@ def test_secagg_on_movielens_matches_plain(tmp_path, shared_data):
 
     quick = FedRAPConfig(local_epochs=2)
     plain = train(TrainConfig(fedrap=quick, **base), out=tmp_path / "p")
-    secure = train(TrainConfig(fedrap=quick, privacy=PrivacyConfig(secagg=True), **base), out=tmp_path / "s")
+    secure = train(
+        TrainConfig(fedrap=quick, privacy=PrivacyConfig(secagg=True), **base), out=tmp_path / "s"
+    )
     assert float((plain.model.C - secure.model.C).abs().max()) < 1e-3
     for key in ("test_hr@10", "test_ndcg@10", "test_full_hr@10", "val_hr@10"):
         assert secure.summary[key] == pytest.approx(plain.summary[key], abs=0.005), key

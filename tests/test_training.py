@@ -40,8 +40,17 @@ def test_train_writes_a_complete_run_directory(tmp_path):
         assert (run / name).exists(), name
     summary = json.loads((run / "summary.json").read_text())
     for key in (
-        "model", "dataset", "rounds", "seed", "seconds", "test_hr@10", "test_ndcg@10",
-        "test_full_hr@10", "test_full_ndcg@10", "val_hr@10", "val_ndcg@10",
+        "model",
+        "dataset",
+        "rounds",
+        "seed",
+        "seconds",
+        "test_hr@10",
+        "test_ndcg@10",
+        "test_full_hr@10",
+        "test_full_ndcg@10",
+        "val_hr@10",
+        "val_ndcg@10",
     ):
         assert key in summary, key
     assert summary["rounds"] == 4 and summary["model"] == "fedrap"
@@ -134,7 +143,9 @@ def test_cli_train_on_synthetic(tmp_path):
     ],
 )
 def test_cli_bad_flags_exit_2_with_one_line(tmp_path, argv, needle):
-    res = runner.invoke(app, ["train", *SMALL, "--rounds", "1", *argv, "--out", str(tmp_path / "x")])
+    res = runner.invoke(
+        app, ["train", *SMALL, "--rounds", "1", *argv, "--out", str(tmp_path / "x")]
+    )
     assert res.exit_code == 2, res.output
     assert needle in res.output
     assert "Traceback" not in res.output
@@ -152,8 +163,10 @@ def test_cli_refuses_to_overwrite_a_run(tmp_path):
 
 def test_config_file_and_flag_precedence(tmp_path):
     cfg = tmp_path / "c.toml"
-    cfg.write_text('rounds = 2\nsynthetic_users = 60\nsynthetic_items = 400\n[fedrap]\ndim = 8\n')
-    res = runner.invoke(app, ["train", "--config", str(cfg), "--rounds", "1", "--out", str(tmp_path / "r")])
+    cfg.write_text("rounds = 2\nsynthetic_users = 60\nsynthetic_items = 400\n[fedrap]\ndim = 8\n")
+    res = runner.invoke(
+        app, ["train", "--config", str(cfg), "--rounds", "1", "--out", str(tmp_path / "r")]
+    )
     assert res.exit_code == 0, res.output
     resolved = tomllib.loads((tmp_path / "r" / "config.toml").read_text())
     assert resolved["rounds"] == 1 and resolved["fedrap"]["dim"] == 8
@@ -173,8 +186,19 @@ def test_config_validation_errors():
 def test_cli_train_on_movielens(tmp_path, shared_data):
     res = runner.invoke(
         app,
-        ["train", "--dataset", "ml-100k", "--data-dir", str(shared_data), "--rounds", "1",
-         "--local-epochs", "1", "--out", str(tmp_path / "ml")],
+        [
+            "train",
+            "--dataset",
+            "ml-100k",
+            "--data-dir",
+            str(shared_data),
+            "--rounds",
+            "1",
+            "--local-epochs",
+            "1",
+            "--out",
+            str(tmp_path / "ml"),
+        ],
     )
     assert res.exit_code == 0, res.output
     summary = json.loads((tmp_path / "ml" / "summary.json").read_text())
@@ -184,7 +208,8 @@ def test_cli_train_on_movielens(tmp_path, shared_data):
 
 def test_fedrecgel_trains_through_the_cli(tmp_path):
     res = runner.invoke(
-        app, ["train", "--model", "fedrecgel", *SMALL, "--rounds", "2", "--out", str(tmp_path / "g")]
+        app,
+        ["train", "--model", "fedrecgel", *SMALL, "--rounds", "2", "--out", str(tmp_path / "g")],
     )
     assert res.exit_code == 0, res.output
     metrics = [json.loads(x) for x in (tmp_path / "g" / "metrics.jsonl").read_text().splitlines()]

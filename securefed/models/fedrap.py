@@ -145,7 +145,9 @@ def _bce_terms(logit: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torc
     p = torch.sigmoid(logit)
     pq = p * (1 - p)
     dz = (p - y) / torch.clamp(pq, min=1e-12) * pq
-    value = -(y * torch.clamp(torch.log(p), min=-100) + (1 - y) * torch.clamp(torch.log1p(-p), min=-100))
+    value = -(
+        y * torch.clamp(torch.log(p), min=-100) + (1 - y) * torch.clamp(torch.log1p(-p), min=-100)
+    )
     return dz, value
 
 
@@ -411,8 +413,8 @@ class FedRAP:
         previous = torch.zeros(m, dtype=torch.float64)
         final_loss = torch.zeros(m, dtype=torch.float64)
 
-        use_compile = cfg.compile if cfg.compile is not None else (
-            n_pairs >= 50_000 and compile_available()
+        use_compile = (
+            cfg.compile if cfg.compile is not None else (n_pairs >= 50_000 and compile_available())
         )
         substep = _substep_fn(use_compile)
         counts0 = torch.bincount(sample_pair, minlength=n_pairs).to(torch.float32)
@@ -434,12 +436,12 @@ class FedRAP:
                 counts.index_put_((sp, bos), ones, accumulate=True)
                 sizes_multi = torch.zeros(m, max_batches)
                 sizes_multi.index_put_((su, bos), ones, accumulate=True)
-                sizes[first_user[1]:] = sizes_multi[first_user[1]:]
+                sizes[first_user[1] :] = sizes_multi[first_user[1] :]
                 counts0[multi_pair0:] = counts[:, 0]
             epoch_loss = torch.zeros(m, dtype=torch.float64)
             for sub in range(max_batches):
                 users_in = active & (sizes[:, sub] > 0)
-                decay = cfg.lr_gamma ** steps_done
+                decay = cfg.lr_gamma**steps_done
                 lr = torch.where(users_in, self.lr_args * decay, 0.0).to(torch.float32)
                 lr_net = torch.where(users_in, self.lr_network * decay, 0.0).to(torch.float32)
                 lo = pair_start[sub]
@@ -449,8 +451,20 @@ class FedRAP:
                     assert counts is not None
                     pc = counts[lo - multi_pair0 :, sub]
                 out = substep(
-                    q_d[lo:], q_c[lo:], pair_user[lo:], pair_label[lo:], pc,
-                    sizes[:, sub].contiguous(), w, b, scale, lr, lr_net, lam, mu, cfg.l2,
+                    q_d[lo:],
+                    q_c[lo:],
+                    pair_user[lo:],
+                    pair_label[lo:],
+                    pc,
+                    sizes[:, sub].contiguous(),
+                    w,
+                    b,
+                    scale,
+                    lr,
+                    lr_net,
+                    lam,
+                    mu,
+                    cfg.l2,
                 )
                 if lo == 0:
                     q_d, q_c = out[0], out[1]
@@ -488,7 +502,9 @@ class FedRAP:
             pair_item=pair_item,
             pair_rows=q_c * scale[pair_user].unsqueeze(1),
         )
-        stats = RoundStats(loss=float(final_loss.mean()) if m else float("nan"), samples=int(key.shape[0]))
+        stats = RoundStats(
+            loss=float(final_loss.mean()) if m else float("nan"), samples=int(key.shape[0])
+        )
         return updates, stats
 
     def apply_aggregate(self, aggregate: Aggregate, round_index: int) -> None:
