@@ -276,7 +276,8 @@ class FedRAPUpdates(ClientUpdates):
         total = (w * (self.scale - 1)).sum() * self.global_c
         pw = w[self.pair_client]
         ps = self.scale[self.pair_client]
-        rows = pw.unsqueeze(1) * (self.pair_rows - ps.unsqueeze(1) * self.global_c[self.pair_item])
+        base = self.global_c.index_select(0, self.pair_item)
+        rows = pw.unsqueeze(1) * (self.pair_rows - ps.unsqueeze(1) * base)
         total.index_add_(0, self.pair_item, rows)
         return total.reshape(-1)
 
@@ -401,8 +402,10 @@ class FedRAP:
 
         # Gather the touched rows once: actual values, with a fresh in-round scale of 1.
         g_user = glob[pair_user]
-        q_d = self.D[g_user, pair_item] * self._d_scale[g_user].unsqueeze(1)
-        q_c = self.C[pair_item].clone()
+        d_flat = self.D.view(-1, self.config.dim)
+        flat = g_user * n_items + pair_item
+        q_d = d_flat.index_select(0, flat) * self._d_scale.index_select(0, g_user).unsqueeze(1)
+        q_c = self.C.index_select(0, pair_item)
         w = self.w[glob].clone()
         b = self.b[glob].clone()
         scale = torch.ones(m)
@@ -488,8 +491,8 @@ class FedRAP:
         # Scatter back: D rows (persistent scale), scorers; C rows become the upload.
         new_d_scale = self._d_scale[glob] * scale
         self._d_scale[glob] = new_d_scale
-        self.D[g_user, pair_item] = (
-            q_d * scale[pair_user].unsqueeze(1) / self._d_scale[g_user].unsqueeze(1)
+        d_flat.index_copy_(
+            0, flat, q_d * (scale[pair_user] / self._d_scale.index_select(0, g_user)).unsqueeze(1)
         )
         self.w[glob] = w
         self.b[glob] = b

@@ -1,0 +1,381 @@
+"""The round observer of an audit: turns each round into what the chosen attacks need.
+
+Recording every upload of every round is large (FedRAP on MovieLens 100K: 943 clients x 54k
+floats per round), so the recorder keeps only running per-(user, item) statistics in memory
+and streams to ``record/`` per round only what a later step needs: the round's participants,
+the canary scores, the aggregate's row statistic, and (once) the uploads of the few targets
+of the optimisation inversion. :attr:`AttackRecorder.bytes_written` says how much that was.
+
+Private parameters (FedRAP's scorer ``w_u``, FedRecGEL's ``p_u``) are read only to *score*
+the inversion (cosine to the truth) and to build the auditor's canary test direction (the
+auditor owns its canaries); no attack reads them.
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from attacks.canaries import Canaries
+from attacks.rows import item_rows, row_stats
+from attacks.threat import UploadChannel
+from protocols.seeding import torch_generator
+from securefed.models.fedrap import FedRAPUpdates
+
+__all__ = ["AttackRecorder", "RecordPlan", "UPLOAD_ATTACKS", "AGGREGATE_ATTACKS"]
+
+#: Attacks that need the per-client uploads (the upload observer).
+UPLOAD_ATTACKS = frozenset(
+    {"row-change", "intersection", "gradient-ratio", "optimization", "attribute"}
+)
+#: Attacks on per-round sums (the aggregate observer).
+AGGREGATE_ATTACKS = frozenset({"union", "differencing"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecordPlan:
+    """What to record: the chosen attacks and how the observers see the run."""
+
+    attacks: frozenset[str]
+    model: str
+    n_users: int
+    n_items: int
+    upload: UploadChannel | None
+    sum_noise_std: float
+    clip: float | None
+    canaries: Canaries | None
+    initial_private: torch.Tensor
+    seed: int
+    target_users: int = 16
+    cohort_sizes: tuple[int, ...] = (1, 2, 5, 10, 20, 50, 100)
+    chunk: int = 64
+
+
+@dataclass
+class _Acc:
+    first_round: np.ndarray
+    first_change: np.ndarray
+    first_label: np.ndarray
+    change_sum: np.ndarray
+    touched_count: np.ndarray
+    label_sum: np.ndarray
+    observed: np.ndarray
+    cos_direction: np.ndarray
+    cos_embedding: np.ndarray
+    diff_change: np.ndarray
+    diff_label: np.ndarray
+    union_sum: np.ndarray
+    union_obs: np.ndarray
+    canary_score: np.ndarray
+    union_by_k: dict[int, dict[str, Any]] = field(default_factory=dict)
+    targets: list[int] = field(default_factory=list)
+
+
+def faithful_updates(view: Any) -> Any:
+    """The round's uploads as they left the clients.
+
+    ``FedRAPUpdates`` keeps a reference to the model's ``C``, which the server step then
+    changes in place, so its ``dense()``/``norms()`` read after the round would describe
+    uploads against the *new* C. Rebuild it against the round's public C (``global_before``).
+    """
+    up = view.updates
+    if isinstance(up, FedRAPUpdates):
+        return FedRAPUpdates(
+            clients=up.clients,
+            layout=up.layout,
+            global_c=view.global_before["C"],
+            scale=up.scale,
+            pair_client=up.pair_client,
+            pair_item=up.pair_item,
+            pair_rows=up.pair_rows,
+        )
+    return up
+
+
+class AttackRecorder:
+    """A :class:`securefed.training.RoundObserver` that accumulates attack statistics."""
+
+    def __init__(self, plan: RecordPlan, out_dir: Path) -> None:
+        self.plan = plan
+        self.dir = Path(out_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.bytes_written = 0
+        self.rounds = 0
+        u, i = plan.n_users, plan.n_items
+        m = plan.canaries.size if plan.canaries is not None else 0
+        f32 = np.float32
+        self.acc = _Acc(
+            first_round=np.full(u, -1, dtype=np.int64),
+            first_change=np.full((u, i), np.nan, dtype=f32),
+            first_label=np.full((u, i), np.nan, dtype=f32),
+            change_sum=np.zeros((u, i), dtype=f32),
+            touched_count=np.zeros((u, i), dtype=f32),
+            label_sum=np.zeros((u, i), dtype=f32),
+            observed=np.zeros(u, dtype=np.int64),
+            cos_direction=np.full(u, np.nan),
+            cos_embedding=np.full(u, np.nan),
+            diff_change=np.full((u, i), np.nan, dtype=f32),
+            diff_label=np.full((u, i), np.nan, dtype=f32),
+            union_sum=np.zeros((u, i), dtype=f32),
+            union_obs=np.zeros(u, dtype=np.int64),
+            canary_score=np.zeros(m),
+        )
+        # Private state before each round, for scoring only (see the module docstring).
+        self._private = plan.initial_private.clone()
+        self._wants_upload = bool(plan.attacks & UPLOAD_ATTACKS) and plan.upload is not None
+
+    # ------------------------------------------------------------------ streaming
+    def _write(self, name: str, **arrays: np.ndarray) -> None:
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **arrays)
+        data = buf.getvalue()
+        (self.dir / name).write_bytes(data)
+        self.bytes_written += len(data)
+
+    def write_torch(self, name: str, obj: Any) -> None:
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        data = buf.getvalue()
+        (self.dir / name).write_bytes(data)
+        self.bytes_written += len(data)
+
+    # ------------------------------------------------------------------ one round
+    def __call__(self, view: Any) -> None:
+        plan = self.plan
+        r = int(view.round_index)
+        updates = faithful_updates(view)
+        # Upload rows follow ``updates.clients`` (FedRAP reorders participants by batch count).
+        clients = updates.clients.to(torch.long).cpu()
+        norms = updates.norms() if len(updates) else torch.zeros(0, dtype=torch.float64)
+        record: dict[str, np.ndarray] = {"participants": clients.numpy()}
+        if len(updates) and self._wants_upload:
+            self._upload_round(r, view, updates, clients, norms)
+        if len(updates) and "differencing" in plan.attacks and r == 0:
+            self._differencing(view, updates, clients, norms)
+        if len(updates) and "union" in plan.attacks and r == 0:
+            self._union_by_cohort(view, updates, clients, norms)
+        if view.aggregate is not None and len(updates):
+            if "union" in plan.attacks:
+                record["aggregate_change"] = self._union_round(view, clients).astype(np.float32)
+            if plan.canaries is not None:
+                record["canary_score"] = self._canary_round(view, updates, clients, norms)
+        self._write(f"round_{r:04d}.npz", **record)
+        self._private[clients] = self._read_private(view.model)[clients]
+        self.rounds += 1
+
+    def _read_private(self, model: Any) -> torch.Tensor:
+        if self.plan.model == "fedrap":
+            return model.w.detach().cpu().clone()
+        return model.user_gmf.detach().cpu().clone()
+
+    def _truth_direction(self, view: Any, users: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(true direction of the ratio rows, true embedding) for scoring only."""
+        emb = self._private[users]
+        if self.plan.model == "fedrap":
+            return emb, emb
+        wp = view.global_before["predict.weight"][0, : emb.shape[1]]
+        return -(emb * wp), emb
+
+    def _recovered_embedding(self, view: Any, direction: torch.Tensor) -> torch.Tensor:
+        if self.plan.model == "fedrap":
+            return direction
+        wp = view.global_before["predict.weight"][0, : direction.shape[1]]
+        return -direction * wp / (wp * wp + 1e-8)
+
+    def _upload_round(
+        self, r: int, view: Any, updates: Any, clients: torch.Tensor, norms: torch.Tensor
+    ) -> None:
+        plan = self.plan
+        assert plan.upload is not None
+        acc = self.acc
+        gen = torch_generator(plan.seed, "audit-observer-share", r)
+        m = len(updates)
+        n_real = plan.n_items
+        targets_left = plan.target_users - len(acc.targets)
+        for lo in range(0, m, plan.chunk):
+            rows = torch.arange(lo, min(m, lo + plan.chunk))
+            users = clients[rows]
+            flat = plan.upload.observe(updates, rows, norms, generator=gen)
+            res, ratio = item_rows(plan.model, flat, view.global_before, _total_items(view, plan))
+            st = row_stats(res[:, :n_real], ratio[:, :n_real], noise_std=plan.upload.share_std)
+            un = users.numpy()
+            change = st.change.numpy()
+            scale = change.mean(1, keepdims=True) + 1e-30
+            acc.change_sum[un] += change / scale
+            acc.touched_count[un] += st.touched.numpy()
+            acc.label_sum[un] += st.label.numpy() / (np.abs(st.label.numpy()).mean(1, keepdims=True) + 1e-30)
+            acc.observed[un] += 1
+            first = acc.first_round[un] < 0
+            if bool(first.any()):
+                fu = un[first]
+                acc.first_round[fu] = r
+                acc.first_change[fu] = change[first]
+                acc.first_label[fu] = st.label.numpy()[first]
+                truth_dir, truth_emb = self._truth_direction(view, users[torch.from_numpy(first)])
+                rec_dir = st.direction[torch.from_numpy(first)]
+                acc.cos_direction[fu] = torch.nn.functional.cosine_similarity(
+                    rec_dir, truth_dir, dim=1
+                ).numpy()
+                rec_emb = self._recovered_embedding(view, rec_dir)
+                acc.cos_embedding[fu] = torch.nn.functional.cosine_similarity(
+                    rec_emb, truth_emb, dim=1
+                ).numpy()
+                if "optimization" in plan.attacks and plan.model == "fedrecgel" and targets_left > 0:
+                    pick = np.nonzero(first)[0][:targets_left]
+                    for j in pick:
+                        u = int(un[j])
+                        self.write_torch(
+                            f"target_{u}.pt",
+                            {
+                                "user": u,
+                                "round": r,
+                                "upload": flat[j].clone(),
+                                "global_before": {k: v.clone() for k, v in view.global_before.items()},
+                                "n_items": _total_items(view, plan),
+                                # scoring only: never read by the attack
+                                "truth_embedding": self._private[u].clone(),
+                            },
+                        )
+                        acc.targets.append(u)
+                    targets_left -= len(pick)
+
+    def _clip_factors(self, norms: torch.Tensor) -> torch.Tensor:
+        if self.plan.clip is None:
+            return torch.ones_like(norms, dtype=torch.float32)
+        return torch.clamp(self.plan.clip / norms.clamp_min(1e-30), max=1.0).to(torch.float32)
+
+    def _differencing(self, view: Any, updates: Any, clients: torch.Tensor, norms: torch.Tensor) -> None:
+        """Two releases that differ by one client: their difference is that client's clipped
+        upload plus two independent draws of the sum's noise (std ``sqrt(2) sigma C``)."""
+        plan = self.plan
+        channel = UploadChannel(
+            clip=plan.clip, share_std=float(np.sqrt(2.0)) * plan.sum_noise_std, note="differencing"
+        )
+        gen = torch_generator(plan.seed, "audit-differencing-noise", 0)
+        m = len(updates)
+        for lo in range(0, m, plan.chunk):
+            rows = torch.arange(lo, min(m, lo + plan.chunk))
+            flat = channel.observe(updates, rows, norms, generator=gen)
+            res, ratio = item_rows(plan.model, flat, view.global_before, _total_items(view, plan))
+            st = row_stats(res[:, : plan.n_items], ratio[:, : plan.n_items], noise_std=channel.share_std)
+            un = clients[rows].numpy()
+            self.acc.diff_change[un] = st.change.numpy()
+            self.acc.diff_label[un] = st.label.numpy()
+
+    def _sum_rows(self, view: Any, total: torch.Tensor) -> np.ndarray:
+        res, _ = item_rows(self.plan.model, total.unsqueeze(0), view.global_before, _total_items(view, self.plan))
+        return res[0, : self.plan.n_items].double().square().sum(-1).numpy()
+
+    def _union_round(self, view: Any, clients: torch.Tensor) -> np.ndarray:
+        """The aggregate observer's row statistic, scored for every participant (union leak)."""
+        change = self._sum_rows(view, view.aggregate.total.to(torch.float32))
+        un = clients.numpy()
+        self.acc.union_sum[un] += (change / (change.mean() + 1e-30)).astype(np.float32)
+        self.acc.union_obs[un] += 1
+        return change
+
+    def _union_by_cohort(self, view: Any, updates: Any, clients: torch.Tensor, norms: torch.Tensor) -> None:
+        """What a secure-aggregation server learns from the sum of a cohort of ``k`` clients:
+        the union of their changed rows. Cohorts are drawn from round 0's participants; the
+        sum carries the run's calibrated noise (``sigma * C``) when DP is on."""
+        from attacks.metrics import binary_metrics
+
+        plan = self.plan
+        gen = torch_generator(plan.seed, "audit-union-cohorts", 0)
+        factors = self._clip_factors(norms)
+        m = len(updates)
+        split = view.model.split
+        for k in plan.cohort_sizes:
+            if k > m:
+                continue
+            n_cohorts = max(1, min(20, 200 // k))
+            scores, labels = [], []
+            for _ in range(n_cohorts):
+                members = torch.randperm(m, generator=gen)[:k]
+                w = torch.zeros(m)
+                w[members] = factors[members]
+                total = updates.weighted_sum(w)
+                if plan.sum_noise_std > 0:
+                    total = total + torch.randn(total.shape, generator=gen) * plan.sum_noise_std
+                change = self._sum_rows(view, total)
+                for j in members.tolist():
+                    u = int(clients[j])
+                    lab = np.zeros(plan.n_items, dtype=bool)
+                    lab[split.user_train_items(u)[split.user_train_items(u) < plan.n_items]] = True
+                    scores.append(change)
+                    labels.append(lab)
+            met = binary_metrics(np.stack(scores), np.stack(labels))
+            self.acc.union_by_k[k] = {"cohorts": n_cohorts, **met.as_dict()}
+
+    def _canary_round(
+        self, view: Any, updates: Any, clients: torch.Tensor, norms: torch.Tensor
+    ) -> np.ndarray:
+        """Known-others test on the release: subtract every other participant's clipped
+        contribution (the DP adversary knows the rest of the data), project the canary row
+        on the direction a positive would push it (the auditor owns the canary client)."""
+        plan = self.plan
+        can = plan.canaries
+        assert can is not None
+        n_tot = _total_items(view, plan)
+        factors = self._clip_factors(norms)
+        clean = updates.weighted_sum(factors)
+        resid = view.aggregate.total.to(torch.float32) - clean
+        position = torch.full((plan.n_users,), -1, dtype=torch.long)
+        position[clients] = torch.arange(clients.shape[0])
+        users = torch.from_numpy(can.users)
+        items = torch.from_numpy(can.items)
+        pos = position[users]
+        here = pos >= 0
+        if bool(here.any()):
+            own = updates.dense(pos[here]) * factors[pos[here]].unsqueeze(1)
+        else:
+            own = torch.zeros(0, resid.shape[0])
+        k = _ratio_width(view, plan)
+        rows_all = resid[: n_tot * k].view(n_tot, k)[items]
+        contrib = torch.zeros_like(rows_all)
+        if bool(here.any()):
+            own_rows = own[:, : n_tot * k].view(-1, n_tot, k)
+            contrib[here] = own_rows[torch.arange(own_rows.shape[0]), items[here]]
+        obs = rows_all + contrib
+        truth_dir, _ = self._truth_direction(view, users)
+        d = truth_dir / truth_dir.norm(dim=1, keepdim=True).clamp_min(1e-30)
+        score = (obs * d).sum(1).double().numpy()
+        self.acc.canary_score += score
+        return score
+
+
+def _total_items(view: Any, plan: RecordPlan) -> int:
+    return int(view.model.split.n_items)
+
+
+def _ratio_width(view: Any, plan: RecordPlan) -> int:
+    if plan.model == "fedrap":
+        return int(view.global_before["C"].shape[1])
+    return int(view.global_before["embed_item_gmf"].shape[1])
+
+
+def save_accumulators(recorder: AttackRecorder, path: Path) -> int:
+    """Write the accumulated statistics (for ``--run DIR`` reuse); returns bytes written."""
+    acc = recorder.acc
+    arrays = {k: v for k, v in vars(acc).items() if isinstance(v, np.ndarray)}
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    data = buf.getvalue()
+    path.write_bytes(data)
+    return len(data)
+
+
+def load_accumulators(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, zipfile.BadZipFile, ValueError) as exc:
+        from securefed.errors import DataError
+
+        raise DataError(f"cannot read recorded attack statistics {path}: {exc}") from None

@@ -1,0 +1,371 @@
+"""``securefed.audit``: attack a federated run under explicit threat models and audit its DP.
+
+One call trains a run (or re-simulates a recorded one) with an observer that records what
+each threat model's observer sees (:mod:`attacks.recorder`), then scores the chosen attacks
+and the canary audit::
+
+    from securefed.audit import AuditConfig, audit
+    from securefed import TrainConfig, PrivacyConfig
+
+    cfg = AuditConfig(train=TrainConfig(model="fedrap", dataset="ml-100k", rounds=5,
+                                        privacy=PrivacyConfig(epsilon=2.0)))
+    result = audit(cfg, out="audits/fedrap-eps2")
+    result.report["audit"]["epsilon_lower_bound"]
+
+Writes ``audit.json`` (schema in ``docs/attacks.md``), ``scores.npz`` (per attack the
+``[users, items]`` scores with NaN for non-candidates, and the membership labels, so every
+ROC curve can be recomputed) and ``record/`` (what the observer streamed to disk).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from protocols.seeding import numpy_generator
+from securefed import runs
+from securefed.errors import ConfigError
+from securefed.training import (
+    TrainConfig,
+    build_model,
+    load_config_file,
+    load_split,
+    train,
+)
+
+__all__ = ["ATTACKS", "AttackResult", "AuditConfig", "AuditResult", "audit"]
+
+#: Every attack name, in report order.
+ATTACKS: tuple[str, ...] = (
+    "row-change",
+    "intersection",
+    "gradient-ratio",
+    "optimization",
+    "attribute",
+    "union",
+    "differencing",
+)
+_PER_CLIENT = frozenset({"row-change", "intersection", "gradient-ratio", "optimization", "attribute"})
+AUDIT_FILE = "audit.json"
+SCORES_FILE = "scores.npz"
+_META = "audit_meta.json"
+_ACC = "accumulators.npz"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditConfig:
+    """What to train (or load) and which attacks to run.
+
+    Attributes:
+        train: The run to attack (ignored with ``run``, which brings its own config).
+        attacks: Attack names (see :data:`ATTACKS`) or ``("all",)``: every attack the threat
+            models allow (per-client attacks are skipped under secure aggregation).
+        run: A run directory to load instead of training: reuses the statistics an earlier
+            audit recorded there, else re-simulates it from its ``config.toml``.
+        canaries: Interaction canaries (default ``min(256, users)``); 0 disables the audit.
+        target_users: Targets of the optimisation inversion.
+        known_fraction: Share of users whose attribute the attribute attacker knows.
+        bootstrap: Bootstrap resamples of the 95 % intervals.
+        confidence: Confidence of the epsilon lower bound.
+    """
+
+    train: TrainConfig = field(default_factory=TrainConfig)
+    attacks: tuple[str, ...] = ("all",)
+    run: str | None = None
+    canaries: int | None = None
+    target_users: int = 16
+    known_fraction: float = 0.5
+    bootstrap: int = 200
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        names = tuple(self.attacks)
+        object.__setattr__(self, "attacks", names)
+        if not names:
+            raise ConfigError("attacks must name at least one attack, or 'all'")
+        unknown = [a for a in names if a != "all" and a not in ATTACKS]
+        if unknown:
+            raise ConfigError(
+                f"unknown attack {unknown[0]!r}; choose 'all' or from {', '.join(ATTACKS)}"
+            )
+        if "all" in names and len(names) > 1:
+            raise ConfigError("give either 'all' or a list of attacks, not both")
+        if self.canaries is not None and (not isinstance(self.canaries, int) or self.canaries < 0):
+            raise ConfigError(f"canaries must be an integer >= 0, got {self.canaries!r}")
+        if not isinstance(self.target_users, int) or self.target_users < 0:
+            raise ConfigError(f"target users must be an integer >= 0, got {self.target_users!r}")
+        if not 0 < self.known_fraction < 1:
+            raise ConfigError(f"known fraction must be in (0, 1), got {self.known_fraction!r}")
+        if not isinstance(self.bootstrap, int) or self.bootstrap < 10:
+            raise ConfigError(f"bootstrap must be an integer >= 10, got {self.bootstrap!r}")
+        if not 0.5 <= self.confidence < 1:
+            raise ConfigError(f"confidence must be in [0.5, 1), got {self.confidence!r}")
+
+
+@dataclass(frozen=True)
+class AttackResult:
+    """One attack's outcome, as written into ``audit.json``."""
+
+    name: str
+    threat_model: str
+    metrics: dict[str, Any]
+    ci95: dict[str, Any]
+    baseline: dict[str, Any]
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """What :func:`audit` returns: the report (also ``audit.json``) and where it lies."""
+
+    out_dir: Path
+    report: dict[str, Any]
+    attacks: list[AttackResult]
+    bytes_recorded: int
+
+    @property
+    def epsilon_lower_bound(self) -> float | None:
+        a = self.report.get("audit")
+        return None if a is None else a["epsilon_lower_bound"]
+
+    @property
+    def accounted_epsilon(self) -> float | None:
+        return self.report.get("accounted_epsilon")
+
+
+def _resolve_attacks(cfg: AuditConfig, train_cfg: TrainConfig) -> tuple[list[str], dict[str, str]]:
+    secagg = train_cfg.privacy.secagg
+    skipped: dict[str, str] = {}
+    if cfg.attacks == ("all",):
+        chosen = list(ATTACKS)
+        if secagg:
+            for a in _PER_CLIENT:
+                skipped[a] = "secure aggregation: no per-client upload is visible"
+            chosen = [a for a in chosen if a not in _PER_CLIENT]
+        if train_cfg.model != "fedrecgel" and "optimization" in chosen:
+            chosen.remove("optimization")
+            skipped["optimization"] = "FedRAP: gradient matching reduces to the gradient-ratio attack"
+        return chosen, skipped
+    chosen = list(cfg.attacks)
+    if secagg:
+        bad = [a for a in chosen if a in _PER_CLIENT]
+        if bad:
+            raise ConfigError(
+                f"attack {bad[0]!r} needs per-client uploads, but secure aggregation is on: the "
+                "server sees only per-round sums, so per-client attacks have no input; use "
+                "--attacks union,differencing or a run without --secagg"
+            )
+    if "optimization" in chosen and train_cfg.model != "fedrecgel":
+        raise ConfigError(
+            "the optimisation inversion is implemented for FedRecGEL only (for FedRAP it is the "
+            "gradient-ratio attack); drop 'optimization' or use --model fedrecgel"
+        )
+    return chosen, skipped
+
+
+def _load_run(run: Path) -> TrainConfig:
+    if not (run / runs.CONFIG_FILE).exists():
+        raise ConfigError(f"{run} is not a run directory (no {runs.CONFIG_FILE}); check --run")
+    return TrainConfig.from_dict(load_config_file(run / runs.CONFIG_FILE))
+
+
+def audit(
+    config: AuditConfig | TrainConfig | None = None,
+    *,
+    out: str | Path,
+    progress: Any = None,
+) -> AuditResult:
+    """Train (or load) a run, record what each observer sees, score the attacks and audit.
+
+    Args:
+        config: An :class:`AuditConfig`, or a :class:`TrainConfig` to audit with every attack.
+        out: Output directory (created; must not hold another audit).
+        progress: Passed to :func:`securefed.train` (called after every round).
+
+    Returns:
+        The report (also written to ``out/audit.json``), per-attack results and the bytes
+        the recorder streamed to disk.
+
+    Raises:
+        ConfigError: Bad settings, a per-client attack under secure aggregation, or a
+            secure (OS-noise) run to re-simulate.
+        DataError: The dataset or a recorded file is missing or malformed.
+    """
+    from attacks.canaries import plant_canaries
+    from attacks.recorder import AttackRecorder, RecordPlan, load_accumulators, save_accumulators
+    from attacks.threat import clip_bound, sum_noise_std, upload_channel
+
+    cfg = config if isinstance(config, AuditConfig) else AuditConfig(train=config or TrainConfig())
+    out_dir = Path(out)
+    if (out_dir / AUDIT_FILE).exists():
+        raise ConfigError(f"{out_dir} already holds an audit; choose another --out")
+    run_dir = Path(cfg.run) if cfg.run is not None else None
+    train_cfg = _load_run(run_dir) if run_dir is not None else cfg.train
+    chosen, skipped = _resolve_attacks(cfg, train_cfg)
+    reuse = run_dir is not None and (run_dir / "audit" / _ACC).exists()
+    if run_dir is not None and not reuse and train_cfg.privacy.secure:
+        raise ConfigError(
+            f"{run_dir} drew its DP noise from the OS (--secure) and recorded no attack "
+            "statistics, so it cannot be re-simulated; audit a seeded run instead"
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    split = load_split(train_cfg)
+    n_real = split.n_items
+    rng = numpy_generator(train_cfg.seed, "audit-canaries")
+    n_canaries = cfg.canaries if cfg.canaries is not None else min(256, split.n_users)
+    canaries = None
+    if n_canaries > 0:
+        split, canaries = plant_canaries(split, n_canaries, rng)
+
+    bytes_recorded = 0
+    summary: dict[str, Any]
+    if reuse:
+        assert run_dir is not None
+        meta = json.loads((run_dir / "audit" / _META).read_text())
+        missing = [a for a in chosen if a not in meta["attacks"]]
+        if missing:
+            raise ConfigError(
+                f"{run_dir} recorded statistics for {', '.join(meta['attacks'])}, not "
+                f"{', '.join(missing)}; audit it again without those attacks"
+            )
+        acc = load_accumulators(run_dir / "audit" / _ACC)
+        union_by_k = {int(k): v for k, v in meta.get("union_by_k", {}).items()}
+        targets = list(meta.get("targets", []))
+        record_dir = run_dir / "audit" / "record"
+        summary = json.loads((run_dir / runs.SUMMARY_FILE).read_text())
+        bytes_recorded = int(meta.get("bytes_recorded", 0))
+    else:
+        cohort = train_cfg.cohort(split.n_users)
+        channel = None
+        if any(a in _PER_CLIENT for a in chosen):
+            channel = upload_channel(
+                train_cfg, split, cohort_size=int(round(cohort.expected_size(split.n_users)))
+            )
+        initial = build_model(train_cfg, split)
+        private = initial.w if train_cfg.model == "fedrap" else initial.user_gmf
+        plan = RecordPlan(
+            attacks=frozenset(chosen),
+            model=train_cfg.model,
+            n_users=split.n_users,
+            n_items=n_real,
+            upload=channel,
+            sum_noise_std=sum_noise_std(train_cfg, split),
+            clip=clip_bound(train_cfg, split),
+            canaries=canaries,
+            initial_private=private.detach().cpu().clone(),
+            seed=train_cfg.seed,
+            target_users=cfg.target_users,
+        )
+        train_out = out_dir / "run" if run_dir is None else out_dir / "replay"
+        record_dir = train_out / "audit" / "record"
+        recorder = AttackRecorder(plan, record_dir)
+        result = train(train_cfg, out=train_out, split=split, observer=recorder, progress=progress)
+        summary = result.summary
+        acc_path = train_out / "audit" / _ACC
+        bytes_recorded = recorder.bytes_written + save_accumulators(recorder, acc_path)
+        acc = {k: v for k, v in vars(recorder.acc).items() if isinstance(v, np.ndarray)}
+        union_by_k = dict(recorder.acc.union_by_k)
+        targets = list(recorder.acc.targets)
+        runs.write_json(
+            train_out / "audit" / _META,
+            {
+                "attacks": chosen,
+                "union_by_k": {str(k): v for k, v in union_by_k.items()},
+                "targets": targets,
+                "bytes_recorded": bytes_recorded,
+                "canaries": None if canaries is None else {
+                    "users": canaries.users.tolist(),
+                    "included": canaries.included.tolist(),
+                },
+            },
+        )
+
+    from attacks.report import score_attacks
+
+    attack_results, score_arrays, audit_block = score_attacks(
+        chosen=chosen,
+        acc=acc,
+        union_by_k=union_by_k,
+        targets=targets,
+        record_dir=record_dir,
+        split=split,
+        n_real=n_real,
+        train_cfg=train_cfg,
+        canaries=canaries,
+        cfg=cfg,
+        summary=summary,
+    )
+    for name, why in skipped.items():
+        attack_results.append(_skipped(name, why))
+    privacy = train_cfg.privacy
+    report = {
+        "model": train_cfg.model,
+        "dataset": train_cfg.dataset,
+        "epsilon": privacy.epsilon,
+        "delta": privacy.delta if privacy.dp else None,
+        "secagg": privacy.secagg,
+        "accounted_epsilon": summary.get("epsilon"),
+        "rounds": summary.get("rounds"),
+        "seed": train_cfg.seed,
+        "users": split.n_users,
+        "items": n_real,
+        "noise_multiplier": summary.get("noise_multiplier"),
+        "clip": summary.get("clip"),
+        "attacks": [a.as_dict() for a in attack_results],
+        "audit": audit_block,
+        "recorded_bytes": bytes_recorded,
+        "scores_file": SCORES_FILE,
+        "config": train_cfg.to_dict(),
+    }
+    np.savez_compressed(out_dir / SCORES_FILE, **score_arrays)
+    runs.write_json(out_dir / AUDIT_FILE, _jsonable(report))
+    return AuditResult(
+        out_dir=out_dir, report=report, attacks=attack_results, bytes_recorded=bytes_recorded
+    )
+
+
+def _skipped(name: str, why: str) -> AttackResult:
+    from attacks.threat import ThreatModel
+
+    return AttackResult(
+        name=name,
+        threat_model=ThreatModel.UPLOAD_OBSERVER.value,
+        metrics={},
+        ci95={},
+        baseline={},
+        note=f"skipped: {why}",
+    )
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    if isinstance(obj, torch.Tensor):
+        return obj.tolist()
+    return obj
+
+
+def remove_recording(out_dir: str | Path) -> None:
+    """Delete what the recorder streamed under an audit's run directory (keeps audit.json)."""
+    for sub in ("run", "replay"):
+        rec = Path(out_dir) / sub / "audit" / "record"
+        if rec.exists():
+            shutil.rmtree(rec)
+

@@ -1,0 +1,160 @@
+"""``securefed report``: the privacy-utility sweep and its report (thin over securefed.report).
+
+The lead registers it with ``app.command()(report)`` in :mod:`securefed.cli`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from securefed.cli import _fail, _user_errors, err, out
+from securefed.errors import ConfigError
+
+
+def _split_list(flag: str, value: str) -> list[str]:
+    items = [v.strip() for v in value.split(",")]
+    if not value.strip() or any(not v for v in items):
+        raise ConfigError(f"{flag} takes a comma-separated list, got {value!r}")
+    return items
+
+
+def _epsilons(value: str) -> list[float]:
+    out_: list[float] = []
+    for v in _split_list("--epsilons", value):
+        try:
+            e = math.inf if v.lower() in ("inf", "infinity", "none") else float(v)
+        except ValueError:
+            raise ConfigError(
+                f"--epsilons takes numbers or inf (no DP), got {v!r} in {value!r}"
+            ) from None
+        out_.append(e)
+    return out_
+
+
+def report(
+    models: Annotated[
+        str, typer.Option(help="Comma-separated models: fedrap, fedrecgel.")
+    ] = "fedrap,fedrecgel",
+    dataset: Annotated[
+        str, typer.Option(help="synthetic, ml-100k, ml-1m, filmtrust, or a file path.")
+    ] = "synthetic",
+    epsilons: Annotated[
+        str, typer.Option(help="Comma-separated target epsilons; inf = no DP.")
+    ] = "0.5,1,2,4,8,inf",
+    defenses: Annotated[
+        str, typer.Option(help="Comma-separated: none, dp, secagg, dp+secagg.")
+    ] = "none,dp,secagg,dp+secagg",
+    seeds: Annotated[int, typer.Option(help="Seeds per setting (0 .. N-1).")] = 3,
+    rounds: Annotated[
+        int | None, typer.Option(help="Federated rounds per cell (default 100).")
+    ] = None,
+    jobs: Annotated[int, typer.Option(help="Cells trained in parallel processes.")] = 1,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Report directory (default report/).")
+    ] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Folder holding datasets (else $SECUREFED_DATA_DIR).")
+    ] = None,
+    min_hr: Annotated[
+        float | None,
+        typer.Option(help="Utility floor (test HR@10) for the summary; default 90% of no-DP."),
+    ] = None,
+    delta: Annotated[float, typer.Option(help="DP delta of every private cell.")] = 1e-5,
+    audit: Annotated[
+        bool, typer.Option("--audit/--no-audit", help="Audit every cell with the attacks.")
+    ] = True,
+    synthetic_users: Annotated[
+        int | None, typer.Option(help="Users of the synthetic dataset.")
+    ] = None,
+    synthetic_items: Annotated[
+        int | None, typer.Option(help="Items of the synthetic dataset.")
+    ] = None,
+    from_dirs: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--from",
+            help="Build the report from existing run/audit/report directories (repeat, or "
+            "list them after --from); no training.",
+        ),
+    ] = None,
+    extra: Annotated[
+        list[Path] | None, typer.Argument(help="More directories for --from.", show_default=False)
+    ] = None,
+) -> None:
+    """Run a privacy-utility grid (models x defenses x epsilons x seeds) and write a report."""
+    from securefed.report import ReportConfig, build_report, run_report
+
+    with _user_errors():
+        if extra and not from_dirs:
+            raise _fail(
+                f"unexpected argument {str(extra[0])!r}; directories go after --from"
+            )
+        if from_dirs:
+            target = out_dir or Path("report")
+            result = build_report([*from_dirs, *(extra or [])], target, min_hr=min_hr)
+        else:
+            config = ReportConfig(
+                models=tuple(_split_list("--models", models)),
+                dataset=dataset,
+                epsilons=tuple(_epsilons(epsilons)),
+                defenses=tuple(_split_list("--defenses", defenses)),
+                seeds=seeds,
+                rounds=rounds,
+                delta=delta,
+                jobs=jobs,
+                audit=audit,
+                min_hr=min_hr,
+                data_dir=str(data_dir) if data_dir is not None else None,
+                synthetic_users=synthetic_users,
+                synthetic_items=synthetic_items,
+            )
+            result = _run_with_bar(config, out_dir or Path("report"), run_report)
+    for note in result.notes:
+        err.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+    from securefed.report_html import summarise
+
+    for sentence in summarise(result.results, min_hr)[0]:
+        out.print(sentence, highlight=False, soft_wrap=True)
+    out.print(f"report: {result.html}  (table: {result.csv})", highlight=False)
+
+
+def _run_with_bar(config: Any, target: Path, run_report: Any) -> Any:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = (
+        TextColumn("[bold]cells"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[status]}"),
+    )
+    with Progress(*columns, console=err, transient=False) as progress:
+        task: Any = None
+
+        def on_event(ev: Any) -> None:
+            nonlocal task
+            if ev.kind == "plan":
+                # Reused cells start the bar without a time sample, so the ETA is honest.
+                status = f"{ev.done} reused" if ev.done else ""
+                task = progress.add_task("cells", total=ev.total, completed=ev.done, status=status)
+            elif ev.kind == "start":
+                progress.update(task, status=f"{ev.cell}: {ev.stage}")
+            elif ev.kind == "round":
+                progress.update(task, status=f"{ev.cell}: {ev.stage} round {ev.round}/{ev.rounds}")
+            elif ev.kind == "done":
+                progress.update(task, completed=ev.done, status=f"{ev.cell} done")
+
+        return run_report(config, out=target, progress=on_event)

@@ -1,0 +1,176 @@
+"""The messages between the server and the nodes, independent of the transport.
+
+A :class:`Payload` is what one Flower ``Message`` carries: a config part (scalars, strings,
+lists of ints and ``bytes``: a ``ConfigRecord``), an array part (the shared model tensors:
+an ``ArrayRecord``) and a metrics part (a node's aggregate counters: a ``MetricRecord``).
+Per-user SecAgg messages travel in the config part as ``sid.<id> -> bytes``, each one
+securefed's versioned wire format (``protocols/secagg/wire.py``), decoded and validated by the
+same :class:`~protocols.secagg.SecAggClient` / :class:`~protocols.secagg.SecAggServer` code as
+in simulation, so a tampered, replayed or misrouted message raises the same
+:class:`~securefed.errors.IntegrityError`.
+
+Stages of a round (``STAGES``)::
+
+    hello     server -> node: run token            node -> server: partition id and count
+    train     shared model, cohort, public seed    per-user ADVERTISE, loss/clip counters
+    share     per-user KEYS                        per-user SHARES
+    masked    per-user FORWARD                     per-user MASKED_INPUT
+    unmask    per-user UNMASK_REQUEST              per-user UNMASK_SHARES
+    evaluate  shared model                         HR/NDCG sums over the node's users
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from securefed.errors import ConfigError, IntegrityError, ProtocolError
+
+PROTOCOL = "securefed-flower/1"
+STAGES = ("hello", "train", "share", "masked", "unmask", "evaluate")
+SECAGG_STAGES = ("share", "masked", "unmask")
+#: Prefix of per-user SecAgg entries in a config record.
+SID = "sid."
+#: Prefix of schedule scalars (e.g. FedRAP's learning rates) in a config record.
+SCALAR = "scalar."
+#: Key of the node's round session in its ``Context.state``.
+SESSION_KEY = "securefed.session"
+
+
+@dataclass
+class Payload:
+    """One message's content (see the module docstring)."""
+
+    config: dict[str, Any] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def pack_sids(messages: Mapping[int, bytes]) -> dict[str, bytes]:
+    return {f"{SID}{sid}": bytes(msg) for sid, msg in messages.items()}
+
+
+def unpack_sids(config: Mapping[str, Any]) -> dict[int, bytes]:
+    """Per-user wire messages of a config record; anything malformed is an integrity error."""
+    out: dict[int, bytes] = {}
+    for key, value in config.items():
+        if not key.startswith(SID):
+            continue
+        digits = key[len(SID) :]
+        if not digits.isdigit() or not isinstance(value, bytes):
+            raise IntegrityError()
+        out[int(digits)] = value
+    return out
+
+
+def _scalars(config: Mapping[str, Any]) -> dict[str, float]:
+    return {k[len(SCALAR) :]: float(v) for k, v in config.items() if k.startswith(SCALAR)}
+
+
+def _int(config: Mapping[str, Any], key: str) -> int:
+    value = config.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProtocolError(f"message field {key!r} must be an integer, got {value!r}")
+    return value
+
+
+def handle_node_message(
+    stage: str,
+    payload: Payload,
+    *,
+    node_config: Mapping[str, Any],
+    state: MutableMapping[str, bytes],
+) -> Payload:
+    """Everything a node does with one message (used by the ClientApp and by tests).
+
+    Args:
+        stage: One of :data:`STAGES`.
+        payload: The server's message.
+        node_config: The SuperNode's ``--node-config``: ``partition-id``, ``num-partitions``
+            and optionally ``state-dir`` (private state persists there; memory only without).
+        state: The node's ephemeral store between messages of a run (``Context.state``).
+
+    Returns:
+        The reply.
+    """
+    from securefed.flower.node import NodeRuntime, NodeSession, TrainTask
+    from securefed.training import TrainConfig
+
+    if payload.config.get("protocol") != PROTOCOL:
+        raise ProtocolError(
+            f"message protocol {payload.config.get('protocol')!r} is not {PROTOCOL!r}; "
+            "run the same securefed version on the server and the nodes"
+        )
+    pid = _node_int(node_config, "partition-id")
+    nparts = _node_int(node_config, "num-partitions")
+    if stage == "hello":
+        return Payload(config={"partition-id": pid, "num-partitions": nparts})
+    if stage in SECAGG_STAGES:
+        blob = state.get(SESSION_KEY)
+        if blob is None:
+            raise ProtocolError(f"{stage} message without a round session on this node")
+        session = NodeSession.thaw(blob)
+        if _int(payload.config, "round") != session.round_index:
+            raise IntegrityError()
+        replies = session.step(stage, unpack_sids(payload.config))
+        state[SESSION_KEY] = session.freeze()
+        return Payload(config=pack_sids(replies))
+    if stage not in ("train", "evaluate"):
+        raise ProtocolError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
+    from securefed.training import load_config_file  # noqa: F401  (same TOML reader)
+    import tomllib
+
+    config = TrainConfig.from_dict(tomllib.loads(str(payload.config["config"])))
+    state_dir = node_config.get("state-dir")
+    runtime = NodeRuntime(
+        config,
+        run_token=str(payload.config["run-token"]),
+        partition_id=pid,
+        num_partitions=nparts,
+        state_dir=Path(str(state_dir)) if state_dir else None,
+    )
+    scalars = _scalars(payload.config)
+    if stage == "evaluate":
+        return Payload(
+            metrics=runtime.evaluate(payload.arrays, scalars, full=bool(payload.config["full"]))
+        )
+    cohort = payload.config.get("cohort", [])
+    if not isinstance(cohort, list) or not all(isinstance(u, int) for u in cohort):
+        raise ProtocolError("train message field 'cohort' must be a list of user ids")
+    task = TrainTask(
+        round_index=_int(payload.config, "round"),
+        cohort=torch.tensor(cohort, dtype=torch.long),
+        public_seed=bytes(payload.config.get("public-seed", b"")),
+        fingerprint=str(payload.config.get("fingerprint", "")),
+        aggregate=bool(payload.config.get("aggregate", False)),
+    )
+    reply = runtime.train(task, payload.arrays, scalars)
+    state[SESSION_KEY] = reply.session.freeze()
+    return Payload(
+        config=pack_sids(reply.adverts),
+        metrics={
+            "loss_sum": reply.loss_sum,
+            "trained": float(reply.trained),
+            "clipped": float(reply.clipped),
+        },
+    )
+
+
+def _node_int(node_config: Mapping[str, Any], key: str) -> int:
+    value = node_config.get(key)
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(
+            f"the SuperNode needs --node-config '{key}=<int>' (got {value!r}); e.g. "
+            "--node-config 'partition-id=0 num-partitions=3'"
+        )
+    return value
+
+
+NodeHandler = Callable[[str, Payload], Payload]

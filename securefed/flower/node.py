@@ -1,0 +1,361 @@
+"""The node side: one SuperNode holds one partition of users and acts as their devices.
+
+Per round a node receives the shared model, trains its participants (batched, exactly as
+``securefed.train`` trains them), runs the client half of the privacy pipeline
+(:func:`securefed.flower.pipeline.encode_updates`) and then speaks for each of its
+participants as one :class:`~protocols.secagg.SecAggClient`: four stage messages per user, in
+securefed's own wire format, routed by the server. Nothing of a user leaves the node except
+those wire messages and the node's aggregate training/evaluation counters.
+
+Flower runs a ``ClientApp`` in a fresh process per message, so everything here is rebuilt
+from two stores the node owns:
+
+* the **state directory** (``<state_dir>/<run_token>/partition-<id>.pt``): every user's
+  private model state, written atomically after each local training; a restarted SuperNode
+  continues from it;
+* the **round session** (:class:`NodeSession`, kept by Flower in the node's ``Context.state``,
+  i.e. in the SuperNode's memory, never on disk): the round's SecAgg stage machines (fresh
+  key pairs, seeds, received shares) and the encoded inputs, needed between stages only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from protocols.secagg import ClientAborted, SecAggClient, wire
+from protocols.secagg.primitives import MaskExpander
+from protocols.seeding import torch_generator
+from securefed import runs
+from securefed.errors import ConfigError, IntegrityError, ProtocolError
+from securefed.evaluation import evaluate_splits
+from securefed.flower import models
+from securefed.flower.pipeline import RoundParameters, encode_updates, round_parameters
+from securefed.training import TrainConfig, build_model, load_split
+
+# ----------------------------------------------------------------------------- partitions
+
+
+def partition_users(n_users: int, partition_id: int, num_partitions: int) -> torch.Tensor:
+    """Users of one partition: ``u % num_partitions == partition_id`` (sorted)."""
+    if not isinstance(num_partitions, int) or num_partitions < 1:
+        raise ConfigError(f"num-partitions must be a positive integer, got {num_partitions!r}")
+    if not isinstance(partition_id, int) or not 0 <= partition_id < num_partitions:
+        raise ConfigError(
+            f"partition-id must be in [0, {num_partitions}), got {partition_id!r}"
+        )
+    return torch.arange(partition_id, n_users, num_partitions, dtype=torch.long)
+
+
+def config_digest(config: TrainConfig) -> str:
+    """SHA-256 of the resolved config (a node refuses state written under another one)."""
+    return hashlib.sha256(runs.dumps_toml(config.to_dict()).encode()).hexdigest()
+
+
+# ----------------------------------------------------------------------------- the round session
+
+
+def _x25519(raw: bytes) -> X25519PrivateKey:
+    return X25519PrivateKey.from_private_bytes(raw)
+
+
+def _expander(dim: int, dtype: str) -> MaskExpander:
+    return MaskExpander(dim, np.dtype(dtype))
+
+
+class _Pickler(pickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, X25519PrivateKey):
+            return _x25519, (obj.private_bytes_raw(),)
+        if isinstance(obj, MaskExpander):  # a scratch buffer: rebuilt, never stored
+            return _expander, (obj.dim, obj.dtype.str)
+        return NotImplemented
+
+
+_ALLOWED = {
+    ("securefed.flower.node", "_x25519"),
+    ("securefed.flower.node", "_expander"),
+    ("securefed.flower.node", "NodeSession"),
+    ("protocols.secagg.client", "SecAggClient"),
+    ("protocols.secagg.client", "Stage"),
+    ("protocols.secagg.config", "SecAggConfig"),
+    ("protocols.secagg.wire", "Envelope"),
+    ("protocols.secagg.wire", "ShareKind"),
+    ("numpy", "dtype"),
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy", "ndarray"),
+    ("builtins", "frozenset"),
+    ("builtins", "set"),
+    ("builtins", "bytearray"),
+    ("copyreg", "_reconstructor"),
+    ("builtins", "object"),
+}
+
+
+class _Unpickler(pickle.Unpickler):
+    """Loads only the classes a session holds (the blob comes back from the node's own
+    SuperNode, but a restricted loader keeps a corrupted store from running code)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in _ALLOWED and not module.startswith("numpy.dtypes"):
+            raise IntegrityError()
+        return super().find_class(module, name)
+
+
+@dataclass
+class NodeSession:
+    """One round's secrets on one node: stage machines and encoded inputs, per secagg id."""
+
+    round_index: int
+    clients: dict[int, SecAggClient] = field(default_factory=dict)
+    inputs: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def freeze(self) -> bytes:
+        buf = io.BytesIO()
+        _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(self)
+        return buf.getvalue()
+
+    @staticmethod
+    def thaw(blob: bytes) -> NodeSession:
+        try:
+            session = _Unpickler(io.BytesIO(blob)).load()
+        except IntegrityError:
+            raise
+        except Exception:
+            raise IntegrityError() from None
+        if not isinstance(session, NodeSession):
+            raise IntegrityError()
+        return session
+
+    def step(self, stage: str, inbox: dict[int, bytes]) -> dict[int, bytes]:
+        """Run one SecAgg stage for every addressed user; a refusing client stays silent.
+
+        Raises:
+            IntegrityError: a message for a user this node does not hold in this round.
+        """
+        out: dict[int, bytes] = {}
+        for sid, msg in sorted(inbox.items()):
+            client = self.clients.get(sid)
+            if client is None:
+                raise IntegrityError()
+            try:
+                if stage == "share":
+                    out[sid] = client.share_keys(msg)
+                elif stage == "masked":
+                    out[sid] = client.masked_input(msg, self.inputs.pop(sid))
+                elif stage == "unmask":
+                    out[sid] = client.unmask(msg)
+                else:
+                    raise ProtocolError(f"unknown secure-aggregation stage {stage!r}")
+            except (ClientAborted, IntegrityError):
+                # To the server an aborting client is a dropout (docs/secagg.md).
+                self.clients.pop(sid, None)
+                self.inputs.pop(sid, None)
+        return out
+
+
+# ----------------------------------------------------------------------------- tasks
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainTask:
+    """What the server asks of a node at the start of a round (all public)."""
+
+    round_index: int
+    cohort: torch.Tensor  # sorted user ids; a user's secagg id is its index here
+    public_seed: bytes
+    fingerprint: str  # RoundParameters.fingerprint() of the server, "" when not aggregating
+    aggregate: bool
+
+
+@dataclass(frozen=True)
+class TrainReply:
+    adverts: dict[int, bytes]
+    session: NodeSession
+    loss_sum: float
+    trained: int
+    clipped: int
+
+
+class NodeRuntime:
+    """A node's view of the federation: its partition, its users' state, its model copy.
+
+    Args:
+        config: The run's resolved config (sent by the server with every task).
+        run_token: The server's id of this run (names the state sub-directory).
+        partition_id: This node's partition.
+        num_partitions: How many partitions the users are split into.
+        state_dir: Where private state persists (``None``: memory only, for tests).
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        run_token: str,
+        partition_id: int,
+        num_partitions: int,
+        state_dir: str | Path | None,
+    ) -> None:
+        if not run_token.isalnum():
+            raise ConfigError(f"run token must be alphanumeric, got {run_token!r}")
+        self.config = config
+        self.split = load_split(config)
+        self.users = partition_users(self.split.n_users, partition_id, num_partitions)
+        self.partition_id = partition_id
+        self.model = build_model(config, self.split)
+        self.digest = config_digest(config)
+        self.path = (
+            Path(state_dir) / run_token / f"partition-{partition_id}.pt"
+            if state_dir is not None
+            else None
+        )
+        self.trained_rounds = 0
+        self._aggregator: Any = None
+        self._load()
+
+    # -- persistence --------------------------------------------------------------------
+
+    def _load(self) -> None:
+        saved = runs.load_state(self.path) if self.path is not None else None
+        if saved is None:
+            return
+        if saved.get("config_digest") != self.digest or not torch.equal(
+            saved.get("users", torch.empty(0)), self.users
+        ):
+            raise ConfigError(
+                f"node state {self.path} was written for another config or partition; "
+                "give this node a fresh --state-dir"
+            )
+        models.load_private(self.config.model, self.model, self.users, saved["private"])
+        self.trained_rounds = int(saved["trained_rounds"])
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        runs.save_state(
+            self.path,
+            {
+                "config_digest": self.digest,
+                "users": self.users,
+                "trained_rounds": self.trained_rounds,
+                "private": models.private_state(self.config.model, self.model, self.users),
+            },
+        )
+
+    # -- rounds --------------------------------------------------------------------------
+
+    @property
+    def aggregator(self) -> Any:
+        if self._aggregator is None:
+            from securefed.privacy import PrivateAggregator
+
+            self._aggregator = PrivateAggregator(
+                self.config, self.split, dim=self.model.layout.size
+            )
+        return self._aggregator
+
+    @property
+    def replay(self) -> bool:
+        """Replay the run's seeded streams (exactly ``securefed.train``); off with --secure."""
+        return not self.config.privacy.secure
+
+    def train(
+        self, task: TrainTask, arrays: dict[str, np.ndarray], scalars: dict[str, float]
+    ) -> TrainReply:
+        """Local training of this node's participants, then SecAgg round 0 for each of them."""
+        cohort = task.cohort.to(torch.long)
+        if cohort.ndim != 1 or (cohort.numel() > 1 and bool((cohort.diff() <= 0).any())):
+            raise ProtocolError("the round's cohort must be strictly increasing user ids")
+        if task.round_index < self.trained_rounds:
+            raise ProtocolError(
+                f"round {task.round_index} was already trained on this node "
+                f"(it has trained {self.trained_rounds} rounds)"
+            )
+        own = cohort[torch.isin(cohort, self.users)]
+        session = NodeSession(round_index=task.round_index)
+        if own.numel() == 0:
+            return TrainReply({}, session, 0.0, 0, 0)
+        models.load_global(self.config.model, self.model, arrays, scalars)
+        if self.replay:
+            gen = torch_generator(self.config.seed, "train", task.round_index)
+        else:  # a device's own stream; nothing to reproduce
+            gen = torch.Generator()
+            gen.seed()
+        updates, positions, stats = models.train_own(
+            self.config.model, self.model, cohort, own, task.round_index, gen, replay=self.replay
+        )
+        self.trained_rounds = task.round_index + 1
+        self.save()
+        trained = len(updates)
+        loss_sum = float(stats.loss) * trained
+        if not task.aggregate:
+            return TrainReply({}, session, loss_sum, trained, 0)
+        params = round_parameters(self.aggregator, int(cohort.numel()))
+        if params.fingerprint() != task.fingerprint:
+            raise ProtocolError(
+                "the server's round parameters differ from this node's "
+                f"({task.fingerprint!r} != {params.fingerprint()!r}); are both on the same "
+                "securefed version and config?"
+            )
+        ring, clipped = encode_updates(
+            self.aggregator,
+            updates,
+            round_index=task.round_index,
+            params=params,
+            positions=positions,
+        )
+        sid_of = {int(u): i for i, u in enumerate(cohort.tolist())}
+        expander = MaskExpander(ring.shape[1], wire.ring_dtype(params.codec.modulus_bits))
+        adverts = {}
+        for row, user in enumerate(updates.clients.tolist()):
+            sid = sid_of[int(user)]
+            client = _new_client(sid, params, task, expander)
+            session.clients[sid] = client
+            session.inputs[sid] = ring[row]
+            adverts[sid] = client.advertise()
+        return TrainReply(adverts, session, loss_sum, trained, clipped)
+
+    def evaluate(
+        self, arrays: dict[str, np.ndarray], scalars: dict[str, float], *, full: bool
+    ) -> dict[str, float]:
+        """HR@10 / NDCG@10 sums over this node's users (the server divides by all users)."""
+        models.load_global(self.config.model, self.model, arrays, scalars)
+        res = evaluate_splits(self.model, self.split, k=10, full=full, per_user=True)
+        out: dict[str, float] = {"users": float(self.users.numel())}
+        idx = self.users.numpy()
+        for which, r in res.items():
+            assert r.ranks is not None
+            out.update(_sums(f"{which}_", np.asarray(r.ranks)[idx]))
+            if r.full_ranks is not None:
+                out.update(_sums(f"{which}_full_", np.asarray(r.full_ranks)[idx]))
+        return out
+
+
+def _sums(prefix: str, ranks: np.ndarray) -> dict[str, float]:
+    r = ranks.astype(np.float64)
+    gains = np.where(r < 10, 1.0 / np.log2(r + 2.0), 0.0)
+    return {f"{prefix}hr@10": float((r < 10).sum()), f"{prefix}ndcg@10": float(gains.sum())}
+
+
+def _new_client(
+    sid: int, params: RoundParameters, task: TrainTask, expander: MaskExpander
+) -> SecAggClient:
+    return SecAggClient(
+        sid,
+        config=params.secagg,
+        round_index=task.round_index,
+        public_seed=task.public_seed,
+        dim=expander.dim,
+        expander=expander,  # one scratch buffer for all of this node's users
+    )

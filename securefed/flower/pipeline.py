@@ -1,0 +1,209 @@
+"""securefed's privacy pipeline split at the network boundary: client half and server half.
+
+In-process, :class:`securefed.privacy.PrivateAggregator` runs the whole secure round in one
+function (``_secure_round``). A deployment runs the same steps on two sides of a network::
+
+    node:   norms -> clip factor -> (DP) conditional rounding + discrete Gaussian share
+            -> fixed-point ring encoding            (:func:`encode_updates`)
+            -> SecAggClient stage machine per user   (node.py)
+    server: SecAggServer stages -> unmask -> decode -> ledger event -> Aggregate
+                                                     (:func:`finish_round`)
+
+Both sides derive the round's public parameters with :func:`round_parameters` from the same
+resolved :class:`~securefed.training.TrainConfig` and cohort size, exactly as
+``PrivateAggregator._secure_round`` does, so the ring encoding, the modulus, ``k`` and ``t``
+agree bit for bit with the in-process simulation.
+
+Replay of the seeded streams. Without ``--secure`` the in-process simulation draws the
+stochastic rounding and the noise shares of *all* participants from one generator per round
+(``derive(seed, "dp-noise", round)``). A node that holds some of those participants reproduces
+its rows by replaying the whole draw with zero rows in place of the other participants' updates
+(``positions`` below): it learns nothing about them (their rows are zeros it made up), it only
+spends the same random numbers. That makes a Flower run with a seed produce the same global
+model as ``securefed.train`` with that seed, which is what the equivalence test checks. With
+``--secure`` every draw comes from the OS and the node encodes only its own rows.
+
+This module reads a few private members of ``PrivateAggregator`` (``_ddg``, ``_spend``,
+``_denominator``, ``_last``); they are the seam a future public split of ``_secure_round``
+should expose.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from protocols.secagg import FixedPointCodec, SecAggConfig
+from protocols.seeding import derive_seed, numpy_generator, torch_generator
+from securefed.errors import ProtocolError
+from securefed.federation.base import Aggregate, ClientUpdates
+
+if TYPE_CHECKING:
+    from securefed.privacy import PrivateAggregator
+
+#: Rows x coordinates materialised at once; must equal ``securefed.privacy._MAX_DENSE`` for
+#: the replayed draws to be chunked like the in-process ones.
+from securefed.privacy import _MAX_DENSE as MAX_DENSE  # noqa: E402
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoundParameters:
+    """The public parameters of one secure round (same on the server and every node)."""
+
+    codec: FixedPointCodec
+    secagg: SecAggConfig
+
+    def fingerprint(self) -> str:
+        """A short public summary both sides compare before any secret is used."""
+        c, s = self.codec, self.secagg
+        return f"bits={c.modulus_bits};scale={c.scale!r};n={s.n_clients};k={s.k};t={s.t}"
+
+
+def round_parameters(agg: PrivateAggregator, m: int) -> RoundParameters:
+    """Codec and SecAgg configuration for a round of ``m`` participants (as in-process)."""
+    ddg = agg._ddg
+    if ddg is not None:
+        plan = ddg.plan
+        codec = FixedPointCodec.for_sum(
+            n_clients=m,
+            clip=plan.l2_sensitivity_after_rounding / plan.scale,
+            scale=plan.scale,
+            extra_int_bound=int(plan.noise_sum_bound(1)),
+        )
+    else:
+        codec = FixedPointCodec.for_sum(
+            n_clients=m, clip=agg.clip, scale_bits=agg.p.secagg_scale_bits
+        )
+    sa_cfg = SecAggConfig(
+        n_clients=m,
+        neighbours=agg.p.secagg_neighbours,
+        dropout_tolerance=agg.p.secagg_dropout,
+        corrupt_fraction=agg.p.secagg_corrupt,
+        modulus_bits=codec.modulus_bits,
+    )
+    return RoundParameters(codec=codec, secagg=sa_cfg)
+
+
+def public_seed(agg: PrivateAggregator, round_index: int) -> bytes:
+    """The round's public seed: derived from the run seed, or fresh OS bytes with --secure."""
+    if agg.secure:
+        return secrets.token_bytes(16)
+    return derive_seed(agg.seed, "secagg-public", round_index).to_bytes(8, "little") * 2
+
+
+def clip_factors(agg: PrivateAggregator, updates: ClientUpdates) -> tuple[torch.Tensor, int]:
+    """Per-row scale ``min(1, C / ||x||)`` (float32) and how many rows were clipped."""
+    norms = updates.norms()
+    factors = torch.clamp(agg.clip / norms.clamp_min(1e-30), max=1.0).to(torch.float32)
+    return factors, int((norms > agg.clip).sum())
+
+
+def encode_updates(
+    agg: PrivateAggregator,
+    updates: ClientUpdates,
+    *,
+    round_index: int,
+    params: RoundParameters,
+    positions: torch.Tensor | None = None,
+) -> tuple[np.ndarray, int]:
+    """The node's half of the secure round: clip, DP rounding and noise share, ring encoding.
+
+    Unit of privacy: one user (one row). Each row is clipped to L2 norm ``C`` (sensitivity of
+    the sum), then, with distributed DP, conditionally rounded (Kairouz et al. 2021, Sec. 4.1)
+    and given its discrete Gaussian share sized for the fewest survivors ``t``; the share
+    defends against a server that sees the sum of the survivors (the only thing SecAgg
+    releases) and would otherwise read one user's contribution by differencing rounds.
+
+    Args:
+        agg: The run's aggregator (built from the same config as the server's).
+        updates: This node's users' raw updates (rows in any order).
+        round_index: The round (selects the seeded streams).
+        params: From :func:`round_parameters` with the round's cohort size.
+        positions: Row of each of ``updates`` in the in-process batch of ``m`` rows, to replay
+            the seeded draws exactly (see the module docstring); ``None`` draws for own rows
+            only (always the case with ``--secure``).
+
+    Returns:
+        ``(ring [k, dim] uint64, number of clipped rows)``.
+    """
+    k = len(updates)
+    dim = agg.dim
+    factors, clipped = clip_factors(agg, updates)
+    codec = params.codec
+    ddg = agg._ddg
+    secure = agg.secure
+    if secure and positions is not None:
+        raise ProtocolError("--secure draws every random number from the OS; nothing to replay")
+    noise_gen = None if secure else torch_generator(agg.seed, "dp-noise", round_index)
+    round_gen = None if secure else torch_generator(agg.seed, "dp-round", round_index)
+    rng = numpy_generator(agg.seed, "secagg-encode", round_index)
+    out = np.empty((k, dim), dtype=np.uint64)
+    rows_per_chunk = max(1, MAX_DENSE // max(dim, 1))
+    if positions is None:
+        total, where = k, torch.arange(k)
+    else:
+        total, where = params.secagg.n_clients, positions.to(torch.long)
+        if where.shape != (k,) or (k and (int(where.min()) < 0 or int(where.max()) >= total)):
+            raise ProtocolError(f"replay positions must be {k} rows in [0, {total})")
+    for lo in range(0, total, rows_per_chunk):
+        hi = min(total, lo + rows_per_chunk)
+        mine = torch.nonzero((where >= lo) & (where < hi)).squeeze(1)
+        at = where[mine] - lo
+        x = torch.zeros(hi - lo, dim)
+        if mine.numel():
+            x[at] = updates.dense(mine) * factors[mine].unsqueeze(1)
+        if ddg is not None:
+            ints = ddg.round_update(x, generator=round_gen, secure=secure)
+            ints = ints + ddg.client_share(hi - lo, generator=noise_gen, secure=secure)
+            chunk = codec.to_ring(ints.numpy())
+        else:
+            chunk = codec.encode(x.double().numpy(), rng=rng)
+        out[mine.numpy()] = chunk[at.numpy()]
+    return out, clipped
+
+
+def finish_round(
+    agg: PrivateAggregator,
+    ring_sum: np.ndarray,
+    *,
+    survivors: int,
+    round_index: int,
+    params: RoundParameters,
+    started: float,
+    clipped: int,
+    participants: int,
+) -> Aggregate:
+    """The server's half after unmasking: ledger event, decode, the round's record.
+
+    Raises:
+        PrivacyBudgetError: the release would overspend the budget cap (nothing is applied).
+    """
+    agg._last = {"clipped_fraction": clipped / participants if participants else 0.0}
+    if agg.dp is not None and agg._ddg is not None:
+        agg._spend(
+            agg._ddg.event(
+                round_index, sample_rate=agg.sample_rate, noise_contributors=survivors
+            )
+        )
+    total = torch.from_numpy(params.codec.decode_sum(ring_sum)).to(torch.float32)
+    agg._last.update(
+        {
+            "secagg_seconds": time.perf_counter() - started,
+            "secagg_survivors": survivors,
+            "secagg_bits": params.codec.modulus_bits,
+        }
+    )
+    return Aggregate(total=total, contributors=survivors, denominator=agg._denominator(survivors))
+
+
+def record_abort(agg: PrivateAggregator, reason: str, *, clipped: int, participants: int) -> None:
+    """Record an aborted round in the aggregator's round record (nothing was released)."""
+    agg._last = {
+        "clipped_fraction": clipped / participants if participants else 0.0,
+        "aborted": reason,
+    }

@@ -1,0 +1,697 @@
+"""Privacy-utility trade-off reports: run a grid of cells, audit them, write one page.
+
+A *cell* is one training run: a model, a defense, a target epsilon and a seed. The grid is
+the product of the requested models, defenses, epsilons and seeds, minus the combinations
+that mean nothing (listed, with the reason, in the report)::
+
+    defense     what it is                                              epsilon
+    none        no DP, no secure aggregation                            inf only
+    dp          user-level DP, central Gaussian noise on the sum       finite only
+    secagg      secure aggregation without DP                           inf only
+    dp+secagg   distributed discrete Gaussian noise inside secagg       finite only
+
+Every cell trains through :func:`securefed.train` into ``out/cells/<model>-<defense>-eps<e>-s
+<seed>/`` and, unless disabled, is audited by :func:`securefed.audit.audit` (a seeded replay of
+the run with canaries, into the cell's ``audit/`` folder), so the utility columns come from the
+clean run and the attack columns from the audit. A sweep is resumable: a finished cell (its
+``summary.json``, and ``audit/audit.json`` when audits are on) is reused; a cell interrupted
+mid-training continues from its checkpoint; an interrupted audit is redone.
+
+Then :func:`build_report` reads the cell directories (or any run / audit directories) into
+``results.csv`` / ``results.parquet`` (one row per cell), draws the figures (PNG and SVG) and
+writes ``report.html`` (self-contained) and ``report.md``.
+
+Library code never prints: progress goes to the optional ``progress`` callback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from securefed import runs
+from securefed.errors import ConfigError, DataError
+from securefed.training import MODELS, PrivacyConfig, TrainConfig, load_config_file
+
+__all__ = [
+    "DEFENSES",
+    "REQUIRED_COLUMNS",
+    "Cell",
+    "ReportConfig",
+    "ReportResult",
+    "SkippedCell",
+    "SweepEvent",
+    "build_report",
+    "collect_results",
+    "plan_cells",
+    "run_report",
+]
+
+Defense = Literal["none", "dp", "secagg", "dp+secagg"]
+DEFENSES: tuple[str, ...] = ("none", "dp", "secagg", "dp+secagg")
+AUDIT_DIR = "audit"
+CELLS_DIR = "cells"
+SWEEP_FILE = "report.json"
+
+#: Columns that every row of ``results.csv`` has, with no missing value.
+REQUIRED_COLUMNS: tuple[str, ...] = (
+    "cell",
+    "model",
+    "dataset",
+    "defense",
+    "epsilon",
+    "seed",
+    "rounds",
+    "dp",
+    "secagg",
+    "epsilon_spent",
+    "test_hr@10",
+    "test_ndcg@10",
+    "test_full_hr@10",
+    "test_full_ndcg@10",
+    "seconds",
+)
+
+
+def _eps_label(epsilon: float) -> str:
+    return "inf" if math.isinf(epsilon) else f"{epsilon:g}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportConfig:
+    """The grid of a report and how to run it.
+
+    Attributes:
+        models: Models to compare (``fedrap``, ``fedrecgel``).
+        dataset: Dataset name or path (as :class:`~securefed.TrainConfig` takes it).
+        epsilons: Target user-level epsilons; ``math.inf`` means no DP.
+        defenses: Any of :data:`DEFENSES`.
+        seeds: Number of seeds per setting (seeds ``0 .. seeds-1``).
+        rounds: Federated rounds per cell (default: the training default).
+        delta: DP delta of every private cell.
+        jobs: Cells trained in parallel processes.
+        audit: Audit every cell (a seeded replay with canaries; roughly doubles the cost).
+        min_hr: Utility floor (test HR@10, sampled) of the summary; default 90 % of each
+            model's no-DP HR@10.
+        data_dir: Folder holding datasets.
+        synthetic_users, synthetic_items: Size of the synthetic dataset.
+    """
+
+    models: tuple[str, ...] = ("fedrap", "fedrecgel")
+    dataset: str = "synthetic"
+    epsilons: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, math.inf)
+    defenses: tuple[str, ...] = DEFENSES
+    seeds: int = 3
+    rounds: int | None = None
+    delta: float = 1e-5
+    jobs: int = 1
+    audit: bool = True
+    min_hr: float | None = None
+    data_dir: str | None = None
+    synthetic_users: int | None = None
+    synthetic_items: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "models", tuple(self.models))
+        object.__setattr__(self, "defenses", tuple(self.defenses))
+        object.__setattr__(self, "epsilons", tuple(float(e) for e in self.epsilons))
+        if not self.models:
+            raise ConfigError("models must name at least one model")
+        for m in self.models:
+            if m not in MODELS:
+                raise ConfigError(f"model must be one of {', '.join(MODELS)}, got {m!r}")
+        if len(set(self.models)) != len(self.models):
+            raise ConfigError(f"models must not repeat, got {','.join(self.models)}")
+        if not self.defenses:
+            raise ConfigError("defenses must name at least one defense")
+        for d in self.defenses:
+            if d not in DEFENSES:
+                raise ConfigError(f"defense must be one of {', '.join(DEFENSES)}, got {d!r}")
+        if len(set(self.defenses)) != len(self.defenses):
+            raise ConfigError(f"defenses must not repeat, got {','.join(self.defenses)}")
+        if not self.epsilons:
+            raise ConfigError("epsilons must hold at least one value (inf = no DP)")
+        for e in self.epsilons:
+            if math.isnan(e) or e <= 0:
+                raise ConfigError(f"epsilon must be > 0 or inf, got {e!r}")
+        if len(set(self.epsilons)) != len(self.epsilons):
+            raise ConfigError("epsilons must not repeat")
+        for name in ("seeds", "jobs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.rounds is not None and (
+            isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1
+        ):
+            raise ConfigError(f"rounds must be a positive integer, got {self.rounds!r}")
+        if self.min_hr is not None and not 0 <= self.min_hr <= 1:
+            raise ConfigError(f"min HR must be in [0, 1], got {self.min_hr!r}")
+        if not 0 < self.delta < 1:
+            raise ConfigError(f"delta must be in (0, 1), got {self.delta!r}")
+        # Build one training config per model now, so a bad dataset size fails before any run.
+        for model in self.models:
+            self._base(model, 0)
+
+    def _base(self, model: str, seed: int) -> dict[str, Any]:
+        raw: dict[str, Any] = {"model": model, "dataset": self.dataset, "seed": seed}
+        if self.rounds is not None:
+            raw["rounds"] = self.rounds
+        if self.data_dir is not None:
+            raw["data_dir"] = self.data_dir
+        if self.synthetic_users is not None:
+            raw["synthetic_users"] = self.synthetic_users
+        if self.synthetic_items is not None:
+            raw["synthetic_items"] = self.synthetic_items
+        TrainConfig.from_dict(raw)
+        return raw
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "models": list(self.models),
+            "dataset": self.dataset,
+            "epsilons": [_eps_label(e) for e in self.epsilons],
+            "defenses": list(self.defenses),
+            "seeds": self.seeds,
+            "rounds": self.rounds,
+            "delta": self.delta,
+            "jobs": self.jobs,
+            "audit": self.audit,
+            "min_hr": self.min_hr,
+            "data_dir": self.data_dir,
+            "synthetic_users": self.synthetic_users,
+            "synthetic_items": self.synthetic_items,
+        }
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of the grid: a model, a defense, a target epsilon and a seed."""
+
+    model: str
+    defense: str
+    epsilon: float
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}-{self.defense}-eps{_eps_label(self.epsilon)}-s{self.seed}"
+
+    def train_config(self, config: ReportConfig) -> TrainConfig:
+        """The cell's training config: the report's base settings plus its defense."""
+        raw = config._base(self.model, self.seed)
+        dp = self.defense in ("dp", "dp+secagg")
+        secagg = self.defense in ("secagg", "dp+secagg")
+        privacy = PrivacyConfig(
+            epsilon=self.epsilon if dp else None,
+            delta=config.delta,
+            noise=("distributed" if secagg else "central") if dp else None,
+            secagg=secagg,
+        )
+        return TrainConfig.from_dict({**raw, "privacy": _privacy_dict(privacy)})
+
+
+def _privacy_dict(p: PrivacyConfig) -> dict[str, Any]:
+    import dataclasses
+
+    return {k: v for k, v in dataclasses.asdict(p).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class SkippedCell:
+    """A requested combination that means nothing, and why it was not run."""
+
+    model: str
+    defense: str
+    epsilon: float
+    reason: str
+
+
+def plan_cells(config: ReportConfig) -> tuple[list[Cell], list[SkippedCell]]:
+    """The cells to run (model, epsilon, defense, seed order) and the skipped combinations."""
+    cells: list[Cell] = []
+    skipped: list[SkippedCell] = []
+    epsilons = sorted(config.epsilons)
+    for model in config.models:
+        for eps in epsilons:
+            for defense in config.defenses:
+                dp = defense in ("dp", "dp+secagg")
+                if dp and math.isinf(eps):
+                    why = (
+                        f"{defense} at epsilon inf is not private; "
+                        + ("the none cell" if defense == "dp" else "the secagg cell")
+                        + " covers it"
+                    )
+                    skipped.append(SkippedCell(model, defense, eps, why))
+                    continue
+                if not dp and not math.isinf(eps):
+                    why = f"{defense} adds no DP noise, so epsilon {eps:g} does not apply"
+                    skipped.append(SkippedCell(model, defense, eps, why))
+                    continue
+                cells.extend(Cell(model, defense, eps, s) for s in range(config.seeds))
+    return cells, skipped
+
+
+@dataclass(frozen=True)
+class SweepEvent:
+    """A progress notice of :func:`run_report`.
+
+    ``kind`` is ``"plan"`` (once: ``total`` cells, ``done`` of them already finished),
+    ``"start"`` (a cell begins; ``stage`` is ``train`` or ``audit``), ``"round"`` (a training
+    or audit round finished; only when ``jobs == 1``), or ``"done"`` (a cell finished;
+    ``reused`` when it came from an earlier sweep).
+    """
+
+    kind: Literal["plan", "start", "round", "done"]
+    done: int
+    total: int
+    cell: str | None = None
+    stage: str | None = None
+    round: int | None = None
+    rounds: int | None = None
+    reused: bool = False
+    seconds: float = 0.0
+
+
+ProgressFn = Callable[[SweepEvent], None]
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    """What :func:`run_report` / :func:`build_report` return: where things are, and the table."""
+
+    out: Path
+    html: Path
+    markdown: Path
+    csv: Path
+    parquet: Path
+    figures: dict[str, Path]
+    results: Any  # pandas.DataFrame, one row per cell
+    skipped: list[SkippedCell] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------- running cells
+
+
+def _audit_available() -> str | None:
+    """None when :func:`securefed.audit.audit` can run here, else why it cannot."""
+    try:
+        import attacks.report  # noqa: F401
+        import securefed.audit  # noqa: F401
+    except ImportError as exc:
+        return f"the audit module could not be imported ({exc})"
+    return None
+
+
+def _cell_finished(cell_dir: Path, audit: bool) -> bool:
+    if not (cell_dir / runs.SUMMARY_FILE).exists():
+        return False
+    return not audit or (cell_dir / AUDIT_DIR / "audit.json").exists()
+
+
+def _check_cell_config(cell_dir: Path, expected: TrainConfig) -> None:
+    path = cell_dir / runs.CONFIG_FILE
+    if not path.exists():
+        return
+    found = TrainConfig.from_dict(load_config_file(path)).to_dict()
+    want = expected.to_dict()
+    if found != want:
+        diff = sorted(k for k in want if found.get(k) != want.get(k))
+        raise ConfigError(
+            f"{cell_dir} was run with other settings ({', '.join(diff)} differ); "
+            "choose another --out for this grid, or remove that cell directory"
+        )
+
+
+def _run_cell(
+    cell_dir: Path,
+    train_cfg: TrainConfig,
+    *,
+    audit: bool,
+    on_round: Callable[[str, int, int], None] | None = None,
+) -> None:
+    """Train (or continue) one cell and audit it; safe to call again after an interruption."""
+    from securefed.training import train
+
+    def rounds_cb(stage: str) -> Any:
+        if on_round is None:
+            return None
+        return lambda rec: on_round(stage, rec.round, train_cfg.rounds)
+
+    if not (cell_dir / runs.SUMMARY_FILE).exists():
+        if (cell_dir / runs.CONFIG_FILE).exists():
+            train(resume=cell_dir, progress=rounds_cb("train"))
+        else:
+            train(train_cfg, out=cell_dir, progress=rounds_cb("train"))
+    if audit:
+        audit_dir = cell_dir / AUDIT_DIR
+        if not (audit_dir / "audit.json").exists():
+            from securefed.audit import AuditConfig, remove_recording
+            from securefed.audit import audit as run_audit
+
+            if audit_dir.exists():  # an audit interrupted mid-way: redo it from scratch
+                shutil.rmtree(audit_dir)
+            run_audit(AuditConfig(run=str(cell_dir)), out=audit_dir, progress=rounds_cb("audit"))
+            remove_recording(audit_dir)
+
+
+def _cell_job(cell_dir: str, config: dict[str, Any], audit: bool, threads: int) -> str:
+    """Entry point of a worker process (top level, so it pickles under spawn)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    _run_cell(Path(cell_dir), TrainConfig.from_dict(config), audit=audit)
+    return cell_dir
+
+
+def _sweep(
+    config: ReportConfig,
+    cells: Sequence[Cell],
+    out: Path,
+    audit: bool,
+    progress: ProgressFn | None,
+) -> None:
+    emit = progress or (lambda _e: None)
+    todo: list[tuple[Cell, Path, TrainConfig]] = []
+    for cell in cells:
+        cell_dir = out / CELLS_DIR / cell.name
+        cfg = cell.train_config(config)
+        _check_cell_config(cell_dir, cfg)  # every conflict is reported before any run
+        if not _cell_finished(cell_dir, audit):
+            todo.append((cell, cell_dir, cfg))
+    total = len(cells)
+    done = total - len(todo)
+    emit(SweepEvent("plan", done, total))
+    if config.jobs == 1 or len(todo) <= 1:
+        for cell, cell_dir, cfg in todo:
+            emit(SweepEvent("start", done, total, cell.name, stage="train"))
+            t0 = time.perf_counter()
+
+            def on_round(stage: str, r: int, n: int, name: str = cell.name) -> None:
+                emit(SweepEvent("round", done, total, name, stage=stage, round=r, rounds=n))
+
+            _run_cell(cell_dir, cfg, audit=audit, on_round=on_round)
+            done += 1
+            emit(SweepEvent("done", done, total, cell.name, seconds=time.perf_counter() - t0))
+        return
+    import multiprocessing
+
+    threads = max(1, (os.cpu_count() or 1) // config.jobs)
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=config.jobs, mp_context=ctx) as pool:
+        started: dict[Future[str], tuple[Cell, float]] = {}
+        for cell, cell_dir, cfg in todo:
+            fut = pool.submit(_cell_job, str(cell_dir), cfg.to_dict(), audit, threads)
+            started[fut] = (cell, time.perf_counter())
+        for cell, _ in list(started.values())[: config.jobs]:
+            emit(SweepEvent("start", done, total, cell.name, stage="train"))
+        pending = set(started)
+        try:
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    fut.result()  # a failed cell stops the sweep with its own error
+                    cell, t0 = started[fut]
+                    done += 1
+                    emit(SweepEvent("done", done, total, cell.name, seconds=time.perf_counter() - t0))
+        except BaseException:
+            for fut in pending:
+                fut.cancel()
+            raise
+
+
+def run_report(
+    config: ReportConfig, *, out: str | Path, progress: ProgressFn | None = None
+) -> ReportResult:
+    """Run (or continue) the grid of ``config`` into ``out`` and build its report.
+
+    Args:
+        config: The grid.
+        out: Report directory; cells go to ``out/cells/``. Rerunning with the same grid reuses
+            finished cells and continues interrupted ones.
+        progress: Called with a :class:`SweepEvent` as the sweep advances.
+
+    Returns:
+        Where the report files are, and the results table.
+
+    Raises:
+        ConfigError: A cell directory in ``out`` was run with other settings.
+        DataError: The dataset is missing or malformed.
+    """
+    out = Path(out)
+    cells, skipped = plan_cells(config)
+    notes: list[str] = []
+    audit = config.audit
+    if audit:
+        why = _audit_available()
+        if why is not None:
+            audit = False
+            notes.append(f"No attack audit was run: {why}.")
+    else:
+        notes.append("No attack audit was run (--no-audit).")
+    out.mkdir(parents=True, exist_ok=True)
+    runs.write_json(
+        out / SWEEP_FILE,
+        {
+            "config": config.to_dict(),
+            "cells": [c.name for c in cells],
+            "skipped": [_skip_dict(s) for s in skipped],
+            "notes": notes,
+        },
+    )
+    _sweep(config, cells, out, audit, progress)
+    return _build(
+        [out / CELLS_DIR / c.name for c in cells],
+        out,
+        skipped=skipped,
+        notes=notes,
+        min_hr=config.min_hr,
+    )
+
+
+def _skip_dict(s: SkippedCell) -> dict[str, Any]:
+    return {
+        "model": s.model,
+        "defense": s.defense,
+        "epsilon": _eps_label(s.epsilon),
+        "reason": s.reason,
+    }
+
+
+# ---------------------------------------------------------------------------- reading results
+
+
+def _find_runs(path: Path) -> list[tuple[Path, Path | None]]:
+    """(run directory, audit.json or None) pairs found under one ``--from`` path."""
+    if (path / CELLS_DIR).is_dir():
+        found: list[tuple[Path, Path | None]] = []
+        for child in sorted((path / CELLS_DIR).iterdir()):
+            if (child / runs.SUMMARY_FILE).exists():
+                found.extend(_find_runs(child))
+        return found
+    if (path / runs.SUMMARY_FILE).exists():
+        audit = path / AUDIT_DIR / "audit.json"
+        return [(path, audit if audit.exists() else None)]
+    if (path / "audit.json").exists():  # an audit directory: it trained or replayed the run
+        for sub in ("run", "replay"):
+            if (path / sub / runs.SUMMARY_FILE).exists():
+                return [(path / sub, path / "audit.json")]
+        raise DataError(f"{path} holds audit.json but no run/ or replay/ run directory")
+    if path.is_dir():
+        raise DataError(
+            f"{path} is not a run, audit or report directory (no {runs.SUMMARY_FILE}, "
+            "audit.json or cells/); pass directories written by train, audit or report"
+        )
+    raise DataError(f"{path} does not exist; pass existing run, audit or report directories")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DataError(f"cannot read {path}: {exc}") from None
+
+
+def _f(value: Any) -> float:
+    """A float, with None (absent) as NaN."""
+    if value is None:
+        return math.nan
+    if isinstance(value, list):  # several noise multipliers in one run: report the smallest
+        return float(min(value)) if value else math.nan
+    return float(value)
+
+
+def _read_row(run_dir: Path, audit_file: Path | None) -> dict[str, Any]:
+    cfg = TrainConfig.from_dict(load_config_file(run_dir / runs.CONFIG_FILE))
+    summary = _read_json(run_dir / runs.SUMMARY_FILE)
+    p = cfg.privacy
+    defense = {(False, False): "none", (True, False): "dp", (False, True): "secagg"}.get(
+        (p.dp, p.secagg), "dp+secagg"
+    )
+    spent = summary.get("epsilon")
+    target = p.epsilon if p.epsilon is not None else (spent if p.dp else None)
+    metrics = runs.read_metrics(run_dir)
+    sa = [m["secagg_seconds"] for m in metrics if "secagg_seconds" in m]
+    rounds = int(summary.get("rounds", len(metrics)))
+    row: dict[str, Any] = {
+        "cell": run_dir.name if run_dir.name not in ("run", "replay") else run_dir.parent.name,
+        "model": cfg.model,
+        "dataset": summary.get("dataset", cfg.dataset),
+        "defense": defense,
+        "epsilon": math.inf if target is None else float(target),
+        "seed": cfg.seed,
+        "rounds": rounds,
+        "dp": p.dp,
+        "secagg": p.secagg,
+        "delta": _f(summary.get("delta")) if p.dp else math.nan,
+        "accountant": summary.get("accountant") or "" if p.dp else "",
+        "privacy_unit": summary.get("privacy_unit") or "" if p.dp else "",
+        "noise_multiplier": _f(summary.get("noise_multiplier")) if p.dp else math.nan,
+        "clip": _f(summary.get("clip")),
+        "epsilon_spent": _f(spent) if p.dp else math.inf,
+    }
+    for key in (
+        "test_hr@10",
+        "test_ndcg@10",
+        "test_full_hr@10",
+        "test_full_ndcg@10",
+        "val_hr@10",
+        "val_ndcg@10",
+    ):
+        row[key] = _f(summary.get(key))
+    row["selected_round"] = summary.get("selected_round", -1)
+    row["seconds"] = _f(summary.get("seconds"))
+    row["train_seconds"] = _f(summary.get("train_seconds"))
+    row["seconds_per_round"] = row["train_seconds"] / rounds if rounds else math.nan
+    row["secagg_seconds_per_round"] = sum(sa) / len(sa) if sa else math.nan
+    row["stopped"] = summary.get("stopped") or ""
+    row["users"] = summary.get("users", -1)
+    row["synthetic"] = bool(summary.get("synthetic", False))
+    row.update(_audit_columns(audit_file))
+    row["run_dir"] = str(run_dir)
+    return row
+
+
+def _audit_columns(audit_file: Path | None) -> dict[str, Any]:
+    if audit_file is None:
+        return {"audited": False, "audit_file": ""}
+    report = _read_json(audit_file)
+    row: dict[str, Any] = {"audited": True, "audit_file": str(audit_file)}
+    block = report.get("audit") or {}
+    row["epsilon_lower_bound"] = _f(block.get("epsilon_lower_bound"))
+    row["audit_confidence"] = _f(block.get("confidence"))
+    row["audit_method"] = block.get("method") or ""
+    for attack in report.get("attacks", []):
+        name = attack.get("name")
+        metrics = attack.get("metrics") or {}
+        if not name or not metrics:
+            continue  # skipped under this threat model (e.g. per-client attacks with secagg)
+        ci = attack.get("ci95") or {}
+        base = attack.get("baseline") or {}
+        for key in ("auc", "tpr@1%fpr", "tpr@0.1%fpr", "f1"):
+            if key not in metrics:
+                continue
+            row[f"{name}:{key}"] = _f(metrics.get(key))
+            lo_hi = ci.get(key)
+            if isinstance(lo_hi, list | tuple) and len(lo_hi) == 2:
+                row[f"{name}:{key}:lo"], row[f"{name}:{key}:hi"] = _f(lo_hi[0]), _f(lo_hi[1])
+            if key in base:
+                row[f"{name}:{key}:baseline"] = _f(base[key])
+        row[f"{name}:threat_model"] = attack.get("threat_model", "")
+    return row
+
+
+def collect_results(dirs: Iterable[str | Path]) -> Any:
+    """One row per run found under ``dirs`` (run, audit or report directories), as a DataFrame.
+
+    Rows are ordered by model, defense, epsilon and seed. Attack columns are named
+    ``<attack>:<metric>`` (plus ``:lo``/``:hi`` for the 95 % interval and ``:baseline``).
+    """
+    import pandas as pd
+
+    found: list[tuple[Path, Path | None]] = []
+    for d in dirs:
+        found.extend(_find_runs(Path(d)))
+    if not found:
+        raise DataError("no finished run found in the given directories")
+    rows = [_read_row(r, a) for r, a in found]
+    frame = pd.DataFrame(rows)
+    order = {d: i for i, d in enumerate(DEFENSES)}
+    frame["_d"] = frame["defense"].map(order)
+    frame = frame.sort_values(["model", "epsilon", "_d", "seed"], kind="stable").drop(columns="_d")
+    frame = frame.drop_duplicates(subset=["run_dir"]).reset_index(drop=True)
+    return frame
+
+
+def build_report(dirs: Sequence[str | Path], out: str | Path, *, min_hr: float | None = None) -> ReportResult:
+    """Build a report from existing run, audit or report directories (no training).
+
+    Args:
+        dirs: Directories written by ``securefed train``, ``securefed audit`` or
+            ``securefed report`` (a report directory contributes all its cells).
+        out: Report directory to write (created).
+        min_hr: Utility floor of the summary (see :class:`ReportConfig`).
+    """
+    skipped: list[SkippedCell] = []
+    notes: list[str] = []
+    for d in dirs:  # skipped combinations recorded by an earlier sweep stay in the report
+        sweep = Path(d) / SWEEP_FILE
+        if sweep.exists():
+            rec = _read_json(sweep)
+            for s in rec.get("skipped", []):
+                sc = SkippedCell(s["model"], s["defense"], float(s["epsilon"]), s["reason"])
+                if sc not in skipped:
+                    skipped.append(sc)
+            notes.extend(n for n in rec.get("notes", []) if n not in notes)
+    return _build(list(dirs), Path(out), skipped=skipped, notes=notes, min_hr=min_hr)
+
+
+def _build(
+    dirs: Sequence[str | Path],
+    out: Path,
+    *,
+    skipped: list[SkippedCell],
+    notes: list[str],
+    min_hr: float | None,
+) -> ReportResult:
+    from securefed.report_html import write_documents
+    from securefed.report_plots import draw_figures
+
+    frame = collect_results(dirs)
+    out.mkdir(parents=True, exist_ok=True)
+    csv = out / "results.csv"
+    parquet = out / "results.parquet"
+    runs.atomic_write_text(csv, frame.to_csv(index=False))
+    try:
+        frame.to_parquet(parquet, index=False)
+    except ImportError as exc:
+        raise ConfigError(
+            f"writing results.parquet needs pyarrow ({exc}); pip install 'securefed[report]'"
+        ) from None
+    notes = list(notes)
+    if not frame["audited"].any() and not any("audit" in n for n in notes):
+        notes.append("No audit.json was found for these runs, so attack figures are omitted.")
+    figures, fig_notes = draw_figures(frame, out / "figures")
+    notes.extend(fig_notes)
+    html, md = write_documents(
+        frame, out, figures=figures, skipped=skipped, notes=notes, min_hr=min_hr
+    )
+    return ReportResult(
+        out=out,
+        html=html,
+        markdown=md,
+        csv=csv,
+        parquet=parquet,
+        figures=figures,
+        results=frame,
+        skipped=skipped,
+        notes=notes,
+    )
