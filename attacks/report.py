@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +65,7 @@ def score_attacks(
     canaries: Canaries | None,
     cfg: AuditConfig,
     summary: dict[str, Any],
+    observes: dict[str, str],
 ) -> tuple[list[AttackResult], dict[str, np.ndarray], dict[str, Any] | None]:
     """Score every chosen attack and the canary audit.
 
@@ -180,6 +182,12 @@ def score_attacks(
         audit_block = _audit(acc["canary_score"], canaries, train_cfg, cfg, summary, rng)
         arrays["canary_scores"] = acc["canary_score"]
         arrays["canary_included"] = canaries.included
+    results = [
+        dataclasses.replace(
+            r, observes=observes.get("upload" if r.threat_model == _UP else "aggregate", "")
+        )
+        for r in results
+    ]
     return results, arrays, audit_block
 
 

@@ -119,6 +119,7 @@ class AttackResult:
     ci95: dict[str, Any]
     baseline: dict[str, Any]
     note: str = ""
+    observes: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -245,6 +246,7 @@ def audit(
         record_dir = run_dir / "audit" / "record"
         summary = json.loads((run_dir / runs.SUMMARY_FILE).read_text())
         bytes_recorded = int(meta.get("bytes_recorded", 0))
+        observes = dict(meta.get("observes", {}))
     else:
         cohort = train_cfg.cohort(split.n_users)
         channel = None
@@ -252,6 +254,11 @@ def audit(
             channel = upload_channel(
                 train_cfg, split, cohort_size=int(round(cohort.expected_size(split.n_users)))
             )
+        noise_std = sum_noise_std(train_cfg, split)
+        observes = {
+            "upload": channel.note if channel is not None else "",
+            "aggregate": _aggregate_note(train_cfg, noise_std),
+        }
         initial = build_model(train_cfg, split)
         private = initial.w if train_cfg.model == "fedrap" else initial.user_gmf
         plan = RecordPlan(
@@ -260,7 +267,7 @@ def audit(
             n_users=split.n_users,
             n_items=n_real,
             upload=channel,
-            sum_noise_std=sum_noise_std(train_cfg, split),
+            sum_noise_std=noise_std,
             clip=clip_bound(train_cfg, split),
             canaries=canaries,
             initial_private=private.detach().cpu().clone(),
@@ -284,6 +291,7 @@ def audit(
                 "union_by_k": {str(k): v for k, v in union_by_k.items()},
                 "targets": targets,
                 "bytes_recorded": bytes_recorded,
+                "observes": observes,
                 "canaries": None if canaries is None else {
                     "users": canaries.users.tolist(),
                     "included": canaries.included.tolist(),
@@ -305,6 +313,7 @@ def audit(
         canaries=canaries,
         cfg=cfg,
         summary=summary,
+        observes=observes,
     )
     for name, why in skipped.items():
         attack_results.append(_skipped(name, why))
@@ -333,6 +342,15 @@ def audit(
     return AuditResult(
         out_dir=out_dir, report=report, attacks=attack_results, bytes_recorded=bytes_recorded
     )
+
+
+def _aggregate_note(train_cfg: TrainConfig, noise_std: float) -> str:
+    what = "per-round sums of the clipped uploads"
+    if train_cfg.privacy.secagg:
+        what += " (decoded from secure aggregation)"
+    if noise_std > 0:
+        what += f" with DP noise of std sigma*C = {noise_std:.4g}"
+    return what + ", and the public global model of every round"
 
 
 def _skipped(name: str, why: str) -> AttackResult:

@@ -71,8 +71,8 @@ def _series(frame: Any, column: str, lo: str | None = None, hi: str | None = Non
     sub = frame.dropna(subset=[column])
     if sub.empty:
         return pd.DataFrame()
-    g = sub.groupby(["model", "defense", "epsilon"])[cols]
-    agg = g.mean().rename(columns={column: "mean"})
+    g = sub.groupby(["model", "defense", "epsilon"])
+    agg = g[cols].mean().rename(columns={column: "mean"})
     agg["low"] = g[column].min()
     agg["high"] = g[column].max()
     if lo is not None and lo in frame:
@@ -83,10 +83,15 @@ def _series(frame: Any, column: str, lo: str | None = None, hi: str | None = Non
     return agg.reset_index()
 
 
+_OFFSET = {"none": -0.06, "dp": -0.03, "dp+secagg": 0.03, "secagg": 0.06}
+
+
 def _plot_lines(ax: Any, agg: Any, models: list[str], index: dict[float, int], **extra: Any) -> None:
     for (model, defense), part in agg.groupby(["model", "defense"], sort=False):
         part = part.sort_values("epsilon")
-        x = [index[e] for e in part["epsilon"]]
+        # Small offsets keep settings that land on the same value (none and secagg) apart.
+        shift = _OFFSET.get(defense, 0.0) + 0.12 * (models.index(model) - (len(models) - 1) / 2)
+        x = [index[e] + shift for e in part["epsilon"]]
         y = part["mean"].to_numpy()
         err = np.vstack([y - part["low"].to_numpy(), part["high"].to_numpy() - y])
         ax.errorbar(
@@ -98,6 +103,16 @@ def _plot_lines(ax: Any, agg: Any, models: list[str], index: dict[float, int], *
             label=f"{model} · {defense}",
             **{**_STYLE.get(defense, {}), **extra},
         )
+
+
+def _legend(fig: Any, axes: Any, **kwargs: Any) -> None:
+    """One figure legend with every labelled artist of every panel, once."""
+    seen: dict[str, Any] = {}
+    for ax in np.ravel(axes):
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            seen.setdefault(label, handle)
+    labels = sorted(seen, key=lambda lbl: (lbl == "random guess", lbl))
+    fig.legend([seen[lbl] for lbl in labels], labels, **kwargs)
 
 
 def _draw_frontier(frame: Any) -> tuple[Any, str | None]:
@@ -117,8 +132,7 @@ def _draw_frontier(frame: Any) -> tuple[Any, str | None]:
         ax.set_title(title)
         ax.set_ylabel(col.replace("test_", "test "))
         _set_eps_ticks(ax, eps)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside right center", title="model · defense")
+    _legend(fig, axes, loc="outside right center", title="model · defense")
     seeds = int(frame.groupby(["model", "defense", "epsilon"]).size().max())
     fig.suptitle(
         f"Utility vs privacy (mean over {seeds} seed{'s' if seeds > 1 else ''}; "
@@ -144,33 +158,41 @@ def _draw_attacks(frame: Any) -> tuple[Any, str | None]:
     eps, index = _axis(frame)
     models = sorted(set(frame["model"]))
     metrics = (("auc", "AUC"), ("tpr@1%fpr", "TPR at 1% FPR"))
+    ncols = min(4, len(names))
+    nrows = 2 * math.ceil(len(names) / ncols)
     fig, axes = plt.subplots(
-        2,
-        len(names),
-        figsize=(max(5.0, 3.6 * len(names)), 6.5),
+        nrows,
+        ncols,
+        figsize=(3.6 * ncols + 0.5, 2.9 * nrows + 0.6),
         squeeze=False,
-        sharex=True,
         layout="constrained",
     )
+    for ax in axes.flat:
+        ax.set_visible(False)
     for j, name in enumerate(names):
         for i, (key, label) in enumerate(metrics):
-            ax = axes[i][j]
+            ax = axes[2 * (j // ncols) + i][j % ncols]
             col = f"{name}:{key}"
-            if col in frame:
-                _plot_lines(ax, _series(frame, col, f"{col}:lo", f"{col}:hi"), models, index)
-                base = frame.get(f"{col}:baseline")
-                level = float(base.dropna().mean()) if base is not None and base.notna().any() else (
-                    0.5 if key == "auc" else 0.01
-                )
-                ax.axhline(level, color="grey", linestyle=":", label="random guess")
+            if col not in frame or frame[col].isna().all():
+                continue
+            ax.set_visible(True)
+            _plot_lines(ax, _series(frame, col, f"{col}:lo", f"{col}:hi"), models, index)
+            base = frame.get(f"{col}:baseline")
+            level = (
+                float(base.dropna().mean())
+                if base is not None and base.notna().any()
+                else (0.5 if key == "auc" else 0.01)
+            )
+            ax.axhline(level, color="grey", linestyle=":", label="random guess")
             if key == "tpr@1%fpr":
-                ax.set_yscale("log")
-            ax.set_title(f"{name}" if i == 0 else "")
+                ax.set_yscale("symlog", linthresh=1e-3)
+                ax.set_ylim(0, 1.05)
+            ax.set_title(f"{name}: {label}", fontsize=9)
             ax.set_ylabel(label)
             _set_eps_ticks(ax, eps)
+            ax.set_xlabel("")
             ax.tick_params(axis="x", labelsize=7)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=min(6, len(labels)))
+    _legend(fig, axes, loc="outside lower center", ncol=5)
     fig.suptitle("Attack success vs epsilon (bars: seed range and 95% bootstrap intervals)")
     return fig, None
 

@@ -21,6 +21,7 @@ Stages of a round (``STAGES``)::
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,7 +93,7 @@ def handle_node_message(
         stage: One of :data:`STAGES`.
         payload: The server's message.
         node_config: The SuperNode's ``--node-config``: ``partition-id``, ``num-partitions``
-            and optionally ``state-dir`` (private state persists there; memory only without).
+            and ``state-dir`` (where the users' private state persists).
         state: The node's ephemeral store between messages of a run (``Context.state``).
 
     Returns:
@@ -122,17 +123,19 @@ def handle_node_message(
         return Payload(config=pack_sids(replies))
     if stage not in ("train", "evaluate"):
         raise ProtocolError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
-    from securefed.training import load_config_file  # noqa: F401  (same TOML reader)
-    import tomllib
-
     config = TrainConfig.from_dict(tomllib.loads(str(payload.config["config"])))
     state_dir = node_config.get("state-dir")
+    if not state_dir:
+        raise ConfigError(
+            "the SuperNode needs --node-config 'state-dir=\"/path\"': its users' private "
+            "model state persists there between rounds and across restarts"
+        )
     runtime = NodeRuntime(
         config,
         run_token=str(payload.config["run-token"]),
         partition_id=pid,
         num_partitions=nparts,
-        state_dir=Path(str(state_dir)) if state_dir else None,
+        state_dir=Path(str(state_dir)),
     )
     scalars = _scalars(payload.config)
     if stage == "evaluate":

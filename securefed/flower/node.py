@@ -90,14 +90,8 @@ _ALLOWED = {
     ("protocols.secagg.wire", "Envelope"),
     ("protocols.secagg.wire", "ShareKind"),
     ("numpy", "dtype"),
-    ("numpy.core.multiarray", "_reconstruct"),
-    ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy", "ndarray"),
-    ("builtins", "frozenset"),
-    ("builtins", "set"),
-    ("builtins", "bytearray"),
-    ("copyreg", "_reconstructor"),
-    ("builtins", "object"),
+    ("numpy._core.numeric", "_frombuffer"),
+    ("numpy.core.numeric", "_frombuffer"),
 }
 
 

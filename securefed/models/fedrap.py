@@ -42,6 +42,7 @@ from securefed.data.negatives import NegativeSampler
 from securefed.data.types import Split
 from securefed.errors import ConfigError
 from securefed.federation.base import Aggregate, ClientUpdates, RoundStats, UpdateLayout
+from securefed.validation import positive_int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,10 +66,10 @@ class FedRAPConfig:
     compile: bool | None = None
 
     def __post_init__(self) -> None:
-        _positive_int("dim", self.dim)
-        _positive_int("local_epochs", self.local_epochs)
-        _positive_int("batch_size", self.batch_size)
-        _positive_int("num_negatives", self.num_negatives)
+        positive_int("dim", self.dim)
+        positive_int("local_epochs", self.local_epochs)
+        positive_int("batch_size", self.batch_size)
+        positive_int("num_negatives", self.num_negatives)
         for name in ("lam", "mu", "l2", "tol"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
@@ -88,10 +89,6 @@ class FedRAPConfig:
         if self.curriculum not in ("tanh", "none"):
             raise ConfigError(f"curriculum must be 'tanh' or 'none', got {self.curriculum!r}")
 
-
-def _positive_int(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
 
 
 def curriculum_weights(config: FedRAPConfig, round_index: int) -> tuple[float, float]:

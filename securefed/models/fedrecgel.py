@@ -53,6 +53,7 @@ from securefed.data.negatives import NegativeSampler
 from securefed.data.types import Split
 from securefed.errors import ConfigError
 from securefed.federation.base import Aggregate, DenseUpdates, RoundStats, UpdateLayout
+from securefed.validation import positive_int
 
 __all__ = [
     "FedRecGEL",
@@ -105,7 +106,7 @@ class FedRecGELConfig:
 
     def __post_init__(self) -> None:
         for name in ("gmf_dim", "mlp_dim", "num_negatives", "chunk_size"):
-            _positive_int(name, getattr(self, name))
+            positive_int(name, getattr(self, name))
         layers = tuple(self.layers)
         if len(layers) < 2 or any(
             isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in layers
@@ -140,10 +141,6 @@ class FedRecGELConfig:
                 f"round), got {self.local_steps!r}"
             )
 
-
-def _positive_int(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
 
 
 def sam_scale(sq_norms: torch.Tensor, rho: float) -> torch.Tensor:

@@ -1,0 +1,194 @@
+"""Flower's ``ServerApp`` and ``ClientApp`` for securefed (Flower 1.42 Message API).
+
+Flower carries the messages; securefed does everything else. A :class:`Payload` becomes a
+``RecordDict`` with a ``ConfigRecord`` (``"config"``: scalars and per-user wire bytes), an
+``ArrayRecord`` (``"arrays"``: the shared model) and a ``MetricRecord`` (``"metrics"``: a
+node's aggregate counters). Flower's SecAgg+ mod and DP wrappers are not used.
+
+Components (referenced by the app's ``pyproject.toml``)::
+
+    serverapp = "securefed.flower.apps:server_app"
+    clientapp = "securefed.flower.apps:client_app"
+
+Run config of the ``ServerApp`` (``[tool.flwr.app.config]`` or ``flwr run --run-config``):
+``config-file`` (the run's securefed TOML, a path on the SuperLink's machine), ``run-dir``
+(created there), ``stage-timeout`` (seconds), ``transcript`` (bool). Node config of each
+SuperNode (``--node-config``): ``partition-id``, ``num-partitions``, ``state-dir``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from securefed.flower.messages import SESSION_KEY, Payload, handle_node_message
+from securefed.flower.server import FederatedServer, ServerSettings
+from securefed.training import TrainConfig, load_config_file
+
+logger = logging.getLogger(__name__)
+
+#: Flower message type of each stage (``train``/``evaluate`` are Flower's own categories).
+MESSAGE_TYPES = {
+    "hello": "query.hello",
+    "train": "train",
+    "share": "query.share",
+    "masked": "query.masked",
+    "unmask": "query.unmask",
+    "evaluate": "evaluate",
+}
+_STATE_RECORD = "securefed"
+
+
+def to_content(payload: Payload) -> RecordDict:
+    """A :class:`Payload` as a Flower ``RecordDict``."""
+    content = RecordDict()
+    content["config"] = ConfigRecord(dict(payload.config))
+    if payload.arrays:
+        content["arrays"] = ArrayRecord(
+            array_dict={k: Array(np.ascontiguousarray(v)) for k, v in payload.arrays.items()}
+        )
+    if payload.metrics:
+        content["metrics"] = MetricRecord({k: float(v) for k, v in payload.metrics.items()})
+    return content
+
+
+def from_content(content: RecordDict) -> Payload:
+    """The :class:`Payload` of a Flower ``RecordDict`` (missing parts are empty)."""
+    payload = Payload()
+    if "config" in content:
+        payload.config = dict(content["config"])  # type: ignore[arg-type]
+    if "arrays" in content:
+        record = content["arrays"]
+        payload.arrays = {k: v.numpy() for k, v in record.items()}  # type: ignore[union-attr]
+    if "metrics" in content:
+        payload.metrics = {k: float(v) for k, v in content["metrics"].items()}  # type: ignore[union-attr,arg-type]
+    return payload
+
+
+# ----------------------------------------------------------------------------- server
+
+
+class GridTransport:
+    """:class:`~securefed.flower.server.Transport` over a Flower ``Grid``."""
+
+    def __init__(self, grid: Grid) -> None:
+        self.grid = grid
+        self.errors: list[tuple[str, int, str]] = []
+
+    def node_ids(self) -> list[int]:
+        return sorted(int(n) for n in self.grid.get_node_ids())
+
+    def exchange(
+        self, stage: str, messages: Mapping[int, Payload], *, timeout: float
+    ) -> dict[int, Payload]:
+        if not messages:
+            return {}
+        out = [
+            Message(
+                content=to_content(p), dst_node_id=int(node), message_type=MESSAGE_TYPES[stage]
+            )
+            for node, p in messages.items()
+        ]
+        replies: dict[int, Payload] = {}
+        for reply in self.grid.send_and_receive(out, timeout=timeout):
+            node = int(reply.metadata.src_node_id)
+            if reply.has_error():
+                # The node failed (crashed ClientApp, lost SuperNode): a dropout.
+                self.errors.append((stage, node, str(reply.error.reason)[:200]))
+                logger.warning("node %s failed at stage %s: %s", node, stage, reply.error.code)
+                continue
+            if node in messages:
+                replies[node] = from_content(reply.content)
+        return replies
+
+
+def make_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
+    """A ``ServerApp`` running :class:`FederatedServer`; ``defaults`` fill the run config
+    (the simulation engine passes its settings this way)."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        cfg = {**(defaults or {}), **dict(context.run_config)}
+        config = TrainConfig.from_dict(load_config_file(str(cfg["config-file"])))
+        settings = ServerSettings(
+            stage_timeout=float(cfg.get("stage-timeout", 120.0)),
+            connect_timeout=float(cfg.get("connect-timeout", 300.0)),
+            transcript=bool(cfg.get("transcript", False)),
+        )
+        FederatedServer(
+            config,
+            run_dir=Path(str(cfg["run-dir"])),
+            transport=GridTransport(grid),
+            settings=settings,
+        ).run()
+
+    return app
+
+
+# ----------------------------------------------------------------------------- client
+
+
+def make_client_app(defaults: Mapping[str, Any] | None = None) -> ClientApp:
+    """A ``ClientApp`` answering every stage with :func:`handle_node_message`.
+
+    ``defaults`` fill the node config (the simulation engine gives only the partition, so
+    it passes ``state-root``: node ``p`` then keeps its state in ``<state-root>/node-<p>``).
+    Test hook: node config ``fault-stall-at = "<stage>:<round>"`` makes the node write
+    ``<state-dir>/stalled`` and hang on that message, so a test can kill the SuperNode
+    mid-round at a known point.
+    """
+    app = ClientApp()
+
+    def handler(stage: str) -> Any:
+        def handle(msg: Message, context: Context) -> Message:
+            node_config = {**(defaults or {}), **dict(context.node_config)}
+            if "state-dir" not in node_config and "state-root" in node_config:
+                node_config["state-dir"] = str(
+                    Path(str(node_config["state-root"])) / f"node-{node_config['partition-id']}"
+                )
+            payload = from_content(msg.content)
+            _maybe_stall(stage, payload, node_config)
+            record = context.state.get(_STATE_RECORD)
+            store: dict[str, bytes] = {}
+            if isinstance(record, ConfigRecord) and SESSION_KEY in record:
+                store[SESSION_KEY] = bytes(record[SESSION_KEY])  # type: ignore[arg-type]
+            reply = handle_node_message(stage, payload, node_config=node_config, state=store)
+            context.state[_STATE_RECORD] = ConfigRecord(dict(store))
+            return Message(to_content(reply), reply_to=msg)
+
+        return handle
+
+    app.query("hello")(handler("hello"))
+    app.train()(handler("train"))
+    app.query("share")(handler("share"))
+    app.query("masked")(handler("masked"))
+    app.query("unmask")(handler("unmask"))
+    app.evaluate()(handler("evaluate"))
+    return app
+
+
+def _maybe_stall(stage: str, payload: Payload, node_config: Mapping[str, Any]) -> None:
+    spec = node_config.get("fault-stall-at")
+    if not spec:
+        return
+    want_stage, _, want_round = str(spec).partition(":")
+    if stage == want_stage and str(payload.config.get("round")) == want_round:
+        marker = Path(str(node_config["state-dir"])) / "stalled"
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(f"{stage}:{want_round}\n")
+        while True:  # until the test kills this SuperNode
+            time.sleep(1.0)
+
+
+#: The components a Flower app's pyproject references.
+server_app = make_server_app()
+client_app = make_client_app()

@@ -1,0 +1,359 @@
+"""Run securefed on Flower: the simulation engine, and a local deployment on loopback.
+
+* :func:`run_simulation` – Flower's simulation engine (Ray backend; ``pip install ray``):
+  ``nodes`` virtual SuperNodes in one machine, each one partition of users.
+* :func:`run_local_deployment` – real processes on ``127.0.0.1`` only: one
+  ``flower-superlink``, ``nodes`` ``flower-supernode`` processes (one partition each, with its
+  own state directory) and ``flwr run`` submitting the app. Every process is stopped when the
+  run ends or fails. Across machines, start the same processes by hand (docs/deployment.md).
+
+:func:`write_app` writes the Flower app directory both use: a ``pyproject.toml`` that names
+securefed's ``ServerApp``/``ClientApp`` and carries the run config; the code itself is the
+installed ``securefed`` package on every machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from securefed import runs
+from securefed.errors import ConfigError, ProtocolError
+from securefed.flower import require_flwr
+from securefed.flower.server import check_config
+from securefed.training import TrainConfig
+
+LOOPBACK = "127.0.0.1"
+APP_NAME = "securefed-app"
+
+
+def write_app(
+    app_dir: Path,
+    *,
+    config_file: Path,
+    run_dir: Path,
+    stage_timeout: float,
+    transcript: bool = False,
+) -> Path:
+    """Write the Flower app directory (``pyproject.toml`` only) and return it."""
+    app_dir.mkdir(parents=True, exist_ok=True)
+    text = f"""[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "{APP_NAME}"
+version = "1.0.0"
+description = "securefed federated recommendation with securefed's own secure aggregation"
+license = "Apache-2.0"
+dependencies = ["securefed[flower]"]
+
+[tool.flwr.app]
+publisher = "securefed"
+
+[tool.flwr.app.components]
+serverapp = "securefed.flower.apps:server_app"
+clientapp = "securefed.flower.apps:client_app"
+
+[tool.flwr.app.config]
+config-file = {_toml_str(str(config_file.resolve()))}
+run-dir = {_toml_str(str(run_dir.resolve()))}
+stage-timeout = {float(stage_timeout)!r}
+transcript = {"true" if transcript else "false"}
+"""
+    (app_dir / "pyproject.toml").write_text(text)
+    return app_dir
+
+
+def _toml_str(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _prepare(config: TrainConfig, run_dir: Path, work_dir: Path) -> Path:
+    check_config(config)
+    if (run_dir / runs.CONFIG_FILE).exists():
+        raise ConfigError(f"{run_dir} already holds a run; choose another --out")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    config_file = work_dir / "securefed.toml"
+    runs.atomic_write_text(config_file, runs.dumps_toml(config.to_dict()))
+    return config_file
+
+
+def run_simulation(
+    config: TrainConfig,
+    *,
+    run_dir: str | Path,
+    nodes: int,
+    work_dir: str | Path,
+    stage_timeout: float = 120.0,
+    cpus_per_node: float = 1.0,
+    transcript: bool = False,
+) -> dict[str, Any]:
+    """Run on Flower's simulation engine with ``nodes`` virtual SuperNodes; returns the summary.
+
+    Raises:
+        ConfigError: Flower or Ray is not installed, or the config is not distributable.
+    """
+    require_flwr()
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "Flower's simulation engine needs Ray: pip install 'flwr[simulation]' (or ray)"
+        ) from None
+    from flwr.simulation import run_simulation as flwr_run_simulation
+
+    from securefed.flower.apps import make_client_app, make_server_app
+
+    run_dir, work = Path(run_dir), Path(work_dir)
+    config_file = _prepare(config, run_dir, work)
+    server = make_server_app(
+        {
+            "config-file": str(config_file),
+            "run-dir": str(run_dir),
+            "stage-timeout": stage_timeout,
+            "transcript": transcript,
+        }
+    )
+    client = make_client_app({"state-root": str(work / "nodes")})
+    flwr_run_simulation(
+        server_app=server,
+        client_app=client,
+        num_supernodes=nodes,
+        backend_config={"client_resources": {"num_cpus": cpus_per_node, "num_gpus": 0.0}},
+    )
+    return _finished(run_dir)
+
+
+def _finished(run_dir: Path) -> dict[str, Any]:
+    import json
+
+    summary = run_dir / runs.SUMMARY_FILE
+    if not summary.exists():
+        raise ProtocolError(
+            f"the Flower run ended without writing {summary}; see the logs in the work directory"
+        )
+    return json.loads(summary.read_text())
+
+
+# ----------------------------------------------------------------------------- deployment
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class LocalDeployment:
+    """The processes of a local deployment (all bound to 127.0.0.1)."""
+
+    work_dir: Path
+    port: int  # the SuperLink's one HTTP port (Fleet, Control and Runtime APIs)
+    superlink: subprocess.Popen | None = None
+    supernodes: list[subprocess.Popen] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def node_state_dir(self, partition: int) -> Path:
+        return self.work_dir / "nodes" / f"node-{partition}"
+
+    def kill_node(self, partition: int) -> None:
+        """SIGKILL one SuperNode and everything it started (a crashed device)."""
+        _kill(self.supernodes[partition], signal.SIGKILL)
+
+    def stop(self) -> None:
+        for proc in [*self.supernodes, self.superlink]:
+            if proc is not None:
+                _kill(proc, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in [*self.supernodes, self.superlink]:
+            if proc is None:
+                continue
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            if proc.poll() is None:
+                _kill(proc, signal.SIGKILL)
+                proc.wait(timeout=5)
+
+
+def _kill(proc: subprocess.Popen, sig: int) -> None:
+    """Signal the process group started for ``proc`` (it runs in its own session)."""
+    if proc.poll() is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)  # children may outlive the leader
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def _spawn(cmd: Sequence[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+    fh = log.open("ab")
+    return subprocess.Popen(
+        list(cmd), stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
+
+
+def _bin(name: str) -> str:
+    """A Flower console script next to this interpreter (or on PATH)."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+@contextlib.contextmanager
+def local_deployment(
+    work_dir: str | Path,
+    *,
+    nodes: int,
+    node_extra: dict[int, dict[str, str]] | None = None,
+) -> Iterator[LocalDeployment]:
+    """Start a SuperLink and ``nodes`` SuperNodes on 127.0.0.1; stop them all on exit.
+
+    Args:
+        work_dir: Logs, Flower's home (``FLWR_HOME``) and the nodes' state directories.
+        nodes: SuperNodes, one partition each.
+        node_extra: Extra ``--node-config`` entries per partition (e.g. the stall hook).
+    """
+    require_flwr()
+    if nodes < 1:
+        raise ConfigError(f"nodes must be a positive integer, got {nodes!r}")
+    work = Path(work_dir).resolve()
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env["FLWR_HOME"] = str(work / "flwr-home")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    dep = LocalDeployment(work, free_port(), env=env)
+    try:
+        dep.superlink = _spawn(
+            [
+                _bin("flower-superlink"),
+                "--insecure",
+                "--host",
+                LOOPBACK,
+                "--port",
+                str(dep.port),
+            ],
+            work / "logs" / "superlink.log",
+            env,
+        )
+        _wait_port(dep.port, dep.superlink, "SuperLink")
+        for p in range(nodes):
+            state = dep.node_state_dir(p)
+            state.mkdir(parents=True, exist_ok=True)
+            entries = {"partition-id": str(p), "num-partitions": str(nodes)}
+            entries["state-dir"] = _toml_str(str(state))
+            entries.update((node_extra or {}).get(p, {}))
+            node_config = " ".join(f"{k}={v}" for k, v in entries.items())
+            dep.supernodes.append(
+                _spawn(
+                    [
+                        _bin("flower-supernode"),
+                        "--insecure",
+                        "--superlink",
+                        f"{LOOPBACK}:{dep.port}",
+                        "--host",
+                        LOOPBACK,
+                        "--port",
+                        str(free_port()),
+                        "--node-config",
+                        node_config,
+                    ],
+                    work / "logs" / f"supernode-{p}.log",
+                    env,
+                )
+            )
+        _write_connection(work / "flwr-home", dep.port)
+        yield dep
+    finally:
+        dep.stop()
+
+
+def _write_connection(home: Path, port: int) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.toml").write_text(
+        '[superlink]\ndefault = "local-deployment"\n\n'
+        f'[superlink.local-deployment]\naddress = "{LOOPBACK}:{port}"\ninsecure = true\n'
+    )
+
+
+def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ProtocolError(f"{what} exited with code {proc.returncode}; see its log")
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.settimeout(0.5)
+            if s.connect_ex((LOOPBACK, port)) == 0:
+                return
+        time.sleep(0.2)
+    raise ProtocolError(f"{what} did not listen on {LOOPBACK}:{port} within {timeout:g} s")
+
+
+def submit(dep: LocalDeployment, app_dir: Path, *, timeout: float) -> subprocess.CompletedProcess:
+    """``flwr run APP local-deployment --stream``: submit the app and follow it to the end."""
+    with (dep.work_dir / "logs" / "flwr-run.log").open("ab") as fh:
+        return subprocess.run(
+            [_bin("flwr"), "run", str(app_dir), "local-deployment", "--stream"],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=dep.env,
+            timeout=timeout,
+            check=False,
+        )
+
+
+def run_local_deployment(
+    config: TrainConfig,
+    *,
+    run_dir: str | Path,
+    nodes: int,
+    work_dir: str | Path,
+    stage_timeout: float = 120.0,
+    timeout: float = 3600.0,
+    transcript: bool = False,
+) -> dict[str, Any]:
+    """A whole run on a local deployment (see the module docstring); returns the summary."""
+    run_dir, work = Path(run_dir).resolve(), Path(work_dir).resolve()
+    config_file = _prepare(config, run_dir, work)
+    app = write_app(
+        work / "app",
+        config_file=config_file,
+        run_dir=run_dir,
+        stage_timeout=stage_timeout,
+        transcript=transcript,
+    )
+    with local_deployment(work, nodes=nodes) as dep:
+        submit(dep, app, timeout=timeout)
+        return _wait_summary(run_dir, dep, timeout)
+
+
+def _wait_summary(run_dir: Path, dep: LocalDeployment, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    summary = run_dir / runs.SUMMARY_FILE
+    while not summary.exists():
+        if time.monotonic() > deadline:
+            break
+        if dep.superlink is not None and dep.superlink.poll() is not None:
+            break
+        time.sleep(0.5)
+    return _finished(run_dir)
+
+
+__all__ = [
+    "LocalDeployment",
+    "local_deployment",
+    "run_local_deployment",
+    "run_simulation",
+    "submit",
+    "write_app",
+]

@@ -1,0 +1,477 @@
+"""The server side of a distributed run: cohort, SecAgg server stages, model step, ledger.
+
+:class:`FederatedServer` drives the rounds over any :class:`Transport` (Flower's ``Grid`` in
+the ``ServerApp``; a direct call in tests). A round reads top to bottom::
+
+    sample cohort (same generator as securefed.train)
+      -> train:    nodes train their participants, clip, noise, encode, ADVERTISE
+      -> share:    KEYS -> SHARES             (SecAggServer.receive_shares / finish_shares)
+      -> masked:   FORWARD -> MASKED_INPUT    (streamed into the running sum)
+      -> unmask:   UNMASK_REQUEST -> UNMASK_SHARES -> finish_unmask (survivors' sum)
+      -> decode, ledger event, model.apply_aggregate, end_round
+      -> evaluate: nodes return HR/NDCG sums over their users
+      -> metrics line, checkpoint, ledger (the same run directory as securefed.train)
+
+The server only ever holds per-user wire messages: public keys, sealed share boxes, masked
+inputs, revealed shares. A user's input exists in the clear only on its node.
+
+Dropouts are real: a node that does not answer a stage within ``stage_timeout`` seconds (or
+answers with an error) is silent for every user it holds, from that stage on, exactly as a
+:class:`~protocols.secagg.DropoutSchedule` entry in simulation: the survivors' sum is recovered
+while at least ``t`` clients remain, otherwise the round aborts with ``RoundAborted``, nothing
+is released and nothing is charged to the privacy budget.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from protocols.secagg import RoundAborted, SecAggServer
+from protocols.seeding import torch_generator
+from securefed import runs
+from securefed.errors import ConfigError, IntegrityError, PrivacyBudgetError, ProtocolError
+from securefed.federation.cohort import sample_cohort
+from securefed.flower import models
+from securefed.flower.messages import PROTOCOL, SCALAR, Payload, pack_sids, unpack_sids
+from securefed.flower.node import partition_users
+from securefed.flower.pipeline import (
+    finish_round,
+    public_seed,
+    record_abort,
+    round_parameters,
+)
+from securefed.training import (
+    RoundRecord,
+    TrainConfig,
+    _data_record,
+    _is_better,
+    _summary,
+    build_aggregator,
+    build_model,
+    load_split,
+)
+
+TRANSCRIPT_FILE = "flower_transcript.jsonl"
+
+
+class Transport(Protocol):
+    """Delivers one stage's messages to nodes and collects the replies that arrive in time."""
+
+    def node_ids(self) -> list[int]:
+        """The nodes currently connected."""
+        ...
+
+    def exchange(
+        self, stage: str, messages: Mapping[int, Payload], *, timeout: float
+    ) -> dict[int, Payload]:
+        """Send ``messages`` (node id -> payload); return the replies received within
+        ``timeout`` seconds. Nodes that failed or stayed silent are absent."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerSettings:
+    """How the server waits for nodes and what it records.
+
+    Args:
+        stage_timeout: Seconds to wait for the replies of one stage; a node silent for longer
+            is a dropout for the rest of the round.
+        connect_timeout: Seconds to wait for every partition's node to connect.
+        transcript: Also write every received per-user message to ``transcript/`` in the run
+            directory (an audit of what the server saw; large).
+    """
+
+    stage_timeout: float = 120.0
+    connect_timeout: float = 300.0
+    transcript: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("stage_timeout", "connect_timeout"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ConfigError(f"{name.replace('_', ' ')} must be > 0 seconds, got {value!r}")
+
+
+@dataclass(frozen=True)
+class FederatedResult:
+    """What :meth:`FederatedServer.run` returns."""
+
+    run_dir: Path
+    summary: dict[str, Any]
+    metrics: list[dict[str, Any]]
+
+
+class FederatedServer:
+    """The server of one distributed run (see the module docstring).
+
+    Args:
+        config: The run's config; must enable secure aggregation (``privacy.secagg``).
+        run_dir: The run directory to create (same layout as ``securefed.train``).
+        transport: How messages reach the nodes.
+        settings: Timeouts and auditing.
+        progress: Called after every round with that round's metrics.
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        run_dir: str | Path,
+        transport: Transport,
+        settings: ServerSettings | None = None,
+        progress: Callable[[RoundRecord], None] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        check_config(config)
+        self.config = config
+        self.run_dir = Path(run_dir)
+        if (self.run_dir / runs.CONFIG_FILE).exists():
+            raise ConfigError(f"{self.run_dir} already holds a run; choose another run directory")
+        self.transport = transport
+        self.settings = settings or ServerSettings()
+        self.progress = progress
+        self._sleep = sleep
+        self.run_token = secrets.token_hex(8)
+        self.config_toml = runs.dumps_toml(config.to_dict())
+
+    # ------------------------------------------------------------------ setup
+    def _base(self) -> dict[str, Any]:
+        return {"protocol": PROTOCOL, "run-token": self.run_token}
+
+    def _connect(self, n_users: int) -> dict[int, torch.Tensor]:
+        """Wait for the nodes, learn each one's partition; returns node -> its users."""
+        deadline = time.monotonic() + self.settings.connect_timeout
+        while True:
+            nodes = self.transport.node_ids()
+            replies = (
+                self.transport.exchange(
+                    "hello",
+                    {n: Payload(config=self._base()) for n in nodes},
+                    timeout=self.settings.stage_timeout,
+                )
+                if nodes
+                else {}
+            )
+            parts: dict[int, tuple[int, int]] = {}
+            for node, reply in replies.items():
+                parts[node] = (
+                    int(reply.config["partition-id"]),
+                    int(reply.config["num-partitions"]),
+                )
+            counts = {n for _, n in parts.values()}
+            if len(counts) > 1:
+                raise ConfigError(
+                    f"nodes disagree on num-partitions ({sorted(counts)}); give every SuperNode "
+                    "the same --node-config num-partitions"
+                )
+            ids = sorted(p for p, _ in parts.values())
+            if len(ids) != len(set(ids)):
+                raise ConfigError(
+                    f"two nodes claim the same partition-id ({ids}); give each its own"
+                )
+            if counts and ids == list(range(counts.pop())):
+                break
+            if time.monotonic() > deadline:
+                raise ProtocolError(
+                    f"not every partition connected within {self.settings.connect_timeout:g} s "
+                    f"(have partitions {ids}); start one SuperNode per partition"
+                )
+            self._sleep(1.0)
+        nparts = len(ids)
+        return {node: partition_users(n_users, p, nparts) for node, (p, _) in parts.items()}
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> FederatedResult:
+        """Train ``config.rounds`` rounds and write the run directory."""
+        started = time.perf_counter()
+        config = self.config
+        split = load_split(config)
+        model = build_model(config, split)
+        agg = build_aggregator(config, split, model)
+        cohort_spec = config.cohort(split.n_users)
+        if cohort_spec.kind == "fixed" and cohort_spec.size > split.n_users:
+            raise ConfigError(
+                f"--clients-per-round {cohort_spec.size} exceeds the {split.n_users} users"
+            )
+        holders = self._connect(split.n_users)
+        owner = torch.full((split.n_users,), -1, dtype=torch.long)
+        for node, users in holders.items():
+            owner[users] = node
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        runs.atomic_write_text(self.run_dir / runs.CONFIG_FILE, self.config_toml)
+        runs.write_json(self.run_dir / "data.json", _data_record(split.report, split))
+        runs.write_json(
+            self.run_dir / "flower.json",
+            {
+                "protocol": PROTOCOL,
+                "run_token": self.run_token,
+                "nodes": {str(n): int(u.numel()) for n, u in holders.items()},
+                "stage_timeout": self.settings.stage_timeout,
+            },
+        )
+        metrics: list[dict[str, Any]] = []
+        best: dict[str, Any] | None = None
+        stopped: str | None = None
+        train_seconds = 0.0
+        for r in range(config.rounds):
+            t0 = time.perf_counter()
+            participants = sample_cohort(
+                cohort_spec, split.n_users, torch_generator(config.seed, "cohort", r)
+            )
+            try:
+                agg_result, stats = self._round(r, participants, owner, model, agg)
+            except PrivacyBudgetError as exc:
+                stopped = str(exc)
+                break
+            if agg_result is not None:
+                model.apply_aggregate(agg_result, r)
+            model.end_round(r)
+            t1 = time.perf_counter()
+            record: dict[str, Any] = {
+                "round": r + 1,
+                "loss": stats["loss_sum"] / stats["trained"] if stats["trained"] else float("nan"),
+                "participants": int(participants.shape[0]),
+                "contributors": agg_result.contributors if agg_result is not None else 0,
+                "train_seconds": t1 - t0,
+            }
+            record.update(agg.round_record())
+            if (r + 1) % config.eval_every == 0 or r + 1 == config.rounds:
+                full = (r + 1) % config.resolved_full_eval_every() == 0 or r + 1 == config.rounds
+                record.update(self._evaluate(model, holders, full=full))
+                record["eval_seconds"] = time.perf_counter() - t1
+                if _is_better(record, best):
+                    best = record
+            train_seconds += t1 - t0
+            metrics.append(record)
+            runs.append_metrics(self.run_dir, record)
+            if (r + 1) % config.checkpoint_every == 0 or r + 1 == config.rounds:
+                self._checkpoint(model, agg, r + 1, time.perf_counter() - started)
+            if self.progress is not None:
+                self.progress(RoundRecord(record))
+        seconds = time.perf_counter() - started
+        if stopped is not None and metrics:
+            self._checkpoint(model, agg, metrics[-1]["round"], seconds)
+        summary = _summary(config, split, metrics, seconds, agg, stopped)
+        summary["train_seconds"] = round(train_seconds, 3)
+        summary["engine"] = "flower"
+        runs.write_json(self.run_dir / runs.SUMMARY_FILE, summary)
+        return FederatedResult(run_dir=self.run_dir, summary=summary, metrics=metrics)
+
+    def _checkpoint(self, model: Any, agg: Any, rounds_done: int, seconds: float) -> None:
+        # The server holds only the shared model; private rows stay on the nodes.
+        runs.save_checkpoint(
+            self.run_dir,
+            {
+                "round": rounds_done,
+                "global": {k: v.clone() for k, v in model.global_parameters().items()},
+                "aggregator": agg.state_dict(),
+                "seconds": seconds,
+            },
+        )
+        runs.write_json(self.run_dir / runs.LEDGER_FILE, agg.ledger_dicts())
+
+    def _shared(self, model: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        arrays, scalars = models.global_payload(self.config.model, model)
+        return arrays, {f"{SCALAR}{k}": v for k, v in scalars.items()}
+
+    # ------------------------------------------------------------------ one round
+    def _round(
+        self,
+        r: int,
+        participants: torch.Tensor,
+        owner: torch.Tensor,
+        model: Any,
+        agg: Any,
+    ) -> tuple[Any, dict[str, float]]:
+        m = int(participants.shape[0])
+        timeout = self.settings.stage_timeout
+        started = time.perf_counter()
+        aggregate = m >= 2
+        params = round_parameters(agg, m) if aggregate else None
+        seed = public_seed(agg, r)
+        arrays, scalars = self._shared(model)
+        cohort = participants.tolist()
+        node_of_sid = {sid: int(owner[u]) for sid, u in enumerate(cohort)}
+        nodes = sorted(set(node_of_sid.values()))
+        task = {
+            **self._base(),
+            **scalars,
+            "config": self.config_toml,
+            "round": r,
+            "cohort": [int(u) for u in cohort],
+            "public-seed": seed,
+            "fingerprint": params.fingerprint() if params is not None else "",
+            "aggregate": aggregate,
+        }
+        replies = self.transport.exchange(
+            "train", {n: Payload(config=task, arrays=arrays) for n in nodes}, timeout=timeout
+        )
+        stats = {"loss_sum": 0.0, "trained": 0.0, "clipped": 0.0}
+        for reply in replies.values():
+            for key in stats:
+                stats[key] += float(reply.metrics.get(key, 0.0))
+        clipped = int(stats["clipped"])
+        if params is None:
+            record_abort(agg, "fewer than 2 participants", clipped=clipped, participants=m)
+            return None, stats
+        assert params is not None
+        server = SecAggServer(
+            config=params.secagg, round_index=r, public_seed=seed, dim=agg.dim
+        )
+        transcript = _Transcript(self.run_dir, r, enabled=self.settings.transcript)
+        try:
+            inbox = self._collect(server.receive_advertise, replies, node_of_sid, transcript, "advertise")
+            outbox = server.finish_advertise()
+            for stage, receive, finish in (
+                ("share", server.receive_shares, server.finish_shares),
+                ("masked", server.receive_masked_input, server.finish_masked_input),
+            ):
+                replies = self._send(stage, r, outbox, node_of_sid, timeout)
+                inbox = self._collect(receive, replies, node_of_sid, transcript, stage)
+                outbox = finish()
+            replies = self._send("unmask", r, outbox, node_of_sid, timeout)
+            self._collect(server.receive_unmask_shares, replies, node_of_sid, transcript, "unmask")
+            total = server.finish_unmask()
+        except RoundAborted as exc:
+            record_abort(agg, str(exc), clipped=clipped, participants=m)
+            return None, stats
+        del inbox
+        result = finish_round(
+            agg,
+            total,
+            survivors=len(server.u3),
+            round_index=r,
+            params=params,
+            started=started,
+            clipped=clipped,
+            participants=m,
+        )
+        agg._last["secagg_dropped"] = len(server.dropped)
+        return result, stats
+
+    def _send(
+        self,
+        stage: str,
+        r: int,
+        outbox: Mapping[int, bytes],
+        node_of_sid: Mapping[int, int],
+        timeout: float,
+    ) -> dict[int, Payload]:
+        per_node: dict[int, dict[int, bytes]] = {}
+        for sid, msg in outbox.items():
+            per_node.setdefault(node_of_sid[sid], {})[sid] = msg
+        messages = {
+            node: Payload(config={**self._base(), "round": r, **pack_sids(msgs)})
+            for node, msgs in per_node.items()
+        }
+        return self.transport.exchange(stage, messages, timeout=timeout)
+
+    @staticmethod
+    def _collect(
+        receive: Callable[[int, bytes], None],
+        replies: Mapping[int, Payload],
+        node_of_sid: Mapping[int, int],
+        transcript: _Transcript,
+        stage: str,
+    ) -> int:
+        """Feed every per-user reply to the SecAgg server; returns how many were accepted.
+
+        The channel authenticates the node, not the user: a node may speak only for the
+        users it holds. A node that speaks for another's user, or sends anything the wire
+        decoder rejects, is treated as dropped from that stage on (its later messages are
+        not requested), the same as an aborting client in simulation.
+        """
+        accepted = 0
+        for node, reply in sorted(replies.items()):
+            try:
+                msgs = unpack_sids(reply.config)
+            except IntegrityError:
+                continue
+            for sid, msg in sorted(msgs.items()):
+                if node_of_sid.get(sid) != node:
+                    continue
+                transcript.record(stage, node, sid, msg)
+                try:
+                    receive(sid, msg)
+                except IntegrityError:
+                    continue
+                accepted += 1
+        return accepted
+
+    def _evaluate(
+        self, model: Any, holders: Mapping[int, torch.Tensor], *, full: bool
+    ) -> dict[str, float]:
+        arrays, scalars = self._shared(model)
+        msg = {
+            **self._base(),
+            **scalars,
+            "config": self.config_toml,
+            "full": full,
+        }
+        replies = self.transport.exchange(
+            "evaluate",
+            {n: Payload(config=msg, arrays=arrays) for n in holders},
+            timeout=self.settings.stage_timeout,
+        )
+        users = sum(float(p.metrics.get("users", 0.0)) for p in replies.values())
+        out: dict[str, float] = {"eval_users": int(users)}
+        if not users:
+            return out
+        keys = sorted({k for p in replies.values() for k in p.metrics if k != "users"})
+        for key in keys:
+            out[key] = sum(float(p.metrics.get(key, 0.0)) for p in replies.values()) / users
+        return out
+
+
+class _Transcript:
+    """What the server received, per user and stage (``flower_transcript.jsonl``); with
+    ``enabled`` also the raw bytes (``transcript/r<round>-<stage>-<sid>.bin``) for audits."""
+
+    def __init__(self, run_dir: Path, round_index: int, *, enabled: bool) -> None:
+        self.run_dir = run_dir
+        self.round_index = round_index
+        self.enabled = enabled
+        self._lines: list[str] = []
+
+    def record(self, stage: str, node: int, sid: int, msg: bytes) -> None:
+        if not self.enabled:
+            return
+        folder = self.run_dir / "transcript"
+        folder.mkdir(exist_ok=True)
+        (folder / f"r{self.round_index}-{stage}-{sid}.bin").write_bytes(msg)
+        line = {"round": self.round_index, "stage": stage, "node": node, "sid": sid}
+        line["bytes"] = len(msg)
+        with (self.run_dir / TRANSCRIPT_FILE).open("a") as fh:
+            fh.write(json.dumps(line) + "\n")
+
+
+def check_config(config: TrainConfig) -> None:
+    """A distributed run must use secure aggregation and real (not simulated) dropouts."""
+    p = config.privacy
+    if not p.secagg:
+        raise ConfigError(
+            "a Flower run aggregates with securefed's secure aggregation only; add --secagg "
+            "(the server must never hold an unmasked client update)"
+        )
+    if p.secagg_simulate_dropout:
+        raise ConfigError(
+            "dropouts are real in a Flower run; drop --secagg-simulate-dropout "
+            f"(got {p.secagg_simulate_dropout!r})"
+        )
+    if p.noise == "central" and p.dp:
+        raise ConfigError(
+            "central DP noise needs a server that sees the clear sum before noising; with "
+            "Flower use the default distributed noise (drop --noise central)"
+        )
+
+
+def nodes_for(users: Iterable[int], owner: torch.Tensor) -> set[int]:
+    return {int(owner[u]) for u in users}

@@ -1,0 +1,66 @@
+"""``securefed audit`` end to end on a small synthetic run, and its flag errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from securefed.cli_audit import audit
+
+app = typer.Typer()
+app.command()(audit)
+runner = CliRunner()
+
+SMALL = [
+    "--synthetic-users", "50", "--synthetic-items", "600", "--rounds", "2", "--local-epochs", "1",
+    "--canaries", "40",
+]
+
+
+def test_cli_end_to_end(tmp_path) -> None:
+    out = tmp_path / "audit"
+    res = runner.invoke(
+        app, ["--attacks", "row-change,intersection,union", "--out", str(out), *SMALL]
+    )
+    assert res.exit_code == 0, res.output
+    assert "empirical epsilon" in res.output
+    rep = json.loads((out / "audit.json").read_text())
+    for key in ("model", "dataset", "epsilon", "delta", "secagg", "accounted_epsilon", "attacks", "audit"):
+        assert key in rep
+    assert rep["model"] == "fedrap" and rep["secagg"] is False and rep["epsilon"] is None
+    names = [a["name"] for a in rep["attacks"]]
+    assert names == ["row-change", "intersection", "union"]
+    for a in rep["attacks"]:
+        assert set(a) >= {"name", "threat_model", "metrics", "ci95", "baseline"}
+        assert set(a["metrics"]) >= {"auc", "tpr@1%fpr", "tpr@0.1%fpr", "f1"}
+        lo, hi = a["ci95"]["auc"]
+        assert lo <= a["metrics"]["auc"] <= hi
+        assert a["baseline"]["auc"] == 0.5
+    assert set(rep["audit"]) >= {"epsilon_lower_bound", "confidence", "method"}
+    assert rep["recorded_bytes"] > 0
+    scores = np.load(out / "scores.npz")
+    assert scores["row-change"].shape == scores["labels"].shape == (50, 600)
+    assert scores["canary_scores"].shape == (40,)
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--attacks", "nonsense"], "unknown attack"),
+        (["--epsilon", "-1"], "epsilon must be > 0"),
+        (["--model", "svd"], "model must be one of"),
+        (["--secagg", "--attacks", "row-change", "--clients-per-round", "20"], "secure aggregation"),
+        (["--canaries", "5000"], "distinct users"),
+    ],
+)
+def test_cli_bad_flags_exit_2_with_one_line(tmp_path, flags, needle) -> None:
+    res = runner.invoke(app, [*flags, "--out", str(tmp_path / "a"), *SMALL[:4]])
+    assert res.exit_code == 2, res.output
+    lines = [line for line in res.output.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, res.output
+    assert needle in res.output
+    assert not (tmp_path / "a" / "audit.json").exists()

@@ -1,0 +1,139 @@
+"""Positive and negative controls of the attacks and the audit on small synthetic runs.
+
+Positive controls (undefended runs): if these fail, an attack or the recording is broken.
+Negative controls: secure aggregation leaves per-client attacks without input, strong DP
+pushes membership to chance, and the empirical epsilon never exceeds the accountant's.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from securefed.audit import AuditConfig, audit
+from securefed.errors import ConfigError
+from securefed.models.fedrap import FedRAPConfig
+from securefed.training import PrivacyConfig, TrainConfig
+
+SMALL = {"synthetic_users": 60, "synthetic_items": 1000, "eval_every": 100, "checkpoint_every": 100}
+
+
+def _by_name(result, name):
+    return next(a for a in result.attacks if a.name == name)
+
+
+@pytest.fixture(scope="module")
+def fedrap_plain(tmp_path_factory):
+    cfg = TrainConfig(model="fedrap", rounds=3, fedrap=FedRAPConfig(local_epochs=2), **SMALL)
+    return audit(
+        AuditConfig(
+            train=cfg,
+            attacks=("row-change", "intersection", "gradient-ratio", "differencing"),
+            bootstrap=50,
+        ),
+        out=tmp_path_factory.mktemp("plain"),
+    )
+
+
+def test_positive_control_membership(fedrap_plain) -> None:
+    inter = _by_name(fedrap_plain, "intersection")
+    assert inter.threat_model == "upload-observer"
+    assert inter.metrics["auc"] > 0.9, inter.metrics
+    assert inter.metrics["auc"] > inter.baseline["auc"] + 0.3
+    # One upload already separates members from most non-members (negatives are ~30% of rows).
+    assert _by_name(fedrap_plain, "row-change").metrics["auc"] > 0.8
+    # Without DP the differencing view is the client's own upload.
+    diff = _by_name(fedrap_plain, "differencing")
+    assert diff.metrics["auc"] == pytest.approx(_by_name(fedrap_plain, "row-change").metrics["auc"], abs=1e-6)
+
+
+def test_positive_control_audit_above_zero(fedrap_plain) -> None:
+    block = fedrap_plain.report["audit"]
+    assert block["accounted_epsilon"] is None
+    assert block["canary_auc"] > 0.95
+    assert block["epsilon_lower_bound"] > 1.0
+    assert block["confidence"] == 0.95
+
+
+def test_positive_control_inversion_one_step(tmp_path) -> None:
+    # FedRecGEL uploads one (SAM) gradient per round: the GMF rows are multiples of w_p * p_u.
+    cfg = TrainConfig(model="fedrecgel", rounds=1, client_fraction=1.0, **SMALL)
+    res = audit(
+        AuditConfig(train=cfg, attacks=("gradient-ratio",), canaries=0, bootstrap=20), out=tmp_path
+    )
+    ratio = _by_name(res, "gradient-ratio")
+    assert ratio.metrics["embedding_cosine"] > 0.9, ratio.metrics
+    assert ratio.metrics["auc"] > 0.9
+    assert res.report["audit"] is None
+
+
+def test_secagg_refuses_per_client_attacks(tmp_path) -> None:
+    cfg = TrainConfig(
+        model="fedrecgel", rounds=1, clients_per_round=50, privacy=PrivacyConfig(secagg=True), **SMALL
+    )
+    for name in ("row-change", "gradient-ratio", "attribute"):
+        with pytest.raises(ConfigError, match="secure aggregation is on"):
+            audit(AuditConfig(train=cfg, attacks=(name,)), out=tmp_path / name)
+        assert not (tmp_path / name / "audit.json").exists()
+
+
+def test_upload_channel_refuses_under_secagg(small_split) -> None:
+    from attacks.threat import upload_channel
+
+    cfg = TrainConfig(privacy=PrivacyConfig(secagg=True))
+    with pytest.raises(ConfigError, match="no per-client upload"):
+        upload_channel(cfg, small_split, cohort_size=50)
+
+
+@pytest.mark.statistical
+def test_strong_central_dp(tmp_path) -> None:
+    cfg = TrainConfig(
+        model="fedrap",
+        rounds=2,
+        client_fraction=1.0,
+        fedrap=FedRAPConfig(local_epochs=1),
+        privacy=PrivacyConfig(epsilon=0.5),
+        **SMALL,
+    )
+    res = audit(
+        AuditConfig(train=cfg, attacks=("differencing", "union"), bootstrap=50), out=tmp_path
+    )
+    accounted = res.report["accounted_epsilon"]
+    assert accounted is not None and accounted <= 0.5 + 1e-6
+    # Stated interval: |AUC - 0.5| < 0.05. Under the null the pooled AUC's standard error is
+    # below 0.01 here (5k members, 55k non-members, 60 users), so 0.05 is > 5 standard errors.
+    for name in ("differencing", "union"):
+        auc = _by_name(res, name).metrics["auc"]
+        assert abs(auc - 0.5) < 0.05, (name, auc)
+    block = res.report["audit"]
+    assert block["epsilon_lower_bound"] <= accounted
+    assert block["threat_model"] == "aggregate-observer"
+
+
+@pytest.mark.statistical
+def test_strong_distributed_dp_upload_observer(tmp_path) -> None:
+    cfg = TrainConfig(
+        model="fedrap",
+        rounds=2,
+        client_fraction=1.0,
+        fedrap=FedRAPConfig(local_epochs=1),
+        privacy=PrivacyConfig(epsilon=0.5, noise="distributed", accountant="rdp"),
+        **SMALL,
+    )
+    res = audit(AuditConfig(train=cfg, attacks=("row-change",), bootstrap=50), out=tmp_path)
+    row = _by_name(res, "row-change")
+    assert "noise share" in row.observes
+    # The observer sees the clipped upload plus the client's share: membership near chance.
+    assert abs(row.metrics["auc"] - 0.5) < 0.05, row.metrics
+    assert res.report["audit"]["epsilon_lower_bound"] <= res.report["accounted_epsilon"]
+
+
+@pytest.mark.slow
+def test_secagg_all_runs_aggregate_attacks_only(tmp_path) -> None:
+    cfg = TrainConfig(
+        model="fedrecgel", rounds=2, clients_per_round=50, privacy=PrivacyConfig(secagg=True), **SMALL
+    )
+    res = audit(AuditConfig(train=cfg, bootstrap=20), out=tmp_path)
+    names = {a.name: a for a in res.attacks}
+    assert names["row-change"].note.startswith("skipped")
+    assert names["union"].threat_model == "aggregate-observer"
+    assert names["union"].metrics["by_cohort_size"]

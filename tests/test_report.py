@@ -1,0 +1,327 @@
+"""securefed report: grid planning, the end-to-end sweep through the CLI, resumption, the page."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from securefed.errors import ConfigError
+from securefed.report import (
+    REQUIRED_COLUMNS,
+    ReportConfig,
+    SweepEvent,
+    plan_cells,
+    run_report,
+)
+from securefed.report_html import summarise
+
+SMALL = ["--dataset", "synthetic", "--synthetic-users", "60", "--synthetic-items", "400"]
+FIGURES = ("frontier", "attacks", "epsilon_audit", "roc", "secagg")
+#: Columns that say what a cell learned and spent (not how long it took).
+QUALITY = [
+    c for c in REQUIRED_COLUMNS if c != "seconds"
+] + ["val_hr@10", "val_ndcg@10", "noise_multiplier", "selected_round"]
+
+
+def _app() -> typer.Typer:
+    from securefed.cli_report import report
+
+    app = typer.Typer(pretty_exceptions_enable=False)
+
+    @app.callback()
+    def _root() -> None:
+        """Test root (keeps `report` a subcommand, as in securefed.cli)."""
+
+    app.command()(report)
+    return app
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(_app(), ["report", *args])
+
+
+# ---------------------------------------------------------------------------- planning
+
+
+def test_plan_runs_meaningful_cells_and_names_the_skipped_ones():
+    cfg = ReportConfig(models=("fedrap", "fedrecgel"), epsilons=(1.0, math.inf), seeds=2)
+    cells, skipped = plan_cells(cfg)
+    names = {c.name for c in cells}
+    # per model: none/secagg at inf, dp and dp+secagg at 1; two seeds each
+    assert len(cells) == 2 * 4 * 2
+    assert "fedrap-dp+secagg-eps1-s1" in names and "fedrecgel-none-epsinf-s0" in names
+    assert not any(c.defense in ("dp", "dp+secagg") and math.isinf(c.epsilon) for c in cells)
+    assert not any(c.defense in ("none", "secagg") and not math.isinf(c.epsilon) for c in cells)
+    assert {(s.defense, s.epsilon) for s in skipped if s.model == "fedrap"} == {
+        ("none", 1.0),
+        ("secagg", 1.0),
+        ("dp", math.inf),
+        ("dp+secagg", math.inf),
+    }
+    assert all(s.reason for s in skipped)
+
+
+def test_cell_configs_carry_their_defense():
+    cfg = ReportConfig(models=("fedrap",), epsilons=(2.0, math.inf), seeds=1, rounds=3)
+    by_defense = {c.defense: c.train_config(cfg) for c in plan_cells(cfg)[0]}
+    assert by_defense["none"].privacy.dp is False and by_defense["none"].privacy.secagg is False
+    assert by_defense["secagg"].privacy.secagg and not by_defense["secagg"].privacy.dp
+    assert by_defense["dp"].privacy.epsilon == 2.0 and by_defense["dp"].privacy.noise == "central"
+    dps = by_defense["dp+secagg"].privacy
+    assert dps.epsilon == 2.0 and dps.secagg and dps.noise == "distributed"
+    assert {c.rounds for c in by_defense.values()} == {3}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"epsilons": (0.0,)}, "epsilon must be > 0"),
+        ({"defenses": ("dp", "noise")}, "defense must be one of"),
+        ({"models": ("fedavg",)}, "model must be one of"),
+        ({"seeds": 0}, "seeds must be a positive integer"),
+        ({"jobs": 0}, "jobs must be a positive integer"),
+        ({"min_hr": 1.5}, "min HR must be in [0, 1]"),
+    ],
+)
+def test_report_config_rejects_bad_values(kwargs, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        ReportConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--epsilons", "1,abc"],
+        ["--epsilons", "1,,2"],
+        ["--defenses", "dp,shield"],
+        ["--models", "fedrap,fedavg"],
+        ["--seeds", "0"],
+        ["--from", "/nonexistent/securefed-report-dir"],
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(args, tmp_path):
+    result = _invoke(*args, "--out", str(tmp_path / "r"))
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    assert not (tmp_path / "r" / "cells").exists()
+
+
+def test_summary_picks_the_lowest_epsilon_meeting_the_floor():
+    rows = []
+    for defense, eps, hr in [
+        ("none", math.inf, 0.60),
+        ("dp", 1.0, 0.30),
+        ("dp", 2.0, 0.52),
+        ("dp", 8.0, 0.58),
+        ("dp+secagg", 2.0, 0.49),
+        ("dp+secagg", 8.0, 0.57),
+    ]:
+        rows.append(
+            {"model": "fedrap", "defense": defense, "epsilon": eps, "seed": 0,
+             "test_hr@10": hr, "test_ndcg@10": hr / 2, "test_full_hr@10": hr / 4,
+             "epsilon_spent": eps, "seconds": 1.0}
+        )
+    frame = pd.DataFrame(rows)
+    (sentence,), floors = summarise(frame, 0.5)
+    assert "ε = 2 with dp " in sentence and floors["fedrap"] == 0.5
+    (sentence,), _ = summarise(frame, 0.55)
+    assert "ε = 8 with dp " in sentence and "dp+secagg also meets it" in sentence
+    (sentence,), _ = summarise(frame, 0.59)
+    assert "no private setting meets" in sentence and "none meet it" in sentence
+    (sentence,), floors = summarise(frame, None)  # default: 90 % of no-DP HR@10 = 0.54
+    assert floors["fedrap"] == pytest.approx(0.54) and "ε = 8 with dp " in sentence
+
+
+# ---------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory) -> Path:
+    """A small audited grid through the CLI: FedRAP, eps {1, inf}, all four defenses."""
+    out = tmp_path_factory.mktemp("report") / "r"
+    result = _invoke(
+        "--models", "fedrap", *SMALL, "--rounds", "2", "--epsilons", "1,inf",
+        "--seeds", "1", "--min-hr", "0.05", "--out", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output + str(result.exception)
+    return out
+
+
+def test_sweep_writes_every_file_with_one_complete_row_per_cell(swept):
+    for name in ("report.html", "report.md", "results.csv", "results.parquet"):
+        assert (swept / name).stat().st_size > 0, name
+    for fig in FIGURES:
+        assert (swept / "figures" / f"{fig}.png").stat().st_size > 1000, fig
+        assert (swept / "figures" / f"{fig}.svg").read_text().lstrip().startswith("<?xml")
+    csv = pd.read_csv(swept / "results.csv")
+    cells = sorted(p.name for p in (swept / "cells").iterdir())
+    assert sorted(csv["cell"]) == cells == sorted(
+        ["fedrap-none-epsinf-s0", "fedrap-secagg-epsinf-s0", "fedrap-dp-eps1-s0",
+         "fedrap-dp+secagg-eps1-s0"]
+    )  # fmt: skip
+    missing = csv[list(REQUIRED_COLUMNS)].isna().sum()
+    assert missing.sum() == 0, missing[missing > 0]
+    assert csv["audited"].all() and csv["epsilon_lower_bound"].notna().all()
+    dp = csv[csv["dp"]]
+    assert (dp["epsilon_spent"] <= dp["epsilon"] + 1e-9).all()
+    assert np.isinf(csv.loc[~csv["dp"], "epsilon_spent"]).all()
+    assert csv.loc[csv["secagg"], "secagg_seconds_per_round"].gt(0).all()
+    parquet = pd.read_parquet(swept / "results.parquet")
+    assert len(parquet) == len(csv) and list(parquet.columns) == list(csv.columns)
+    md = (swept / "report.md").read_text()
+    assert "not run because they mean nothing" in md and "dp at epsilon inf" in md
+    assert "HR@10 ≥ 0.05 (--min-hr)" in md
+
+
+def test_report_from_existing_directories(swept, tmp_path):
+    cells = sorted((swept / "cells").iterdir())[:2]
+    result = _invoke("--from", str(cells[0]), str(cells[1]), "--out", str(tmp_path / "again"))
+    assert result.exit_code == 0, result.output + str(result.exception)
+    csv = pd.read_csv(tmp_path / "again" / "results.csv")
+    assert sorted(csv["cell"]) == [c.name for c in cells]
+    assert (tmp_path / "again" / "report.html").exists()
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+_PROBE = """<script>window.addEventListener("load", () => {
+  const r = [];
+  document.querySelectorAll("img, svg").forEach((e) => {
+    const b = e.getBoundingClientRect();
+    r.push({tag: e.tagName, natural: e.naturalWidth ?? 1, w: b.width, h: b.height,
+            complete: e.complete ?? true});
+  });
+  const p = document.createElement("pre"); p.id = "probe"; p.textContent = JSON.stringify(r);
+  document.body.appendChild(p); console.log("probe-ready");
+});</script>"""
+
+
+def _headless(browser: str, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    profile.mkdir(exist_ok=True)
+    return subprocess.run(
+        [
+            browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", *args,
+        ],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_html_renders_in_headless_chromium_with_every_figure_visible(swept, tmp_path):
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("chromium is not installed (run .ci/install-chromium.sh)")
+    page = (swept / "report.html").read_text()
+    assert "http://" not in page and "https://" not in page and "<script" not in page
+    # DOM: every figure present and laid out with a non-zero size (probe injected in a copy).
+    probed = tmp_path / "probe.html"
+    probed.write_text(page.replace("</body>", _PROBE + "</body>"))
+    dom = _headless(
+        browser, tmp_path / "p1", "--virtual-time-budget=5000", "--dump-dom", probed.as_uri()
+    )
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    start = dom.stdout.index('<pre id="probe">') + len('<pre id="probe">')
+    figs = json.loads(dom.stdout[start : dom.stdout.index("</pre>", start)].replace("&quot;", '"'))
+    assert len(figs) == len(FIGURES)
+    for f in figs:
+        assert f["complete"] and f["natural"] > 0 and f["w"] > 100 and f["h"] > 100, f
+    console = [ln for ln in dom.stderr.splitlines() if "CONSOLE" in ln]
+    assert len(console) == 1 and "probe-ready" in console[0], console  # capture works, no errors
+    # Screenshot of the real page: not blank, and ink all the way down (figures drawn).
+    shot = tmp_path / "shot.png"
+    res = _headless(
+        browser, tmp_path / "p2", "--hide-scrollbars", "--window-size=1280,7000",
+        f"--screenshot={shot}", (swept / "report.html").as_uri(),
+    )  # fmt: skip
+    assert res.returncode == 0 and shot.exists(), res.stderr[-2000:]
+    assert not [ln for ln in res.stderr.splitlines() if "CONSOLE" in ln]
+    from PIL import Image
+
+    img = np.asarray(Image.open(shot).convert("L"), dtype=np.float64)
+    assert img.std() > 10
+    inked = np.nonzero((img < 200).any(axis=1))[0]
+    assert inked.size > 0.3 * img.shape[0] * (inked.max() / img.shape[0])
+    assert inked.max() > 3000  # the page runs past the first figures
+
+
+# ---------------------------------------------------------------------------- resumption
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_interrupted_sweep_resumes_to_the_same_results(tmp_path):
+    cfg = ReportConfig(
+        models=("fedrecgel",),
+        dataset="synthetic",
+        synthetic_users=60,
+        synthetic_items=400,
+        rounds=2,
+        epsilons=(1.0, math.inf),
+        seeds=1,
+        audit=False,
+    )
+    whole = run_report(cfg, out=tmp_path / "whole")
+
+    events: list[SweepEvent] = []
+
+    def stop_after_two(ev: SweepEvent) -> None:
+        events.append(ev)
+        if ev.kind == "done" and ev.done == 2:
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        run_report(cfg, out=tmp_path / "cut", progress=stop_after_two)
+    assert not (tmp_path / "cut" / "results.csv").exists()
+    finished = [p for p in (tmp_path / "cut" / "cells").iterdir() if (p / "summary.json").exists()]
+    assert len(finished) == 2
+
+    events.clear()
+    resumed = run_report(cfg, out=tmp_path / "cut", progress=events.append)
+    plan = events[0]
+    assert plan.kind == "plan" and (plan.done, plan.total) == (2, 4)
+    assert sum(e.kind == "done" for e in events) == 2  # only the two unfinished cells ran
+    a = pd.read_csv(whole.csv)[QUALITY]
+    b = pd.read_csv(resumed.csv)[QUALITY]
+    pd.testing.assert_frame_equal(a, b)
+    md = resumed.markdown.read_text()
+    assert "No attack audit was run (--no-audit)" in md and "attacks.png" not in md
+    assert not (resumed.out / "figures" / "attacks.png").exists()
+
+
+def test_rerun_with_other_settings_into_the_same_directory_is_refused(tmp_path):
+    base = dict(
+        models=("fedrecgel",), dataset="synthetic", synthetic_users=60, synthetic_items=400,
+        epsilons=(math.inf,), defenses=("none",), seeds=1, audit=False,
+    )  # fmt: skip
+    run_report(ReportConfig(**base, rounds=1), out=tmp_path / "r")
+    with pytest.raises(ConfigError, match="was run with other settings"):
+        run_report(ReportConfig(**base, rounds=2), out=tmp_path / "r")
+
+
+@pytest.mark.slow
+def test_parallel_jobs_give_the_same_results_as_one_job(tmp_path):
+    cfg = dict(
+        models=("fedrecgel",), dataset="synthetic", synthetic_users=60, synthetic_items=400,
+        rounds=2, epsilons=(1.0, math.inf), seeds=1, audit=False,
+    )  # fmt: skip
+    one = run_report(ReportConfig(**cfg, jobs=1), out=tmp_path / "one")
+    two = run_report(ReportConfig(**cfg, jobs=2), out=tmp_path / "two")
+    cols = ["cell", "test_hr@10", "test_ndcg@10", "epsilon_spent"]
+    pd.testing.assert_frame_equal(
+        pd.read_csv(one.csv)[cols], pd.read_csv(two.csv)[cols], check_exact=False, atol=1e-6
+    )
