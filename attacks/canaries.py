@@ -1,12 +1,15 @@
 """Canaries and empirical epsilon lower bounds.
 
-Canaries (interaction level): ``m`` fresh items are appended to the catalogue, one per canary,
-and canary ``j`` is the pair ``(user_j, item_j)`` with distinct users. Each is put into its
-user's training positives independently with probability 1/2. No real user has a canary item
-as a positive, so only its canary user can push its row up. Adding one interaction changes one
-user's data, so a user-level (epsilon, delta)-DP run is (epsilon, delta)-DP for every canary
-bit, and a valid lower bound from the canaries never exceeds the accountant's epsilon (up to
-the stated failure probability).
+Canaries (user level, add/remove): ``m`` fresh items are appended to the catalogue, one per
+canary, and canary ``j`` is a fresh *client* whose training positives are its canary item and
+two random real items. Each canary client is added to the data independently with
+probability 1/2 (absent canaries do not exist in the run at all). No real user has a canary
+item as a positive, so only its canary client pushes that row up. Adding or removing one
+client is exactly the neighbouring relation of user-level DP-FedAvg (McMahan et al. 2018),
+so for a user-level (epsilon, delta) run every canary bit is (epsilon, delta)-DP and a valid
+lower bound never exceeds the accountant's epsilon (up to the stated failure probability).
+(Planting an interaction into an existing user would be a *replace* neighbour, whose
+guarantee is up to twice as weak, so it could not be compared with the accountant.)
 
 Two lower bounds, each at confidence ``1 - alpha/2`` so that both hold together with
 ``1 - alpha`` (Bonferroni):
@@ -30,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import optimize, stats
@@ -42,7 +46,8 @@ __all__ = ["Canaries", "clopper_pearson_bound", "one_run_bound", "plant_canaries
 
 @dataclass(frozen=True)
 class Canaries:
-    """Planted canary pairs: ``users[j]`` gets item ``items[j]`` iff ``included[j]``."""
+    """Canary clients: canary ``j`` owns item ``items[j]``; ``users[j]`` is its user index in
+    the planted split when ``included[j]``, else -1 (the client does not exist)."""
 
     users: np.ndarray
     items: np.ndarray
@@ -50,47 +55,79 @@ class Canaries:
 
     @property
     def size(self) -> int:
-        return int(self.users.size)
+        return int(self.items.size)
 
 
 def plant_canaries(split: Split, count: int, rng: np.random.Generator) -> tuple[Split, Canaries]:
-    """Append ``count`` canary items and plant each in a distinct user with probability 1/2.
+    """Append ``count`` canary items and add each canary client with probability 1/2.
+
+    Canary clients come after the real users (indices ``split.n_users ..``); each trains on its
+    canary item plus two random real items and gets a random real validation and test item
+    and evaluation negatives, so training and evaluation run unchanged. Attributes are -1.
 
     Returns:
-        The split with ``n_items + count`` items (evaluation data unchanged) and the canaries.
+        The split with ``n_items + count`` items and the included canary clients appended,
+        and the canaries.
     """
     if not isinstance(count, int) or count < 1:
         raise ConfigError(f"canaries must be a positive integer, got {count!r}")
-    if count > split.n_users:
+    n_real = split.n_items
+    n_neg = split.val_negatives.shape[1]
+    if n_real < n_neg + 4:
         raise ConfigError(
-            f"{count} canaries need {count} distinct users but the data has {split.n_users}; "
-            "use fewer canaries"
+            f"canary clients need at least {n_neg + 4} real items, the data has {n_real}"
         )
-    users = np.sort(rng.choice(split.n_users, size=count, replace=False)).astype(np.int64)
-    items = split.n_items + np.arange(count, dtype=np.int64)
+    items = n_real + np.arange(count, dtype=np.int64)
     included = rng.random(count) < 0.5
-    extra = {int(u): int(i) for u, i, inc in zip(users, items, included, strict=True) if inc}
+    n_new = int(included.sum())
+    users = np.full(count, -1, dtype=np.int64)
+    users[included] = split.n_users + np.arange(n_new)
+    train_rows, hist_rows, val, test, vneg, tneg = [], [], [], [], [], []
+    for item in items[included]:
+        real = rng.choice(n_real, size=4 + 2 * n_neg, replace=False)
+        pos = np.sort(real[:2])
+        train_rows.append(np.append(pos, item))
+        val.append(real[2])
+        test.append(real[3])
+        hist_rows.append(np.sort(np.append(real[:4], item)))
+        vneg.append(real[4 : 4 + n_neg])
+        tneg.append(real[4 + n_neg : 4 + 2 * n_neg])
 
-    def add(indptr: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        parts = []
-        new_ptr = [0]
-        for u in range(split.n_users):
-            row = values[indptr[u] : indptr[u + 1]]
-            if u in extra:
-                row = np.append(row, extra[u])  # canary ids are the largest: still sorted
-            parts.append(row)
-            new_ptr.append(new_ptr[-1] + row.size)
-        return np.asarray(new_ptr, dtype=indptr.dtype), np.concatenate(parts).astype(values.dtype)
+    def extend(
+        indptr: np.ndarray, values: np.ndarray, rows: list[np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        sizes = np.array([r.size for r in rows], dtype=indptr.dtype)
+        ptr = np.concatenate([indptr, indptr[-1] + np.cumsum(sizes)]).astype(indptr.dtype)
+        vals = np.concatenate([values, *rows]).astype(values.dtype) if rows else values
+        return ptr, vals
 
-    train_ptr, train_items = add(split.train_indptr, split.train_items)
-    hist_ptr, hist_items = add(split.history_indptr, split.history_items)
+    train_ptr, train_items = extend(split.train_indptr, split.train_items, train_rows)
+    hist_ptr, hist_items = extend(split.history_indptr, split.history_items, hist_rows)
+
+    def stack(base: np.ndarray, rows: list[Any]) -> np.ndarray:
+        if not rows:
+            return base
+        return np.concatenate(
+            [base, np.asarray(rows, dtype=base.dtype).reshape(len(rows), *base.shape[1:])]
+        )
+
+    attributes = {
+        k: np.concatenate([v, np.full(n_new, -1, dtype=v.dtype)])
+        for k, v in split.attributes.items()
+    }
     planted = dataclasses.replace(
         split,
-        n_items=split.n_items + count,
+        n_users=split.n_users + n_new,
+        n_items=n_real + count,
         train_indptr=train_ptr,
         train_items=train_items,
         history_indptr=hist_ptr,
         history_items=hist_items,
+        val_items=stack(split.val_items, val),
+        test_items=stack(split.test_items, test),
+        val_negatives=stack(split.val_negatives, vneg),
+        test_negatives=stack(split.test_negatives, tneg),
+        attributes=attributes,
     )
     return planted, Canaries(users=users, items=items, included=included)
 
@@ -105,7 +142,12 @@ def _cp_upper(k: int, n: int, alpha: float) -> float:
 
 
 def clopper_pearson_bound(
-    scores: np.ndarray, included: np.ndarray, *, delta: float, alpha: float, rng: np.random.Generator
+    scores: np.ndarray,
+    included: np.ndarray,
+    *,
+    delta: float,
+    alpha: float,
+    rng: np.random.Generator,
 ) -> float:
     """Epsilon lower bound of Jagielski et al. (2020) at confidence ``1 - alpha``.
 

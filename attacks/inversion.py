@@ -42,7 +42,9 @@ def _forward(
     return torch.cat([gmf, h], dim=1) @ wp + params["predict.bias"][0]
 
 
-def invert_fedrecgel(target: dict[str, Any], *, iterations: int = 40, seed: int = 0) -> dict[str, Any]:
+def invert_fedrecgel(
+    target: dict[str, Any], *, iterations: int = 40, seed: int = 0
+) -> dict[str, Any]:
     """Recover the user embedding and the labels of the changed rows from one upload.
 
     Args:

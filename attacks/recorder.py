@@ -129,9 +129,10 @@ class AttackRecorder:
         # Private state before each round, for scoring only (see the module docstring).
         self._private = plan.initial_private.clone()
         self._wants_upload = bool(plan.attacks & UPLOAD_ATTACKS) and plan.upload is not None
+        self._absent: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ streaming
-    def _write(self, name: str, **arrays: np.ndarray) -> None:
+    def _write(self, name: str, **arrays: Any) -> None:
         buf = io.BytesIO()
         np.savez_compressed(buf, **arrays)
         data = buf.getvalue()
@@ -153,7 +154,7 @@ class AttackRecorder:
         # Upload rows follow ``updates.clients`` (FedRAP reorders participants by batch count).
         clients = updates.clients.to(torch.long).cpu()
         norms = updates.norms() if len(updates) else torch.zeros(0, dtype=torch.float64)
-        record: dict[str, np.ndarray] = {"participants": clients.numpy()}
+        record: dict[str, Any] = {"participants": clients.numpy()}
         if len(updates) and self._wants_upload:
             self._upload_round(r, view, updates, clients, norms)
         if len(updates) and "differencing" in plan.attacks and r == 0:
@@ -168,6 +169,13 @@ class AttackRecorder:
         self._write(f"round_{r:04d}.npz", **record)
         self._private[clients] = self._read_private(view.model)[clients]
         self.rounds += 1
+
+    def _absent_directions(self, k: int) -> torch.Tensor:
+        if self._absent is None:
+            assert self.plan.canaries is not None
+            gen = torch_generator(self.plan.seed, "audit-canary-direction")
+            self._absent = torch.randn(self.plan.canaries.size, k, generator=gen)
+        return self._absent
 
     def _read_private(self, model: Any) -> torch.Tensor:
         if self.plan.model == "fedrap":
@@ -209,7 +217,9 @@ class AttackRecorder:
             scale = change.mean(1, keepdims=True) + 1e-30
             acc.change_sum[un] += change / scale
             acc.touched_count[un] += st.touched.numpy()
-            acc.label_sum[un] += st.label.numpy() / (np.abs(st.label.numpy()).mean(1, keepdims=True) + 1e-30)
+            acc.label_sum[un] += st.label.numpy() / (
+                np.abs(st.label.numpy()).mean(1, keepdims=True) + 1e-30
+            )
             acc.observed[un] += 1
             first = acc.first_round[un] < 0
             if bool(first.any()):
@@ -226,7 +236,11 @@ class AttackRecorder:
                 acc.cos_embedding[fu] = torch.nn.functional.cosine_similarity(
                     rec_emb, truth_emb, dim=1
                 ).numpy()
-                if "optimization" in plan.attacks and plan.model == "fedrecgel" and targets_left > 0:
+                if (
+                    "optimization" in plan.attacks
+                    and plan.model == "fedrecgel"
+                    and targets_left > 0
+                ):
                     pick = np.nonzero(first)[0][:targets_left]
                     for j in pick:
                         u = int(un[j])
@@ -236,7 +250,9 @@ class AttackRecorder:
                                 "user": u,
                                 "round": r,
                                 "upload": flat[j].clone(),
-                                "global_before": {k: v.clone() for k, v in view.global_before.items()},
+                                "global_before": {
+                                    k: v.clone() for k, v in view.global_before.items()
+                                },
                                 "n_items": _total_items(view, plan),
                                 # scoring only: never read by the attack
                                 "truth_embedding": self._private[u].clone(),
@@ -250,7 +266,9 @@ class AttackRecorder:
             return torch.ones_like(norms, dtype=torch.float32)
         return torch.clamp(self.plan.clip / norms.clamp_min(1e-30), max=1.0).to(torch.float32)
 
-    def _differencing(self, view: Any, updates: Any, clients: torch.Tensor, norms: torch.Tensor) -> None:
+    def _differencing(
+        self, view: Any, updates: Any, clients: torch.Tensor, norms: torch.Tensor
+    ) -> None:
         """Two releases that differ by one client: their difference is that client's clipped
         upload plus two independent draws of the sum's noise (std ``sqrt(2) sigma C``)."""
         plan = self.plan
@@ -263,13 +281,17 @@ class AttackRecorder:
             rows = torch.arange(lo, min(m, lo + plan.chunk))
             flat = channel.observe(updates, rows, norms, generator=gen)
             res, ratio = item_rows(plan.model, flat, view.global_before, _total_items(view, plan))
-            st = row_stats(res[:, : plan.n_items], ratio[:, : plan.n_items], noise_std=channel.share_std)
+            st = row_stats(
+                res[:, : plan.n_items], ratio[:, : plan.n_items], noise_std=channel.share_std
+            )
             un = clients[rows].numpy()
             self.acc.diff_change[un] = st.change.numpy()
             self.acc.diff_label[un] = st.label.numpy()
 
     def _sum_rows(self, view: Any, total: torch.Tensor) -> np.ndarray:
-        res, _ = item_rows(self.plan.model, total.unsqueeze(0), view.global_before, _total_items(view, self.plan))
+        res, _ = item_rows(
+            self.plan.model, total.unsqueeze(0), view.global_before, _total_items(view, self.plan)
+        )
         return res[0, : self.plan.n_items].double().square().sum(-1).numpy()
 
     def _union_round(self, view: Any, clients: torch.Tensor) -> np.ndarray:
@@ -280,7 +302,9 @@ class AttackRecorder:
         self.acc.union_obs[un] += 1
         return change
 
-    def _union_by_cohort(self, view: Any, updates: Any, clients: torch.Tensor, norms: torch.Tensor) -> None:
+    def _union_by_cohort(
+        self, view: Any, updates: Any, clients: torch.Tensor, norms: torch.Tensor
+    ) -> None:
         """What a secure-aggregation server learns from the sum of a cohort of ``k`` clients:
         the union of their changed rows. Cohorts are drawn from round 0's participants; the
         sum carries the run's calibrated noise (``sigma * C``) when DP is on."""
@@ -330,7 +354,9 @@ class AttackRecorder:
         position[clients] = torch.arange(clients.shape[0])
         users = torch.from_numpy(can.users)
         items = torch.from_numpy(can.items)
-        pos = position[users]
+        present = users >= 0
+        pos = torch.full_like(users, -1)
+        pos[present] = position[users[present]]
         here = pos >= 0
         if bool(here.any()):
             own = updates.dense(pos[here]) * factors[pos[here]].unsqueeze(1)
@@ -343,8 +369,13 @@ class AttackRecorder:
             own_rows = own[:, : n_tot * k].view(-1, n_tot, k)
             contrib[here] = own_rows[torch.arange(own_rows.shape[0]), items[here]]
         obs = rows_all + contrib
-        truth_dir, _ = self._truth_direction(view, users)
-        d = truth_dir / truth_dir.norm(dim=1, keepdim=True).clamp_min(1e-30)
+        # Present canaries: the direction their positive pushes the row (the auditor owns
+        # them). Absent ones: a fixed random unit vector (their score is noise either way).
+        d = self._absent_directions(k).clone()
+        if bool(present.any()):
+            truth_dir, _ = self._truth_direction(view, users[present])
+            d[present] = truth_dir
+        d = d / d.norm(dim=1, keepdim=True).clamp_min(1e-30)
         score = (obs * d).sum(1).double().numpy()
         self.acc.canary_score += score
         return score
@@ -363,7 +394,7 @@ def _ratio_width(view: Any, plan: RecordPlan) -> int:
 def save_accumulators(recorder: AttackRecorder, path: Path) -> int:
     """Write the accumulated statistics (for ``--run DIR`` reuse); returns bytes written."""
     acc = recorder.acc
-    arrays = {k: v for k, v in vars(acc).items() if isinstance(v, np.ndarray)}
+    arrays: dict[str, Any] = {k: v for k, v in vars(acc).items() if isinstance(v, np.ndarray)}
     buf = io.BytesIO()
     np.savez_compressed(buf, **arrays)
     data = buf.getvalue()

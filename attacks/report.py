@@ -43,7 +43,9 @@ def _per_round(total: np.ndarray, count: np.ndarray) -> np.ndarray:
     return out
 
 
-def _mean_ci(values: np.ndarray, rng: np.random.Generator, n_boot: int) -> tuple[float, list[float]]:
+def _mean_ci(
+    values: np.ndarray, rng: np.random.Generator, n_boot: int
+) -> tuple[float, list[float]]:
     v = values[np.isfinite(values)]
     if v.size == 0:
         return float("nan"), [float("nan"), float("nan")]
@@ -61,6 +63,7 @@ def score_attacks(
     record_dir: Path,
     split: Split,
     n_real: int,
+    n_real_users: int,
     train_cfg: TrainConfig,
     canaries: Canaries | None,
     cfg: AuditConfig,
@@ -75,7 +78,12 @@ def score_attacks(
     from securefed.audit import AttackResult
 
     rng = numpy_generator(train_cfg.seed, "audit-bootstrap")
-    labels = membership_labels(split, n_real)
+    # Real users only: canary clients (appended after them) are the audit's, not the data's.
+    acc = {
+        k: (v[:n_real_users] if v.ndim >= 1 and v.shape[0] == split.n_users else v)
+        for k, v in acc.items()
+    }
+    labels = membership_labels(split, n_real)[:n_real_users]
     arrays: dict[str, np.ndarray] = {"labels": labels}
     results: list[AttackResult] = []
     nb = cfg.bootstrap
@@ -105,7 +113,9 @@ def score_attacks(
             _UP,
             "fraction of a user's observed rounds in which the row changed (positives every "
             "round, negatives resampled); ties broken by the mean row change",
-            rounds_observed_mean=float(observed[observed > 0].mean()) if (observed > 0).any() else 0.0,
+            rounds_observed_mean=float(observed[observed > 0].mean())
+            if (observed > 0).any()
+            else 0.0,
         )
     if "gradient-ratio" in chosen:
         cos, cos_ci = _mean_ci(acc["cos_embedding"], rng, nb)
@@ -146,7 +156,10 @@ def score_attacks(
             if attr not in split.attributes:
                 continue
             metrics, ci, base = attribute_inference(
-                feats, np.asarray(split.attributes[attr]), rng=rng, known_fraction=cfg.known_fraction
+                feats,
+                np.asarray(split.attributes[attr])[:n_real_users],
+                rng=rng,
+                known_fraction=cfg.known_fraction,
             )
             results.append(
                 AttackResult(

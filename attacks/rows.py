@@ -84,9 +84,7 @@ def item_rows(
     return torch.cat([g, m], dim=2), g
 
 
-def row_stats(
-    rows: torch.Tensor, ratio_rows: torch.Tensor, *, noise_std: float
-) -> RowStats:
+def row_stats(rows: torch.Tensor, ratio_rows: torch.Tensor, *, noise_std: float) -> RowStats:
     """Row-change test and gradient-ratio label scores of a chunk of clients.
 
     Args:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["ThreatModel", "UploadChannel", "upload_channel", "sum_noise_std"]
 
 
-class ThreatModel(str, Enum):
+class ThreatModel(StrEnum):
     """Who observes what (see the module docstring)."""
 
     UPLOAD_OBSERVER = "upload-observer"
@@ -147,7 +147,9 @@ def upload_channel(config: TrainConfig, split: Split, *, cohort_size: int) -> Up
             "aggregate-observer attacks (union, differencing) or a run without --secagg"
         )
     if not p.dp:
-        return UploadChannel(clip=None, share_std=0.0, note="raw uploads (no DP, no secure aggregation)")
+        return UploadChannel(
+            clip=None, share_std=0.0, note="raw uploads (no DP, no secure aggregation)"
+        )
     params = privacy_parameters(config, split)
     if params["placement"] == "distributed":
         mech = DistributedGaussian(

@@ -1,10 +1,12 @@
 """The attack table: both models on MovieLens 100K under every defense, several seeds.
 
 Defenses: none / DP (epsilon 1, 2, 8; central noise) / secure aggregation / both (secure
-aggregation with distributed DP at epsilon 2). Columns: the strongest membership attack the
-threat model allows (intersection for the upload observer, union for the aggregate
-observer), its TPR at 1 % FPR, the gradient-ratio inversion cosine, gender-inference AUC,
-and the canary audit's empirical epsilon lower bound next to the accounted epsilon.
+aggregation with distributed DP at epsilon 2). Columns: the upload observer's strongest
+membership attack (intersection; "-" under secure aggregation, where it has no input) with
+its TPR at 1 % FPR, the aggregate observer's union and differencing AUC, the gradient-ratio
+inversion cosine, gender-inference AUC, and the canary audit's empirical epsilon lower bound
+next to the accounted epsilon. Under central DP the upload observer is the trusted server:
+DP does not protect the uploads from it, only the aggregates.
 
     python benchmarks/attacks_table.py --data-dir ../shared/data --rounds 100 --seeds 0 1 2
     python benchmarks/attacks_table.py --rounds 3 --seeds 0          # reduced scale
@@ -44,36 +46,40 @@ def _metric(report: dict[str, Any], attack: str, key: str) -> float:
 def run_cell(
     model: str, defense: str, seed: int, *, rounds: int, data_dir: str | None, out: Path
 ) -> dict[str, Any]:
+    """Audit one (model, defense, seed) cell; an existing ``out/audit.json`` is re-read."""
     privacy = PrivacyConfig(**DEFENSES[defense])
-    cfg = TrainConfig(
-        model=model,
-        dataset="ml-100k",
-        data_dir=data_dir,
-        rounds=rounds,
-        seed=seed,
-        eval_every=rounds,
-        checkpoint_every=rounds,
-        privacy=privacy,
-    )
     t0 = time.perf_counter()
-    res = audit(AuditConfig(train=cfg, bootstrap=100, target_users=0), out=out)
-    rep = res.report
-    upload = not privacy.secagg
-    best = "intersection" if upload else "union"
+    if (out / "audit.json").exists():
+        rep = json.loads((out / "audit.json").read_text())
+        recorded = rep.get("recorded_bytes", 0)
+    else:
+        cfg = TrainConfig(
+            model=model,
+            dataset="ml-100k",
+            data_dir=data_dir,
+            rounds=rounds,
+            seed=seed,
+            eval_every=rounds,
+            checkpoint_every=rounds,
+            privacy=privacy,
+        )
+        res = audit(AuditConfig(train=cfg, bootstrap=100, target_users=0), out=out)
+        rep, recorded = res.report, res.bytes_recorded
     return {
         "model": model,
         "defense": defense,
         "seed": seed,
         "rounds": rounds,
-        "membership_attack": best,
-        "auc": _metric(rep, best, "auc"),
-        "tpr@1%fpr": _metric(rep, best, "tpr@1%fpr"),
+        "upload_auc": _metric(rep, "intersection", "auc"),
+        "upload_tpr@1%fpr": _metric(rep, "intersection", "tpr@1%fpr"),
+        "union_auc": _metric(rep, "union", "auc"),
+        "differencing_auc": _metric(rep, "differencing", "auc"),
         "inversion_cosine": _metric(rep, "gradient-ratio", "embedding_cosine"),
         "attribute_auc": _metric(rep, "attribute-gender", "auc"),
         "empirical_epsilon": rep["audit"]["epsilon_lower_bound"] if rep["audit"] else math.nan,
         "accounted_epsilon": rep["accounted_epsilon"],
         "seconds": round(time.perf_counter() - t0, 1),
-        "recorded_mib": round(res.bytes_recorded / 2**20, 1),
+        "recorded_mib": round(recorded / 2**20, 1),
     }
 
 
@@ -87,16 +93,25 @@ def _fmt(x: Any) -> str:
 
 def _table(rows: list[dict[str, Any]]) -> str:
     cols = [
-        "model", "defense", "seeds", "membership_attack", "auc", "tpr@1%fpr",
-        "inversion_cosine", "attribute_auc", "empirical_epsilon", "accounted_epsilon",
+        "model",
+        "defense",
+        "seeds",
+        "upload_auc",
+        "upload_tpr@1%fpr",
+        "union_auc",
+        "differencing_auc",
+        "inversion_cosine",
+        "attribute_auc",
+        "empirical_epsilon",
+        "accounted_epsilon",
     ]
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["model"], r["defense"]), []).append(r)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for (model, defense), rs in groups.items():
-        cells = [model, defense, str(len(rs)), rs[0]["membership_attack"]]
-        for key in cols[4:]:
+        cells = [model, defense, str(len(rs))]
+        for key in cols[3:]:
             vals = [r[key] for r in rs if r[key] is not None and not math.isnan(r[key])]
             if not vals:
                 cells.append("-")
@@ -118,6 +133,9 @@ def main() -> None:
     parser.add_argument("--defenses", nargs="+", default=list(DEFENSES))
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/attacks"))
+    parser.add_argument(
+        "--existing-only", action="store_true", help="Only tabulate cells already audited."
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -125,7 +143,11 @@ def main() -> None:
         for defense in args.defenses:
             for seed in args.seeds:
                 cell = args.out / f"{model}-{defense}-s{seed}-r{args.rounds}"
-                row = run_cell(model, defense, seed, rounds=args.rounds, data_dir=args.data_dir, out=cell)
+                if args.existing_only and not (cell / "audit.json").exists():
+                    continue
+                row = run_cell(
+                    model, defense, seed, rounds=args.rounds, data_dir=args.data_dir, out=cell
+                )
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 (args.out / "table.json").write_text(json.dumps(rows, indent=2) + "\n")

@@ -52,7 +52,9 @@ ATTACKS: tuple[str, ...] = (
     "union",
     "differencing",
 )
-_PER_CLIENT = frozenset({"row-change", "intersection", "gradient-ratio", "optimization", "attribute"})
+_PER_CLIENT = frozenset(
+    {"row-change", "intersection", "gradient-ratio", "optimization", "attribute"}
+)
 AUDIT_FILE = "audit.json"
 SCORES_FILE = "scores.npz"
 _META = "audit_meta.json"
@@ -69,7 +71,7 @@ class AuditConfig:
             models allow (per-client attacks are skipped under secure aggregation).
         run: A run directory to load instead of training: reuses the statistics an earlier
             audit recorded there, else re-simulates it from its ``config.toml``.
-        canaries: Interaction canaries (default ``min(256, users)``); 0 disables the audit.
+        canaries: Canary clients of the DP audit (default 256); 0 disables the audit.
         target_users: Targets of the optimisation inversion.
         known_fraction: Share of users whose attribute the attribute attacker knows.
         bootstrap: Bootstrap resamples of the 95 % intervals.
@@ -155,7 +157,9 @@ def _resolve_attacks(cfg: AuditConfig, train_cfg: TrainConfig) -> tuple[list[str
             chosen = [a for a in chosen if a not in _PER_CLIENT]
         if train_cfg.model != "fedrecgel" and "optimization" in chosen:
             chosen.remove("optimization")
-            skipped["optimization"] = "FedRAP: gradient matching reduces to the gradient-ratio attack"
+            skipped["optimization"] = (
+                "FedRAP: gradient matching reduces to the gradient-ratio attack"
+            )
         return chosen, skipped
     chosen = list(cfg.attacks)
     if secagg:
@@ -222,9 +226,15 @@ def audit(
     out_dir.mkdir(parents=True, exist_ok=True)
 
     split = load_split(train_cfg)
-    n_real = split.n_items
+    n_real, n_real_users = split.n_items, split.n_users
     rng = numpy_generator(train_cfg.seed, "audit-canaries")
-    n_canaries = cfg.canaries if cfg.canaries is not None else min(256, split.n_users)
+    n_canaries = cfg.canaries if cfg.canaries is not None else 256
+    meta: dict[str, Any] = {}
+    if reuse:
+        assert run_dir is not None
+        meta = json.loads((run_dir / "audit" / _META).read_text())
+        recorded = meta.get("canaries")
+        n_canaries = 0 if recorded is None else len(recorded["users"])
     canaries = None
     if n_canaries > 0:
         split, canaries = plant_canaries(split, n_canaries, rng)
@@ -233,7 +243,6 @@ def audit(
     summary: dict[str, Any]
     if reuse:
         assert run_dir is not None
-        meta = json.loads((run_dir / "audit" / _META).read_text())
         missing = [a for a in chosen if a not in meta["attacks"]]
         if missing:
             raise ConfigError(
@@ -260,7 +269,7 @@ def audit(
             "aggregate": _aggregate_note(train_cfg, noise_std),
         }
         initial = build_model(train_cfg, split)
-        private = initial.w if train_cfg.model == "fedrap" else initial.user_gmf
+        private = getattr(initial, "w" if train_cfg.model == "fedrap" else "user_gmf")
         plan = RecordPlan(
             attacks=frozenset(chosen),
             model=train_cfg.model,
@@ -292,8 +301,11 @@ def audit(
                 "targets": targets,
                 "bytes_recorded": bytes_recorded,
                 "observes": observes,
-                "canaries": None if canaries is None else {
+                "canaries": None
+                if canaries is None
+                else {
                     "users": canaries.users.tolist(),
+                    "items": canaries.items.tolist(),
                     "included": canaries.included.tolist(),
                 },
             },
@@ -309,6 +321,7 @@ def audit(
         record_dir=record_dir,
         split=split,
         n_real=n_real,
+        n_real_users=n_real_users,
         train_cfg=train_cfg,
         canaries=canaries,
         cfg=cfg,
@@ -327,7 +340,7 @@ def audit(
         "accounted_epsilon": summary.get("epsilon"),
         "rounds": summary.get("rounds"),
         "seed": train_cfg.seed,
-        "users": split.n_users,
+        "users": n_real_users,
         "items": n_real,
         "noise_multiplier": summary.get("noise_multiplier"),
         "clip": summary.get("clip"),
@@ -337,7 +350,8 @@ def audit(
         "scores_file": SCORES_FILE,
         "config": train_cfg.to_dict(),
     }
-    np.savez_compressed(out_dir / SCORES_FILE, **score_arrays)
+    arrays: dict[str, Any] = dict(score_arrays)
+    np.savez_compressed(out_dir / SCORES_FILE, **arrays)
     runs.write_json(out_dir / AUDIT_FILE, _jsonable(report))
     return AuditResult(
         out_dir=out_dir, report=report, attacks=attack_results, bytes_recorded=bytes_recorded
@@ -386,4 +400,3 @@ def remove_recording(out_dir: str | Path) -> None:
         rec = Path(out_dir) / sub / "audit" / "record"
         if rec.exists():
             shutil.rmtree(rec)
-

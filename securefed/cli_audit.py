@@ -44,12 +44,19 @@ def audit(
         typer.Option(help="Audit this run directory instead of training (reuses its recording)."),
     ] = None,
     canaries: Annotated[
-        int | None, typer.Option(help="Interaction canaries (default min(256, users)); 0: no audit.")
+        int | None,
+        typer.Option(help="Canary clients of the DP audit (default 256); 0: no audit."),
     ] = None,
-    clients_per_round: Annotated[int | None, typer.Option(help="Fixed cohorts of K clients.")] = None,
+    clients_per_round: Annotated[
+        int | None, typer.Option(help="Fixed cohorts of K clients.")
+    ] = None,
     local_epochs: Annotated[int | None, typer.Option(help="FedRAP local epochs per round.")] = None,
-    synthetic_users: Annotated[int | None, typer.Option(help="Users of the synthetic dataset.")] = None,
-    synthetic_items: Annotated[int | None, typer.Option(help="Items of the synthetic dataset.")] = None,
+    synthetic_users: Annotated[
+        int | None, typer.Option(help="Users of the synthetic dataset.")
+    ] = None,
+    synthetic_items: Annotated[
+        int | None, typer.Option(help="Items of the synthetic dataset.")
+    ] = None,
     target_users: Annotated[int, typer.Option(help="Targets of the optimisation inversion.")] = 16,
 ) -> None:
     """Attack a federated run under explicit threat models and audit its privacy."""
@@ -69,7 +76,9 @@ def audit(
             }
             clash = [k for k, v in given.items() if v]
             if clash:
-                raise _fail(f"--run audits a run with its recorded settings; drop {', '.join(clash)}")
+                raise _fail(
+                    f"--run audits a run with its recorded settings; drop {', '.join(clash)}"
+                )
             train_cfg = TrainConfig()
         else:
             raw: dict[str, Any] = {
@@ -84,7 +93,10 @@ def audit(
                 raw["data_dir"] = str(data_dir)
             if clients_per_round is not None:
                 raw["clients_per_round"] = clients_per_round
-            for key, value in (("synthetic_users", synthetic_users), ("synthetic_items", synthetic_items)):
+            for key, value in (
+                ("synthetic_users", synthetic_users),
+                ("synthetic_items", synthetic_items),
+            ):
                 if value is not None:
                     raw[key] = value
             if local_epochs is not None:
@@ -120,8 +132,18 @@ def _print(result: Any) -> None:
         f"{rep['rounds']} rounds)"
     )
     table = Table(title=title)
-    for col in ("attack", "threat model", "AUC [95% CI]", "TPR@1%FPR", "F1", "extra", "baseline AUC"):
-        table.add_column(col, justify="left" if col in ("attack", "threat model", "extra") else "right")
+    for col in (
+        "attack",
+        "threat model",
+        "AUC [95% CI]",
+        "TPR@1%FPR",
+        "F1",
+        "extra",
+        "baseline AUC",
+    ):
+        table.add_column(
+            col, justify="left" if col in ("attack", "threat model", "extra") else "right"
+        )
     for a in rep["attacks"]:
         m, ci, base = a["metrics"], a["ci95"], a["baseline"]
         if not m:
@@ -147,9 +169,10 @@ def _print(result: Any) -> None:
     block = rep.get("audit")
     if block is not None:
         out.print(
-            f"empirical epsilon >= {block['epsilon_lower_bound']:.3f} at {block['confidence']:.0%} "
-            f"confidence ({block['canaries']} canaries; Clopper-Pearson {block['clopper_pearson']:.3f}, "
-            f"one-run {block['one_run']:.3f}); accounted epsilon {_num(rep['accounted_epsilon'])}"
+            f"empirical epsilon >= {block['epsilon_lower_bound']:.3f} at "
+            f"{block['confidence']:.0%} confidence ({block['canaries']} canaries; "
+            f"Clopper-Pearson {block['clopper_pearson']:.3f}, one-run {block['one_run']:.3f}); "
+            f"accounted epsilon {_num(rep['accounted_epsilon'])}"
         )
     mb = result.bytes_recorded / 2**20
     out.print(f"recorded {mb:.1f} MiB of observer data; report: {result.out_dir / 'audit.json'}")

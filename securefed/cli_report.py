@@ -90,9 +90,7 @@ def report(
 
     with _user_errors():
         if extra and not from_dirs:
-            raise _fail(
-                f"unexpected argument {str(extra[0])!r}; directories go after --from"
-            )
+            raise _fail(f"unexpected argument {str(extra[0])!r}; directories go after --from")
         if from_dirs:
             target = out_dir or Path("report")
             result = build_report([*from_dirs, *(extra or [])], target, min_hr=min_hr)
@@ -112,7 +110,13 @@ def report(
                 synthetic_users=synthetic_users,
                 synthetic_items=synthetic_items,
             )
-            result = _run_with_bar(config, out_dir or Path("report"), run_report)
+            try:
+                result = _run_with_bar(config, out_dir or Path("report"), run_report)
+            except KeyboardInterrupt:
+                raise _fail(
+                    "interrupted; run the same command again to resume the sweep "
+                    "(finished cells are reused)"
+                ) from None
     for note in result.notes:
         err.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
     from securefed.report_html import summarise

@@ -395,8 +395,10 @@ def _sweep(
             emit(SweepEvent("start", done, total, cell.name, stage="train"))
             t0 = time.perf_counter()
 
-            def on_round(stage: str, r: int, n: int, name: str = cell.name) -> None:
-                emit(SweepEvent("round", done, total, name, stage=stage, round=r, rounds=n))
+            def on_round(
+                stage: str, r: int, n: int, name: str = cell.name, finished: int = done
+            ) -> None:
+                emit(SweepEvent("round", finished, total, name, stage=stage, round=r, rounds=n))
 
             _run_cell(cell_dir, cfg, audit=audit, on_round=on_round)
             done += 1
@@ -421,7 +423,9 @@ def _sweep(
                     fut.result()  # a failed cell stops the sweep with its own error
                     cell, t0 = started[fut]
                     done += 1
-                    emit(SweepEvent("done", done, total, cell.name, seconds=time.perf_counter() - t0))
+                    emit(
+                        SweepEvent("done", done, total, cell.name, seconds=time.perf_counter() - t0)
+                    )
         except BaseException:
             for fut in pending:
                 fut.cancel()
@@ -631,7 +635,9 @@ def collect_results(dirs: Iterable[str | Path]) -> Any:
     return frame
 
 
-def build_report(dirs: Sequence[str | Path], out: str | Path, *, min_hr: float | None = None) -> ReportResult:
+def build_report(
+    dirs: Sequence[str | Path], out: str | Path, *, min_hr: float | None = None
+) -> ReportResult:
     """Build a report from existing run, audit or report directories (no training).
 
     Args:
@@ -651,6 +657,17 @@ def build_report(dirs: Sequence[str | Path], out: str | Path, *, min_hr: float |
                 if sc not in skipped:
                     skipped.append(sc)
             notes.extend(n for n in rec.get("notes", []) if n not in notes)
+        cells = Path(d) / CELLS_DIR
+        if cells.is_dir():
+            unfinished = sorted(
+                p.name for p in cells.iterdir() if not (p / runs.SUMMARY_FILE).exists()
+            )
+            if unfinished:
+                notes.append(
+                    f"{len(unfinished)} cell(s) under {d} have not finished and are left out: "
+                    + ", ".join(unfinished)
+                    + "."
+                )
     return _build(list(dirs), Path(out), skipped=skipped, notes=notes, min_hr=min_hr)
 
 

@@ -138,8 +138,9 @@ def summarise(frame: Any, min_hr: float | None) -> tuple[list[str], dict[str, fl
 
 
 def _key_table(frame: Any) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The key table: one row per (model, defense, epsilon), means over seeds."""
     attack_cols = [c for c in frame.columns if c.endswith(":auc") and frame[c].notna().any()]
-    header = (
+    header: tuple[str, ...] = (
         "model",
         "defense",
         "target ε",
@@ -154,14 +155,14 @@ def _key_table(frame: Any) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
         "s / round",
         "secagg s / round",
     )
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for (model, defense, e), part in frame.groupby(["model", "defense", "epsilon"], sort=False):
         best_auc, best_name = math.nan, ""
         for c in attack_cols:
             v = float(part[c].mean())
             if v == v and not (v <= best_auc):
                 best_auc, best_name = v, c[: -len(":auc")]
-        lb = part["epsilon_lower_bound"] if "epsilon_lower_bound" in part else []
+        lb = part.get("epsilon_lower_bound", [])
         rows.append(
             (
                 str(model),
@@ -255,7 +256,10 @@ def _blocks(
         "that need per-client uploads are not run when secure aggregation hides them, so "
         "secagg cells appear only in the aggregate attacks. TPR at 1% FPR (log scale) is the "
         "number that matters for privacy: how many members an attacker finds while almost never "
-        "being wrong.",
+        "being wrong. Central dp adds its noise at the server, after the uploads, so against an "
+        "upload observer (the server itself) it protects nothing: per-client attacks on dp "
+        "cells stay as strong as without DP. The epsilon guarantee holds against whoever sees "
+        "only the released model or the noised sums.",
         "epsilon_audit": "Canary audit: the largest epsilon the observed attack success proves "
         "at the stated confidence. A point above the line would mean the accountant "
         "under-reports the privacy loss (a bug); far below the line is expected (the audit "
@@ -291,7 +295,9 @@ def _blocks(
         ),
         _Block("table", items=tuple(rows), header=header),
     ]
-    other = [n for n in notes if not any(n.lower().startswith(f"no {k}") for k in _NOTE_KEYS.values())]
+    other = [
+        n for n in notes if not any(n.lower().startswith(f"no {k}") for k in _NOTE_KEYS.values())
+    ]
     if other:
         b += [_Block("h2", "Notes"), _Block("ul", items=tuple(other))]
     b.append(

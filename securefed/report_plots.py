@@ -86,7 +86,9 @@ def _series(frame: Any, column: str, lo: str | None = None, hi: str | None = Non
 _OFFSET = {"none": -0.06, "dp": -0.03, "dp+secagg": 0.03, "secagg": 0.06}
 
 
-def _plot_lines(ax: Any, agg: Any, models: list[str], index: dict[float, int], **extra: Any) -> None:
+def _plot_lines(
+    ax: Any, agg: Any, models: list[str], index: dict[float, int], **extra: Any
+) -> None:
     for (model, defense), part in agg.groupby(["model", "defense"], sort=False):
         part = part.sort_values("epsilon")
         # Small offsets keep settings that land on the same value (none and secagg) apart.
@@ -214,7 +216,7 @@ def _draw_epsilon_audit(frame: Any) -> tuple[Any, str | None]:
             x,
             part["epsilon_lower_bound"],
             color=_color(models, model),
-            marker=_STYLE.get(defense, {}).get("marker", "o"),
+            marker=str(_STYLE.get(defense, {}).get("marker", "o")),
             s=60,
             label=f"{model} · {defense}",
         )
@@ -251,6 +253,7 @@ def roc_curve(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def _strongest_attack(frame: Any) -> str | None:
+    """The attack with the highest mean AUC over the rows where it ran."""
     best, best_auc = None, -math.inf
     for name in _attack_names(frame):
         auc = float(frame[f"{name}:auc"].mean())
@@ -259,54 +262,62 @@ def _strongest_attack(frame: Any) -> str | None:
     return best
 
 
+def _shade(cmap: Any, k: int, n: int) -> Any:
+    return cmap(0.85 * k / max(1, n - 1))  # stop before viridis' pale yellow end
+
+
 def _draw_roc(frame: Any) -> tuple[Any, str | None]:
     import matplotlib.pyplot as plt
 
-    attack = _strongest_attack(frame)
-    if attack is None:
+    seed = frame["seed"].min()
+    models = [
+        m for m in sorted(set(frame["model"])) if _strongest_attack(frame[frame["model"] == m])
+    ]
+    if not models:
         return None, "No ROC curves: the cells were not audited."
-    sub = frame[frame[f"{attack}:auc"].notna() & (frame["seed"] == frame["seed"].min())]
-    models = sorted(set(sub["model"]))
     fig, axes = plt.subplots(
         1, len(models), figsize=(5.5 * len(models), 5), squeeze=False, layout="constrained"
     )
-    eps = sorted(set(sub["epsilon"]))
     cmap = plt.get_cmap("viridis")
     drawn = 0
+    lo = 1e-4
     for ax, model in zip(axes[0], models, strict=True):
-        for k, e in enumerate(eps):
-            part = sub[(sub["model"] == model) & (sub["epsilon"] == e)]
-            for _, row in part.iterrows():
-                curve = _load_scores(row["audit_file"], attack)
-                if curve is None:
-                    continue
-                fpr, tpr = curve
-                ok = (fpr > 0) & (tpr > 0)
-                ax.plot(
-                    fpr[ok],
-                    tpr[ok],
-                    color=cmap(k / max(1, len(eps) - 1)),
-                    linestyle=_STYLE.get(row["defense"], {}).get("linestyle", "-")
-                    if row["defense"] not in ("none", "secagg")
-                    else ("-" if row["defense"] == "none" else "--"),
-                    label=f"eps {_eps_text(e).splitlines()[0]} · {row['defense']}",
-                )
-                drawn += 1
-        lo = 1e-4
+        rows = frame[frame["model"] == model]
+        attack = _strongest_attack(rows)
+        assert attack is not None
+        sub = rows[rows[f"{attack}:auc"].notna() & (rows["seed"] == seed)]
+        eps = sorted(set(sub["epsilon"]))
+        for _, row in sub.sort_values(["epsilon", "defense"]).iterrows():
+            curve = _load_scores(row["audit_file"], attack)
+            if curve is None:
+                continue
+            fpr, tpr = curve
+            k = eps.index(row["epsilon"])
+            # FPR 0 cannot sit on a log axis: start every curve at the axis floor, so a
+            # perfect attack still shows (as a line at TPR 1).
+            ax.plot(
+                np.maximum(fpr, lo),
+                np.maximum(tpr, lo),
+                color=_shade(cmap, k, len(eps)),
+                linestyle="--" if row["secagg"] else "-",
+                linewidth=3.0 - 1.8 * k / max(1, len(eps) - 1),  # identical curves stay visible
+                label=f"ε {_eps_text(row['epsilon']).splitlines()[0]} · {row['defense']}",
+            )
+            drawn += 1
         ax.plot([lo, 1], [lo, 1], color="grey", linestyle=":", label="random guess")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlim(lo, 1)
-        ax.set_ylim(lo, 1)
+        ax.set_ylim(lo, 1.6)
         ax.set_xlabel("false positive rate")
         ax.set_ylabel("true positive rate")
-        ax.set_title(f"{model}: {attack}")
+        ax.set_title(f"{model}: strongest attack {attack}")
         ax.grid(True, which="both", alpha=0.2)
         ax.legend(fontsize=7, loc="lower right")
     if drawn == 0:
         plt.close(fig)
-        return None, f"No ROC curves: the audits of {attack} wrote no per-pair scores."
-    fig.suptitle(f"ROC (log-log) of the strongest attack, {attack}, per epsilon (seed {sub['seed'].min()})")
+        return None, "No ROC curves: the audits wrote no per-pair scores."
+    fig.suptitle(f"ROC (log-log) of each model's strongest attack, per epsilon (seed {seed})")
     return fig, None
 
 
@@ -362,7 +373,9 @@ def _draw_secagg(frame: Any) -> tuple[Any, str | None]:
         for (model, defense, e), part in groups:
             labels.append(f"{model}\n{defense} ε={_eps_text(e).splitlines()[0]}")
             secure.append(float(part["secagg_seconds_per_round"].mean()))
-            plain.append(float((part["seconds_per_round"] - part["secagg_seconds_per_round"]).mean()))
+            plain.append(
+                float((part["seconds_per_round"] - part["secagg_seconds_per_round"]).mean())
+            )
         x = np.arange(len(labels))
         ax.bar(x, plain, color="#bbbbbb", label="rest of the round (local training, server)")
         ax.bar(x, secure, bottom=plain, color="#1f77b4", label="secure aggregation")
@@ -383,7 +396,7 @@ def _draw_secagg(frame: Any) -> tuple[Any, str | None]:
                 ks,
                 aucs,
                 marker="o",
-                color=cmap(eps_all.index(e) / max(1, len(eps_all) - 1)),
+                color=_shade(cmap, eps_all.index(e), len(eps_all)),
                 linestyle="-" if model == models[0] else "--",
                 label=f"{model} · {defense} ε={_eps_text(e).splitlines()[0]}",
             )

@@ -118,10 +118,19 @@ def rewrite_metrics(run_dir: Path, records: list[dict[str, Any]]) -> None:
 
 
 def save_state(path: Path, state: Mapping[str, Any]) -> None:
-    """``torch.save`` a mapping atomically."""
-    buf = io.BytesIO()
-    torch.save(dict(state), buf)
-    atomic_write_bytes(path, buf.getvalue())
+    """``torch.save`` a mapping atomically, streaming to a temporary file (no in-memory copy:
+    FedRAP's private views on MovieLens 1M are ~2.9 GB)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(dict(state), fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def load_state(path: Path) -> dict[str, Any] | None:

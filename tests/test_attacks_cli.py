@@ -16,8 +16,16 @@ app.command()(audit)
 runner = CliRunner()
 
 SMALL = [
-    "--synthetic-users", "50", "--synthetic-items", "600", "--rounds", "2", "--local-epochs", "1",
-    "--canaries", "40",
+    "--synthetic-users",
+    "50",
+    "--synthetic-items",
+    "600",
+    "--rounds",
+    "2",
+    "--local-epochs",
+    "1",
+    "--canaries",
+    "40",
 ]
 
 
@@ -29,7 +37,16 @@ def test_cli_end_to_end(tmp_path) -> None:
     assert res.exit_code == 0, res.output
     assert "empirical epsilon" in res.output
     rep = json.loads((out / "audit.json").read_text())
-    for key in ("model", "dataset", "epsilon", "delta", "secagg", "accounted_epsilon", "attacks", "audit"):
+    for key in (
+        "model",
+        "dataset",
+        "epsilon",
+        "delta",
+        "secagg",
+        "accounted_epsilon",
+        "attacks",
+        "audit",
+    ):
         assert key in rep
     assert rep["model"] == "fedrap" and rep["secagg"] is False and rep["epsilon"] is None
     names = [a["name"] for a in rep["attacks"]]
@@ -43,8 +60,24 @@ def test_cli_end_to_end(tmp_path) -> None:
     assert set(rep["audit"]) >= {"epsilon_lower_bound", "confidence", "method"}
     assert rep["recorded_bytes"] > 0
     scores = np.load(out / "scores.npz")
+    # Real users only (canary clients are the audit's own).
     assert scores["row-change"].shape == scores["labels"].shape == (50, 600)
     assert scores["canary_scores"].shape == (40,)
+
+    # --run reuses what the first audit recorded: no training, the same numbers.
+    again = tmp_path / "again"
+    res = runner.invoke(
+        app, ["--run", str(out / "run"), "--attacks", "row-change", "--out", str(again)]
+    )
+    assert res.exit_code == 0, res.output
+    rep2 = json.loads((again / "audit.json").read_text())
+    assert rep2["attacks"][0]["metrics"]["auc"] == rep["attacks"][0]["metrics"]["auc"]
+    assert rep2["audit"]["epsilon_lower_bound"] == rep["audit"]["epsilon_lower_bound"]
+    assert not (again / "replay").exists()
+    res = runner.invoke(
+        app, ["--run", str(out / "run"), "--attacks", "differencing", "--out", str(again / "x")]
+    )
+    assert res.exit_code == 2 and "recorded statistics for" in res.output
 
 
 @pytest.mark.parametrize(
@@ -53,8 +86,11 @@ def test_cli_end_to_end(tmp_path) -> None:
         (["--attacks", "nonsense"], "unknown attack"),
         (["--epsilon", "-1"], "epsilon must be > 0"),
         (["--model", "svd"], "model must be one of"),
-        (["--secagg", "--attacks", "row-change", "--clients-per-round", "20"], "secure aggregation"),
-        (["--canaries", "5000"], "distinct users"),
+        (
+            ["--secagg", "--attacks", "row-change", "--clients-per-round", "20"],
+            "secure aggregation",
+        ),
+        (["--canaries", "-3"], "canaries must be"),
     ],
 )
 def test_cli_bad_flags_exit_2_with_one_line(tmp_path, flags, needle) -> None:

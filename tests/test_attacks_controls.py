@@ -28,6 +28,7 @@ def fedrap_plain(tmp_path_factory):
         AuditConfig(
             train=cfg,
             attacks=("row-change", "intersection", "gradient-ratio", "differencing"),
+            canaries=100,
             bootstrap=50,
         ),
         out=tmp_path_factory.mktemp("plain"),
@@ -43,7 +44,9 @@ def test_positive_control_membership(fedrap_plain) -> None:
     assert _by_name(fedrap_plain, "row-change").metrics["auc"] > 0.8
     # Without DP the differencing view is the client's own upload.
     diff = _by_name(fedrap_plain, "differencing")
-    assert diff.metrics["auc"] == pytest.approx(_by_name(fedrap_plain, "row-change").metrics["auc"], abs=1e-6)
+    assert diff.metrics["auc"] == pytest.approx(
+        _by_name(fedrap_plain, "row-change").metrics["auc"], abs=1e-6
+    )
 
 
 def test_positive_control_audit_above_zero(fedrap_plain) -> None:
@@ -68,7 +71,11 @@ def test_positive_control_inversion_one_step(tmp_path) -> None:
 
 def test_secagg_refuses_per_client_attacks(tmp_path) -> None:
     cfg = TrainConfig(
-        model="fedrecgel", rounds=1, clients_per_round=50, privacy=PrivacyConfig(secagg=True), **SMALL
+        model="fedrecgel",
+        rounds=1,
+        clients_per_round=50,
+        privacy=PrivacyConfig(secagg=True),
+        **SMALL,
     )
     for name in ("row-change", "gradient-ratio", "attribute"):
         with pytest.raises(ConfigError, match="secure aggregation is on"):
@@ -95,7 +102,8 @@ def test_strong_central_dp(tmp_path) -> None:
         **SMALL,
     )
     res = audit(
-        AuditConfig(train=cfg, attacks=("differencing", "union"), bootstrap=50), out=tmp_path
+        AuditConfig(train=cfg, attacks=("differencing", "union"), canaries=100, bootstrap=50),
+        out=tmp_path,
     )
     accounted = res.report["accounted_epsilon"]
     assert accounted is not None and accounted <= 0.5 + 1e-6
@@ -119,7 +127,9 @@ def test_strong_distributed_dp_upload_observer(tmp_path) -> None:
         privacy=PrivacyConfig(epsilon=0.5, noise="distributed", accountant="rdp"),
         **SMALL,
     )
-    res = audit(AuditConfig(train=cfg, attacks=("row-change",), bootstrap=50), out=tmp_path)
+    res = audit(
+        AuditConfig(train=cfg, attacks=("row-change",), canaries=100, bootstrap=50), out=tmp_path
+    )
     row = _by_name(res, "row-change")
     assert "noise share" in row.observes
     # The observer sees the clipped upload plus the client's share: membership near chance.
@@ -130,9 +140,13 @@ def test_strong_distributed_dp_upload_observer(tmp_path) -> None:
 @pytest.mark.slow
 def test_secagg_all_runs_aggregate_attacks_only(tmp_path) -> None:
     cfg = TrainConfig(
-        model="fedrecgel", rounds=2, clients_per_round=50, privacy=PrivacyConfig(secagg=True), **SMALL
+        model="fedrecgel",
+        rounds=2,
+        clients_per_round=50,
+        privacy=PrivacyConfig(secagg=True),
+        **SMALL,
     )
-    res = audit(AuditConfig(train=cfg, bootstrap=20), out=tmp_path)
+    res = audit(AuditConfig(train=cfg, canaries=50, bootstrap=20), out=tmp_path)
     names = {a.name: a for a in res.attacks}
     assert names["row-change"].note.startswith("skipped")
     assert names["union"].threat_model == "aggregate-observer"

@@ -52,7 +52,9 @@ def test_membership_report_interval_and_null() -> None:
     assert ci2["auc"][0] > 0.9
 
 
-def _randomized_response(eps: float, m: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def _randomized_response(
+    eps: float, m: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """An exactly eps-DP release of each canary bit (randomized response)."""
     included = rng.random(m) < 0.5
     keep = rng.random(m) < math.exp(eps) / (1 + math.exp(eps))
@@ -90,12 +92,22 @@ def test_one_run_bound_zero_without_signal() -> None:
 def test_plant_canaries(small_split) -> None:
     rng = np.random.default_rng(0)
     planted, can = plant_canaries(small_split, 30, rng)
+    n_in = int(can.included.sum())
+    assert 0 < n_in < 30
     assert planted.n_items == small_split.n_items + 30
-    assert np.unique(can.users).size == 30
+    assert planted.n_users == small_split.n_users + n_in
+    # Real users are untouched; canary clients exist only when included.
+    assert np.array_equal(planted.train_items[: small_split.n_train], small_split.train_items)
+    assert np.array_equal(can.users[~can.included], np.full(30 - n_in, -1))
     for u, i, inc in zip(can.users, can.items, can.included, strict=True):
+        if not inc:
+            assert not np.isin(i, planted.train_items)
+            continue
         row = planted.user_train_items(int(u))
-        assert (i in row) == bool(inc)
-        assert np.all(np.diff(row) > 0)
-    assert planted.n_train == small_split.n_train + int(can.included.sum())
-    with pytest.raises(ConfigError, match="distinct users"):
-        plant_canaries(small_split, small_split.n_users + 1, rng)
+        assert row.size == 3 and row[-1] == i and np.all(np.diff(row) > 0)
+        assert planted.val_items[u] not in row and planted.test_items[u] not in row
+        assert not np.isin(planted.val_negatives[u], row).any()
+    assert planted.val_negatives.shape == (planted.n_users, small_split.val_negatives.shape[1])
+    assert planted.attributes["gender"][small_split.n_users :].tolist() == [-1] * n_in
+    with pytest.raises(ConfigError, match="positive integer"):
+        plant_canaries(small_split, 0, rng)

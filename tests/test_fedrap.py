@@ -167,3 +167,13 @@ def test_config_rejects_bad_values(kwargs):
 
     with pytest.raises(ConfigError):
         FedRAPConfig(**kwargs)
+
+
+def test_uploads_stay_valid_after_the_server_step(small_split):
+    """Observers read uploads after the round: the server step must not rewrite them."""
+    cfg = FedRAPConfig(dim=6, lr_args=5.0, l2=1e-2, local_epochs=2, compile=False)
+    model = FedRAP(small_split, cfg, generator=torch.Generator().manual_seed(1))
+    updates, _ = model.client_round(torch.arange(10), 0, torch.Generator().manual_seed(5))
+    before = updates.dense().clone()
+    model.apply_aggregate(PlainAggregator()(updates, 0), 0)
+    torch.testing.assert_close(updates.dense(), before)

@@ -27,9 +27,12 @@ from securefed.report_html import summarise
 SMALL = ["--dataset", "synthetic", "--synthetic-users", "60", "--synthetic-items", "400"]
 FIGURES = ("frontier", "attacks", "epsilon_audit", "roc", "secagg")
 #: Columns that say what a cell learned and spent (not how long it took).
-QUALITY = [
-    c for c in REQUIRED_COLUMNS if c != "seconds"
-] + ["val_hr@10", "val_ndcg@10", "noise_multiplier", "selected_round"]
+QUALITY = [c for c in REQUIRED_COLUMNS if c != "seconds"] + [
+    "val_hr@10",
+    "val_ndcg@10",
+    "noise_multiplier",
+    "selected_round",
+]
 
 
 def _app() -> typer.Typer:
@@ -127,9 +130,17 @@ def test_summary_picks_the_lowest_epsilon_meeting_the_floor():
         ("dp+secagg", 8.0, 0.57),
     ]:
         rows.append(
-            {"model": "fedrap", "defense": defense, "epsilon": eps, "seed": 0,
-             "test_hr@10": hr, "test_ndcg@10": hr / 2, "test_full_hr@10": hr / 4,
-             "epsilon_spent": eps, "seconds": 1.0}
+            {
+                "model": "fedrap",
+                "defense": defense,
+                "epsilon": eps,
+                "seed": 0,
+                "test_hr@10": hr,
+                "test_ndcg@10": hr / 2,
+                "test_full_hr@10": hr / 4,
+                "epsilon_spent": eps,
+                "seconds": 1.0,
+            }
         )
     frame = pd.DataFrame(rows)
     (sentence,), floors = summarise(frame, 0.5)

@@ -30,8 +30,6 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from securefed.flower.messages import SESSION_KEY, Payload, handle_node_message
-from securefed.flower.server import FederatedServer, ServerSettings
-from securefed.training import TrainConfig, load_config_file
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +77,9 @@ def from_content(content: RecordDict) -> Payload:
 class GridTransport:
     """:class:`~securefed.flower.server.Transport` over a Flower ``Grid``."""
 
-    def __init__(self, grid: Grid) -> None:
+    def __init__(self, grid: Grid, *, poll: float = 0.2) -> None:
         self.grid = grid
+        self.poll = poll
         self.errors: list[tuple[str, int, str]] = []
 
     def node_ids(self) -> list[int]:
@@ -98,7 +97,7 @@ class GridTransport:
             for node, p in messages.items()
         ]
         replies: dict[int, Payload] = {}
-        for reply in self.grid.send_and_receive(out, timeout=timeout):
+        for reply in self._send_and_receive(out, timeout):
             node = int(reply.metadata.src_node_id)
             if reply.has_error():
                 # The node failed (crashed ClientApp, lost SuperNode): a dropout.
@@ -110,6 +109,22 @@ class GridTransport:
         return replies
 
 
+    def _send_and_receive(self, messages: list[Message], timeout: float) -> list[Message]:
+        """``Grid.send_and_receive`` polling every ``poll`` seconds instead of Flower's 3 s
+        (a round has five exchanges; the stage latency is the round time)."""
+        pending = set(self.grid.push_messages(messages))
+        deadline = time.monotonic() + timeout
+        got: list[Message] = []
+        while pending:
+            new = list(self.grid.pull_messages(pending))
+            got.extend(new)
+            pending -= {m.metadata.reply_to_message_id for m in new}
+            if not pending or time.monotonic() >= deadline:
+                break
+            time.sleep(self.poll)
+        return got
+
+
 def make_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
     """A ``ServerApp`` running :class:`FederatedServer`; ``defaults`` fill the run config
     (the simulation engine passes its settings this way)."""
@@ -117,6 +132,9 @@ def make_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        from securefed.flower.server import FederatedServer, ServerSettings
+        from securefed.training import TrainConfig, load_config_file
+
         cfg = {**(defaults or {}), **dict(context.run_config)}
         config = TrainConfig.from_dict(load_config_file(str(cfg["config-file"])))
         settings = ServerSettings(

@@ -55,7 +55,7 @@ name = "{APP_NAME}"
 version = "1.0.0"
 description = "securefed federated recommendation with securefed's own secure aggregation"
 license = "Apache-2.0"
-dependencies = ["securefed[flower]"]
+dependencies = []  # securefed[flower] is installed on every machine
 
 [tool.flwr.app]
 publisher = "securefed"
@@ -238,6 +238,7 @@ def local_deployment(
             [
                 _bin("flower-superlink"),
                 "--insecure",
+                "--disable-runtime-dependency-installation",
                 "--host",
                 LOOPBACK,
                 "--port",
@@ -333,20 +334,8 @@ def run_local_deployment(
         transcript=transcript,
     )
     with local_deployment(work, nodes=nodes) as dep:
-        submit(dep, app, timeout=timeout)
-        return _wait_summary(run_dir, dep, timeout)
-
-
-def _wait_summary(run_dir: Path, dep: LocalDeployment, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    summary = run_dir / runs.SUMMARY_FILE
-    while not summary.exists():
-        if time.monotonic() > deadline:
-            break
-        if dep.superlink is not None and dep.superlink.poll() is not None:
-            break
-        time.sleep(0.5)
-    return _finished(run_dir)
+        submit(dep, app, timeout=timeout)  # --stream follows the run to its end
+        return _finished(run_dir)
 
 
 __all__ = [

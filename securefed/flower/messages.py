@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from securefed.errors import ConfigError, IntegrityError, ProtocolError
 
@@ -99,8 +98,7 @@ def handle_node_message(
     Returns:
         The reply.
     """
-    from securefed.flower.node import NodeRuntime, NodeSession, TrainTask
-    from securefed.training import TrainConfig
+    from securefed.flower.session import NodeSession
 
     if payload.config.get("protocol") != PROTOCOL:
         raise ProtocolError(
@@ -123,6 +121,11 @@ def handle_node_message(
         return Payload(config=pack_sids(replies))
     if stage not in ("train", "evaluate"):
         raise ProtocolError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
+    import torch
+
+    from securefed.flower.node import NodeRuntime, TrainTask
+    from securefed.training import TrainConfig
+
     config = TrainConfig.from_dict(tomllib.loads(str(payload.config["config"])))
     state_dir = node_config.get("state-dir")
     if not state_dir:

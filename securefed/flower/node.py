@@ -21,24 +21,22 @@ from two stores the node owns:
 from __future__ import annotations
 
 import hashlib
-import io
-import pickle
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from protocols.secagg import ClientAborted, SecAggClient, wire
+from protocols.secagg import SecAggClient, wire
 from protocols.secagg.primitives import MaskExpander
 from protocols.seeding import torch_generator
 from securefed import runs
-from securefed.errors import ConfigError, IntegrityError, ProtocolError
+from securefed.errors import ConfigError, ProtocolError
 from securefed.evaluation import evaluate_splits
 from securefed.flower import models
 from securefed.flower.pipeline import RoundParameters, encode_updates, round_parameters
+from securefed.flower.session import NodeSession
 from securefed.training import TrainConfig, build_model, load_split
 
 # ----------------------------------------------------------------------------- partitions
@@ -58,103 +56,6 @@ def partition_users(n_users: int, partition_id: int, num_partitions: int) -> tor
 def config_digest(config: TrainConfig) -> str:
     """SHA-256 of the resolved config (a node refuses state written under another one)."""
     return hashlib.sha256(runs.dumps_toml(config.to_dict()).encode()).hexdigest()
-
-
-# ----------------------------------------------------------------------------- the round session
-
-
-def _x25519(raw: bytes) -> X25519PrivateKey:
-    return X25519PrivateKey.from_private_bytes(raw)
-
-
-def _expander(dim: int, dtype: str) -> MaskExpander:
-    return MaskExpander(dim, np.dtype(dtype))
-
-
-class _Pickler(pickle.Pickler):
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, X25519PrivateKey):
-            return _x25519, (obj.private_bytes_raw(),)
-        if isinstance(obj, MaskExpander):  # a scratch buffer: rebuilt, never stored
-            return _expander, (obj.dim, obj.dtype.str)
-        return NotImplemented
-
-
-_ALLOWED = {
-    ("securefed.flower.node", "_x25519"),
-    ("securefed.flower.node", "_expander"),
-    ("securefed.flower.node", "NodeSession"),
-    ("protocols.secagg.client", "SecAggClient"),
-    ("protocols.secagg.client", "Stage"),
-    ("protocols.secagg.config", "SecAggConfig"),
-    ("protocols.secagg.wire", "Envelope"),
-    ("protocols.secagg.wire", "ShareKind"),
-    ("numpy", "dtype"),
-    ("numpy._core.numeric", "_frombuffer"),
-    ("numpy.core.numeric", "_frombuffer"),
-}
-
-
-class _Unpickler(pickle.Unpickler):
-    """Loads only the classes a session holds (the blob comes back from the node's own
-    SuperNode, but a restricted loader keeps a corrupted store from running code)."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) not in _ALLOWED and not module.startswith("numpy.dtypes"):
-            raise IntegrityError()
-        return super().find_class(module, name)
-
-
-@dataclass
-class NodeSession:
-    """One round's secrets on one node: stage machines and encoded inputs, per secagg id."""
-
-    round_index: int
-    clients: dict[int, SecAggClient] = field(default_factory=dict)
-    inputs: dict[int, np.ndarray] = field(default_factory=dict)
-
-    def freeze(self) -> bytes:
-        buf = io.BytesIO()
-        _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(self)
-        return buf.getvalue()
-
-    @staticmethod
-    def thaw(blob: bytes) -> NodeSession:
-        try:
-            session = _Unpickler(io.BytesIO(blob)).load()
-        except IntegrityError:
-            raise
-        except Exception:
-            raise IntegrityError() from None
-        if not isinstance(session, NodeSession):
-            raise IntegrityError()
-        return session
-
-    def step(self, stage: str, inbox: dict[int, bytes]) -> dict[int, bytes]:
-        """Run one SecAgg stage for every addressed user; a refusing client stays silent.
-
-        Raises:
-            IntegrityError: a message for a user this node does not hold in this round.
-        """
-        out: dict[int, bytes] = {}
-        for sid, msg in sorted(inbox.items()):
-            client = self.clients.get(sid)
-            if client is None:
-                raise IntegrityError()
-            try:
-                if stage == "share":
-                    out[sid] = client.share_keys(msg)
-                elif stage == "masked":
-                    out[sid] = client.masked_input(msg, self.inputs.pop(sid))
-                elif stage == "unmask":
-                    out[sid] = client.unmask(msg)
-                else:
-                    raise ProtocolError(f"unknown secure-aggregation stage {stage!r}")
-            except (ClientAborted, IntegrityError):
-                # To the server an aborting client is a dropout (docs/secagg.md).
-                self.clients.pop(sid, None)
-                self.inputs.pop(sid, None)
-        return out
 
 
 # ----------------------------------------------------------------------------- tasks

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -202,9 +202,10 @@ class FederatedServer:
                 f"--clients-per-round {cohort_spec.size} exceeds the {split.n_users} users"
             )
         holders = self._connect(split.n_users)
-        owner = torch.full((split.n_users,), -1, dtype=torch.long)
+        owner = [-1] * split.n_users  # Flower node ids are 64-bit unsigned: a Python list
         for node, users in holders.items():
-            owner[users] = node
+            for u in users.tolist():
+                owner[u] = node
         self.run_dir.mkdir(parents=True, exist_ok=True)
         runs.atomic_write_text(self.run_dir / runs.CONFIG_FILE, self.config_toml)
         runs.write_json(self.run_dir / "data.json", _data_record(split.report, split))
@@ -287,7 +288,7 @@ class FederatedServer:
         self,
         r: int,
         participants: torch.Tensor,
-        owner: torch.Tensor,
+        owner: list[int],
         model: Any,
         agg: Any,
     ) -> tuple[Any, dict[str, float]]:
@@ -473,5 +474,3 @@ def check_config(config: TrainConfig) -> None:
         )
 
 
-def nodes_for(users: Iterable[int], owner: torch.Tensor) -> set[int]:
-    return {int(owner[u]) for u in users}

@@ -509,7 +509,8 @@ class FedRAP:
 
     def apply_aggregate(self, aggregate: Aggregate, round_index: int) -> None:
         """The server replaces C by the mean of the uploads: C += mean(C_u - C)."""
-        self.C += aggregate.mean.reshape(self.C.shape).to(self.C.dtype)
+        # A new tensor, not in place: this round's uploads keep referring to the old C.
+        self.C = self.C + aggregate.mean.reshape(self.C.shape).to(self.C.dtype)
 
     def end_round(self, round_index: int) -> None:
         self.lr_args *= self.config.decay
@@ -538,22 +539,25 @@ class FedRAP:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
+        """The live global and private state (not copies: the private views are users x items
+        x dim, so serialise it, or clone what you keep, before training continues)."""
         return {
             "config": asdict(self.config),
-            "C": self.C.clone(),
-            "D": self.D.clone(),
-            "d_scale": self._d_scale.clone(),
-            "w": self.w.clone(),
-            "b": self.b.clone(),
+            "C": self.C,
+            "D": self.D,
+            "d_scale": self._d_scale,
+            "w": self.w,
+            "b": self.b,
             "lr_args": self.lr_args,
             "lr_network": self.lr_network,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.C = state["C"].clone()
-        self.D = state["D"].clone()
-        self._d_scale = state["d_scale"].clone()
-        self.w = state["w"].clone()
-        self.b = state["b"].clone()
+        """Adopt a :meth:`state_dict` (tensors are taken over, not copied)."""
+        self.C = state["C"].contiguous()
+        self.D = state["D"].contiguous()
+        self._d_scale = state["d_scale"].contiguous()
+        self.w = state["w"].contiguous()
+        self.b = state["b"].contiguous()
         self.lr_args = float(state["lr_args"])
         self.lr_network = float(state["lr_network"])

@@ -1,0 +1,197 @@
+"""``securefed flower ...``: run the same protocol on Flower (the ``flower`` extra).
+
+Registered by ``securefed/cli.py`` as a sub-app::
+
+    from securefed.cli_flower import flower_app
+    app.add_typer(flower_app, name="flower")
+
+Commands:
+
+* ``securefed flower simulate`` – Flower's simulation engine, N virtual SuperNodes;
+* ``securefed flower local`` – a SuperLink and N SuperNodes as separate processes on
+  127.0.0.1, one partition of users each, ``flwr run`` submitting the app;
+* ``securefed flower app`` – write the Flower app directory to submit by hand with
+  ``flwr run`` against a SuperLink on other machines (docs/deployment.md).
+
+Each takes the run's settings from a securefed TOML config (``--config``, as ``securefed
+train --config``) plus a few common flags; secure aggregation is always on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from securefed.cli import _fail, _print_summary, _user_errors, err, out
+
+flower_app = typer.Typer(
+    name="flower",
+    help="Run securefed across processes and machines on Flower (pip install securefed[flower]).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+ConfigOpt = Annotated[
+    Path | None, typer.Option(help="securefed TOML config (as for `securefed train --config`).")
+]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="Run directory to create.")]
+WorkOpt = Annotated[
+    Path | None,
+    typer.Option(help="Logs, Flower home and node state (default: <out>.flower)."),
+]
+
+
+def _config(
+    config: Path | None,
+    *,
+    model: str | None,
+    rounds: int | None,
+    seed: int | None,
+    epsilon: float | None,
+    synthetic_users: int | None,
+    synthetic_items: int | None,
+) -> Any:
+    from securefed.training import TrainConfig, load_config_file
+
+    raw: dict[str, Any] = load_config_file(config) if config is not None else {}
+    for key, value in (
+        ("model", model),
+        ("rounds", rounds),
+        ("seed", seed),
+        ("synthetic_users", synthetic_users),
+        ("synthetic_items", synthetic_items),
+    ):
+        if value is not None:
+            raw[key] = value
+    privacy = dict(raw.get("privacy", {}))
+    privacy["secagg"] = True
+    if epsilon is not None:
+        privacy["epsilon"] = epsilon
+    raw["privacy"] = privacy
+    return TrainConfig.from_dict(raw)
+
+
+def _dirs(config: Any, out_dir: Path | None, work_dir: Path | None) -> tuple[Path, Path]:
+    from securefed.training import _default_run_dir
+
+    run_dir = out_dir if out_dir is not None else _default_run_dir(config)
+    return run_dir, work_dir if work_dir is not None else run_dir.with_name(
+        run_dir.name + ".flower"
+    )
+
+
+def _show(summary: dict[str, Any], run_dir: Path) -> None:
+    class _Result:  # what _print_summary reads
+        pass
+
+    res = _Result()
+    res.summary = summary  # type: ignore[attr-defined]
+    res.run_dir = run_dir  # type: ignore[attr-defined]
+    _print_summary(res)
+
+
+Model = Annotated[str | None, typer.Option(help="fedrap or fedrecgel.")]
+Rounds = Annotated[int | None, typer.Option(help="Federated rounds.")]
+Seed = Annotated[int | None, typer.Option(help="Root seed (same model as `securefed train`).")]
+Eps = Annotated[float | None, typer.Option(help="Target user-level epsilon.")]
+Users = Annotated[int | None, typer.Option(help="Users of the synthetic dataset.")]
+Items = Annotated[int | None, typer.Option(help="Items of the synthetic dataset.")]
+Nodes = Annotated[int, typer.Option(help="SuperNodes, one partition of users each.")]
+StageTimeout = Annotated[
+    float, typer.Option(help="Seconds to wait for a stage's replies; silent nodes drop.")
+]
+
+
+@flower_app.command()
+def simulate(
+    config: ConfigOpt = None,
+    nodes: Nodes = 3,
+    model: Model = None,
+    rounds: Rounds = None,
+    seed: Seed = None,
+    epsilon: Eps = None,
+    synthetic_users: Users = None,
+    synthetic_items: Items = None,
+    out_dir: OutOpt = None,
+    work_dir: WorkOpt = None,
+    stage_timeout: StageTimeout = 120.0,
+) -> None:
+    """Run on Flower's simulation engine (Ray) with N virtual SuperNodes."""
+    from securefed.flower.deploy import run_simulation
+
+    with _user_errors():
+        cfg = _config(
+            config,
+            model=model,
+            rounds=rounds,
+            seed=seed,
+            epsilon=epsilon,
+            synthetic_users=synthetic_users,
+            synthetic_items=synthetic_items,
+        )
+        run_dir, work = _dirs(cfg, out_dir, work_dir)
+        err.print(f"Flower simulation: {nodes} virtual SuperNodes, work directory {work}")
+        summary = run_simulation(
+            cfg, run_dir=run_dir, nodes=nodes, work_dir=work, stage_timeout=stage_timeout
+        )
+    _show(summary, run_dir)
+
+
+@flower_app.command()
+def local(
+    config: ConfigOpt = None,
+    nodes: Nodes = 3,
+    model: Model = None,
+    rounds: Rounds = None,
+    seed: Seed = None,
+    epsilon: Eps = None,
+    synthetic_users: Users = None,
+    synthetic_items: Items = None,
+    out_dir: OutOpt = None,
+    work_dir: WorkOpt = None,
+    stage_timeout: StageTimeout = 120.0,
+) -> None:
+    """Run a local deployment: a SuperLink and N SuperNodes as processes on 127.0.0.1."""
+    from securefed.flower.deploy import run_local_deployment
+
+    with _user_errors():
+        cfg = _config(
+            config,
+            model=model,
+            rounds=rounds,
+            seed=seed,
+            epsilon=epsilon,
+            synthetic_users=synthetic_users,
+            synthetic_items=synthetic_items,
+        )
+        run_dir, work = _dirs(cfg, out_dir, work_dir)
+        err.print(f"local deployment: 1 SuperLink + {nodes} SuperNodes on 127.0.0.1, logs in {work}")
+        summary = run_local_deployment(
+            cfg, run_dir=run_dir, nodes=nodes, work_dir=work, stage_timeout=stage_timeout
+        )
+    _show(summary, run_dir)
+
+
+@flower_app.command()
+def app(
+    app_dir: Annotated[Path, typer.Argument(help="Directory to write the Flower app into.")],
+    config: Annotated[Path, typer.Option(help="securefed TOML config (on the SuperLink host).")],
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Run directory (created on the SuperLink host).")
+    ],
+    stage_timeout: StageTimeout = 120.0,
+) -> None:
+    """Write a Flower app directory to submit with `flwr run APP_DIR <connection>`."""
+    from securefed.flower.deploy import write_app
+    from securefed.flower.server import check_config
+    from securefed.training import TrainConfig, load_config_file
+
+    with _user_errors():
+        check_config(TrainConfig.from_dict(load_config_file(config)))
+        if not config.exists():
+            raise _fail(f"config file not found: {config}")
+        write_app(app_dir, config_file=config, run_dir=out_dir, stage_timeout=stage_timeout)
+    out.print(f"wrote {app_dir / 'pyproject.toml'}; submit with: flwr run {app_dir} <connection>")

@@ -1,0 +1,236 @@
+"""The distributed protocol without Flower's processes: server driver + node handlers in-process.
+
+Every payload goes through the same message handler, wire format and session freeze/thaw as a
+deployment (``LocalTransport``); these tests pin that the distributed run computes exactly what
+``securefed.train`` computes, and that dropouts, aborts and tampering follow the protocol.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from protocols.secagg.wire import ring_dtype
+from securefed import runs
+from securefed.errors import ConfigError, IntegrityError
+from securefed.flower import models
+from securefed.flower.local import LocalTransport
+from securefed.flower.messages import SESSION_KEY
+from securefed.flower.node import NodeRuntime, TrainTask
+from securefed.flower.pipeline import public_seed, round_parameters
+from securefed.flower.server import FederatedServer, ServerSettings
+from securefed.flower.session import NodeSession
+from securefed.training import PrivacyConfig, TrainConfig, build_aggregator, build_model, train
+
+METRICS = ("val_hr@10", "val_ndcg@10", "test_hr@10", "test_full_hr@10", "test_full_ndcg@10")
+
+
+def _cfg(**kw) -> TrainConfig:
+    base = dict(
+        synthetic_users=60,
+        synthetic_items=400,
+        rounds=2,
+        checkpoint_every=1,
+        privacy=PrivacyConfig(secagg=True, epsilon=8.0),
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _run(cfg, tmp_path, name="fl", **kw):
+    transport = LocalTransport(3, state_dir=tmp_path / f"{name}-nodes", **kw)
+    server = FederatedServer(
+        cfg, run_dir=tmp_path / name, transport=transport, settings=ServerSettings()
+    )
+    return server.run(), transport
+
+
+def _decode_error_bound(cfg: TrainConfig, m: int) -> float:
+    model = build_model(cfg, __import__("securefed.training", fromlist=["x"]).load_split(cfg))
+    agg = build_aggregator(cfg, model.split, model)  # type: ignore[attr-defined]
+    return round_parameters(agg, m).codec.max_decode_error(m)
+
+
+@pytest.mark.parametrize("model", ["fedrap", "fedrecgel"])
+def test_distributed_run_equals_in_process_simulation(tmp_path, model):
+    cfg = _cfg(model=model)
+    ref = train(cfg, out=tmp_path / "ref")
+    res, _ = _run(cfg, tmp_path)
+    assert len(res.metrics) == len(ref.metrics) == 2
+    for a, b in zip(ref.metrics, res.metrics, strict=True):
+        assert a["contributors"] == b["contributors"]
+        assert a["epsilon"] == b["epsilon"]
+        for key in METRICS:
+            if key in a:
+                assert b[key] == pytest.approx(a[key], abs=1e-12), key
+    # Same global model: the ring sums are identical, so the decoded models are too.
+    want = runs.load_checkpoint(tmp_path / "ref")["model"]
+    got = runs.load_checkpoint(tmp_path / "fl")["global"]
+    shared = want["C"] if model == "fedrap" else want["shared"]
+    shared = {"C": shared} if model == "fedrap" else shared
+    for key, value in shared.items():
+        assert torch.equal(got[key], value), key
+    assert res.summary["epsilon"] == ref.summary["epsilon"]
+
+
+def _replay_ring(cfg, tmp_path, round_index=0):
+    """Every participant's encoded input of round 0 (an auditor replaying the seeded run)."""
+    runtime = NodeRuntime(
+        cfg, run_token="audit", partition_id=0, num_partitions=1, state_dir=tmp_path / "audit"
+    )
+    agg = runtime.aggregator
+    cohort = torch.arange(runtime.split.n_users)
+    params = round_parameters(agg, cohort.numel())
+    arrays, scalars = models.global_payload(cfg.model, build_model(cfg, runtime.split))
+    task = TrainTask(
+        round_index=round_index,
+        cohort=cohort,
+        public_seed=public_seed(agg, round_index),
+        fingerprint=params.fingerprint(),
+        aggregate=True,
+    )
+    reply = runtime.train(task, arrays, scalars)
+    return reply.session.inputs, params, agg, arrays
+
+
+def test_node_killed_before_masked_input_gives_the_survivors_sum(tmp_path):
+    cfg = _cfg(rounds=1)
+    res, transport = _run(cfg, tmp_path, drop=lambda stage, node, r: stage == "masked" and node == 101)
+    rec = res.metrics[0]
+    holders = torch.arange(1, 60, 3)  # partition 1: users 1, 4, 7, ...
+    survivors = [u for u in range(60) if u not in set(holders.tolist())]
+    assert rec["contributors"] == rec["secagg_survivors"] == len(survivors) == 40
+    assert rec["secagg_dropped"] == 20
+    # The server's model step used exactly the survivors' sum (recomputed by replay).
+    inputs, params, agg, arrays = _replay_ring(cfg, tmp_path)
+    bits = params.codec.modulus_bits
+    total = np.zeros(next(iter(inputs.values())).shape, dtype=np.uint64)
+    for sid in survivors:  # cohort is everyone, so sid == user
+        total += inputs[sid]
+    total &= np.uint64((1 << bits) - 1)
+    mean = torch.from_numpy(params.codec.decode_sum(total)).to(torch.float32) / len(survivors)
+    c0 = torch.from_numpy(arrays["C"])
+    expected = c0 + mean.reshape(c0.shape)
+    got = runs.load_checkpoint(tmp_path / "fl")["global"]["C"]
+    assert torch.equal(got, expected)
+    assert transport.dead == {101}
+
+
+def test_too_many_dropouts_abort_cleanly_and_spend_nothing(tmp_path):
+    cfg = _cfg(rounds=1)
+    res, _ = _run(cfg, tmp_path, drop=lambda stage, node, r: stage == "share" and node != 100)
+    rec = res.metrics[0]
+    assert rec["contributors"] == 0
+    assert "aborted" in rec and "threshold" in rec["aborted"]
+    ledger = runs.load_checkpoint(tmp_path / "fl")["aggregator"]["ledger"]
+    assert ledger == []  # nothing released, nothing charged
+    init = build_model(cfg, res_split(cfg))
+    assert torch.equal(runs.load_checkpoint(tmp_path / "fl")["global"]["C"], init.C)
+
+
+def res_split(cfg):
+    from securefed.training import load_split
+
+    return load_split(cfg)
+
+
+def test_tampered_masked_input_is_an_integrity_failure_treated_as_dropout(tmp_path):
+    cfg = _cfg(rounds=1)
+    transport = LocalTransport(3, state_dir=tmp_path / "nodes")
+    original = transport.exchange
+
+    def tamper(stage, messages, *, timeout):
+        replies = original(stage, messages, timeout=timeout)
+        if stage == "masked" and 102 in replies:
+            cfgrec = replies[102].config
+            key = sorted(cfgrec)[0]
+            raw = bytearray(cfgrec[key])
+            raw[-1] ^= 1  # one flipped bit in the masked vector is still a valid message...
+            raw[20] ^= 0xFF  # ...but a corrupted header is not
+            cfgrec[key] = bytes(raw)
+        return replies
+
+    transport.exchange = tamper  # type: ignore[method-assign]
+    res = FederatedServer(cfg, run_dir=tmp_path / "fl", transport=transport).run()
+    rec = res.metrics[0]
+    assert rec["secagg_survivors"] == 59  # the tampered user dropped, the round completed
+    assert rec["secagg_dropped"] == 1
+
+
+def test_server_never_receives_an_unmasked_input(tmp_path):
+    cfg = _cfg(rounds=1)
+    res, transport = _run(cfg, tmp_path)
+    inputs, params, _, _ = _replay_ring(cfg, tmp_path)
+    dtype = ring_dtype(params.codec.modulus_bits)
+    masked = {}
+    for stage, _node, reply in transport.seen:
+        assert not reply.arrays, f"a node sent arrays at stage {stage}"
+        assert set(reply.metrics) <= {"loss_sum", "trained", "clipped", "users"} | {
+            k for k in reply.metrics if k.endswith(("hr@10", "ndcg@10"))
+        }
+        for key, value in reply.config.items():
+            assert key.startswith("sid.") or stage == "hello", key
+            if stage == "masked":
+                masked[int(key[4:])] = np.frombuffer(value[-inputs[0].size * dtype.itemsize :], dtype)
+    assert len(masked) == 60
+    for sid, y in masked.items():
+        x = inputs[sid].astype(dtype)
+        assert np.mean(y == x) < 0.01  # masked: agrees with the input only by chance
+    # ...and yet the unmasked sum is exactly the inputs' sum (the round did complete).
+    assert res.metrics[0]["secagg_survivors"] == 60
+
+
+def test_private_state_persists_and_is_refused_under_another_config(tmp_path):
+    cfg = _cfg(rounds=1)
+    _run(cfg, tmp_path)
+    [token_dir] = (tmp_path / "fl-nodes" / "node-0").iterdir()
+    saved = runs.load_state(token_dir / "partition-0.pt")
+    assert saved["trained_rounds"] == 1
+    assert saved["users"].tolist() == list(range(0, 60, 3))
+    restarted = NodeRuntime(
+        cfg,
+        run_token=token_dir.name,
+        partition_id=0,
+        num_partitions=3,
+        state_dir=tmp_path / "fl-nodes" / "node-0",
+    )
+    assert torch.equal(restarted.model.D[saved["users"]], saved["private"]["D"])
+    other = _cfg(rounds=1, seed=5)
+    with pytest.raises(ConfigError, match="another config"):
+        NodeRuntime(
+            other,
+            run_token=token_dir.name,
+            partition_id=0,
+            num_partitions=3,
+            state_dir=tmp_path / "fl-nodes" / "node-0",
+        )
+
+
+def test_session_store_refuses_foreign_objects():
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    with pytest.raises(IntegrityError):
+        NodeSession.thaw(pickle.dumps(Evil()))
+    with pytest.raises(IntegrityError):
+        NodeSession.thaw(b"not a pickle")
+    assert SESSION_KEY
+
+
+def test_flower_run_requires_secure_aggregation(tmp_path):
+    with pytest.raises(ConfigError, match="--secagg"):
+        FederatedServer(
+            _cfg(privacy=PrivacyConfig(epsilon=8.0)),
+            run_dir=tmp_path / "x",
+            transport=LocalTransport(1, state_dir=tmp_path / "n"),
+        )
+    with pytest.raises(ConfigError, match="simulate"):
+        FederatedServer(
+            _cfg(privacy=PrivacyConfig(secagg=True, secagg_simulate_dropout=0.1)),
+            run_dir=tmp_path / "y",
+            transport=LocalTransport(1, state_dir=tmp_path / "n"),
+        )
