@@ -79,10 +79,7 @@ def score_attacks(
 
     rng = numpy_generator(train_cfg.seed, "audit-bootstrap")
     # Real users only: canary clients (appended after them) are the audit's, not the data's.
-    acc = {
-        k: (v[:n_real_users] if v.ndim >= 1 and v.shape[0] == split.n_users else v)
-        for k, v in acc.items()
-    }
+    acc = {k: v if k == "canary_score" else v[:n_real_users] for k, v in acc.items() if v.ndim >= 1}
     labels = membership_labels(split, n_real)[:n_real_users]
     arrays: dict[str, np.ndarray] = {"labels": labels}
     results: list[AttackResult] = []

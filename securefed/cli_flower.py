@@ -24,7 +24,7 @@ from typing import Annotated, Any
 
 import typer
 
-from securefed.cli import _fail, _print_summary, _user_errors, err, out
+from securefed.cli import _print_summary, _user_errors, err, out
 
 flower_app = typer.Typer(
     name="flower",
@@ -168,7 +168,9 @@ def local(
             synthetic_items=synthetic_items,
         )
         run_dir, work = _dirs(cfg, out_dir, work_dir)
-        err.print(f"local deployment: 1 SuperLink + {nodes} SuperNodes on 127.0.0.1, logs in {work}")
+        err.print(
+            f"local deployment: 1 SuperLink + {nodes} SuperNodes on 127.0.0.1, logs in {work}"
+        )
         summary = run_local_deployment(
             cfg, run_dir=run_dir, nodes=nodes, work_dir=work, stage_timeout=stage_timeout
         )
@@ -191,7 +193,5 @@ def app(
 
     with _user_errors():
         check_config(TrainConfig.from_dict(load_config_file(config)))
-        if not config.exists():
-            raise _fail(f"config file not found: {config}")
         write_app(app_dir, config_file=config, run_dir=out_dir, stage_timeout=stage_timeout)
     out.print(f"wrote {app_dir / 'pyproject.toml'}; submit with: flwr run {app_dir} <connection>")

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from securefed import runs
-from securefed.errors import ConfigError, DataError
+from securefed.errors import ConfigError, DataError, SecureFedError
 from securefed.training import MODELS, PrivacyConfig, TrainConfig, load_config_file
 
 __all__ = [
@@ -311,10 +311,14 @@ def _audit_available() -> str | None:
     return None
 
 
+AUDIT_FAILED = "failed.json"
+
+
 def _cell_finished(cell_dir: Path, audit: bool) -> bool:
     if not (cell_dir / runs.SUMMARY_FILE).exists():
         return False
-    return not audit or (cell_dir / AUDIT_DIR / "audit.json").exists()
+    done = cell_dir / AUDIT_DIR
+    return not audit or (done / "audit.json").exists() or (done / AUDIT_FAILED).exists()
 
 
 def _check_cell_config(cell_dir: Path, expected: TrainConfig) -> None:
@@ -351,16 +355,20 @@ def _run_cell(
             train(resume=cell_dir, progress=rounds_cb("train"))
         else:
             train(train_cfg, out=cell_dir, progress=rounds_cb("train"))
-    if audit:
-        audit_dir = cell_dir / AUDIT_DIR
-        if not (audit_dir / "audit.json").exists():
-            from securefed.audit import AuditConfig, remove_recording
-            from securefed.audit import audit as run_audit
+    if audit and not _cell_finished(cell_dir, audit):
+        from securefed.audit import AuditConfig, remove_recording
+        from securefed.audit import audit as run_audit
 
-            if audit_dir.exists():  # an audit interrupted mid-way: redo it from scratch
-                shutil.rmtree(audit_dir)
+        audit_dir = cell_dir / AUDIT_DIR
+        if audit_dir.exists():  # an audit interrupted mid-way: redo it from scratch
+            shutil.rmtree(audit_dir)
+        try:
             run_audit(AuditConfig(run=str(cell_dir)), out=audit_dir, progress=rounds_cb("audit"))
-            remove_recording(audit_dir)
+        except SecureFedError as exc:
+            # The utility run stands on its own; the report names the cell and the reason.
+            runs.write_json(audit_dir / AUDIT_FAILED, {"error": str(exc)})
+            return
+        remove_recording(audit_dir)
 
 
 def _cell_job(cell_dir: str, config: dict[str, Any], audit: bool, threads: int) -> str:
@@ -460,7 +468,10 @@ def run_report(
             audit = False
             notes.append(f"No attack audit was run: {why}.")
     else:
-        notes.append("No attack audit was run (--no-audit).")
+        notes.append(
+            "This sweep ran no attack audit (--no-audit); audits written by earlier sweeps "
+            "into the same cells are kept."
+        )
     out.mkdir(parents=True, exist_ok=True)
     runs.write_json(
         out / SWEEP_FILE,
@@ -503,7 +514,8 @@ def _find_runs(path: Path) -> list[tuple[Path, Path | None]]:
         return found
     if (path / runs.SUMMARY_FILE).exists():
         audit = path / AUDIT_DIR / "audit.json"
-        return [(path, audit if audit.exists() else None)]
+        failed = path / AUDIT_DIR / AUDIT_FAILED
+        return [(path, audit if audit.exists() else failed if failed.exists() else None)]
     if (path / "audit.json").exists():  # an audit directory: it trained or replayed the run
         for sub in ("run", "replay"):
             if (path / sub / runs.SUMMARY_FILE).exists():
@@ -586,9 +598,11 @@ def _read_row(run_dir: Path, audit_file: Path | None) -> dict[str, Any]:
 
 def _audit_columns(audit_file: Path | None) -> dict[str, Any]:
     if audit_file is None:
-        return {"audited": False, "audit_file": ""}
+        return {"audited": False, "audit_file": "", "audit_error": ""}
     report = _read_json(audit_file)
-    row: dict[str, Any] = {"audited": True, "audit_file": str(audit_file)}
+    if audit_file.name == AUDIT_FAILED:
+        return {"audited": False, "audit_file": "", "audit_error": str(report.get("error"))}
+    row: dict[str, Any] = {"audited": True, "audit_file": str(audit_file), "audit_error": ""}
     block = report.get("audit") or {}
     row["epsilon_lower_bound"] = _f(block.get("epsilon_lower_bound"))
     row["audit_confidence"] = _f(block.get("confidence"))
@@ -694,6 +708,11 @@ def _build(
             f"writing results.parquet needs pyarrow ({exc}); pip install 'securefed[report]'"
         ) from None
     notes = list(notes)
+    for _, row in frame[frame["audit_error"].fillna("") != ""].iterrows():
+        notes.append(
+            f"The audit of {row['cell']} failed: {row['audit_error']} (its utility is reported; "
+            f"delete {row['run_dir']}/{AUDIT_DIR} and rerun to retry the audit)."
+        )
     if not frame["audited"].any() and not any("audit" in n for n in notes):
         notes.append("No audit.json was found for these runs, so attack figures are omitted.")
     figures, fig_notes = draw_figures(frame, out / "figures")

@@ -23,7 +23,14 @@ from securefed.flower.node import NodeRuntime, TrainTask
 from securefed.flower.pipeline import public_seed, round_parameters
 from securefed.flower.server import FederatedServer, ServerSettings
 from securefed.flower.session import NodeSession
-from securefed.training import PrivacyConfig, TrainConfig, build_aggregator, build_model, train
+from securefed.training import (
+    PrivacyConfig,
+    TrainConfig,
+    build_aggregator,
+    build_model,
+    load_split,
+    train,
+)
 
 METRICS = ("val_hr@10", "val_ndcg@10", "test_hr@10", "test_full_hr@10", "test_full_ndcg@10")
 
@@ -49,8 +56,8 @@ def _run(cfg, tmp_path, name="fl", **kw):
 
 
 def _decode_error_bound(cfg: TrainConfig, m: int) -> float:
-    model = build_model(cfg, __import__("securefed.training", fromlist=["x"]).load_split(cfg))
-    agg = build_aggregator(cfg, model.split, model)  # type: ignore[attr-defined]
+    split = load_split(cfg)
+    agg = build_aggregator(cfg, split, build_model(cfg, split))
     return round_parameters(agg, m).codec.max_decode_error(m)
 
 
@@ -66,13 +73,16 @@ def test_distributed_run_equals_in_process_simulation(tmp_path, model):
         for key in METRICS:
             if key in a:
                 assert b[key] == pytest.approx(a[key], abs=1e-12), key
-    # Same global model: the ring sums are identical, so the decoded models are too.
+    # Same global model to the fixed-point precision: the nodes train their subsets of the
+    # same round plan, so a float32 rounding difference can move one ring coordinate by one
+    # unit (1/scale of the sum) per round; nothing larger is allowed.
     want = runs.load_checkpoint(tmp_path / "ref")["model"]
     got = runs.load_checkpoint(tmp_path / "fl")["global"]
-    shared = want["C"] if model == "fedrap" else want["shared"]
-    shared = {"C": shared} if model == "fedrap" else shared
+    shared = {"C": want["C"]} if model == "fedrap" else want["shared"]
+    m = res.metrics[0]["participants"]
+    tol = cfg.rounds * _decode_error_bound(cfg, m) / m
     for key, value in shared.items():
-        assert torch.equal(got[key], value), key
+        assert float((got[key] - value).abs().max()) <= tol, key
     assert res.summary["epsilon"] == ref.summary["epsilon"]
 
 
@@ -97,9 +107,13 @@ def _replay_ring(cfg, tmp_path, round_index=0):
 
 
 def test_node_killed_before_masked_input_gives_the_survivors_sum(tmp_path):
-    cfg = _cfg(rounds=1)
-    res, transport = _run(cfg, tmp_path, drop=lambda stage, node, r: stage == "masked" and node == 101)
+    # One of three nodes is a third of the users: the graph must tolerate that many dropouts.
+    cfg = _cfg(rounds=1, privacy=PrivacyConfig(secagg=True, epsilon=8.0, secagg_dropout=0.4))
+    res, transport = _run(
+        cfg, tmp_path, drop=lambda stage, node, r: stage == "masked" and node == 101
+    )
     rec = res.metrics[0]
+    assert "aborted" not in rec, rec.get("aborted")
     holders = torch.arange(1, 60, 3)  # partition 1: users 1, 4, 7, ...
     survivors = [u for u in range(60) if u not in set(holders.tolist())]
     assert rec["contributors"] == rec["secagg_survivors"] == len(survivors) == 40
@@ -115,7 +129,18 @@ def test_node_killed_before_masked_input_gives_the_survivors_sum(tmp_path):
     c0 = torch.from_numpy(arrays["C"])
     expected = c0 + mean.reshape(c0.shape)
     got = runs.load_checkpoint(tmp_path / "fl")["global"]["C"]
-    assert torch.equal(got, expected)
+    # Equal to the fixed-point precision (a float32 ulp in local training can move one ring
+    # unit per client); including the dropped users' inputs would be far off.
+    tol = params.codec.max_decode_error(60) / len(survivors)
+    assert float((got - expected).abs().max()) <= tol
+    everyone = np.zeros_like(total)
+    for sid in range(60):
+        everyone += inputs[sid]
+    everyone &= np.uint64((1 << bits) - 1)
+    wrong = c0 + (torch.from_numpy(params.codec.decode_sum(everyone)).float() / 60).reshape(
+        c0.shape
+    )
+    assert float((got - wrong).abs().max()) > 100 * tol
     assert transport.dead == {101}
 
 
@@ -124,21 +149,15 @@ def test_too_many_dropouts_abort_cleanly_and_spend_nothing(tmp_path):
     res, _ = _run(cfg, tmp_path, drop=lambda stage, node, r: stage == "share" and node != 100)
     rec = res.metrics[0]
     assert rec["contributors"] == 0
-    assert "aborted" in rec and "threshold" in rec["aborted"]
+    assert "reveals nothing" in rec["aborted"]
     ledger = runs.load_checkpoint(tmp_path / "fl")["aggregator"]["ledger"]
     assert ledger == []  # nothing released, nothing charged
-    init = build_model(cfg, res_split(cfg))
+    init = build_model(cfg, load_split(cfg))
     assert torch.equal(runs.load_checkpoint(tmp_path / "fl")["global"]["C"], init.C)
 
 
-def res_split(cfg):
-    from securefed.training import load_split
-
-    return load_split(cfg)
-
-
 def test_tampered_masked_input_is_an_integrity_failure_treated_as_dropout(tmp_path):
-    cfg = _cfg(rounds=1)
+    cfg = _cfg(rounds=1, privacy=PrivacyConfig(secagg=True, epsilon=8.0, secagg_dropout=0.4))
     transport = LocalTransport(3, state_dir=tmp_path / "nodes")
     original = transport.exchange
 
@@ -174,7 +193,9 @@ def test_server_never_receives_an_unmasked_input(tmp_path):
         for key, value in reply.config.items():
             assert key.startswith("sid.") or stage == "hello", key
             if stage == "masked":
-                masked[int(key[4:])] = np.frombuffer(value[-inputs[0].size * dtype.itemsize :], dtype)
+                masked[int(key[4:])] = np.frombuffer(
+                    value[-inputs[0].size * dtype.itemsize :], dtype
+                )
     assert len(masked) == 60
     for sid, y in masked.items():
         x = inputs[sid].astype(dtype)
@@ -234,3 +255,52 @@ def test_flower_run_requires_secure_aggregation(tmp_path):
             run_dir=tmp_path / "y",
             transport=LocalTransport(1, state_dir=tmp_path / "n"),
         )
+
+
+def test_cli_writes_the_flower_app_and_refuses_a_config_without_secagg(tmp_path):
+    import typer
+    from typer.testing import CliRunner
+
+    from securefed.cli_flower import flower_app
+
+    root = typer.Typer()
+    root.add_typer(flower_app, name="flower")
+    good = tmp_path / "good.toml"
+    good.write_text("rounds = 2\n[privacy]\nsecagg = true\nepsilon = 8.0\n")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("rounds = 2\n")
+    runner = CliRunner()
+    res = runner.invoke(
+        root, ["flower", "app", str(tmp_path / "app"), "--config", str(good), "--out", "r"]
+    )
+    assert res.exit_code == 0, res.output
+    text = (tmp_path / "app" / "pyproject.toml").read_text()
+    assert 'serverapp = "securefed.flower.apps:server_app"' in text
+    assert str(good.resolve()) in text
+    res = runner.invoke(
+        root, ["flower", "app", str(tmp_path / "app2"), "--config", str(bad), "--out", "r"]
+    )
+    assert res.exit_code == 2 and "--secagg" in res.output
+
+
+def test_secure_mode_trains_own_users_only_with_os_randomness(tmp_path):
+    # --secure: nothing is replayed; each node plans, rounds and noises only its own users,
+    # and the round's public seed comes from the OS, not from the run seed.
+    cfg = _cfg(privacy=PrivacyConfig(secagg=True, epsilon=8.0, secure=True))
+    transport = LocalTransport(3, state_dir=tmp_path / "nodes")
+    sent = []
+    original = transport.exchange
+
+    def spy(stage, messages, *, timeout):
+        sent.extend((stage, p.config) for p in messages.values())
+        return original(stage, messages, timeout=timeout)
+
+    transport.exchange = spy  # type: ignore[method-assign]
+    res = FederatedServer(cfg, run_dir=tmp_path / "fl", transport=transport).run()
+    assert [m["contributors"] for m in res.metrics] == [60, 60]
+    assert len(runs.load_checkpoint(tmp_path / "fl")["aggregator"]["ledger"]) == 2
+    seeds = {c["public-seed"] for stage, c in sent if stage == "train"}
+    seeded = public_seed(
+        build_aggregator(_cfg(), load_split(cfg), build_model(cfg, load_split(cfg))), 0
+    )
+    assert len(seeds) == 2 and seeded not in seeds

@@ -182,7 +182,12 @@ def test_sweep_writes_every_file_with_one_complete_row_per_cell(swept):
     )  # fmt: skip
     missing = csv[list(REQUIRED_COLUMNS)].isna().sum()
     assert missing.sum() == 0, missing[missing > 0]
-    assert csv["audited"].all() and csv["epsilon_lower_bound"].notna().all()
+    # Every cell is audited, or the report names why its audit failed (utility still stands).
+    assert (csv["audited"] | csv["audit_error"].fillna("").ne("")).all()
+    assert csv.loc[csv["defense"].isin(["none", "dp"]), "audited"].all()
+    assert csv.loc[csv["audited"], "epsilon_lower_bound"].notna().all()
+    for _, row in csv[~csv["audited"]].iterrows():
+        assert f"The audit of {row['cell']} failed" in (swept / "report.md").read_text()
     dp = csv[csv["dp"]]
     assert (dp["epsilon_spent"] <= dp["epsilon"] + 1e-9).all()
     assert np.isinf(csv.loc[~csv["dp"], "epsilon_spent"]).all()
@@ -310,7 +315,7 @@ def test_interrupted_sweep_resumes_to_the_same_results(tmp_path):
     b = pd.read_csv(resumed.csv)[QUALITY]
     pd.testing.assert_frame_equal(a, b)
     md = resumed.markdown.read_text()
-    assert "No attack audit was run (--no-audit)" in md and "attacks.png" not in md
+    assert "This sweep ran no attack audit (--no-audit)" in md and "attacks.png" not in md
     assert not (resumed.out / "figures" / "attacks.png").exists()
 
 
@@ -336,3 +341,23 @@ def test_parallel_jobs_give_the_same_results_as_one_job(tmp_path):
     pd.testing.assert_frame_equal(
         pd.read_csv(one.csv)[cols], pd.read_csv(two.csv)[cols], check_exact=False, atol=1e-6
     )
+
+
+def test_a_failing_audit_is_reported_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    import securefed.audit
+
+    def broken(*args, **kwargs):
+        raise ConfigError("audit exploded on purpose")
+
+    monkeypatch.setattr(securefed.audit, "audit", broken)
+    cfg = ReportConfig(
+        models=("fedrecgel",), dataset="synthetic", synthetic_users=60, synthetic_items=400,
+        rounds=1, epsilons=(math.inf,), defenses=("none",), seeds=1, audit=True,
+    )  # fmt: skip
+    result = run_report(cfg, out=tmp_path / "r")
+    row = result.results.iloc[0]
+    assert not row["audited"] and row["audit_error"] == "audit exploded on purpose"
+    assert "The audit of fedrecgel-none-epsinf-s0 failed: audit exploded" in (
+        result.markdown.read_text()
+    )
+    assert (tmp_path / "r" / "cells" / row["cell"] / "audit" / "failed.json").exists()

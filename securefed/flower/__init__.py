@@ -9,7 +9,10 @@ the app model; every privacy step is securefed's own:
   persistent private state, one SecAgg client stage machine per user;
 * :mod:`securefed.flower.server` – the round driver: cohort, SecAgg server stages, model
   step, ledger, federated evaluation, the run directory;
+* :mod:`securefed.flower.session` – one round's SecAgg secrets on a node between messages;
+* :mod:`securefed.flower.models` – each model's private (per-user) and shared state;
 * :mod:`securefed.flower.messages` – the stage messages, independent of the transport;
+* :mod:`securefed.flower.local` – an in-process transport (tests, protocol benchmarks);
 * :mod:`securefed.flower.apps` – Flower's ``ServerApp`` / ``ClientApp`` (imports ``flwr``);
 * :mod:`securefed.flower.deploy` – a local deployment (SuperLink + SuperNodes on loopback)
   and Flower's simulation engine.

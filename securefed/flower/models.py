@@ -70,7 +70,10 @@ def load_private(name: str, model: Recommender, users: torch.Tensor, saved: dict
 
 def global_payload(name: str, model: Recommender) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """The shared tensors and schedule scalars the server sends to every node."""
-    arrays = {k: v.detach().cpu().numpy() for k, v in model.global_parameters().items()}
+    arrays = {
+        k: v.detach().cpu().numpy().copy()  # a snapshot: the server steps C in place
+        for k, v in model.global_parameters().items()  # type: ignore[attr-defined]
+    }
     state = model.state_dict()
     return arrays, {k: float(state[k]) for k in _SCALARS[name]}
 
@@ -79,7 +82,7 @@ def load_global(
     name: str, model: Recommender, arrays: dict[str, np.ndarray], scalars: dict[str, float]
 ) -> None:
     """Install the server's shared tensors and schedule scalars into a node's model."""
-    current = model.global_parameters()
+    current = model.global_parameters()  # type: ignore[attr-defined]
     if set(arrays) != set(current):
         raise ConfigError(
             f"global parameters {sorted(arrays)} do not match the model's {sorted(current)}"
@@ -116,9 +119,7 @@ def _subset_fedrap(plan: fedrap_mod.RoundPlan, keep: torch.Tensor) -> fedrap_mod
     )
 
 
-def _subset_fedrecgel(
-    plan: fedrecgel_mod.RoundPlan, keep: torch.Tensor
-) -> fedrecgel_mod.RoundPlan:
+def _subset_fedrecgel(plan: fedrecgel_mod.RoundPlan, keep: torch.Tensor) -> fedrecgel_mod.RoundPlan:
     m = plan.participants.shape[0]
     remap = torch.full((m,), -1, dtype=torch.long)
     remap[keep] = torch.arange(keep.shape[0])
@@ -179,8 +180,8 @@ def train_own(
         else:
             updates, stats = model.train_plan(sub, round_index)  # type: ignore[attr-defined]
     else:
-        sub = _subset_fedrecgel(plan, keep)
-        updates, stats = model.train_plan(sub, round_index)  # type: ignore[attr-defined]
+        sub_gel = _subset_fedrecgel(plan, keep)
+        updates, stats = model.train_plan(sub_gel, round_index)  # type: ignore[attr-defined]
         assert isinstance(updates, DenseUpdates)
     return updates, keep, stats
 

@@ -47,9 +47,7 @@ def partition_users(n_users: int, partition_id: int, num_partitions: int) -> tor
     if not isinstance(num_partitions, int) or num_partitions < 1:
         raise ConfigError(f"num-partitions must be a positive integer, got {num_partitions!r}")
     if not isinstance(partition_id, int) or not 0 <= partition_id < num_partitions:
-        raise ConfigError(
-            f"partition-id must be in [0, {num_partitions}), got {partition_id!r}"
-        )
+        raise ConfigError(f"partition-id must be in [0, {num_partitions}), got {partition_id!r}")
     return torch.arange(partition_id, n_users, num_partitions, dtype=torch.long)
 
 

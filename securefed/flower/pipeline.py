@@ -186,9 +186,7 @@ def finish_round(
     agg._last = {"clipped_fraction": clipped / participants if participants else 0.0}
     if agg.dp is not None and agg._ddg is not None:
         agg._spend(
-            agg._ddg.event(
-                round_index, sample_rate=agg.sample_rate, noise_contributors=survivors
-            )
+            agg._ddg.event(round_index, sample_rate=agg.sample_rate, noise_contributors=survivors)
         )
     total = torch.from_numpy(params.codec.decode_sum(ring_sum)).to(torch.float32)
     agg._last.update(

@@ -243,7 +243,7 @@ class FederatedServer:
                 "contributors": agg_result.contributors if agg_result is not None else 0,
                 "train_seconds": t1 - t0,
             }
-            record.update(agg.round_record())
+            record.update(agg.round_record())  # type: ignore[attr-defined]
             if (r + 1) % config.eval_every == 0 or r + 1 == config.rounds:
                 full = (r + 1) % config.resolved_full_eval_every() == 0 or r + 1 == config.rounds
                 record.update(self._evaluate(model, holders, full=full))
@@ -324,12 +324,12 @@ class FederatedServer:
             record_abort(agg, "fewer than 2 participants", clipped=clipped, participants=m)
             return None, stats
         assert params is not None
-        server = SecAggServer(
-            config=params.secagg, round_index=r, public_seed=seed, dim=agg.dim
-        )
+        server = SecAggServer(config=params.secagg, round_index=r, public_seed=seed, dim=agg.dim)
         transcript = _Transcript(self.run_dir, r, enabled=self.settings.transcript)
         try:
-            inbox = self._collect(server.receive_advertise, replies, node_of_sid, transcript, "advertise")
+            inbox = self._collect(
+                server.receive_advertise, replies, node_of_sid, transcript, "advertise"
+            )
             outbox = server.finish_advertise()
             for stage, receive, finish in (
                 ("share", server.receive_shares, server.finish_shares),
@@ -472,5 +472,3 @@ def check_config(config: TrainConfig) -> None:
             "central DP noise needs a server that sees the clear sum before noising; with "
             "Flower use the default distributed noise (drop --noise central)"
         )
-
-

@@ -21,6 +21,7 @@ from protocols.secagg import ClientAborted, SecAggClient
 from protocols.secagg.primitives import MaskExpander
 from securefed.errors import IntegrityError, ProtocolError
 
+
 def _x25519(raw: bytes) -> X25519PrivateKey:
     return X25519PrivateKey.from_private_bytes(raw)
 

@@ -1,0 +1,109 @@
+"""Round time of one workload: in-process vs Flower simulation vs local deployment.
+
+The workload is FedRAP on the synthetic dataset with secure aggregation and distributed DP
+(``--secagg --epsilon``); every engine computes the same model (tests/test_flower_*.py).
+Per engine we report the mean ``train_seconds`` of a round (cohort -> local training ->
+secure aggregation -> model step; evaluation excluded) and the wall time of the whole run
+(startup included). Engines: ``inprocess`` (``securefed.train``), ``transport`` (the
+distributed protocol over an in-process transport: the protocol's own cost), ``simulation``
+(Flower's simulation engine, Ray) and ``deployment`` (SuperLink + N SuperNodes on 127.0.0.1).
+
+    python benchmarks/flower_round.py --rounds 3 --nodes 3 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+ENGINES = ("inprocess", "transport", "simulation", "deployment")
+
+
+def _config(args: argparse.Namespace):
+    from securefed.training import PrivacyConfig, TrainConfig
+
+    return TrainConfig(
+        synthetic_users=args.users,
+        synthetic_items=args.items,
+        rounds=args.rounds,
+        eval_every=args.rounds,
+        checkpoint_every=args.rounds,
+        privacy=PrivacyConfig(secagg=True, epsilon=args.epsilon),
+    )
+
+
+def _round_seconds(run_dir: Path) -> float:
+    from securefed import runs
+
+    metrics = runs.read_metrics(run_dir)
+    return sum(m["train_seconds"] for m in metrics) / max(len(metrics), 1)
+
+
+def measure(engine: str, args: argparse.Namespace, work: Path) -> dict:
+    cfg = _config(args)
+    run_dir = work / engine / "run"
+    t0 = time.perf_counter()
+    if engine == "inprocess":
+        from securefed.training import train
+
+        train(cfg, out=run_dir)
+    elif engine == "transport":
+        from securefed.flower.local import LocalTransport
+        from securefed.flower.server import FederatedServer
+
+        transport = LocalTransport(args.nodes, state_dir=work / engine / "nodes")
+        FederatedServer(cfg, run_dir=run_dir, transport=transport).run()
+    elif engine == "simulation":
+        from securefed.flower.deploy import run_simulation
+
+        run_simulation(cfg, run_dir=run_dir, nodes=args.nodes, work_dir=work / engine / "work")
+    else:
+        from securefed.flower.deploy import run_local_deployment
+
+        run_local_deployment(
+            cfg, run_dir=run_dir, nodes=args.nodes, work_dir=work / engine / "work"
+        )
+    wall = time.perf_counter() - t0
+    return {
+        "engine": engine,
+        "nodes": args.nodes if engine != "inprocess" else None,
+        "round_seconds": round(_round_seconds(run_dir), 2),
+        "wall_seconds": round(wall, 1),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--nodes", type=int, default=3)
+    ap.add_argument("--users", type=int, default=60)
+    ap.add_argument("--items", type=int, default=400)
+    ap.add_argument("--epsilon", type=float, default=8.0)
+    ap.add_argument("--json", action="store_true", help="Print one JSON list.")
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="flower-bench-") as tmp:
+        for engine in args.engines.split(","):
+            rows.append(measure(engine, args, Path(tmp)))
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    if args.json:
+        print(json.dumps(rows))
+        return
+    print("| engine | nodes | s / round | wall s |")
+    print("|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['engine']} | {r['nodes'] or '-'} | {r['round_seconds']} | {r['wall_seconds']} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
