@@ -14,13 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _common import mean_sd, rounds_for  # noqa: E402
 
 KEYS = ("test_hr@10", "test_ndcg@10", "test_full_hr@10", "test_full_ndcg@10")
 
@@ -38,7 +40,7 @@ def _cell(model: str, fraction: float, eps: float, seed: int, args: argparse.Nam
         model=model,
         dataset=args.dataset,
         data_dir=args.data_dir,
-        rounds=args.rounds,
+        rounds=rounds_for(args.rounds, model),
         seed=seed,
         client_fraction=fraction,
         checkpoint_every=10,
@@ -47,10 +49,7 @@ def _cell(model: str, fraction: float, eps: float, seed: int, args: argparse.Nam
     return train(cfg, out=run).summary
 
 
-def _fmt(values: list[float]) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+_fmt = mean_sd
 
 
 def main() -> None:
@@ -58,7 +57,7 @@ def main() -> None:
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--dataset", default="ml-100k")
     ap.add_argument("--out", default="/tmp/securefed-privacy-utility")
-    ap.add_argument("--rounds", type=int, default=100)
+    ap.add_argument("--rounds", default="100", help="one number or fedrap=N,fedrecgel=M")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--models", default="fedrap,fedrecgel")
     ap.add_argument("--fractions", default="1.0,0.1")

@@ -20,6 +20,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _common import mean_sd, rounds_for  # noqa: E402
 
 PAPER = {
     # Published / measured reference numbers (sampled protocol, test HR@10 / NDCG@10).
@@ -36,10 +39,7 @@ KEYS = ("test_hr@10", "test_ndcg@10", "test_full_hr@10", "test_full_ndcg@10")
 
 
 def _rounds(args: argparse.Namespace, model: str) -> int:
-    if "=" not in str(args.rounds):
-        return int(args.rounds)
-    table = dict(part.split("=") for part in str(args.rounds).split(","))
-    return int(table[model])
+    return rounds_for(args.rounds, model)
 
 
 def _cell(model: str, dataset: str, negatives: str, seed: int, args: argparse.Namespace) -> dict:
@@ -68,10 +68,7 @@ def _cell(model: str, dataset: str, negatives: str, seed: int, args: argparse.Na
     return train(cfg, out=run).summary
 
 
-def _fmt(values: list[float]) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+_fmt = mean_sd
 
 
 def main() -> None:
@@ -79,7 +76,8 @@ def main() -> None:
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--out", default="/tmp/securefed-results")
     ap.add_argument(
-        "--rounds", default="100",
+        "--rounds",
+        default="100",
         help="rounds per run: one number, or per model as fedrap=40,fedrecgel=100",
     )
     ap.add_argument("--seeds", type=int, default=3)
@@ -88,7 +86,10 @@ def main() -> None:
     ap.add_argument("--negatives", default="train,history")
     ap.add_argument("--write", action="store_true")
     ap.add_argument(
-        "--fidelity", type=int, default=0, metavar="ROUNDS",
+        "--fidelity",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
         help="only the round-by-round fidelity check: FedRAP on ml-100k with the official "
         "protocol for ROUNDS rounds, every seed; writes the section after the table",
     )
@@ -133,12 +134,19 @@ def _fidelity(args: argparse.Namespace) -> None:
             metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         else:
             cfg = TrainConfig(
-                model="fedrap", dataset="ml-100k", data_dir=args.data_dir, rounds=args.fidelity,
-                seed=seed, fedrap=FedRAPConfig(negatives_from="history", curriculum="none"),
+                model="fedrap",
+                dataset="ml-100k",
+                data_dir=args.data_dir,
+                rounds=args.fidelity,
+                seed=seed,
+                fedrap=FedRAPConfig(negatives_from="history", curriculum="none"),
             )
             metrics = train(cfg, out=run).metrics
         per_seed.append(metrics)
-        print(json.dumps([(m["round"], m["test_hr@10"], m["test_ndcg@10"]) for m in metrics]), flush=True)
+        print(
+            json.dumps([(m["round"], m["test_hr@10"], m["test_ndcg@10"]) for m in metrics]),
+            flush=True,
+        )
     official = {1: (0.151, 0.065), 2: (0.244, 0.112), 3: (0.323, 0.159)}
     lines = [
         "",
