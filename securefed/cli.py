@@ -346,6 +346,18 @@ def _fmt(value: Any) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
+def _register_optional_commands() -> None:
+    """Commands whose modules live beside this one (audit, report, Flower deployment)."""
+    try:
+        from securefed.cli_flower import flower_app
+    except ImportError:  # pragma: no cover - the extra is not installed
+        return
+    app.add_typer(flower_app, name="flower")
+
+
+_register_optional_commands()
+
+
 def main() -> None:
     """Console entry point."""
     app()
