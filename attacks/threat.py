@@ -132,8 +132,17 @@ def privacy_parameters(config: TrainConfig, split: Split) -> dict[str, Any]:
     }
 
 
-def upload_channel(config: TrainConfig, split: Split, *, cohort_size: int) -> UploadChannel:
+def upload_channel(
+    config: TrainConfig,
+    split: Split,
+    *,
+    cohort_size: int,
+    params: dict[str, Any] | None = None,
+) -> UploadChannel:
     """The upload observer's view under the run's defenses.
+
+    ``params`` are :func:`privacy_parameters` when the caller has them (calibrating the
+    noise multiplier again costs seconds).
 
     Raises:
         ConfigError: Secure aggregation is on: no per-client upload is visible, and the
@@ -150,7 +159,7 @@ def upload_channel(config: TrainConfig, split: Split, *, cohort_size: int) -> Up
         return UploadChannel(
             clip=None, share_std=0.0, note="raw uploads (no DP, no secure aggregation)"
         )
-    params = privacy_parameters(config, split)
+    params = params if params is not None else privacy_parameters(config, split)
     if params["placement"] == "distributed":
         mech = DistributedGaussian(
             clip=params["clip"],
@@ -176,16 +185,14 @@ def upload_channel(config: TrainConfig, split: Split, *, cohort_size: int) -> Up
     )
 
 
-def sum_noise_std(config: TrainConfig, split: Split) -> float:
+def sum_noise_std(params: dict[str, Any]) -> float:
     """Std of the DP noise on one round's released sum (``sigma * C``; 0 without DP)."""
-    if not config.privacy.dp:
+    if not params["noise_multiplier"]:
         return 0.0
-    params = privacy_parameters(config, split)
     return float(params["noise_multiplier"]) * float(params["clip"])
 
 
-def clip_bound(config: TrainConfig, split: Split) -> float | None:
+def clip_bound(params: dict[str, Any]) -> float | None:
     """The per-client clip the aggregator applies before summing (None: no clipping)."""
-    params = privacy_parameters(config, split)
     clip = params["clip"]
     return None if clip is None or math.isinf(clip) else float(clip)

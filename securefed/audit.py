@@ -208,7 +208,7 @@ def audit(
     """
     from attacks.canaries import plant_canaries
     from attacks.recorder import AttackRecorder, RecordPlan, load_accumulators, save_accumulators
-    from attacks.threat import clip_bound, sum_noise_std, upload_channel
+    from attacks.threat import clip_bound, privacy_parameters, sum_noise_std, upload_channel
 
     cfg = config if isinstance(config, AuditConfig) else AuditConfig(train=config or TrainConfig())
     out_dir = Path(out)
@@ -258,12 +258,16 @@ def audit(
         observes = dict(meta.get("observes", {}))
     else:
         cohort = train_cfg.cohort(split.n_users)
+        params = privacy_parameters(train_cfg, split)
         channel = None
         if any(a in _PER_CLIENT for a in chosen):
             channel = upload_channel(
-                train_cfg, split, cohort_size=int(round(cohort.expected_size(split.n_users)))
+                train_cfg,
+                split,
+                cohort_size=int(round(cohort.expected_size(split.n_users))),
+                params=params,
             )
-        noise_std = sum_noise_std(train_cfg, split)
+        noise_std = sum_noise_std(params)
         observes = {
             "upload": channel.note if channel is not None else "",
             "aggregate": _aggregate_note(train_cfg, noise_std),
@@ -277,7 +281,7 @@ def audit(
             n_items=n_real,
             upload=channel,
             sum_noise_std=noise_std,
-            clip=clip_bound(train_cfg, split),
+            clip=clip_bound(params),
             canaries=canaries,
             initial_private=private.detach().cpu().clone(),
             seed=train_cfg.seed,

@@ -348,6 +348,9 @@ def _fmt(value: Any) -> str:
 
 def _register_optional_commands() -> None:
     """Commands whose modules live beside this one (audit, report, Flower deployment)."""
+    from securefed.cli_audit import audit as audit_command
+
+    app.command("audit")(audit_command)
     try:
         from securefed.cli_flower import flower_app
     except ImportError:  # pragma: no cover - the extra is not installed

@@ -106,7 +106,7 @@ class PrivateAggregator:
             elif placement == "distributed":
                 # Continuous shares sized for every sampled client surviving (no dropouts
                 # without secure aggregation): accounted exactly like the central Gaussian.
-                self.noise_multiplier = self._central_sigma(accountant="prv")
+                self.noise_multiplier = self._central_sigma(accountant=accountant)
             else:
                 self.noise_multiplier = self._central_sigma(accountant=accountant)
 
@@ -119,17 +119,15 @@ class PrivateAggregator:
         )
 
     def _min_survivors(self) -> int:
-        """The fewest clients whose noise shares reach the sum (the SecAgg threshold)."""
-        from protocols.secagg import SecAggConfig
+        """The fewest clients whose noise shares may make up a released sum.
 
+        SecAgg+'s Shamir threshold t is per neighbourhood (k neighbours), not a global bound,
+        so the guarantee is the protocol's dropout tolerance: a round whose survivors fall
+        below ``ceil((1 - dropout) * cohort)`` is aborted before anything is released (see
+        :meth:`_secure_round`), and the shares are sized for that many survivors.
+        """
         n = max(2, int(math.floor(self.expected_cohort)))
-        cfg = SecAggConfig(
-            n_clients=n,
-            neighbours=self.p.secagg_neighbours,
-            dropout_tolerance=self.p.secagg_dropout,
-            corrupt_fraction=self.p.secagg_corrupt,
-        )
-        return cfg.t
+        return max(1, math.ceil((1.0 - self.p.secagg_dropout) * n))
 
     def _setup_discrete(self) -> None:
         assert self.dp is not None
@@ -289,6 +287,16 @@ class PrivateAggregator:
         public_seed = derive_seed(self.seed, "secagg-public", round_index).to_bytes(8, "little") * 2
         if self.secure:
             public_seed = secrets.token_bytes(16)
+        if ddg is not None and dropouts is not None:
+            # The server knows who sent a masked input before it asks for unmasking shares;
+            # with fewer than the survivors the noise is sized for it must not unmask.
+            silent = dropouts.advertise | dropouts.share | dropouts.masked_input
+            if m - len(silent) < ddg.plan.min_survivors:
+                self._last["aborted"] = (
+                    f"{m - len(silent)} masked inputs, fewer than the "
+                    f"{ddg.plan.min_survivors} the noise shares are sized for"
+                )
+                return None
         try:
             result = secure_sum(
                 ring,

@@ -55,7 +55,6 @@ __all__ = [
     "run_report",
 ]
 
-Defense = Literal["none", "dp", "secagg", "dp+secagg"]
 DEFENSES: tuple[str, ...] = ("none", "dp", "secagg", "dp+secagg")
 AUDIT_DIR = "audit"
 CELLS_DIR = "cells"

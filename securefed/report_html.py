@@ -188,7 +188,7 @@ def _blocks(
     figures: dict[str, Path],
     skipped: list[Any],
     notes: list[str],
-    min_hr: float | None,
+    sentences: list[str],
 ) -> list[_Block]:
     models = sorted(set(frame["model"]))
     datasets = sorted(set(frame["dataset"]))
@@ -281,7 +281,6 @@ def _blocks(
         else:
             why = [n for n in notes if n.lower().startswith(f"no {_NOTE_KEYS[name]}")]
             b.append(_Block("note", why[0] if why else "Not available for these runs."))
-    sentences, _ = summarise(frame, min_hr)
     header, rows = _key_table(frame)
     b += [
         _Block("h2", f"{len(FIGURES) + 2}. Summary: which settings meet the utility floor"),
@@ -405,11 +404,11 @@ def write_documents(
     min_hr: float | None,
 ) -> tuple[Path, Path]:
     """Write ``out/report.html`` and ``out/report.md``; return their paths."""
-    blocks = _blocks(frame, figures, skipped, notes, min_hr)
+    sentences, floors = summarise(frame, min_hr)
+    blocks = _blocks(frame, figures, skipped, notes, sentences)
     html_path, md_path = out / "report.html", out / "report.md"
     runs.atomic_write_text(html_path, _html(blocks))
     runs.atomic_write_text(md_path, _markdown(blocks, out))
-    sentences, floors = summarise(frame, min_hr)
     runs.write_json(
         out / "recommendations.json",
         {"recommendations": sentences, "floors": floors, "notes": notes, "min_hr": min_hr},

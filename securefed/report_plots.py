@@ -380,7 +380,14 @@ def _draw_secagg(frame: Any) -> tuple[Any, str | None]:
         ax.bar(x, plain, color="#bbbbbb", label="rest of the round (local training, server)")
         ax.bar(x, secure, bottom=plain, color="#1f77b4", label="secure aggregation")
         for xi, p, s in zip(x, plain, secure, strict=True):
-            ax.text(xi, p + s, f"{s:.2g}s", ha="center", va="bottom", fontsize=8)
+            ax.text(
+                xi,
+                p + s,
+                f"{s:.0f}s" if s >= 10 else f"{s:.2g}s",
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
         ax.set_xticks(x)
         ax.set_xticklabels(labels, fontsize=7)
         ax.set_ylabel("seconds per round (mean over rounds and seeds)")

@@ -84,3 +84,16 @@ def test_secagg_on_movielens_matches_plain(tmp_path, shared_data):
     assert float((plain.model.C - secure.model.C).abs().max()) < 1e-3
     for key in ("test_hr@10", "test_ndcg@10", "test_full_hr@10", "val_hr@10"):
         assert secure.summary[key] == pytest.approx(plain.summary[key], abs=0.005), key
+
+
+def test_secagg_dp_round_below_min_survivors_releases_nothing(tmp_path):
+    """Noise shares are sized for ceil((1 - tolerance) * cohort) survivors; fewer -> no release."""
+    cfg = TrainConfig(
+        privacy=PrivacyConfig(secagg=True, epsilon=2.0, secagg_dropout=0.05, secagg_simulate_dropout=0.3),
+        **SMALL,
+    )
+    res = train(cfg, out=tmp_path / "few")
+    assert all(m["contributors"] == 0 and m["aborted"] for m in res.metrics)
+    ledger = json.loads((tmp_path / "few" / "privacy_ledger.json").read_text())
+    assert ledger["events"] == []
+    assert res.summary["min_survivors"] == 57  # ceil(0.95 * 60)
