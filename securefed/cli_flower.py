@@ -28,7 +28,9 @@ from securefed.cli import _print_summary, _user_errors, err, out
 
 flower_app = typer.Typer(
     name="flower",
-    help="Run securefed across processes and machines on Flower (pip install 'securefed\\[flower]').",
+    help=(
+        "Run securefed across processes and machines on Flower (pip install 'securefed\\[flower]')."
+    ),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

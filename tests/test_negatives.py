@@ -127,5 +127,3 @@ def test_sampler_is_reproducible_and_validates() -> None:
     full = leave_one_out(_interactions([[0, 1, 2, 3]], 4), seed=0, n_eval_negatives=0)
     with pytest.raises(DataError, match="every item"):
         NegativeSampler(full, "history").sample(torch.tensor([0]), 1, torch.Generator())
-
-

@@ -87,9 +87,11 @@ def test_secagg_on_movielens_matches_plain(tmp_path, shared_data):
 
 
 def test_secagg_dp_round_below_min_survivors_releases_nothing(tmp_path):
-    """Noise shares are sized for ceil((1 - tolerance) * cohort) survivors; fewer -> no release."""
+    """Noise shares are sized for ceil((1 - tolerance) * cohort) survivors; fewer: no release."""
     cfg = TrainConfig(
-        privacy=PrivacyConfig(secagg=True, epsilon=2.0, secagg_dropout=0.05, secagg_simulate_dropout=0.3),
+        privacy=PrivacyConfig(
+            secagg=True, epsilon=2.0, secagg_dropout=0.05, secagg_simulate_dropout=0.3
+        ),
         **SMALL,
     )
     res = train(cfg, out=tmp_path / "few")

@@ -90,7 +90,6 @@ class FedRAPConfig:
             raise ConfigError(f"curriculum must be 'tanh' or 'none', got {self.curriculum!r}")
 
 
-
 def curriculum_weights(config: FedRAPConfig, round_index: int) -> tuple[float, float]:
     """(lambda_t, mu_t) for a round: the paper's ``tanh(t / 10)`` ramp, or the constants.
 

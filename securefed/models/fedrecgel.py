@@ -142,7 +142,6 @@ class FedRecGELConfig:
             )
 
 
-
 def sam_scale(sq_norms: torch.Tensor, rho: float) -> torch.Tensor:
     """Per-client SAM step factors: ``eps_c = sam_scale(||g_c||^2)[c] * g_c``.
 
