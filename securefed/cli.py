@@ -350,7 +350,10 @@ def _register_optional_commands() -> None:
     """Commands whose modules live beside this one (audit, report, Flower deployment)."""
     from securefed.cli_audit import audit as audit_command
 
+    from securefed.cli_report import report as report_command
+
     app.command("audit")(audit_command)
+    app.command("report")(report_command)
     try:
         from securefed.cli_flower import flower_app
     except ImportError:  # pragma: no cover - the extra is not installed

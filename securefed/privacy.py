@@ -273,7 +273,7 @@ class PrivateAggregator:
                 ints = ints + ddg.client_share(
                     rows.shape[0], generator=noise_gen, secure=self.secure
                 )
-                ring[lo : lo + rows.shape[0]] = codec.to_ring(ints.numpy())
+                ring[lo : lo + rows.shape[0]] = codec.encode_integers(ints.numpy())
             else:
                 ring[lo : lo + rows.shape[0]] = codec.encode(x.double().numpy(), rng=rng)
         dropout_rate = self.p.secagg_simulate_dropout

@@ -183,7 +183,7 @@ def test_sweep_writes_every_file_with_one_complete_row_per_cell(swept):
     missing = csv[list(REQUIRED_COLUMNS)].isna().sum()
     assert missing.sum() == 0, missing[missing > 0]
     # Every cell is audited, or the report names why its audit failed (utility still stands).
-    assert (csv["audited"] | csv["audit_error"].fillna("").ne("")).all()
+    assert (csv["audited"] | csv["audit_error"].astype("string").fillna("").ne("")).all()
     assert csv.loc[csv["defense"].isin(["none", "dp"]), "audited"].all()
     assert csv.loc[csv["audited"], "epsilon_lower_bound"].notna().all()
     for _, row in csv[~csv["audited"]].iterrows():

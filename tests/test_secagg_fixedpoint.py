@@ -102,3 +102,15 @@ def test_stochastic_rounding_is_unbiased():
     assert abs(err.mean()) < 5.33 * 0.5 / np.sqrt(m)
     # Power check: deterministic rounding (bias -0.3) is rejected by the same test.
     assert abs(np.floor(x * 16).mean() - 0.3) >= 5.33 * 0.5 / np.sqrt(m)
+
+
+def test_encode_integers_accepts_rounded_update_plus_noise_and_refuses_overflow():
+    codec = FixedPointCodec.for_sum(n_clients=3, clip=2.0, scale=100.0, extra_int_bound=50)
+    bound = codec.per_client_bound
+    ok = np.array([[bound, -bound, 7]], dtype=np.int64)
+    total = codec.add(
+        codec.add(codec.encode_integers(ok), codec.encode_integers(ok)), codec.encode_integers(ok)
+    )
+    np.testing.assert_array_equal(codec.decode_sum(total), 3 * ok / 100.0)
+    with pytest.raises(ConfigError):
+        codec.encode_integers(np.array([bound + 1], dtype=np.int64))
