@@ -9,13 +9,11 @@ anything else keeps its traceback, because it is a bug.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -24,9 +22,8 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
-from rich.table import Table
 
-from securefed.errors import SecureFedError
+from securefed.cli_common import _fail, _print_summary, _user_errors, err, out
 
 app = typer.Typer(
     name="securefed",
@@ -35,29 +32,11 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-err = Console(stderr=True)
-out = Console()
 
 
 @app.callback()
 def _root() -> None:
     """Privacy-hardened federated recommendation: train, account, audit, report."""
-
-
-def _fail(message: str) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    return typer.Exit(code=2)
-
-
-@contextmanager
-def _user_errors() -> Iterator[None]:
-    """Turn securefed's own errors into one line and exit code 2."""
-    try:
-        yield
-    except SecureFedError as exc:
-        raise _fail(str(exc)) from None
-    except KeyboardInterrupt:
-        raise _fail("interrupted; resume with --resume RUN_DIR") from None
 
 
 def _given(**values: Any) -> dict[str, Any]:
@@ -264,40 +243,6 @@ def _run_with_progress(
     _print_summary(result)
 
 
-def _print_summary(result: Any) -> None:
-    s = result.summary
-    if s.get("synthetic"):
-        err.print(
-            "[yellow]note:[/] trained on the built-in SYNTHETIC dataset "
-            "(use --dataset for real data)"
-        )
-    table = Table(
-        title=f"{s['model']} on {s['dataset']} — {s['rounds']} rounds, {s['seconds']:.1f} s"
-    )
-    table.add_column("metric")
-    table.add_column("validation", justify="right")
-    table.add_column("test", justify="right")
-    for label, key in (
-        ("HR@10 (sampled)", "hr@10"),
-        ("NDCG@10 (sampled)", "ndcg@10"),
-        ("HR@10 (full ranking)", "full_hr@10"),
-        ("NDCG@10 (full ranking)", "full_ndcg@10"),
-    ):
-        table.add_row(label, _fmt(s.get(f"val_{key}")), _fmt(s.get(f"test_{key}")))
-    out.print(table)
-    if "selected_round" in s:
-        out.print(f"reported round {s['selected_round']} (best validation HR@10)")
-    if s.get("epsilon") is not None:
-        out.print(
-            f"privacy: epsilon {s['epsilon']:.4g} at delta {s['delta']:g} "
-            f"({s.get('privacy_unit')}-level, {s.get('accountant')} accountant, "
-            f"noise multiplier {s.get('noise_multiplier'):.4g}, clip {s.get('clip'):g})"
-        )
-    if s.get("stopped"):
-        err.print(f"[yellow]stopped early:[/] {s['stopped']}")
-    out.print(f"run directory: {result.run_dir}")
-
-
 @app.command()
 def account(
     epsilon: Annotated[
@@ -342,14 +287,9 @@ def account(
     )
 
 
-def _fmt(value: Any) -> str:
-    return "-" if value is None else f"{value:.4f}"
-
-
 def _register_optional_commands() -> None:
     """Commands whose modules live beside this one (audit, report, Flower deployment)."""
     from securefed.cli_audit import audit as audit_command
-
     from securefed.cli_report import report as report_command
 
     app.command("audit")(audit_command)

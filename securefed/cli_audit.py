@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from securefed.cli import _fail, _user_errors, err, out
+from securefed.cli_common import _fail, _user_errors, err, out
 
 __all__ = ["audit"]
 

@@ -24,7 +24,7 @@ from typing import Annotated, Any
 
 import typer
 
-from securefed.cli import _print_summary, _user_errors, err, out
+from securefed.cli_common import _print_summary, _user_errors, err, out
 
 flower_app = typer.Typer(
     name="flower",

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from securefed.cli import _fail, _user_errors, err, out
+from securefed.cli_common import _fail, _user_errors, err, out
 from securefed.errors import ConfigError
 
 
