@@ -63,11 +63,23 @@ def main() -> None:
     ap.add_argument("--fractions", default="1.0,0.1")
     ap.add_argument("--epsilons", default="0.5,1,2,4,8,inf")
     ap.add_argument("--write", action="store_true")
+    ap.add_argument(
+        "--only-finished",
+        action="store_true",
+        help="tabulate only cells whose runs already finished (train nothing)",
+    )
     args = ap.parse_args()
     rows = []
     for model in args.models.split(","):
         for fraction in (float(f) for f in args.fractions.split(",")):
             for eps in (float(e) for e in args.epsilons.split(",")):
+                if args.only_finished and not all(
+                    (
+                        Path(args.out) / f"{model}-q{fraction}-eps{eps}-s{s}" / "summary.json"
+                    ).exists()
+                    for s in range(args.seeds)
+                ):
+                    continue
                 sums = [_cell(model, fraction, eps, s, args) for s in range(args.seeds)]
                 row = {"model": model, "fraction": fraction, "epsilon": eps}
                 for key in KEYS:
@@ -85,7 +97,8 @@ def _write(rows: list[dict], args: argparse.Namespace) -> None:
         "## Utility at each epsilon",
         "",
         f"Written by `python benchmarks/privacy_utility.py --rounds {args.rounds} --seeds {args.seeds} "
-        f"--models {args.models} --fractions {args.fractions} --epsilons {args.epsilons} --write` "
+        f"--models {args.models} --fractions {args.fractions} --epsilons {args.epsilons} "
+        f"{'--only-finished ' if args.only_finished else ''}--write` "
         f"({time.strftime('%Y-%m-%d')}, {args.dataset}). User-level DP, central Gaussian noise, "
         "delta 1e-5, PRV accountant, default clip (FedRAP 10, FedRecGEL 1); mean ± sd over seeds of "
         "the test metrics at the round with the best validation HR@10. Client fraction 1.0 = every "
@@ -100,6 +113,17 @@ def _write(rows: list[dict], args: argparse.Namespace) -> None:
             f"| {r['model']} | {r['fraction']:g} | {r['epsilon']:g} | {sigma} | {_fmt(r['test_hr@10'])} | "
             f"{_fmt(r['test_ndcg@10'])} | {_fmt(r['test_full_hr@10'])} | {_fmt(r['test_full_ndcg@10'])} |"
         )
+    lines += [
+        "",
+        "Reading it: user-level DP costs FedRAP most of its (already modest, see docs/results.md) "
+        "accuracy at every epsilon when every client joins every round (no amplification: sigma "
+        "8.98 at epsilon 2 for 20 rounds); Poisson sampling at q = 0.1 keeps about 60% of the "
+        "non-private HR@10 down to epsilon 1. FedRecGEL falls to the random baseline (HR@10 about "
+        "0.10) even at epsilon 8: its server takes Adam steps on the noisy mean gradient, whose "
+        "true value is tiny on the sparse item-embedding rows, so Adam's normalisation turns the "
+        "noise into full-size steps. Rows with fewer rounds than the papers' 100 (FedRAP 20, "
+        "FedRecGEL 30) calibrate sigma for those rounds.",
+    ]
     path = ROOT / "docs" / "privacy.md"
     text = path.read_text()
     head = text.split("## Utility at each epsilon", 1)[0]
