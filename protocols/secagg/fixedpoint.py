@@ -140,29 +140,23 @@ class FixedPointCodec:
 
     def to_ring(self, values: np.ndarray) -> np.ndarray:
         """Integers (e.g. discrete-Gaussian noise) into the ring; ``|v| <= extra_int_bound``."""
-        v = np.asarray(values)
-        if v.dtype.kind not in "iu":
-            raise ConfigError(f"values must be an integer array, got dtype {v.dtype}")
-        v = v.astype(np.int64)
-        if v.size and int(np.max(np.abs(v))) > self.extra_int_bound:
-            raise ConfigError(
-                f"integer values must satisfy |v| <= extra_int_bound={self.extra_int_bound}; "
-                "raise extra_int_bound in FixedPointCodec.for_sum or truncate the noise"
-            )
-        return self._wrap(v)
+        return self._integers(values, self.extra_int_bound, "extra_int_bound")
 
     def encode_integers(self, values: np.ndarray) -> np.ndarray:
         """A client's whole integer input (already rounded update plus its integer noise share)
         into the ring; every ``|v| <= per_client_bound`` so the sum of ``n_clients`` such inputs
         cannot wrap."""
+        return self._integers(values, self.per_client_bound, "per_client_bound")
+
+    def _integers(self, values: np.ndarray, bound: int, name: str) -> np.ndarray:
         v = np.asarray(values)
         if v.dtype.kind not in "iu":
             raise ConfigError(f"values must be an integer array, got dtype {v.dtype}")
         v = v.astype(np.int64)
-        if v.size and int(np.max(np.abs(v))) > self.per_client_bound:
+        if v.size and int(np.max(np.abs(v))) > bound:
             raise ConfigError(
-                f"integer inputs must satisfy |v| <= per_client_bound={self.per_client_bound}; "
-                "raise clip or extra_int_bound in FixedPointCodec.for_sum"
+                f"integer values must satisfy |v| <= {name}={bound}; "
+                "raise the clip or extra_int_bound in FixedPointCodec.for_sum or truncate the noise"
             )
         return self._wrap(v)
 
