@@ -370,6 +370,15 @@ def _is_better(record: dict[str, Any], best: dict[str, Any] | None) -> bool:
     return (record["val_hr@10"], record["val_ndcg@10"]) >= (best["val_hr@10"], best["val_ndcg@10"])
 
 
+def _selected_round(metrics: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The metrics line of the round the selection rule picks (None before any evaluation)."""
+    best = None
+    for m in metrics:
+        if "val_hr@10" in m and _is_better(m, best):
+            best = m
+    return best
+
+
 SUMMARY_METRICS = (
     "test_hr@10",
     "test_ndcg@10",
@@ -404,12 +413,8 @@ def _summary(
         "synthetic": split.report.synthetic,
         "selection": "round with the best validation HR@10 (ties: latest)",
     }
-    if evaluated:
-        best = None
-        for m in evaluated:
-            if _is_better(m, best):
-                best = m
-        assert best is not None
+    best = _selected_round(metrics)
+    if best is not None:
         summary["selected_round"] = best["round"]
         for key in SUMMARY_METRICS:
             summary[key] = best.get(key)
@@ -510,10 +515,7 @@ def train(
 
     stopped: str | None = None
     train_seconds = sum(m.get("train_seconds", 0.0) for m in metrics)
-    best: dict[str, Any] | None = None
-    for m in metrics:
-        if "val_hr@10" in m and _is_better(m, best):
-            best = m
+    best = _selected_round(metrics)
     for r in range(start_round, config.rounds):
         t0 = time.perf_counter()
         participants = sample_cohort(
@@ -576,10 +578,7 @@ def _complete_selected_round(
     config: TrainConfig, split: Split, metrics: list[dict[str, Any]], run_dir: Path
 ) -> None:
     """Give the selected round full-ranking metrics when it was evaluated sampled-only."""
-    best = None
-    for m in metrics:
-        if "val_hr@10" in m and _is_better(m, best):
-            best = m
+    best = _selected_round(metrics)
     if best is None or "test_full_hr@10" in best:
         return
     saved = runs.load_state(run_dir / runs.BEST_FILE)
