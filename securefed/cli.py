@@ -127,17 +127,17 @@ def train(
     ] = None,
 ) -> None:
     """Train FedRAP or FedRecGEL federatedly and write a run directory."""
+    flags_given = [k for k, v in locals().items() if v is not None and k != "resume"]
     from securefed.training import TrainConfig, load_config_file
     from securefed.training import train as run_train
 
     with _user_errors():
         if resume is not None:
-            given = [k for k, v in locals().items() if v is not None and k not in ("resume",)]
-            given = [k for k in given if k not in ("TrainConfig", "load_config_file", "run_train")]
-            if given:
+            if flags_given:
+                names = {"out_dir": "out", "lam": "lambda"}
                 raise _fail(
                     "--resume continues a run with its recorded settings; drop "
-                    + ", ".join("--" + g.replace("_", "-") for g in given)
+                    + ", ".join("--" + names.get(g, g).replace("_", "-") for g in flags_given)
                 )
             cfg = None
         else:

@@ -225,3 +225,10 @@ def test_selected_round_always_gets_full_ranking_metrics(tmp_path):
     assert selected["test_full_hr@10"] == res.summary["test_full_hr@10"]
     lines = [json.loads(x) for x in (tmp_path / "g" / "metrics.jsonl").read_text().splitlines()]
     assert "test_full_hr@10" in lines[res.summary["selected_round"] - 1]
+
+
+def test_resume_refuses_other_flags(tmp_path):
+    res = runner.invoke(app, ["train", *SMALL, "--rounds", "1", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    again = runner.invoke(app, ["train", "--resume", str(tmp_path / "r"), "--rounds", "3"])
+    assert again.exit_code == 2 and "drop --rounds" in again.output
