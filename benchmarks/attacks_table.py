@@ -10,6 +10,7 @@ DP does not protect the uploads from it, only the aggregates.
 
     python benchmarks/attacks_table.py --data-dir ../shared/data --rounds 100 --seeds 0 1 2
     python benchmarks/attacks_table.py --rounds 3 --seeds 0          # reduced scale
+    python benchmarks/attacks_table.py --from-report report-ml100k   # a report's audits
 
 Writes ``<out>/table.md`` and ``<out>/table.json`` and each cell's audit directory.
 """
@@ -65,8 +66,16 @@ def run_cell(
         )
         res = audit(AuditConfig(train=cfg, bootstrap=100, target_users=0), out=out)
         rep, recorded = res.report, res.bytes_recorded
+    row = table_row(rep, defense=defense, seed=seed, rounds=rounds)
+    row["seconds"] = round(time.perf_counter() - t0, 1)
+    row["recorded_mib"] = round(recorded / 2**20, 1)
+    return row
+
+
+def table_row(rep: dict[str, Any], *, defense: str, seed: int, rounds: int) -> dict[str, Any]:
+    """One table row from an ``audit.json`` report."""
     return {
-        "model": model,
+        "model": rep["model"],
         "defense": defense,
         "seed": seed,
         "rounds": rounds,
@@ -78,9 +87,35 @@ def run_cell(
         "attribute_auc": _metric(rep, "attribute-gender", "auc"),
         "empirical_epsilon": rep["audit"]["epsilon_lower_bound"] if rep["audit"] else math.nan,
         "accounted_epsilon": rep["accounted_epsilon"],
-        "seconds": round(time.perf_counter() - t0, 1),
-        "recorded_mib": round(recorded / 2**20, 1),
     }
+
+
+def rows_from_report(report_dir: Path) -> list[dict[str, Any]]:
+    """Table rows from the audited cells of a ``securefed report`` directory (no training).
+
+    Every audited cell becomes a row; DP cells are named by their target epsilon
+    (``dp-eps2``, ``secagg+dp-eps2``), so the table covers the report's whole epsilon grid.
+    """
+    rows = []
+    for audit_file in sorted((report_dir / "cells").glob("*/audit/audit.json")):
+        rep = json.loads(audit_file.read_text())
+        secagg, eps = bool(rep["secagg"]), rep["epsilon"]
+        if eps is None:
+            defense = "secagg" if secagg else "none"
+        else:
+            defense = ("secagg+dp-eps" if secagg else "dp-eps") + f"{eps:g}"
+        rounds = int(rep["rounds"])
+        rows.append(table_row(rep, defense=defense, seed=int(rep["seed"]), rounds=rounds))
+    return rows
+
+
+def _defense_order(defense: str) -> tuple[int, float]:
+    """none, DP by epsilon, secagg, secagg+DP by epsilon."""
+    for rank, prefix in enumerate(("none", "dp-eps", "secagg+dp-eps", "secagg")):
+        if defense.startswith(prefix):
+            rest = defense[len(prefix) :]
+            return (rank if prefix != "secagg" else 2, float(rest) if rest else -1.0)
+    return (9, 0.0)
 
 
 def _fmt(x: Any) -> str:
@@ -136,8 +171,23 @@ def main() -> None:
     parser.add_argument(
         "--existing-only", action="store_true", help="Only tabulate cells already audited."
     )
+    parser.add_argument(
+        "--from-report",
+        type=Path,
+        default=None,
+        help="Tabulate the audited cells of a `securefed report` directory instead of training.",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.from_report is not None:
+        rows = sorted(
+            rows_from_report(args.from_report),
+            key=lambda r: (r["model"], _defense_order(r["defense"]), r["seed"]),
+        )
+        (args.out / "table.json").write_text(json.dumps(rows, indent=2) + "\n")
+        (args.out / "table.md").write_text(_table(rows))
+        print(_table(rows))
+        return
     rows: list[dict[str, Any]] = []
     for model in args.models:
         for defense in args.defenses:

@@ -16,8 +16,17 @@ from securefed.data.split import leave_one_out
 from securefed.data.synthetic import make_synthetic
 from securefed.data.types import Split
 from securefed.errors import ConfigError
-from securefed.federation.base import Aggregate, Recommender
-from securefed.models.fedrecgel import FedRecGEL, FedRecGELConfig, RoundPlan, sam_scale
+from securefed.federation.base import Aggregate, DenseUpdates, Recommender
+from securefed.models import fedrecgel as fedrecgel_mod
+from securefed.models.fedrecgel import (
+    FedRecGEL,
+    FedRecGELConfig,
+    FedRecGELUpdates,
+    RoundPlan,
+    sam_scale,
+)
+from securefed.privacy import PrivateAggregator
+from securefed.training import PrivacyConfig, TrainConfig
 
 
 def small_split(n_users: int = 30, n_items: int = 120, seed: int = 0) -> Split:
@@ -130,10 +139,19 @@ SMALL = {"gmf_dim": 8, "mlp_dim": 16, "layers": (32, 16, 8)}
 
 
 @pytest.mark.parametrize(
-    ("sam", "chunk_size", "negatives_from", "dims"),
-    [(True, 128, "train", {}), (True, 32, "history", SMALL), (False, 128, "train", SMALL)],
+    ("sam", "chunk_size", "negatives_from", "dims", "block_slots"),
+    [
+        (True, 128, "train", {}, None),
+        (True, 32, "history", SMALL, None),
+        (False, 128, "train", SMALL, None),
+        (True, 32, "train", SMALL, 200),  # many blocks of clients, some of a single client
+    ],
 )
-def test_batched_round_equals_per_client_reference(sam, chunk_size, negatives_from, dims):
+def test_batched_round_equals_per_client_reference(
+    sam, chunk_size, negatives_from, dims, block_slots, monkeypatch
+):
+    if block_slots is not None:
+        monkeypatch.setattr(fedrecgel_mod, "_BLOCK_SLOTS", block_slots)
     split = small_split()
     cfg = FedRecGELConfig(sam=sam, chunk_size=chunk_size, negatives_from=negatives_from, **dims)
     model = FedRecGEL(split, cfg, generator=gen(1))
@@ -167,6 +185,83 @@ def test_batched_round_equals_per_client_reference(sam, chunk_size, negatives_fr
     untouched = sorted(set(range(split.n_users)) - set(ref.clients))
     assert torch.equal(model.user_gmf[untouched], ref.user_gmf[untouched])
     assert bool((adam["step"][untouched] == 0).all())
+
+
+def _round_updates(seed: int = 3, m: int = 12) -> tuple[FedRecGEL, FedRecGELUpdates]:
+    split = small_split()
+    model = FedRecGEL(split, FedRecGELConfig(**SMALL), generator=gen(seed))
+    participants = torch.randperm(split.n_users, generator=gen(seed + 1))[:m]
+    updates, _ = model.client_round(participants, 0, gen(seed + 2))
+    assert isinstance(updates, FedRecGELUpdates)
+    return model, updates
+
+
+def test_structured_upload_is_the_dense_gradient_with_zero_untouched_rows():
+    model, up = _round_updates()
+    dense = up.dense()
+    assert dense.shape == (12, model.layout.size)
+    views = model.layout.split(dense)
+    touched = torch.zeros(12, model.split.n_items, dtype=torch.bool)
+    touched[up.pair_client, up.pair_item] = True
+    assert 0 < int(touched.sum()) < touched.numel()
+    for name, rows in (("embed_item_gmf", up.pair_gmf), ("embed_item_mlp", up.pair_mlp)):
+        assert bool((views[name][~touched] == 0).all())
+        assert torch.equal(views[name][up.pair_client, up.pair_item], rows)
+    # Only items a client really touched are stored (no padding pair): the GMF gradient
+    # dz * w_p * p_u of a touched item is never exactly zero.
+    assert bool((up.pair_gmf.abs().sum(1) > 0).all())
+    # The rows of a subset, in the asked order, are the same rows.
+    rows = torch.tensor([7, 0, 11, 3])
+    assert torch.equal(up.dense(rows), dense[rows])
+    assert up.dense(torch.zeros(0, dtype=torch.long)).shape == (0, model.layout.size)
+    # Norms over the stored rows are the dense norms; weighted sums are the dense ones.
+    torch.testing.assert_close(
+        up.norms(), torch.linalg.vector_norm(dense.double(), dim=1), rtol=1e-12, atol=0
+    )
+    w = torch.rand(12, generator=gen(9))
+    torch.testing.assert_close(up.weighted_sum(w), w @ dense, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "privacy", [{"secagg": True}, {"noise_multiplier": 1e-6, "clip": 0.05, "accountant": "rdp"}]
+)
+def test_privacy_seam_treats_the_structured_upload_as_its_dense_form(privacy):
+    """Secure aggregation (clip inactive: bit-identical ring sums) and DP clipping (active)."""
+    model, up = _round_updates(seed=20)
+    dense = DenseUpdates(clients=up.clients, vectors=up.dense(), layout=model.layout)
+    cfg = TrainConfig(model="fedrecgel", rounds=2, privacy=PrivacyConfig(**privacy))
+    totals = []
+    for updates in (up, dense):
+        agg = PrivateAggregator(cfg, model.split, dim=model.layout.size)
+        out = agg(updates, 0)
+        assert out is not None and out.contributors == 12
+        totals.append(out.total)
+        if "clip" in privacy:
+            assert agg.round_record()["clipped_fraction"] == 1.0  # every update was clipped
+    if "secagg" in privacy:
+        assert torch.equal(totals[0], totals[1])
+    else:
+        torch.testing.assert_close(totals[0], totals[1], rtol=1e-5, atol=1e-8)
+        norm = float(totals[0].norm())
+        assert 0.05 < norm <= 12 * 0.05 * (1 + 1e-5)
+
+
+def test_blocks_of_clients_change_nothing(monkeypatch):
+    """Several blocks (``_BLOCK_SLOTS`` small) give the one-block uploads and private state."""
+    results = []
+    for slots in (1 << 15, 300):
+        monkeypatch.setattr(fedrecgel_mod, "_BLOCK_SLOTS", slots)
+        model, up = _round_updates(seed=30, m=20)
+        blocks = fedrecgel_mod._blocks(
+            model.plan_round(up.clients, gen(32)), model.config.chunk_size
+        )
+        results.append((len(blocks), up.dense(), model.user_mlp.clone(), model.last_round))
+    (n1, d1, u1, diag1), (n2, d2, u2, diag2) = results
+    assert n1 == 1 and n2 > 5
+    close(d2, d1, atol=1e-7)
+    close(u2, u1, atol=1e-7)
+    assert diag1 is not None and diag2 is not None
+    close(diag2.shared_eps_norm, diag1.shared_eps_norm, atol=1e-9)
 
 
 def test_plan_follows_the_official_sample_order():

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from securefed.errors import ConfigError
-from securefed.federation.base import ClientUpdates, DenseUpdates, Recommender, RoundStats
+from securefed.federation.base import ClientUpdates, Recommender, RoundStats
 from securefed.models import fedrap as fedrap_mod
 from securefed.models import fedrecgel as fedrecgel_mod
 
@@ -182,7 +182,7 @@ def train_own(
     else:
         sub_gel = _subset_fedrecgel(plan, keep)
         updates, stats = model.train_plan(sub_gel, round_index)  # type: ignore[attr-defined]
-        assert isinstance(updates, DenseUpdates)
+        assert isinstance(updates, ClientUpdates)
     return updates, keep, stats
 
 
