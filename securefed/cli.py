@@ -100,7 +100,15 @@ def train(
         float | None, typer.Option(help="FedRecGEL SAM radius, private.")
     ] = None,
     epsilon: Annotated[
-        float | None, typer.Option(help="Target user-level epsilon for the run.")
+        float | None, typer.Option(help="Target epsilon for the run (per --privacy-unit).")
+    ] = None,
+    privacy_unit: Annotated[
+        str | None,
+        typer.Option(help="user (DP-FedAvg, default) or interaction (client-side DP-SGD, FedRAP)."),
+    ] = None,
+    example_clip: Annotated[
+        float | None,
+        typer.Option(help="--privacy-unit interaction: L2 clip of one example's gradient."),
     ] = None,
     delta: Annotated[float | None, typer.Option(help="DP delta (default 1e-5).")] = None,
     noise_multiplier: Annotated[
@@ -184,6 +192,8 @@ def train(
                 delta=delta,
                 noise_multiplier=noise_multiplier,
                 clip=clip,
+                privacy_unit=privacy_unit,
+                example_clip=example_clip,
                 accountant=accountant,
                 noise=noise,
                 secure=secure,

@@ -47,6 +47,11 @@ class PrivacyConfig:
     ``noise_multiplier`` alone fixes it and reports the epsilon spent; both together fix the
     noise and treat ``epsilon`` as a budget cap: a round that would overspend is refused and
     the run stops cleanly (``summary["stopped"]``) with its checkpoint kept.
+
+    ``privacy_unit="interaction"`` (FedRAP only) makes the clients run DP-SGD on their own
+    interactions: ``epsilon``/``noise_multiplier`` then refer to one interaction, and
+    ``example_clip`` bounds one example's gradient. No user-level noise is added in that
+    mode (one unit per run); ``clip`` is then only the secure-aggregation input bound.
     """
 
     epsilon: float | None = None
@@ -56,6 +61,7 @@ class PrivacyConfig:
     accountant: Literal["prv", "rdp"] | None = None
     noise: Literal["central", "distributed"] | None = None
     privacy_unit: Literal["user", "interaction"] = "user"
+    example_clip: float | None = None
     secure: bool = False
     secagg: bool = False
     secagg_neighbours: int | None = None
@@ -80,6 +86,35 @@ class PrivacyConfig:
         if self.privacy_unit not in ("user", "interaction"):
             raise ConfigError(
                 f"privacy unit must be user or interaction, got {self.privacy_unit!r}"
+            )
+        if self.example_clip is not None and not (
+            isinstance(self.example_clip, int | float)
+            and math.isfinite(self.example_clip)
+            and self.example_clip > 0
+        ):
+            raise ConfigError(
+                f"example clip must be a finite number > 0, got {self.example_clip!r}"
+            )
+        if self.privacy_unit == "interaction":
+            if not self.dp:
+                raise ConfigError(
+                    "--privacy-unit interaction runs DP-SGD on each client; give --epsilon "
+                    "or --noise-multiplier"
+                )
+            if self.noise is not None:
+                raise ConfigError(
+                    "--noise places user-level noise; with --privacy-unit interaction the "
+                    "clients add DP-SGD noise themselves; drop --noise"
+                )
+            if self.clip is not None and not self.secagg:
+                raise ConfigError(
+                    "--clip bounds user-level updates; with --privacy-unit interaction use "
+                    "--example-clip (--clip is only the input bound of --secagg)"
+                )
+        elif self.example_clip is not None:
+            raise ConfigError(
+                "--example-clip is the DP-SGD clip of --privacy-unit interaction; for "
+                "user-level DP use --clip"
             )
         if not 0 <= self.secagg_dropout < 1:
             raise ConfigError(f"secagg dropout must be in [0, 1), got {self.secagg_dropout!r}")
@@ -167,6 +202,11 @@ class TrainConfig:
             raise ConfigError(
                 "min interactions must be >= 3 (leave-one-out needs them), "
                 f"got {self.min_interactions!r}"
+            )
+        if self.privacy.privacy_unit == "interaction" and self.model != "fedrap":
+            raise ConfigError(
+                "--privacy-unit interaction (client-side DP-SGD) is implemented for fedrap "
+                f"only, got --model {self.model}; use the default user-level unit"
             )
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"device must be cpu or cuda, got {self.device!r}")
@@ -332,7 +372,19 @@ def build_model(config: TrainConfig, split: Split) -> Recommender:
     """The configured recommender with its parameters initialised from the run seed."""
     gen = torch_generator(config.seed, "init")
     if config.model == "fedrap":
-        return FedRAP(split, config.fedrap, generator=gen, device=config.device)
+        dpsgd = None
+        if config.privacy.dp and config.privacy.privacy_unit == "interaction":
+            from securefed.privacy import interaction_dpsgd
+
+            dpsgd = interaction_dpsgd(config, split)
+        return FedRAP(
+            split,
+            config.fedrap,
+            generator=gen,
+            device=config.device,
+            dpsgd=dpsgd,
+            noise_seed=config.seed,
+        )
     return FedRecGEL(split, config.fedrecgel, generator=gen, device=config.device)
 
 
@@ -343,7 +395,9 @@ def build_aggregator(config: TrainConfig, split: Split, model: Recommender) -> A
         return PlainAggregator()
     from securefed.privacy import PrivateAggregator
 
-    return PrivateAggregator(config, split, dim=model.layout.size)
+    return PrivateAggregator(
+        config, split, dim=model.layout.size, dpsgd=getattr(model, "dpsgd", None)
+    )
 
 
 def _default_run_dir(config: TrainConfig) -> Path:
@@ -516,8 +570,15 @@ def train(
     stopped: str | None = None
     train_seconds = sum(m.get("train_seconds", 0.0) for m in metrics)
     best = _selected_round(metrics)
+    begin_round = getattr(aggregator, "begin_round", None)
     for r in range(start_round, config.rounds):
         t0 = time.perf_counter()
+        if begin_round is not None:
+            try:  # client-side DP (interaction unit) is accounted before anyone trains
+                begin_round(r)
+            except PrivacyBudgetError as exc:
+                stopped = str(exc)
+                break
         participants = sample_cohort(
             cohort, split.n_users, torch_generator(config.seed, "cohort", r)
         )

@@ -34,7 +34,8 @@ GAUSSIAN = "gaussian"
 DISTRIBUTED_GAUSSIAN = "distributed_gaussian"
 DISTRIBUTED_DISCRETE_GAUSSIAN = "distributed_discrete_gaussian"
 MECHANISMS: tuple[str, ...] = (GAUSSIAN, DISTRIBUTED_GAUSSIAN, DISTRIBUTED_DISCRETE_GAUSSIAN)
-Placement = Literal["central", "distributed"]
+Placement = Literal["central", "distributed", "local"]
+PRIVACY_UNITS: tuple[str, ...] = ("user", "interaction")
 
 
 def _positive_int(value: Any, name: str) -> int:
@@ -64,11 +65,15 @@ class PrivacyEvent:
             central noise; the surviving clients for distributed noise).
         min_survivors: The minimum number of survivors t the shares were sized for (1 for
             central noise).
-        placement: ``"central"`` or ``"distributed"``.
+        placement: ``"central"``, ``"distributed"`` or ``"local"`` (the data owner adds the
+            noise itself: one step of a client's DP-SGD, interaction unit).
         share_sigma: Discrete only: each share's scale, integer units.
         l2_sensitivity: Discrete only: L2 bound of a rounded update, integer units.
         l1_sensitivity: Discrete only: L1 bound of a rounded update, integer units.
         dim: Discrete only: number of coordinates.
+        privacy_unit: ``"user"`` (one participant's update is the clipped row) or
+            ``"interaction"`` (one example of a client's local DP-SGD). One ledger holds
+            one unit.
     """
 
     round: int
@@ -83,6 +88,7 @@ class PrivacyEvent:
     l2_sensitivity: float | None = None
     l1_sensitivity: float | None = None
     dim: int | None = None
+    privacy_unit: Literal["user", "interaction"] = "user"
 
     def __post_init__(self) -> None:
         self._validate()
@@ -109,9 +115,18 @@ class PrivacyEvent:
             raise ConfigError(f"round must be an integer >= 0, got {r!r}")
         if self.mechanism not in MECHANISMS:
             raise ConfigError(f"mechanism must be one of {MECHANISMS}, got {self.mechanism!r}")
-        if self.placement not in ("central", "distributed"):
+        if self.placement not in ("central", "distributed", "local"):
             raise ConfigError(
-                f"placement must be 'central' or 'distributed', got {self.placement!r}"
+                f"placement must be 'central', 'distributed' or 'local', got {self.placement!r}"
+            )
+        if self.privacy_unit not in PRIVACY_UNITS:
+            raise ConfigError(
+                f"privacy_unit must be one of {PRIVACY_UNITS}, got {self.privacy_unit!r}"
+            )
+        if (self.placement == "local") != (self.privacy_unit == "interaction"):
+            raise ConfigError(
+                "local placement (client-side DP-SGD) goes with privacy_unit='interaction' and "
+                f"only with it; got placement {self.placement!r}, unit {self.privacy_unit!r}"
             )
         check_noise_multiplier(self.noise_multiplier)
         check_sample_rate(self.sample_rate)
@@ -120,13 +135,13 @@ class PrivacyEvent:
         _positive_int(self.noise_contributors, "noise_contributors")
         _positive_int(self.min_survivors, "min_survivors")
         central = self.mechanism == GAUSSIAN
-        if central != (self.placement == "central"):
+        if central != (self.placement in ("central", "local")):
             raise ConfigError(
                 f"mechanism {self.mechanism!r} does not match placement {self.placement!r}"
             )
         if central and (self.noise_contributors != 1 or self.min_survivors != 1):
             raise ConfigError(
-                "central noise has exactly one contributor (the server); got "
+                "central or local noise has exactly one contributor; got "
                 f"noise_contributors={self.noise_contributors!r}, "
                 f"min_survivors={self.min_survivors!r}"
             )
@@ -238,6 +253,11 @@ class PrivacyLedger:
         """Append ``event``; rounds must not decrease."""
         if not isinstance(event, PrivacyEvent):
             raise ConfigError(f"expected a PrivacyEvent, got {type(event).__name__}")
+        if self._events and event.privacy_unit != self._events[0].privacy_unit:
+            raise ConfigError(
+                f"a {event.privacy_unit}-level event cannot join a ledger of "
+                f"{self._events[0].privacy_unit}-level events; keep one ledger per unit"
+            )
         if self._events and event.round < self._events[-1].round:
             raise ConfigError(
                 f"privacy event round {event.round} is before the last recorded round "

@@ -26,6 +26,20 @@ steps update ``q`` by ``-lr * g / s_u``. ``D`` keeps such a scale across rounds 
 (``_d_scale``), so untouched rows of ``D_u`` are never rewritten. Users with more than one
 batch per epoch take extra sub-steps on the subset of their pairs. The result equals a per-client
 loop up to float rounding (``tests/test_fedrap.py`` checks it against one).
+
+Interaction-level DP (``dpsgd=...``)
+------------------------------------
+With a :class:`~protocols.dp.dpsgd.DPSGDConfig` every client runs DP-SGD on its own
+interactions instead (``docs/privacy.md``, "Interaction-level DP"). An example is one positive
+with its ``num_negatives`` negatives, drawn uniformly from *all* items (collisions and the
+positive itself allowed, so removing a positive changes no other example's negatives). Each
+step clips every example's gradient over ``D_u``, ``C_u`` and the scorer (closed-form norms,
+:mod:`protocols.dp.dpsgd`) and adds Gaussian noise to *every* coordinate of ``D_u``, ``C_u``,
+``w_u`` and ``b_u``; the regularisers are the paper's full-matrix form (Eq. 4), averaged over
+all items, and with weight decay enter unclipped (they do not depend on the data). Batches
+hold ``batch_size // (num_negatives + 1)`` examples and partition the client's examples in
+every epoch; ``local_epochs`` epochs always run (no loss-based early stop). The state is
+dense per client (``C_u`` differs everywhere once noised), processed in chunks of clients.
 """
 
 from __future__ import annotations
@@ -38,10 +52,25 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from protocols.dp.dpsgd import (
+    DPSGDConfig,
+    clip_factors,
+    embedding_example_sq_norms,
+    fill_gaussian_,
+    linear_example_grads,
+)
+from protocols.dp.noise import gaussian_noise
+from protocols.seeding import torch_generator
 from securefed.data.negatives import NegativeSampler
 from securefed.data.types import Split
 from securefed.errors import ConfigError
-from securefed.federation.base import Aggregate, ClientUpdates, RoundStats, UpdateLayout
+from securefed.federation.base import (
+    Aggregate,
+    ClientUpdates,
+    DenseUpdates,
+    RoundStats,
+    UpdateLayout,
+)
 from securefed.validation import positive_int
 
 
@@ -132,6 +161,42 @@ class RoundPlan:
         return out
 
 
+@dataclass(frozen=True)
+class DPSGDPlan:
+    """The examples of one interaction-level DP-SGD round and their per-epoch batches.
+
+    Attributes:
+        participants: Global user ids, ordered by batches per epoch (non-decreasing).
+        example_user: Local participant index of every example, ``[E]`` (non-decreasing).
+        example_items: ``[E, 1 + num_negatives]``: the positive, then its negatives.
+        batches_per_user: Local batches per epoch of every participant, ``[m]``.
+        example_batch: ``[epochs, E]`` batch of every example in every epoch (a partition of
+            each client's examples).
+    """
+
+    participants: torch.Tensor
+    example_user: torch.Tensor
+    example_items: torch.Tensor
+    batches_per_user: torch.Tensor
+    example_batch: torch.Tensor
+
+
+#: Bytes of dense per-client state a DP-SGD chunk may hold (about 8 ``items x dim`` buffers
+#: per client); MovieLens 100K's 943 clients fit in one chunk.
+_DPSGD_MAX_BYTES = 2 * 1024**3
+
+
+def uniform_negatives(
+    n_examples: int, n_neg: int, n_items: int, generator: torch.Generator
+) -> torch.Tensor:
+    """``[n_examples, n_neg]`` items drawn uniformly from all ``n_items`` (repeats allowed).
+
+    Used by interaction-level DP: the draw does not look at any user's positives, so adding
+    or removing one interaction leaves the distribution of every other example unchanged.
+    """
+    return torch.randint(0, n_items, (n_examples, n_neg), generator=generator)
+
+
 def _bce_terms(logit: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(d BCE(sigmoid(z), y) / dz, BCE value)`` exactly as torch's BCELoss computes them.
 
@@ -195,6 +260,111 @@ def _substep(
     new_w = f_net.unsqueeze(1) * w - lr_net.unsqueeze(1) * grad_w
     new_b = f_net * b - lr_net * grad_b
     return q_d - step * grad_d, q_c - step * grad_c, new_w, new_b, new_scale, loss
+
+
+def dpsgd_clipped_sums(
+    d: torch.Tensor,
+    c: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor,
+    user: torch.Tensor,
+    items: torch.Tensor,
+    clip: float,
+) -> tuple[torch.Tensor, ...]:
+    """Per-example gradient norms and the sums of clipped per-example gradients of a batch.
+
+    Clients ``n`` with dense ``d``, ``c`` ``[n, items, dim]`` and scorers ``w``, ``b``; the
+    batch's examples: ``user`` ``[E]``, ``items`` ``[E, k+1]`` (positive first). An example's
+    loss is the mean BCE of its ``k+1`` samples; its gradient over ``D_u``, ``C_u``, ``w_u``
+    and ``b_u`` has the closed-form squared norm ``2 ||w_u||^2 sum_rows a_row^2 +
+    ||sum_s g_s v_s||^2 + (sum_s g_s)^2`` (``a_row``: the summed output gradient of the
+    example's samples on that item row; :mod:`protocols.dp.dpsgd`); nothing of size
+    ``[examples, parameters]`` is formed.
+
+    Returns:
+        ``(rows, sum_w, sum_b, sq_norms, bce)``: ``rows`` ``[n * items]`` such that the
+        clipped sum of ``D_u`` (and of ``C_u``) gradients is ``rows[u, i] * w_u``;
+        ``sum_w`` ``[n, dim]``, ``sum_b`` ``[n]``; the unclipped squared norms ``[E]``
+        (float64) and the per-sample BCE ``[E, k+1]``.
+    """
+    n, n_items, dim = d.shape
+    n_ex, k1 = items.shape
+    flat = (user.unsqueeze(1) * n_items + items).reshape(-1)
+    v = d.view(-1, dim).index_select(0, flat) + c.view(-1, dim).index_select(0, flat)
+    logit = (v.view(n_ex, k1, dim) * w.index_select(0, user).unsqueeze(1)).sum(2)
+    labels = torch.zeros(n_ex, k1)
+    labels[:, 0] = 1.0
+    dz, bce = _bce_terms(logit + b.index_select(0, user).unsqueeze(1), labels)
+    g = dz / k1  # an example's loss is the mean over its k+1 samples
+    # Closed-form per-example squared norm: D and C rows (g * w each), scorer w and b.
+    w_sq = (w.double() * w.double()).sum(1).index_select(0, user)
+    emb_sq = embedding_example_sq_norms(items, g) * w_sq
+    grad_w, grad_b = linear_example_grads(v.view(n_ex, k1, dim), g)
+    sq = 2.0 * emb_sq + (grad_w.double() ** 2).sum(1) + grad_b.double() ** 2
+    factor = clip_factors(sq, clip)
+    rows = torch.zeros(n * n_items).index_add_(0, flat, (g * factor.unsqueeze(1)).reshape(-1))
+    sum_w = torch.zeros(n, dim).index_add_(0, user, grad_w * factor.unsqueeze(1))
+    sum_b = torch.zeros(n).index_add_(0, user, grad_b * factor)
+    return rows, sum_w, sum_b, sq, bce
+
+
+def _dpsgd_step(
+    d: torch.Tensor,
+    c: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor,
+    user: torch.Tensor,
+    items: torch.Tensor,
+    size: torch.Tensor,
+    *,
+    lr: torch.Tensor,
+    lr_net: torch.Tensor,
+    lam: float,
+    mu: float,
+    l2: float,
+    dp: DPSGDConfig,
+    generator: torch.Generator | None,
+    work: tuple[torch.Tensor, ...],
+) -> torch.Tensor:
+    """One DP-SGD step of ``n`` clients, in place on their dense ``d``, ``c`` ``[n, items,
+    dim]`` and scorers ``w`` ``[n, dim]``, ``b`` ``[n]``.
+
+    ``user``/``items``: the batch's examples (client index, ``[E]``; positive then negatives,
+    ``[E, k+1]``); ``size``: examples per client in the batch (every client here has >= 1).
+    An example's loss is the mean BCE of its ``k+1`` samples; its gradient over all its
+    parameters is clipped to ``dp.example_clip``; the sum gets ``N(0, (sigma clip)^2)`` on
+    every coordinate and is divided by ``size``. The data-independent terms (full-matrix
+    regularisers, weight decay) are added unclipped. ``work``: three scratch buffers of at
+    least ``n`` clients (fresh 200 MB tensors cost page faults every step). Returns each
+    client's summed BCE.
+    """
+    n, n_items, dim = d.shape
+    rows, sum_w, sum_b, _, bce = dpsgd_clipped_sums(d, c, w, b, user, items, dp.example_clip)
+    std, secure = dp.noise_std, dp.secure
+    # D_u <- (1 - lr l2) D_u - lr/B (clipped sum + noise) + lr k (D_u - C_u), and C_u alike:
+    # the regulariser -lam * mean((D - C)^2) is minimised by pushing D and C apart.
+    neg_lr_b = (-lr / size).view(-1, 1, 1)
+    k_reg = ((2.0 * lam / (n_items * dim)) * lr).view(-1, 1, 1)
+    shrink = (1.0 - lr * l2).view(-1, 1, 1)
+    rows3, w3 = rows.view(n, n_items, 1), w.unsqueeze(1)
+    step_d, step_c, diff = (t[:n] for t in work)
+    fill_gaussian_(step_d, std, generator=generator, secure=secure)
+    step_d.addcmul_(rows3, w3)
+    fill_gaussian_(step_c, std, generator=generator, secure=secure)
+    step_c.addcmul_(rows3, w3)
+    if mu:
+        # Scaled by B because step_c is multiplied by -lr / B below: -lr mu/(items dim) sign(C).
+        torch.sign(c, out=diff)
+        step_c.addcmul_(diff, (mu / (n_items * dim)) * size.view(-1, 1, 1))
+    torch.sub(d, c, out=diff)
+    d.mul_(shrink).addcmul_(step_d, neg_lr_b).addcmul_(diff, k_reg)
+    c.mul_(shrink).addcmul_(step_c, neg_lr_b).addcmul_(diff, k_reg, value=-1.0)
+    noise_w = gaussian_noise(w.shape, std, generator=generator, secure=secure)
+    noise_b = gaussian_noise(b.shape, std, generator=generator, secure=secure)
+    lr_net_b = lr_net / size
+    w.mul_((1.0 - lr_net * l2).unsqueeze(1)).sub_(lr_net_b.unsqueeze(1) * (sum_w + noise_w))
+    b.mul_(1.0 - lr_net * l2).sub_(lr_net_b * (sum_b + noise_b))
+    return torch.zeros(n, dtype=torch.float64).index_add_(0, user, bce.double().sum(1))
 
 
 _compiled_substep: Any = None
@@ -290,9 +460,13 @@ class FedRAP:
         *,
         generator: torch.Generator,
         device: str | torch.device = "cpu",
+        dpsgd: DPSGDConfig | None = None,
+        noise_seed: int = 0,
     ) -> None:
         self.split = split
         self.config = config
+        self.dpsgd = dpsgd
+        self.noise_seed = noise_seed
         self.device = torch.device(device)
         n_users, n_items, dim = split.n_users, split.n_items, config.dim
         self.layout = UpdateLayout(names=("C",), shapes=((n_items, dim),))
@@ -370,9 +544,129 @@ class FedRAP:
     # ------------------------------------------------------------------ training
     def client_round(
         self, participants: torch.Tensor, round_index: int, generator: torch.Generator
-    ) -> tuple[FedRAPUpdates, RoundStats]:
+    ) -> tuple[ClientUpdates, RoundStats]:
+        if self.dpsgd is not None:
+            noise = (
+                None
+                if self.dpsgd.secure
+                else torch_generator(self.noise_seed, "dpsgd-noise", round_index)
+            )
+            return self.train_dpsgd(
+                self.plan_dpsgd_round(participants, generator), round_index, noise
+            )
         plan = self.plan_round(participants, generator)
         return self.train_plan(plan, round_index)
+
+    # ------------------------------------------------------------------ DP-SGD
+    def plan_dpsgd_round(self, participants: torch.Tensor, generator: torch.Generator) -> DPSGDPlan:
+        """Examples (positive + uniform negatives) and per-epoch shuffled batches of a round."""
+        cfg = self.config
+        participants = participants.to(torch.long).cpu()
+        k = cfg.num_negatives
+        per_batch = max(1, cfg.batch_size // (k + 1))
+        counts = self._train_indptr[participants + 1] - self._train_indptr[participants]
+        batches = (counts + per_batch - 1) // per_batch
+        order = torch.argsort(batches, stable=True)
+        participants, counts, batches = participants[order], counts[order], batches[order]
+        m = participants.shape[0]
+        user = torch.repeat_interleave(torch.arange(m), counts)
+        first = torch.cumsum(counts, 0) - counts
+        offsets = torch.arange(user.shape[0]) - first[user]
+        pos = self._train_items[self._train_indptr[participants][user] + offsets]
+        neg = uniform_negatives(pos.shape[0], k, self.split.n_items, generator)
+        items = torch.cat([pos.unsqueeze(1), neg], dim=1)
+        n = user.shape[0]
+        # A fresh per-client shuffle every epoch; batch = rank within the client // per_batch.
+        keys = torch.rand(cfg.local_epochs, n, generator=generator, dtype=torch.float64)
+        order = torch.argsort(keys + user.double() * 2.0, dim=1)
+        rank = torch.empty_like(order)
+        rank.scatter_(1, order, torch.arange(n).expand(cfg.local_epochs, n))
+        example_batch = (rank - first[user]) // per_batch
+        return DPSGDPlan(
+            participants=participants,
+            example_user=user,
+            example_items=items,
+            batches_per_user=batches,
+            example_batch=example_batch,
+        )
+
+    def train_dpsgd(
+        self, plan: DPSGDPlan, round_index: int, noise_generator: torch.Generator | None
+    ) -> tuple[DenseUpdates, RoundStats]:
+        """Every participant's local DP-SGD on its examples; uploads ``C_u - C`` (dense).
+
+        Batched over clients, in chunks that keep the dense per-client ``D_u`` and ``C_u``
+        (and the step's noise) under ``_DPSGD_MAX_BYTES``.
+        """
+        assert self.dpsgd is not None
+        cfg = self.config
+        n_items, dim = self.split.n_items, cfg.dim
+        lam, mu = curriculum_weights(cfg, round_index)
+        glob = plan.participants
+        m = glob.shape[0]
+        nb = plan.batches_per_user
+        chunk = max(1, _DPSGD_MAX_BYTES // (8 * n_items * dim * 4))
+        uploads = torch.empty(m, n_items * dim)
+        bce_sum = torch.zeros(m, dtype=torch.float64)
+        bounds = torch.searchsorted(plan.example_user, torch.arange(0, m + chunk, chunk)).tolist()
+        for c, lo in enumerate(range(0, m, chunk)):
+            hi = min(m, lo + chunk)
+            ids = glob[lo:hi]
+            e0, e1 = bounds[c], bounds[c + 1]
+            d = self.D[ids]
+            scale = self._d_scale[ids]
+            if not bool((scale == 1).all()):
+                d.mul_(scale.view(-1, 1, 1))
+            cu = self.C.unsqueeze(0).repeat(hi - lo, 1, 1)
+            w = self.w[ids].clone()
+            b = self.b[ids].clone()
+            steps_done = torch.zeros(hi - lo)
+            user = plan.example_user[e0:e1] - lo
+            items = plan.example_items[e0:e1]
+            nb_c = nb[lo:hi]
+            work = tuple(torch.empty_like(d) for _ in range(3))
+            for epoch in range(cfg.local_epochs):
+                ex_batch = plan.example_batch[epoch, e0:e1]
+                last = epoch == cfg.local_epochs - 1
+                for sub in range(int(nb_c.max()) if hi > lo else 0):
+                    s0 = int(torch.searchsorted(nb_c, torch.tensor(sub), right=True))
+                    sel = torch.nonzero(ex_batch == sub).squeeze(1)
+                    u = user[sel] - s0
+                    size = torch.bincount(u, minlength=hi - lo - s0).to(torch.float32)
+                    decay = cfg.lr_gamma ** steps_done[s0:]
+                    bce = _dpsgd_step(
+                        d[s0:],
+                        cu[s0:],
+                        w[s0:],
+                        b[s0:],
+                        u,
+                        items[sel],
+                        size,
+                        lr=self.lr_args * decay,
+                        lr_net=self.lr_network * decay,
+                        lam=lam,
+                        mu=mu,
+                        l2=cfg.l2,
+                        dp=self.dpsgd,
+                        generator=noise_generator,
+                        work=work,
+                    )
+                    steps_done[s0:] += 1
+                    if last:
+                        bce_sum[lo + s0 : hi] += bce
+            self.D[ids] = d
+            self._d_scale[ids] = 1.0
+            self.w[ids] = w
+            self.b[ids] = b
+            torch.sub(cu, self.C, out=uploads[lo:hi].view(hi - lo, n_items, dim))
+        samples = (
+            torch.bincount(plan.example_user, minlength=m).double() * plan.example_items.shape[1]
+        )
+        stats = RoundStats(
+            loss=float((bce_sum / samples.clamp_min(1)).mean()) if m else float("nan"),
+            samples=int(plan.example_items.numel()),
+        )
+        return DenseUpdates(clients=glob, vectors=uploads, layout=self.layout), stats
 
     def train_plan(self, plan: RoundPlan, round_index: int) -> tuple[FedRAPUpdates, RoundStats]:
         """Local training of every participant of ``plan``, batched over (user, item) pairs."""
