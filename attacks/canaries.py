@@ -159,8 +159,8 @@ def clopper_pearson_bound(
     order = rng.permutation(s.size)
     pick, test = order[: s.size // 2], order[s.size // 2 :]
 
-    def bound(idx: np.ndarray, thr: float, a: float) -> float:
-        pred = s[idx] >= thr
+    def bound(idx: np.ndarray, thr: float, a: float, sign: float = 1.0) -> float:
+        pred = sign * s[idx] >= thr
         truth = y[idx]
         n_out, n_in = int((~truth).sum()), int(truth.sum())
         fp, fn = int((pred & ~truth).sum()), int((~pred & truth).sum())
@@ -173,8 +173,15 @@ def clopper_pearson_bound(
     candidates = np.unique(s[pick])
     if candidates.size == 0:
         return 0.0
-    best = max(candidates, key=lambda t: bound(pick, float(t), alpha))
-    return bound(test, float(best), alpha)
+    # Both directions of the test are candidates: a score that separates the canaries the
+    # wrong way round is still evidence, and the choice is made on the pick half only.
+    best_sign, best_thr, best_eps = 1.0, float(candidates[0]), -1.0
+    for sign in (1.0, -1.0):
+        for t in sign * candidates:
+            e = bound(pick, float(t), alpha, sign)
+            if e > best_eps:
+                best_sign, best_thr, best_eps = sign, float(t), e
+    return bound(test, best_thr, alpha, best_sign)
 
 
 def _one_run_eps(correct: int, guesses: int, beta: float) -> float:

@@ -5,6 +5,9 @@ floats per round), so the recorder keeps only running per-(user, item) statistic
 and streams to ``record/`` per round only what a later step needs: the round's participants,
 the canary scores, the aggregate's row statistic, and (once) the uploads of the few targets
 of the optimisation inversion. :attr:`AttackRecorder.bytes_written` says how much that was.
+The IMIA shadow attack (:mod:`attacks.imia`) runs online on each real user's first observed
+upload and keeps only its per-(user, item) scores; the released-model attack needs nothing
+per round (the audit saves the final global model once).
 
 Private parameters (FedRAP's scorer ``w_u``, FedRecGEL's ``p_u``) are read only to *score*
 the inversion (cosine to the truth) and to build the auditor's canary test direction (the
@@ -23,7 +26,8 @@ import numpy as np
 import torch
 
 from attacks.canaries import Canaries
-from attacks.rows import item_rows, row_stats
+from attacks.imia import IMIAObservation, imia_scores, make_shadow
+from attacks.rows import item_rows, row_stats, touched_mask
 from attacks.threat import UploadChannel
 from protocols.seeding import torch_generator
 from securefed.models.fedrap import FedRAPUpdates
@@ -32,10 +36,12 @@ __all__ = ["AttackRecorder", "RecordPlan", "UPLOAD_ATTACKS", "AGGREGATE_ATTACKS"
 
 #: Attacks that need the per-client uploads (the upload observer).
 UPLOAD_ATTACKS = frozenset(
-    {"row-change", "intersection", "gradient-ratio", "optimization", "attribute"}
+    {"row-change", "intersection", "gradient-ratio", "optimization", "attribute", "imia"}
 )
 #: Attacks on per-round sums (the aggregate observer).
 AGGREGATE_ATTACKS = frozenset({"union", "differencing"})
+#: Attacks on the released global model (the release observer).
+RELEASE_ATTACKS = frozenset({"released"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +61,8 @@ class RecordPlan:
     target_users: int = 16
     cohort_sizes: tuple[int, ...] = (1, 2, 5, 10, 20, 50, 100)
     chunk: int = 64
+    real_users: int | None = None
+    imia_iterations: int = 5
 
 
 @dataclass
@@ -73,6 +81,8 @@ class _Acc:
     union_sum: np.ndarray
     union_obs: np.ndarray
     canary_score: np.ndarray
+    imia_score: np.ndarray
+    imia_round: np.ndarray
     union_by_k: dict[int, dict[str, Any]] = field(default_factory=dict)
     targets: list[int] = field(default_factory=list)
 
@@ -125,11 +135,17 @@ class AttackRecorder:
             union_sum=np.zeros((u, i), dtype=f32),
             union_obs=np.zeros(u, dtype=np.int64),
             canary_score=np.zeros(m),
+            imia_score=np.full((u, i) if "imia" in plan.attacks else (0, 0), np.nan, dtype=f32),
+            imia_round=np.full(u, -1, dtype=np.int64),
         )
         # Private state before each round, for scoring only (see the module docstring).
         self._private = plan.initial_private.clone()
-        self._wants_upload = bool(plan.attacks & UPLOAD_ATTACKS) and plan.upload is not None
+        self._wants_upload = (
+            bool(plan.attacks & (UPLOAD_ATTACKS - {"imia"})) and plan.upload is not None
+        )
         self._absent: torch.Tensor | None = None
+        # Canaries seen in an earlier round (FedRAP flips the sign of their own-row push).
+        self._canary_seen: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ streaming
     def _write(self, name: str, **arrays: Any) -> None:
@@ -157,6 +173,8 @@ class AttackRecorder:
         record: dict[str, Any] = {"participants": clients.numpy()}
         if len(updates) and self._wants_upload:
             self._upload_round(r, view, updates, clients, norms)
+        if len(updates) and "imia" in plan.attacks and plan.upload is not None:
+            self._imia_round(r, view, updates, clients, norms)
         if len(updates) and "differencing" in plan.attacks and r == 0:
             self._differencing(view, updates, clients, norms)
         if len(updates) and "union" in plan.attacks and r == 0:
@@ -260,6 +278,62 @@ class AttackRecorder:
                         )
                         acc.targets.append(u)
                     targets_left -= len(pick)
+
+    def _imia_round(
+        self, r: int, view: Any, updates: Any, clients: torch.Tensor, norms: torch.Tensor
+    ) -> None:
+        """IMIA on the first observed upload of every real user in this round (batched)."""
+        plan = self.plan
+        assert plan.upload is not None
+        acc = self.acc
+        real = plan.real_users if plan.real_users is not None else plan.n_users
+        un = clients.numpy()
+        fresh = torch.from_numpy((acc.imia_round[un] < 0) & (un < real))
+        rows_all = torch.nonzero(fresh).squeeze(1)
+        if rows_all.numel() == 0:
+            return
+        n_tot = _total_items(view, plan)
+        gen = torch_generator(plan.seed, "audit-imia-share", r)
+        pcs, pis, obs_rows = [], [], []
+        for lo in range(0, rows_all.shape[0], plan.chunk):
+            rows = rows_all[lo : lo + plan.chunk]
+            flat = plan.upload.observe(updates, rows, norms, generator=gen)
+            res, _ = item_rows(plan.model, flat, view.global_before, n_tot)
+            change = res.double().square().sum(-1)
+            touched = touched_mask(change, res.shape[-1], noise_std=plan.upload.share_std)
+            c_local, item = torch.nonzero(touched, as_tuple=True)
+            pcs.append(c_local + lo)
+            pis.append(item)
+            obs_rows.append(res[c_local, item])
+        users = clients[rows_all]
+        obs = IMIAObservation(
+            users=users,
+            pair_client=torch.cat(pcs),
+            pair_item=torch.cat(pis),
+            rows=torch.cat(obs_rows),
+        )
+        shadow = make_shadow(
+            plan.model,
+            view.model.split,
+            view.config,
+            view.global_before,
+            r,
+            users,
+            torch_generator(plan.seed, "audit-imia-shadow", r),
+        )
+        sub = view.config.fedrap if plan.model == "fedrap" else view.config.fedrecgel
+        scores, _ = imia_scores(
+            obs,
+            shadow,
+            n_items=n_tot,
+            num_negatives=sub.num_negatives,
+            iterations=plan.imia_iterations,
+            generator=torch_generator(plan.seed, "audit-imia-guess", r),
+        )
+        keep = obs.pair_item < plan.n_items
+        at_user = users[obs.pair_client[keep]].numpy()
+        acc.imia_score[at_user, obs.pair_item[keep].numpy()] = scores[keep].numpy()
+        acc.imia_round[users.numpy()] = r
 
     def _clip_factors(self, norms: torch.Tensor) -> torch.Tensor:
         if self.plan.clip is None:
@@ -375,6 +449,16 @@ class AttackRecorder:
         if bool(present.any()):
             truth_dir, _ = self._truth_direction(view, users[present])
             d[present] = truth_dir
+        if self._canary_seen is None:
+            self._canary_seen = torch.zeros(users.shape[0], dtype=torch.bool)
+        if plan.model == "fedrap":
+            # FedRAP: in its first round the positive pushes C[j] along +w_u; D_u[j] takes the
+            # same push, so from then on -lambda * ||D_u - C||^2 pushes C[j] away from D_u[j]:
+            # along -w_u, growing every round (measured: every included canary's own-row
+            # projection is > 0 in its first round and < 0 in every later one).
+            flip = here & self._canary_seen
+            d[flip] = -d[flip]
+        self._canary_seen |= here
         d = d / d.norm(dim=1, keepdim=True).clamp_min(1e-30)
         score = (obs * d).sum(1).double().numpy()
         self.acc.canary_score += score

@@ -24,6 +24,8 @@ __all__ = ["score_attacks", "membership_labels"]
 
 _UP = ThreatModel.UPLOAD_OBSERVER.value
 _AGG = ThreatModel.AGGREGATE_OBSERVER.value
+_REL = ThreatModel.RELEASE_OBSERVER.value
+_OBSERVES = {_UP: "upload", _AGG: "aggregate", _REL: "release"}
 
 
 def membership_labels(split: Split, n_real: int) -> np.ndarray:
@@ -169,6 +171,8 @@ def score_attacks(
                     f"{cfg.known_fraction:.0%} of users' {attr} known to the attacker",
                 )
             )
+    if "imia" in chosen:
+        results.append(_imia(acc, labels, rng, nb, arrays))
     if "union" in chosen:
         scores = _per_round(acc["union_sum"], acc["union_obs"])
         membership(
@@ -187,18 +191,134 @@ def score_attacks(
             "two sums differing by one client (round 0): their difference is that client's "
             "clipped upload plus two draws of the sum's noise; row-change test on it",
         )
+    if "released" in chosen:
+        results.append(
+            _released(record_dir, split, n_real, n_real_users, train_cfg, rng, nb, arrays)
+        )
     audit_block = None
     if canaries is not None:
         audit_block = _audit(acc["canary_score"], canaries, train_cfg, cfg, summary, rng)
         arrays["canary_scores"] = acc["canary_score"]
         arrays["canary_included"] = canaries.included
+    from securefed.audit import RELEASE_NOTE
+
+    views = {"release": RELEASE_NOTE, **observes}
     results = [
-        dataclasses.replace(
-            r, observes=observes.get("upload" if r.threat_model == _UP else "aggregate", "")
-        )
-        for r in results
+        dataclasses.replace(r, observes=views.get(_OBSERVES[r.threat_model], "")) for r in results
     ]
     return results, arrays, audit_block
+
+
+def _imia(
+    acc: dict[str, np.ndarray],
+    labels: np.ndarray,
+    rng: np.random.Generator,
+    nb: int,
+    arrays: dict[str, np.ndarray],
+) -> AttackResult:
+    """IMIA scores over every catalogue item of the attacked users: its shadow score on the
+    rows the upload touched, below every touched row elsewhere (an untouched row is never a
+    training positive)."""
+    from securefed.audit import AttackResult
+
+    raw = acc["imia_score"]
+    attacked = acc["imia_round"] >= 0
+    touched = np.isfinite(raw)
+    floor = float(np.nanmin(raw)) - 1.0 if touched.any() else 0.0
+    scores = np.where(attacked[:, None] & ~touched, floor, raw).astype(np.float32)
+    scores[~attacked] = np.nan
+    metrics, ci, base = membership_report(scores, labels, rng=rng, n_boot=nb)
+    # The shadow's own contribution: telling positives from negatives among touched rows.
+    within, within_ci, _ = membership_report(raw, labels, rng=rng, n_boot=nb)
+    metrics.update(
+        {
+            "touched_auc": within["auc"],
+            "touched_tpr@1%fpr": within["tpr@1%fpr"],
+            "touched_f1": within["f1"],
+            "touched_positives": within["positives"],
+            "touched_negatives": within["negatives"],
+            "first_round_mean": float(acc["imia_round"][attacked].mean())
+            if attacked.any()
+            else float("nan"),
+        }
+    )
+    ci["touched_auc"] = within_ci["auc"]
+    base["touched_auc"] = 0.5
+    arrays["imia"] = scores
+    return AttackResult(
+        "imia",
+        _UP,
+        metrics,
+        ci,
+        base,
+        "shadow training (Yuan et al. WWW 2023) on each user's first observed upload: fresh "
+        "private part, guessed labels refined by the distance between the shadow's and the real "
+        "item-row updates; touched_* = among the rows the upload changed",
+    )
+
+
+def _participated(record_dir: Path, n_users: int) -> np.ndarray:
+    seen = np.zeros(n_users, dtype=bool)
+    for path in sorted(record_dir.glob("round_*.npz")):
+        with np.load(path) as z:
+            part = z["participants"]
+        seen[part[part < n_users]] = True
+    return seen
+
+
+def _released(
+    record_dir: Path,
+    split: Split,
+    n_real: int,
+    n_real_users: int,
+    train_cfg: TrainConfig,
+    rng: np.random.Generator,
+    nb: int,
+    arrays: dict[str, np.ndarray],
+) -> AttackResult:
+    from attacks.released import released_labels, released_scores
+    from protocols.seeding import torch_generator
+    from securefed.audit import RELEASED_FILE, AttackResult
+    from securefed.errors import DataError
+
+    path = record_dir / RELEASED_FILE
+    if not path.exists():
+        raise DataError(f"the released model {path} is missing; audit the run again")
+    released = torch.load(path, weights_only=True)
+    participated = _participated(record_dir, n_real_users)
+    labels = released_labels(split, n_real, n_real_users, participated)
+    calibrated, raw, info = released_scores(
+        train_cfg.model,
+        train_cfg,
+        released,
+        split,
+        n_real=n_real,
+        n_users=n_real_users,
+        generator=torch_generator(train_cfg.seed, "audit-released"),
+    )
+    metrics, ci, base = membership_report(calibrated, labels, rng=rng, n_boot=nb)
+    uncal = binary_metrics(raw, labels)
+    metrics.update(
+        {
+            "uncalibrated_auc": uncal.auc,
+            "uncalibrated_tpr@1%fpr": uncal.tpr_at_1,
+            "participating_users": int(participated.sum()),
+            **info,
+        }
+    )
+    arrays["released"] = calibrated
+    arrays["released_labels"] = labels
+    return AttackResult(
+        "released",
+        _REL,
+        metrics,
+        ci,
+        base,
+        "fresh private part fitted to all of a user's known interactions against the frozen "
+        "released model, logit minus the item's mean logit over reference users; members = "
+        "training positives of participating users, non-members = held-out validation/test "
+        "items and the items of users who never took part",
+    )
 
 
 def _optimization(

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["RowStats", "item_rows", "row_stats"]
+__all__ = ["RowStats", "item_rows", "row_stats", "touched_mask"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,18 @@ def item_rows(
     return torch.cat([g, m], dim=2), g
 
 
+def touched_mask(change: torch.Tensor, k: int, *, noise_std: float) -> torch.Tensor:
+    """Rows flagged as changed from the row-change statistic ``[c, n_items]`` of ``k``-wide
+    rows: exactly non-zero without noise; above a 4-sigma chi-square threshold with noise of
+    per-coordinate std ``noise_std``."""
+    if noise_std > 0:
+        mean = noise_std**2 * k
+        threshold = mean + 4.0 * noise_std**2 * math.sqrt(2.0 * k)
+        return change > threshold
+    peak = change.amax(1, keepdim=True)
+    return change > 1e-9 * peak.clamp_min(1e-300)
+
+
 def row_stats(rows: torch.Tensor, ratio_rows: torch.Tensor, *, noise_std: float) -> RowStats:
     """Row-change test and gradient-ratio label scores of a chunk of clients.
 
@@ -94,14 +106,7 @@ def row_stats(rows: torch.Tensor, ratio_rows: torch.Tensor, *, noise_std: float)
             for raw uploads).
     """
     change = rows.double().square().sum(-1)
-    k = rows.shape[-1]
-    if noise_std > 0:
-        mean = noise_std**2 * k
-        threshold = mean + 4.0 * noise_std**2 * math.sqrt(2.0 * k)
-        touched = change > threshold
-    else:
-        peak = change.amax(1, keepdim=True)
-        touched = change > 1e-9 * peak.clamp_min(1e-300)
+    touched = touched_mask(change, rows.shape[-1], noise_std=noise_std)
     r = ratio_rows.double()
     second = torch.einsum("cik,cil->ckl", r, r)
     _, vecs = torch.linalg.eigh(second)

@@ -37,6 +37,7 @@ from securefed.training import (
     build_model,
     load_config_file,
     load_split,
+    public_state,
     train,
 )
 
@@ -49,13 +50,18 @@ ATTACKS: tuple[str, ...] = (
     "gradient-ratio",
     "optimization",
     "attribute",
+    "imia",
     "union",
     "differencing",
+    "released",
 )
 _PER_CLIENT = frozenset(
-    {"row-change", "intersection", "gradient-ratio", "optimization", "attribute"}
+    {"row-change", "intersection", "gradient-ratio", "optimization", "attribute", "imia"}
 )
 AUDIT_FILE = "audit.json"
+#: The released global model, saved under the recording for the release-observer attack.
+RELEASED_FILE = "released.pt"
+RELEASE_NOTE = "the global model released after the last round, and each target's interactions"
 SCORES_FILE = "scores.npz"
 _META = "audit_meta.json"
 _ACC = "accumulators.npz"
@@ -73,6 +79,8 @@ class AuditConfig:
             audit recorded there, else re-simulates it from its ``config.toml``.
         canaries: Canary clients of the DP audit (default 256); 0 disables the audit.
         target_users: Targets of the optimisation inversion.
+        imia_iterations: Refinement iterations of the IMIA shadow attack (one shadow round of
+            every target client each).
         known_fraction: Share of users whose attribute the attribute attacker knows.
         bootstrap: Bootstrap resamples of the 95 % intervals.
         confidence: Confidence of the epsilon lower bound.
@@ -83,6 +91,7 @@ class AuditConfig:
     run: str | None = None
     canaries: int | None = None
     target_users: int = 16
+    imia_iterations: int = 5
     known_fraction: float = 0.5
     bootstrap: int = 200
     confidence: float = 0.95
@@ -103,6 +112,14 @@ class AuditConfig:
             raise ConfigError(f"canaries must be an integer >= 0, got {self.canaries!r}")
         if not isinstance(self.target_users, int) or self.target_users < 0:
             raise ConfigError(f"target users must be an integer >= 0, got {self.target_users!r}")
+        if (
+            not isinstance(self.imia_iterations, int)
+            or isinstance(self.imia_iterations, bool)
+            or not 1 <= self.imia_iterations <= 100
+        ):
+            raise ConfigError(
+                f"IMIA iterations must be an integer in [1, 100], got {self.imia_iterations!r}"
+            )
         if not 0 < self.known_fraction < 1:
             raise ConfigError(f"known fraction must be in (0, 1), got {self.known_fraction!r}")
         if not isinstance(self.bootstrap, int) or self.bootstrap < 10:
@@ -271,6 +288,7 @@ def audit(
         observes = {
             "upload": channel.note if channel is not None else "",
             "aggregate": _aggregate_note(train_cfg, noise_std),
+            "release": RELEASE_NOTE,
         }
         initial = build_model(train_cfg, split)
         private = getattr(initial, "w" if train_cfg.model == "fedrap" else "user_gmf")
@@ -286,12 +304,16 @@ def audit(
             initial_private=private.detach().cpu().clone(),
             seed=train_cfg.seed,
             target_users=cfg.target_users,
+            real_users=n_real_users,
+            imia_iterations=cfg.imia_iterations,
         )
         train_out = out_dir / "run" if run_dir is None else out_dir / "replay"
         record_dir = train_out / "audit" / "record"
         recorder = AttackRecorder(plan, record_dir)
         result = train(train_cfg, out=train_out, split=split, observer=recorder, progress=progress)
         summary = result.summary
+        if "released" in chosen:
+            recorder.write_torch(RELEASED_FILE, public_state(result.model))
         acc_path = train_out / "audit" / _ACC
         bytes_recorded = recorder.bytes_written + save_accumulators(recorder, acc_path)
         acc = {k: v for k, v in vars(recorder.acc).items() if isinstance(v, np.ndarray)}

@@ -31,7 +31,10 @@ def audit(
         bool, typer.Option("--secagg/--no-secagg", help="Secure aggregation on.")
     ] = False,
     attacks: Annotated[
-        str, typer.Option(help="all, or a comma-separated list (row-change,intersection,...).")
+        str,
+        typer.Option(
+            help="all, or a comma-separated list (row-change,intersection,imia,released,...)."
+        ),
     ] = "all",
     rounds: Annotated[int, typer.Option(help="Federated rounds to train.")] = 10,
     seed: Annotated[int, typer.Option(help="Root seed of every random step.")] = 0,
@@ -58,6 +61,9 @@ def audit(
         int | None, typer.Option(help="Items of the synthetic dataset.")
     ] = None,
     target_users: Annotated[int, typer.Option(help="Targets of the optimisation inversion.")] = 16,
+    imia_iterations: Annotated[
+        int, typer.Option(help="Refinement iterations of the IMIA shadow attack.")
+    ] = 5,
 ) -> None:
     """Attack a federated run under explicit threat models and audit its privacy."""
     from securefed.audit import AuditConfig
@@ -110,6 +116,7 @@ def audit(
             run=str(run) if run is not None else None,
             canaries=canaries,
             target_users=target_users,
+            imia_iterations=imia_iterations,
         )
         with err.status("training and recording what each observer sees ..."):
             result = run_audit(cfg, out=out_dir)
@@ -154,6 +161,10 @@ def _print(result: Any) -> None:
         extra = ""
         if "embedding_cosine" in m:
             extra = f"cosine {_num(m['embedding_cosine'])}"
+        elif "touched_auc" in m:
+            extra = f"AUC among touched rows {_num(m['touched_auc'])}"
+        elif "uncalibrated_auc" in m:
+            extra = f"uncalibrated AUC {_num(m['uncalibrated_auc'])}"
         elif "macro_f1" in m:
             extra = f"macro-F1 {_num(m['macro_f1'])} (majority {_num(base.get('macro_f1'))})"
         table.add_row(

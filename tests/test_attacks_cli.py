@@ -100,3 +100,19 @@ def test_cli_bad_flags_exit_2_with_one_line(tmp_path, flags, needle) -> None:
     assert len(lines) == 1, res.output
     assert needle in res.output
     assert not (tmp_path / "a" / "audit.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--secagg", "--attacks", "imia", "--clients-per-round", "20"], "secure aggregation"),
+        (["--imia-iterations", "0", "--attacks", "imia"], "IMIA iterations"),
+        (["--attacks", "released,bogus"], "unknown attack"),
+    ],
+)
+def test_cli_imia_released_flag_errors(tmp_path, flags, needle) -> None:
+    res = runner.invoke(app, [*flags, "--out", str(tmp_path / "a"), *SMALL[:4]])
+    assert res.exit_code == 2, res.output
+    lines = [line for line in res.output.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, res.output
+    assert needle in res.output

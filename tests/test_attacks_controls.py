@@ -23,7 +23,9 @@ def _by_name(result, name):
 
 @pytest.fixture(scope="module")
 def fedrap_plain(tmp_path_factory):
-    cfg = TrainConfig(model="fedrap", rounds=3, fedrap=FedRAPConfig(local_epochs=2), **SMALL)
+    # Five rounds at the default 10 local epochs: long enough for FedRAP's regulariser to
+    # turn a canary's own-row push around after its first round (the audit must model that).
+    cfg = TrainConfig(model="fedrap", rounds=5, **SMALL)
     return audit(
         AuditConfig(
             train=cfg,

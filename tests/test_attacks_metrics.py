@@ -80,6 +80,9 @@ def test_one_run_bound_valid_and_powerful() -> None:
     eps, detail = one_run_bound(scores, included, delta=0.0, alpha=0.025)
     assert eps > 1.5, detail
     assert clopper_pearson_bound(scores, included, delta=0.0, alpha=0.025, rng=rng) > 1.5
+    # A score that separates the wrong way round is evidence too: the direction is chosen
+    # on the pick half.
+    assert clopper_pearson_bound(-scores, included, delta=0.0, alpha=0.025, rng=rng) > 1.5
 
 
 def test_one_run_bound_zero_without_signal() -> None:
