@@ -270,9 +270,21 @@ def account(
         int | None, typer.Option(help="Number of users (checks delta < 1/users).")
     ] = None,
     accountant: Annotated[str, typer.Option(help="prv or rdp.")] = "prv",
+    privacy_unit: Annotated[
+        str, typer.Option(help="user (DP-FedAvg) or interaction (client-side DP-SGD).")
+    ] = "user",
+    model: Annotated[
+        str, typer.Option(help="--privacy-unit interaction: fedrap or fedrecgel.")
+    ] = "fedrap",
+    local_epochs: Annotated[
+        int, typer.Option(help="--privacy-unit interaction, fedrap: local epochs per round.")
+    ] = 10,
+    sam: Annotated[
+        bool, typer.Option(help="--privacy-unit interaction, fedrecgel: SAM (3 releases/step).")
+    ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """User-level DP accounting without training: sigma for an epsilon, or the reverse."""
+    """DP accounting without training: sigma for an epsilon, or the reverse."""
     import json
 
     from securefed.privacy import account as run_account
@@ -286,6 +298,10 @@ def account(
             client_fraction=client_fraction,
             users=users,
             accountant=accountant,
+            privacy_unit=privacy_unit,
+            model=model,
+            local_epochs=local_epochs,
+            sam=sam,
         )
     if as_json:
         out.print_json(json.dumps(res))
@@ -293,7 +309,7 @@ def account(
     out.print(
         f"noise multiplier {res['noise_multiplier']:.4f} -> epsilon {res['epsilon']:.4f} at delta "
         f"{res['delta']:g} ({res['rounds']} rounds, sample rate {res['sample_rate']:g}, "
-        f"{res['accountant']} accountant, user-level)"
+        f"{res['accountant']} accountant, {res['privacy_unit']}-level, {res['steps']} steps)"
     )
 
 

@@ -14,8 +14,8 @@ Unit of privacy: one user (DP-FedAvg, McMahan et al. 2018). With Poisson samplin
 (``--client-fraction q < 1``) the accountant uses sample rate q and the mean divides by the
 fixed expected cohort ``q * N``; otherwise no amplification is claimed (sample rate 1).
 
-With ``privacy_unit="interaction"`` the clients run DP-SGD themselves (FedRAP's
-``train_dpsgd``); this seam then adds no noise, only accounts the local steps
+With ``privacy_unit="interaction"`` the clients run DP-SGD themselves (FedRAP's and
+FedRecGEL's ``train_dpsgd``); this seam then adds no noise, only accounts the local steps
 (:meth:`PrivateAggregator.begin_round`) and, with secure aggregation, masks the uploads.
 """
 
@@ -45,6 +45,7 @@ from protocols.dp.dpsgd import (
     check_interaction_delta,
     dpsgd_event,
     dpsgd_steps,
+    sam_releases,
 )
 from protocols.seeding import derive_seed, numpy_generator, torch_generator
 from securefed.errors import ConfigError, PrivacyBudgetError
@@ -61,6 +62,9 @@ DEFAULT_DP_CLIP = {"fedrap": 10.0, "fedrecgel": 1.0}
 #: the median per-example norm measured at initialisation on MovieLens 100K (1.7-1.9, mostly
 #: the scorer's gradient).
 DEFAULT_EXAMPLE_CLIP = 1.0
+#: Default example clip per model. FedRecGEL: about half the median per-example norm of its
+#: base gradient (all parameters) measured at initialisation on MovieLens 100K (0.39).
+DEFAULT_EXAMPLE_CLIPS = {"fedrap": DEFAULT_EXAMPLE_CLIP, "fedrecgel": 0.2}
 #: Without DP, secure aggregation still needs a bound on each input; this one is far above
 #: the measured update norms, so clipping is inactive in practice.
 DEFAULT_SECAGG_BOUND = 1000.0
@@ -101,7 +105,10 @@ class PrivateAggregator:
         self.placement_note = placement_note
         self.dpsgd: DPSGDConfig | None = None
         self.interaction: DPConfig | None = None
-        self.local_epochs = config.fedrap.local_epochs
+        self.local_epochs = (
+            config.fedrap.local_epochs if config.model == "fedrap" else config.fedrecgel.local_steps
+        )
+        self.releases_per_round = interaction_steps_per_round(config)
         if p.dp and p.privacy_unit == "interaction":
             # Client-side DP-SGD: the uploads are already private; this seam adds no noise
             # and, with secure aggregation, ``clip`` is only the bound on each input.
@@ -193,9 +200,10 @@ class PrivateAggregator:
     def begin_round(self, round_index: int) -> None:
         """Account a round's local DP-SGD before any client trains (interaction unit).
 
-        One event per local epoch (every interaction enters one Gaussian step per epoch),
-        recorded for every round whether or not a given client is sampled. With a budget cap
-        a round that would overspend raises PrivacyBudgetError before anything runs.
+        One event per Gaussian release an interaction enters in a round (FedRAP: one per local
+        epoch; FedRecGEL: one per SAM pass per local step, :func:`sam_releases`), recorded
+        for every round whether or not a given client is sampled. With a budget cap a round
+        that would overspend raises PrivacyBudgetError before anything runs.
         """
         if self.dpsgd is None or self.interaction is None:
             return
@@ -205,7 +213,7 @@ class PrivateAggregator:
                 noise_multiplier=self.dpsgd.noise_multiplier,
                 example_clip=self.dpsgd.example_clip,
             )
-            for _ in range(self.local_epochs)
+            for _ in range(self.releases_per_round)
         ]
         cfg = self.interaction
         after = PrivacyLedger([*self.ledger.events, *events])
@@ -399,6 +407,7 @@ class PrivateAggregator:
             out["placement"] = "local"
             out["example_clip"] = self.dpsgd.example_clip
             out["local_epochs"] = self.local_epochs
+            out["releases_per_round"] = self.releases_per_round
             out["dpsgd_steps"] = len(self.ledger)
             out["rounds"] = len({e.round for e in self.ledger.events})
             if self.secagg:
@@ -433,25 +442,36 @@ class PrivateAggregator:
                 )
 
 
+def interaction_steps_per_round(config: TrainConfig) -> int:
+    """Gaussian releases one interaction enters per round (interaction unit).
+
+    FedRAP: one per local epoch (the batches partition the examples). FedRecGEL: every local
+    step (one, the official client) makes one release per data-reading SAM pass whose result
+    is used (:func:`protocols.dp.dpsgd.sam_releases`: 3 with SAM, 1 without).
+    """
+    if config.model == "fedrap":
+        return config.fedrap.local_epochs
+    g = config.fedrecgel
+    return g.local_steps * sam_releases(
+        sam=g.sam, rho_shared=g.rho_shared, rho_private=g.rho_private
+    )
+
+
 def interaction_dpsgd(config: TrainConfig, split: Split) -> DPSGDConfig:
     """The local DP-SGD settings of an interaction-level run: sigma fixed or calibrated.
 
-    ``steps = local_epochs * rounds`` unamplified Gaussian steps per interaction (see
-    :func:`protocols.dp.dpsgd.dpsgd_steps`); delta must be below 1 / (training interactions).
+    ``steps = releases per round * rounds`` unamplified Gaussian steps per interaction (see
+    :func:`interaction_steps_per_round`); delta must be below 1 / (training interactions).
     """
     p = config.privacy
     if p.privacy_unit != "interaction" or not p.dp:
         raise ConfigError("interaction-level DP-SGD needs --privacy-unit interaction and --epsilon")
-    if config.model != "fedrap":
-        raise ConfigError(
-            f"--privacy-unit interaction is implemented for fedrap only, got {config.model!r}"
-        )
     check_interaction_delta(p.delta, n_interactions=int(split.n_train))
-    clip = p.example_clip if p.example_clip is not None else DEFAULT_EXAMPLE_CLIP
+    clip = p.example_clip if p.example_clip is not None else DEFAULT_EXAMPLE_CLIPS[config.model]
     if p.noise_multiplier is not None:
         sigma = float(p.noise_multiplier)
     else:
-        steps = dpsgd_steps(local_epochs=config.fedrap.local_epochs, rounds=config.rounds)
+        steps = dpsgd_steps(local_epochs=interaction_steps_per_round(config), rounds=config.rounds)
         sigma = calibrate_dpsgd_noise(
             epsilon=float(p.epsilon),  # type: ignore[arg-type]
             delta=p.delta,
@@ -470,14 +490,22 @@ def account(
     client_fraction: float = 1.0,
     users: int | None = None,
     accountant: str = "prv",
+    privacy_unit: str = "user",
+    model: str = "fedrap",
+    local_epochs: int = 1,
+    sam: bool = True,
 ) -> dict[str, Any]:
     """Noise multiplier for a target epsilon, or epsilon for a noise multiplier, no training.
 
-    User-level DP-FedAvg with Poisson sampling at ``client_fraction`` (1.0 means every client
-    every round, no amplification), composed over ``rounds`` rounds.
+    ``privacy_unit="user"``: DP-FedAvg with Poisson sampling at ``client_fraction`` (1.0 means
+    every client every round, no amplification), composed over ``rounds`` rounds.
+    ``privacy_unit="interaction"``: client-side DP-SGD, ``steps = releases per round *
+    rounds`` unamplified Gaussian steps (FedRAP: ``local_epochs`` per round; FedRecGEL: 3
+    per round with ``sam`` at its default non-zero radii, 1 without), as in training.
 
     Returns:
-        ``{"epsilon", "delta", "noise_multiplier", "sample_rate", "rounds", "accountant"}``.
+        ``{"epsilon", "delta", "noise_multiplier", "sample_rate", "rounds", "accountant",
+        "privacy_unit", "steps"}``.
     """
     from protocols.dp import compute_epsilon
 
@@ -485,6 +513,20 @@ def account(
         raise ConfigError("give exactly one of --epsilon and --noise-multiplier")
     if not isinstance(rounds, int) or rounds < 1:
         raise ConfigError(f"rounds must be a positive integer, got {rounds!r}")
+    if privacy_unit == "interaction":
+        return _account_interaction(
+            epsilon=epsilon,
+            noise_multiplier=noise_multiplier,
+            delta=delta,
+            rounds=rounds,
+            client_fraction=client_fraction,
+            accountant=accountant,
+            model=model,
+            local_epochs=local_epochs,
+            sam=sam,
+        )
+    if privacy_unit != "user":
+        raise ConfigError(f"privacy unit must be user or interaction, got {privacy_unit!r}")
     if not 0 < client_fraction <= 1:
         raise ConfigError(f"client fraction must be in (0, 1], got {client_fraction!r}")
     cfg = DPConfig(
@@ -516,4 +558,62 @@ def account(
         "sample_rate": client_fraction,
         "rounds": rounds,
         "accountant": accountant,
+        "privacy_unit": "user",
+        "steps": rounds,
+    }
+
+
+def _account_interaction(
+    *,
+    epsilon: float | None,
+    noise_multiplier: float | None,
+    delta: float,
+    rounds: int,
+    client_fraction: float,
+    accountant: str,
+    model: str,
+    local_epochs: int,
+    sam: bool,
+) -> dict[str, Any]:
+    """:func:`account` for the interaction unit (client-side DP-SGD, sample rate 1)."""
+    from protocols.dp.accounting import check_delta
+    from protocols.dp.dpsgd import dpsgd_epsilon
+    from securefed.models.fedrecgel import FedRecGELConfig
+
+    if client_fraction != 1.0:
+        raise ConfigError(
+            "interaction-level accounting claims no amplification from client sampling "
+            f"(every round counts); drop --client-fraction, got {client_fraction!r}"
+        )
+    if model == "fedrap":
+        per_round = dpsgd_steps(local_epochs=local_epochs, rounds=1)
+    elif model == "fedrecgel":
+        default = FedRecGELConfig(sam=sam)
+        per_round = sam_releases(
+            sam=sam, rho_shared=default.rho_shared, rho_private=default.rho_private
+        )
+    else:
+        raise ConfigError(f"model must be fedrap or fedrecgel, got {model!r}")
+    steps = dpsgd_steps(local_epochs=per_round, rounds=rounds)
+    check_delta(delta)
+    if noise_multiplier is None:
+        sigma = calibrate_dpsgd_noise(
+            epsilon=float(epsilon),  # type: ignore[arg-type]
+            delta=delta,
+            steps=steps,
+            accountant=accountant,
+        )
+    else:
+        sigma = float(noise_multiplier)
+    return {
+        "epsilon": dpsgd_epsilon(
+            noise_multiplier=sigma, delta=delta, steps=steps, accountant=accountant
+        ),
+        "delta": delta,
+        "noise_multiplier": sigma,
+        "sample_rate": 1.0,
+        "rounds": rounds,
+        "accountant": accountant,
+        "privacy_unit": "interaction",
+        "steps": steps,
     }

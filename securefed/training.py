@@ -48,7 +48,7 @@ class PrivacyConfig:
     noise and treat ``epsilon`` as a budget cap: a round that would overspend is refused and
     the run stops cleanly (``summary["stopped"]``) with its checkpoint kept.
 
-    ``privacy_unit="interaction"`` (FedRAP only) makes the clients run DP-SGD on their own
+    ``privacy_unit="interaction"`` (FedRAP and FedRecGEL) makes the clients run DP-SGD on their own
     interactions: ``epsilon``/``noise_multiplier`` then refer to one interaction, and
     ``example_clip`` bounds one example's gradient. No user-level noise is added in that
     mode (one unit per run); ``clip`` is then only the secure-aggregation input bound.
@@ -202,11 +202,6 @@ class TrainConfig:
             raise ConfigError(
                 "min interactions must be >= 3 (leave-one-out needs them), "
                 f"got {self.min_interactions!r}"
-            )
-        if self.privacy.privacy_unit == "interaction" and self.model != "fedrap":
-            raise ConfigError(
-                "--privacy-unit interaction (client-side DP-SGD) is implemented for fedrap "
-                f"only, got --model {self.model}; use the default user-level unit"
             )
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"device must be cpu or cuda, got {self.device!r}")
@@ -371,12 +366,12 @@ def load_split(config: TrainConfig, *, download_progress: Any = None) -> Split:
 def build_model(config: TrainConfig, split: Split) -> Recommender:
     """The configured recommender with its parameters initialised from the run seed."""
     gen = torch_generator(config.seed, "init")
-    if config.model == "fedrap":
-        dpsgd = None
-        if config.privacy.dp and config.privacy.privacy_unit == "interaction":
-            from securefed.privacy import interaction_dpsgd
+    dpsgd = None
+    if config.privacy.dp and config.privacy.privacy_unit == "interaction":
+        from securefed.privacy import interaction_dpsgd
 
-            dpsgd = interaction_dpsgd(config, split)
+        dpsgd = interaction_dpsgd(config, split)
+    if config.model == "fedrap":
         return FedRAP(
             split,
             config.fedrap,
@@ -385,7 +380,14 @@ def build_model(config: TrainConfig, split: Split) -> Recommender:
             dpsgd=dpsgd,
             noise_seed=config.seed,
         )
-    return FedRecGEL(split, config.fedrecgel, generator=gen, device=config.device)
+    return FedRecGEL(
+        split,
+        config.fedrecgel,
+        generator=gen,
+        device=config.device,
+        dpsgd=dpsgd,
+        noise_seed=config.seed,
+    )
 
 
 def build_aggregator(config: TrainConfig, split: Split, model: Recommender) -> Aggregator:

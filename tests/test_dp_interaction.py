@@ -312,7 +312,6 @@ def test_secure_aggregation_masks_dp_sgd_uploads(tmp_path):
 @pytest.mark.parametrize(
     ("model", "privacy", "message"),
     [
-        ("fedrecgel", {"epsilon": 2.0}, "implemented for fedrap only"),
         ("fedrap", {}, "give --epsilon or --noise-multiplier"),
         ("fedrap", {"epsilon": 2.0, "clip": 1.0}, "use --example-clip"),
         ("fedrap", {"epsilon": 2.0, "noise": "distributed"}, "drop --noise"),

@@ -87,7 +87,7 @@ def _state(model: FedRAP, user: int) -> tuple[torch.Tensor, torch.Tensor, torch.
     return model.D[user] * model._d_scale[user], model.w[user], model.b[user]
 
 
-@pytest.mark.parametrize("batch_size", [1000, 7])
+@pytest.mark.parametrize("batch_size", [1000, 7, 60])
 def test_batched_round_equals_per_client_loop(small_split, batch_size):
     cfg = FedRAPConfig(
         dim=8,
@@ -107,6 +107,10 @@ def test_batched_round_equals_per_client_loop(small_split, batch_size):
         plan = model.plan_round(participants, torch.Generator().manual_seed(100 + r))
         if batch_size == 7:
             assert int(plan.batches_per_user.max()) > 1  # the multi-batch path is exercised
+        if batch_size == 60:
+            # Single- and multi-batch clients in one cohort: the single-batch ones must not
+            # take empty steps in the extra sub-batches (a bug the official run exposed).
+            assert int(plan.batches_per_user.min()) == 1 < int(plan.batches_per_user.max())
         expected = _reference_round(copy.deepcopy(model), plan, r)
         updates, stats = model.train_plan(plan, r)
         model.apply_aggregate(PlainAggregator()(updates, r), r)

@@ -17,12 +17,20 @@ Per-example gradient norms are computed in closed form, never by materialising a
   gradient ``sum_s delta_s x_s`` (``[examples, in]``, the size of one layer per example), whose
   norm for a single sample is ``||x||^2 * delta^2`` (:func:`linear_example_grads`).
 
-Every example has the same number ``k`` of samples (FedRAP: a positive and its negatives).
+* a linear layer with any output width and ``k`` samples per example has per-example squared
+  norm ``sum_{s,t} <delta_s, delta_t> <x_s, x_t>`` plus the bias term
+  (:func:`linear_ghost_sq_norms`), and an embedding table with a different gradient row per
+  sample ``sum_{s,t} [row_s = row_t] <g_s, g_t>`` (:func:`embedding_rows_sq_norms`): only
+  ``[E, k, k]`` Gram matrices (FedRecGEL's NCF).
+
+Every example has the same number ``k`` of samples (a positive and its negatives).
 
 Accounting (:func:`dpsgd_steps`): within an epoch the local batches partition the client's
 examples, so one interaction enters exactly one Gaussian step per epoch; a run is
 ``local_epochs * rounds`` compositions of the Gaussian mechanism with sample rate 1 (no
-amplification is claimed for shuffling or for client sampling).
+amplification is claimed for shuffling or for client sampling). FedRecGEL's SAM step reads the data
+in up to three passes, each a release (:func:`sam_releases`), so its run is ``releases *
+rounds`` compositions.
 """
 
 from __future__ import annotations
@@ -238,6 +246,74 @@ def linear_example_grads(x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Te
         )
     d = delta.to(x.dtype)
     return torch.bmm(d.unsqueeze(1), x).squeeze(1), d.sum(1)
+
+
+def embedding_rows_sq_norms(rows: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+    """Per-example squared norm of an embedding table's gradient with one vector per sample.
+
+    Sample ``s`` of example ``e`` adds ``grads[e, s]`` to row ``rows[e, s]``; samples that hit
+    the same row add before squaring, so the norm^2 is
+    ``sum_{s, t} [rows_s = rows_t] <grads_s, grads_t>`` (a ``[E, k, k]`` Gram matrix, never
+    ``[E, table]``). The rank-one case ``grads[e, s] = coef[e, s] * v_e`` is
+    :func:`embedding_example_sq_norms` times ``||v_e||^2``.
+
+    Args:
+        rows: int64 ``[E, k]`` table row of every sample.
+        grads: ``[E, k, d]`` gradient row of every sample.
+
+    Returns:
+        ``[E]`` float64.
+    """
+    if rows.ndim != 2 or grads.ndim != 3 or grads.shape[:2] != rows.shape:
+        raise ConfigError(
+            "rows must be [E, k] and grads [E, k, d], got "
+            f"{tuple(rows.shape)} and {tuple(grads.shape)}"
+        )
+    g = grads.to(torch.float64)
+    same = rows.unsqueeze(2) == rows.unsqueeze(1)
+    return (same * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
+
+
+def linear_ghost_sq_norms(gram_x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """Per-example squared norm of a linear layer's weight and bias gradient (ghost norm).
+
+    Example ``e``'s weight gradient is ``sum_s delta_s x_s^T`` over its ``k`` samples, so its
+    squared Frobenius norm is ``sum_{s, t} <delta_s, delta_t> <x_s, x_t>`` (Li et al., ICLR
+    2022, ghost clipping; for ``k = 1`` it is ``||x||^2 ||delta||^2``), and the bias adds
+    ``||sum_s delta_s||^2``. Only ``[E, k, k]`` Gram matrices are formed.
+
+    Args:
+        gram_x: ``[E, k, k]`` input inner products ``<x_s, x_t>`` (the caller may assemble
+            them from parts, e.g. a concatenated input).
+        delta: ``[E, k, out]`` output gradients.
+
+    Returns:
+        ``[E]`` float64: weight plus bias squared norms.
+    """
+    if delta.ndim != 3 or gram_x.shape != (*delta.shape[:2], delta.shape[1]):
+        raise ConfigError(
+            "gram_x must be [E, k, k] and delta [E, k, out], got "
+            f"{tuple(gram_x.shape)} and {tuple(delta.shape)}"
+        )
+    d = delta.to(torch.float64)
+    weight = (gram_x.to(torch.float64) * torch.bmm(d, d.transpose(1, 2))).sum((1, 2))
+    return weight + d.sum(1).square().sum(1)
+
+
+def sam_releases(*, sam: bool, rho_shared: float, rho_private: float) -> int:
+    """Gaussian releases one interaction enters per local SAM step (FedRecGEL).
+
+    Every pass that reads the data and whose result is used is a release: the base gradient
+    (always; with ``sam`` it also defines both perturbations), the perturbed gradient of the
+    shared parameters (the upload) if ``rho_shared > 0``, and the perturbed gradient of the
+    private parameters (the client's own step) if ``rho_private > 0``. Without SAM a step is
+    one release. A zero radius reuses the base release instead of a new pass.
+    """
+    if not isinstance(sam, bool):
+        raise ConfigError(f"sam must be True or False, got {sam!r}")
+    if not sam:
+        return 1
+    return 1 + int(rho_shared > 0) + int(rho_private > 0)
 
 
 def dpsgd_event(round_index: int, *, noise_multiplier: float, example_clip: float) -> PrivacyEvent:

@@ -717,7 +717,10 @@ class FedRAP:
         for epoch in range(cfg.local_epochs):
             if not bool(active.any()):
                 break
-            sizes = n_samples.unsqueeze(1).repeat(1, max(max_batches, 1))
+            # Single-batch clients have samples in sub-batch 0 only: they must not take
+            # (empty) steps in the extra sub-batches that multi-batch clients need.
+            sizes = torch.zeros(m, max(max_batches, 1), dtype=n_samples.dtype)
+            sizes[:, 0] = n_samples
             counts = None
             if max_batches > 1:
                 # Per-epoch batch membership of the multi-batch clients' samples.

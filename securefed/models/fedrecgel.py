@@ -40,6 +40,19 @@ All participants train together, with hand-written forward/backward math instead
   protocol asks for rows of it (secure aggregation).
 
 ``tests/test_fedrecgel.py`` checks the result against a per-client autograd loop.
+
+Interaction-level DP (``dpsgd=...``)
+------------------------------------
+With a :class:`~protocols.dp.dpsgd.DPSGDConfig` each client runs DP-SGD on its own
+interactions (``docs/privacy.md``, "Interaction-level DP", FedRecGEL): an example is one
+positive with ``num_negatives`` negatives drawn uniformly from all items, a client's examples
+are one batch, and each SAM pass that reads data is a Gaussian release -- the base gradient
+over all parameters (which defines both perturbations), the shared gradient at the perturbed
+shared point (the upload) and the private gradient at the perturbed private point (the
+client's Adam step). Each clips every example's gradient over the parameters it releases
+(closed-form ghost norms, :meth:`FedRecGEL._dp_pass`) and adds noise to every coordinate of
+them, so the upload is dense (:class:`~securefed.federation.base.DenseUpdates`).
+``tests/test_dp_interaction_fedrecgel.py`` checks norms and clipped sums against Opacus.
 """
 
 from __future__ import annotations
@@ -52,13 +65,31 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from protocols.dp.dpsgd import (
+    DPSGDConfig,
+    clip_factors,
+    embedding_rows_sq_norms,
+    fill_gaussian_,
+    linear_ghost_sq_norms,
+    sam_releases,
+)
+from protocols.dp.noise import gaussian_noise
+from protocols.seeding import torch_generator
 from securefed.data.negatives import NegativeSampler
 from securefed.data.types import Split
 from securefed.errors import ConfigError
-from securefed.federation.base import Aggregate, ClientUpdates, RoundStats, UpdateLayout
+from securefed.federation.base import (
+    Aggregate,
+    ClientUpdates,
+    DenseUpdates,
+    RoundStats,
+    UpdateLayout,
+)
+from securefed.models.fedrap import uniform_negatives
 from securefed.validation import positive_int
 
 __all__ = [
+    "DPSGDPlan",
     "FedRecGEL",
     "FedRecGELConfig",
     "FedRecGELUpdates",
@@ -227,6 +258,47 @@ class _Block:
     pair_mlp: torch.Tensor  # [Pb, mlp_dim]
     rest: torch.Tensor  # [mb, d_rest]
 
+
+@dataclass(frozen=True)
+class DPSGDPlan:
+    """The examples of one interaction-level DP-SGD round (one batch per client).
+
+    Attributes:
+        participants: Global user ids, ``[m]`` (upload row order).
+        example_client: Participant position of every example, ``[E]``, non-decreasing.
+        example_items: ``[E, 1 + num_negatives]``: the positive, then uniform negatives.
+    """
+
+    participants: torch.Tensor
+    example_client: torch.Tensor
+    example_items: torch.Tensor
+
+
+@dataclass
+class _DPBatch:
+    """A block's examples in rows of ``R`` examples, each row owned by one client."""
+
+    m: int
+    row_client: torch.Tensor  # [K]
+    items: torch.Tensor  # [K, R, k+1], positive first
+    mask: torch.Tensor  # [K, R], 1.0 on real examples, 0.0 on padding
+
+
+@dataclass
+class _DPPass:
+    """Per-example norms and per-client sums of clipped gradients of one DP-SGD pass."""
+
+    loss: torch.Tensor  # [m], summed BCE over the client's samples
+    sq_norms: torch.Tensor  # [K * R] float64, unclipped, of the pass's part (0 on padding)
+    factor: torch.Tensor  # [K * R] clip factors
+    shared: dict[str, torch.Tensor] | None  # name -> [m, *shape] (item tables dense)
+    user_gmf: torch.Tensor | None  # [m, gmf_dim]
+    user_mlp: torch.Tensor | None  # [m, mlp_dim]
+
+
+#: Bytes of dense per-client shared-parameter buffers a DP-SGD block may hold (about six
+#: ``layout.size`` floats per client: releases, perturbation, per-client sums).
+_DP_MAX_BYTES = 1024**3
 
 #: Sample slots per block of clients (``train_plan``): 2**15 slots of the 128-wide first MLP
 #: layer are 16 MiB per activation tensor, under glibc's 32 MiB ceiling for serving freed
@@ -407,6 +479,8 @@ class FedRecGEL:
         config: Hyperparameters.
         generator: Draws the initial parameters.
         device: Where the parameters live.
+        dpsgd: Interaction-level DP-SGD settings (``None``: the non-private client step).
+        noise_seed: Run seed from which each round's DP-SGD noise generator is derived.
     """
 
     name = "fedrecgel"
@@ -418,9 +492,13 @@ class FedRecGEL:
         *,
         generator: torch.Generator,
         device: str | torch.device = "cpu",
+        dpsgd: DPSGDConfig | None = None,
+        noise_seed: int = 0,
     ) -> None:
         self.split = split
         self.config = config
+        self.dpsgd = dpsgd
+        self.noise_seed = noise_seed
         self.device = torch.device(device)
         n_users, n_items = split.n_users, split.n_items
         widths = config.layers
@@ -560,8 +638,17 @@ class FedRecGEL:
     # ------------------------------------------------------------------ training
     def client_round(
         self, participants: torch.Tensor, round_index: int, generator: torch.Generator
-    ) -> tuple[FedRecGELUpdates, RoundStats]:
+    ) -> tuple[ClientUpdates, RoundStats]:
         """Train all participants (batched); upload their SAM gradients of the shared params."""
+        if self.dpsgd is not None:
+            noise = (
+                None
+                if self.dpsgd.secure
+                else torch_generator(self.noise_seed, "dpsgd-noise", round_index)
+            )
+            return self.train_dpsgd(
+                self.plan_dpsgd_round(participants, generator), round_index, noise
+            )
         return self.train_plan(self.plan_round(participants, generator), round_index)
 
     def train_plan(self, plan: RoundPlan, round_index: int) -> tuple[FedRecGELUpdates, RoundStats]:
@@ -664,19 +751,7 @@ class FedRecGEL:
                 want_shared=False,
             )
 
-        # Private step: one Adam step per client on its own state.
-        adam = self._client_adam
-        step = adam["step"][glob] + 1
-        adam["step"][glob] = step
-        for name, param, grad in (
-            ("user_gmf", self.user_gmf, ns_grad.d_user_gmf),
-            ("user_mlp", self.user_mlp, ns_grad.d_user_mlp),
-        ):
-            p, ea, es = param[glob], adam[f"{name}.exp_avg"][glob], adam[f"{name}.exp_avg_sq"][glob]
-            _adam_(p, grad, ea, es, step, cfg.client_lr)
-            param[glob] = p
-            adam[f"{name}.exp_avg"][glob] = ea
-            adam[f"{name}.exp_avg_sq"][glob] = es
+        self._client_adam_step(glob, ns_grad.d_user_gmf, ns_grad.d_user_mlp)
 
         # The upload: SAM gradients of the shared parameters, item tables on the touched rows.
         assert sh_grad.dense is not None and sh_grad.pair_gmf is not None
@@ -690,6 +765,336 @@ class FedRecGEL:
             pair_gmf=sh_grad.pair_gmf,
             pair_mlp=sh_grad.pair_mlp,
             rest=torch.cat([g.reshape(m, -1) for g in sh_grad.dense.values()], dim=1),
+        )
+
+    def _client_adam_step(
+        self, glob: torch.Tensor, grad_gmf: torch.Tensor, grad_mlp: torch.Tensor
+    ) -> None:
+        """Private step: one Adam step per client (``glob``) on its own state."""
+        adam = self._client_adam
+        step = adam["step"][glob] + 1
+        adam["step"][glob] = step
+        for name, param, grad in (
+            ("user_gmf", self.user_gmf, grad_gmf),
+            ("user_mlp", self.user_mlp, grad_mlp),
+        ):
+            p, ea, es = param[glob], adam[f"{name}.exp_avg"][glob], adam[f"{name}.exp_avg_sq"][glob]
+            _adam_(p, grad, ea, es, step, self.config.client_lr)
+            param[glob] = p
+            adam[f"{name}.exp_avg"][glob] = ea
+            adam[f"{name}.exp_avg_sq"][glob] = es
+
+    # ------------------------------------------------------------------ DP-SGD
+    def plan_dpsgd_round(self, participants: torch.Tensor, generator: torch.Generator) -> DPSGDPlan:
+        """Examples of an interaction-level round: every positive + uniform negatives.
+
+        Negatives come from all items (:func:`securefed.models.fedrap.uniform_negatives`),
+        so no example's draw depends on any other interaction. The whole round is one batch
+        per client (the official client takes one step), so no shuffle is needed.
+        """
+        participants = self._check_users(participants, "participants")
+        if torch.unique(participants).numel() != participants.numel():
+            raise ConfigError("participants must be distinct user indices, got a repeated one")
+        m = participants.shape[0]
+        starts = self._train_indptr[participants]
+        counts = self._train_indptr[participants + 1] - starts
+        local = torch.repeat_interleave(torch.arange(m), counts)
+        first = torch.cumsum(counts, 0) - counts
+        pos = self._train_items[starts[local] + torch.arange(local.shape[0]) - first[local]]
+        neg = uniform_negatives(
+            pos.shape[0], self.config.num_negatives, self.split.n_items, generator
+        )
+        return DPSGDPlan(
+            participants=participants,
+            example_client=local,
+            example_items=torch.cat([pos.unsqueeze(1), neg], dim=1),
+        )
+
+    @property
+    def releases_per_step(self) -> int:
+        """Gaussian releases per local step in DP-SGD mode (:func:`sam_releases`)."""
+        cfg = self.config
+        return sam_releases(sam=cfg.sam, rho_shared=cfg.rho_shared, rho_private=cfg.rho_private)
+
+    def train_dpsgd(
+        self, plan: DPSGDPlan, round_index: int, noise_generator: torch.Generator | None
+    ) -> tuple[DenseUpdates, RoundStats]:
+        """Every participant's DP-SGD SAM step; uploads the noised shared gradient (dense).
+
+        Release 1: the base gradient over all parameters, per example clipped as one vector,
+        noise on every shared coordinate and on the user's embeddings; it defines both SAM
+        perturbations. Release 2 (``rho_shared > 0``): the gradient of the shared parameters
+        at the perturbed shared point, clipped over the shared parameters, noised on all of
+        them: the upload. Release 3 (``rho_private > 0``): the gradient of the private
+        embeddings at the perturbed private point, clipped and noised over them: the client's
+        Adam step. Without SAM release 1 gives both. Each release is the sum of clipped
+        gradients plus ``N(0, (sigma clip)^2)`` times the constant ``(k+1) / chunk_size``
+        (the official loss's per-sample weight ``1 / chunk_size``).
+
+        Batched over clients in blocks that bound both the sample slots and the dense
+        per-client buffers (``_DP_MAX_BYTES``).
+        """
+        assert self.dpsgd is not None
+        dp, cfg = self.dpsgd, self.config
+        m = plan.participants.shape[0]
+        glob = plan.participants.to(self.device)
+        uploads = torch.zeros(m, self.layout.size, device=self.device)
+        k1 = plan.example_items.shape[1]
+        counts = torch.bincount(plan.example_client, minlength=m)
+        losses = torch.zeros(m, dtype=torch.float64)
+        sh_norms, ns_norms = torch.zeros(m), torch.zeros(m)
+        per_row = max(1, _ROW_WIDTH // k1)
+        max_clients = max(1, _DP_MAX_BYTES // (6 * 4 * self.layout.size))
+        padded = ((counts + per_row - 1) // per_row * per_row * k1).tolist()
+        cuts, total = [0], 0
+        for c, size in enumerate(padded):
+            if total and (total + size > _BLOCK_SLOTS or c - cuts[-1] >= max_clients):
+                cuts.append(c)
+                total = 0
+            total += size
+        cuts.append(m)
+        first = [0, *torch.cumsum(counts, 0).tolist()]
+        scale = k1 / cfg.chunk_size
+        for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+            if hi == lo:
+                continue
+            ex = slice(first[lo], first[hi])
+            b = self._dp_batch(counts[lo:hi], plan.example_items[ex])
+            loss, sh_n, ns_n, upload = self._dpsgd_block(b, glob[lo:hi], dp, scale, noise_generator)
+            uploads[lo:hi] = upload
+            losses[lo:hi] = loss.double().cpu()
+            sh_norms[lo:hi], ns_norms[lo:hi] = sh_n.cpu(), ns_n.cpu()
+        self.last_round = RoundDiagnostics(shared_eps_norm=sh_norms, private_eps_norm=ns_norms)
+        stats = RoundStats(
+            loss=float((losses / cfg.chunk_size).mean()) if m else float("nan"),
+            samples=int(plan.example_items.numel()),
+        )
+        return DenseUpdates(clients=glob, vectors=uploads, layout=self.layout), stats
+
+    def _dpsgd_block(
+        self,
+        b: _DPBatch,
+        glob: torch.Tensor,
+        dp: DPSGDConfig,
+        scale: float,
+        gen: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The DP-SGD SAM step of one block; returns (loss, eps norms x2, upload rows)."""
+        cfg, m = self.config, b.m
+        std, secure, clip = dp.noise_std, dp.secure, dp.example_clip
+        ug, um = self.user_gmf[glob], self.user_mlp[glob]
+
+        def shared_release(sums: dict[str, torch.Tensor]) -> torch.Tensor:
+            out = torch.empty(m, self.layout.size, device=self.device)
+            fill_gaussian_(out, std, generator=gen, secure=secure)
+            for name, view in self.layout.split(out).items():
+                view.add_(sums[name])
+            return out.mul_(scale)
+
+        def private_release(s_ug: torch.Tensor, s_um: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            n_ug = gaussian_noise(s_ug.shape, std, generator=gen, secure=secure)
+            n_um = gaussian_noise(s_um.shape, std, generator=gen, secure=secure)
+            return (s_ug + n_ug.to(s_ug)) * scale, (s_um + n_um.to(s_um)) * scale
+
+        base = self._dp_pass(b, ug, um, eps=None, part="all", clip=clip)
+        assert base.shared is not None and base.user_gmf is not None
+        assert base.user_mlp is not None
+        g_sh = shared_release(base.shared)
+        g_ug, g_um = private_release(base.user_gmf, base.user_mlp)
+        upload, p_ug, p_um = g_sh, g_ug, g_um
+        sh_norm = ns_norm = torch.zeros(m, device=self.device)
+        if cfg.sam and cfg.rho_shared > 0:
+            s = sam_scale(g_sh.double().square().sum(1), cfg.rho_shared).to(g_sh)
+            eps_flat = g_sh * s.unsqueeze(1)
+            sh_norm = torch.linalg.vector_norm(eps_flat, dim=1)
+            star = self._dp_pass(
+                b, ug, um, eps=self.layout.split(eps_flat), part="shared", clip=clip
+            )
+            del eps_flat
+            assert star.shared is not None
+            upload = shared_release(star.shared)
+        if cfg.sam and cfg.rho_private > 0:
+            sq = g_ug.double().square().sum(1) + g_um.double().square().sum(1)
+            s = sam_scale(sq, cfg.rho_private).to(g_ug).unsqueeze(1)
+            e_ug, e_um = s * g_ug, s * g_um
+            ns_norm = (e_ug.square().sum(1) + e_um.square().sum(1)).sqrt()
+            star = self._dp_pass(b, ug + e_ug, um + e_um, eps=None, part="private", clip=clip)
+            assert star.user_gmf is not None and star.user_mlp is not None
+            p_ug, p_um = private_release(star.user_gmf, star.user_mlp)
+        self._client_adam_step(glob, p_ug, p_um)
+        return base.loss, sh_norm, ns_norm, upload
+
+    def _dp_batch(self, counts: torch.Tensor, items: torch.Tensor) -> _DPBatch:
+        """Examples of consecutive clients in rows of ``R = _ROW_WIDTH // (k+1)`` examples,
+        each row owned by one client; padding examples (mask 0) only in a client's last row."""
+        m = counts.shape[0]
+        n_ex, k1 = items.shape
+        per_row = max(1, _ROW_WIDTH // k1)
+        rows = (counts + per_row - 1) // per_row
+        row_first = torch.cumsum(rows, 0) - rows
+        n_rows = int(rows.sum())
+        client = torch.repeat_interleave(torch.arange(m), counts)
+        t = torch.arange(n_ex) - (torch.cumsum(counts, 0) - counts)[client]
+        slot = (row_first[client] + t // per_row) * per_row + t % per_row
+        grid = torch.zeros(n_rows * per_row, k1, dtype=torch.long)
+        grid[slot] = items
+        mask = torch.zeros(n_rows * per_row)
+        mask[slot] = 1.0
+        dev = self.device
+        return _DPBatch(
+            m=m,
+            row_client=torch.repeat_interleave(torch.arange(m), rows).to(dev),
+            items=grid.view(n_rows, per_row, k1).to(dev),
+            mask=mask.view(n_rows, per_row).to(dev),
+        )
+
+    def _dp_pass(
+        self,
+        b: _DPBatch,
+        ug: torch.Tensor,
+        um: torch.Tensor,
+        *,
+        eps: dict[str, torch.Tensor] | None,
+        part: Literal["all", "shared", "private"],
+        clip: float,
+    ) -> _DPPass:
+        """Forward/backward with per-example norms and per-client sums of clipped gradients.
+
+        An example is a positive and its negatives, loss = mean BCE of its ``k+1`` samples.
+        Its gradient restricted to ``part`` (``"all"``: shared and private parameters as one
+        vector) is clipped to ``clip``; norms are closed form (:mod:`protocols.dp.dpsgd`):
+        Gram matrices of the ``k+1`` samples per linear layer (ghost norms) and per item
+        table, direct ``[E, dim]`` vectors for the user embeddings. The clipped sums are the
+        batched matmuls of the inputs with per-example scaled output gradients.
+
+        Args:
+            b: The block's examples.
+            ug, um: Private embeddings of the block's clients (possibly perturbed).
+            eps: ``None`` for the shared parameters, else per-client perturbations of every
+                shared tensor, ``name -> [m, *shape]`` (SAM pass 2).
+            part: Which parameters' gradient is clipped and summed.
+            clip: The example clip.
+        """
+        cfg, sh = self.config, self.shared
+        n_rows, per_row, k1 = b.items.shape
+        m, t_slots, n_items = b.m, per_row * k1, self.split.n_items
+        n_ex = n_rows * per_row
+        g_dim, d_mlp = cfg.gmf_dim, cfg.mlp_dim
+        cc = b.row_client
+        it = b.items.view(n_rows, t_slots)
+        key = cc.unsqueeze(1) * n_items + it
+        gmf_rows, mlp_rows = _take(sh[_GMF], it), _take(sh[_MLP], it)
+        if eps is None:
+            weights = [sh[f"mlp.{k}.weight"] for k in range(self.n_layers)]
+            biases = [sh[f"mlp.{k}.bias"] for k in range(self.n_layers)]
+            wp, bp = sh["predict.weight"][0], sh["predict.bias"][0]
+        else:
+            gmf_rows = gmf_rows + _take(eps[_GMF].reshape(m * n_items, g_dim), key)
+            mlp_rows = mlp_rows + _take(eps[_MLP].reshape(m * n_items, d_mlp), key)
+
+            def per(name: str) -> torch.Tensor:  # perturbed per-client tensor, one per row
+                return _take(sh[name] + eps[name], cc)
+
+            weights = [per(f"mlp.{k}.weight") for k in range(self.n_layers)]
+            biases = [per(f"mlp.{k}.bias").unsqueeze(1) for k in range(self.n_layers)]
+            wp, bp = per("predict.weight"), per("predict.bias")  # [K, 1, f], [K, 1]
+        ugc, umc = _take(ug, cc), _take(um, cc)
+
+        # ---- forward
+        w0u, w0i = weights[0][..., :d_mlp], weights[0][..., d_mlp:]
+        a = umc.unsqueeze(1) @ w0u.mT + mlp_rows @ w0i.mT + biases[0]
+        pre, acts = [a], [torch.relu(a)]
+        for k in range(1, self.n_layers):
+            pre.append(acts[-1] @ weights[k].mT + biases[k])
+            acts.append(torch.relu(pre[-1]))
+        gm = ugc.unsqueeze(1) * gmf_rows
+        feats = torch.cat([gm, acts[-1]], dim=2)
+        z = (feats * wp).sum(2) + bp
+        label = torch.zeros(n_rows, per_row, k1, device=self.device)
+        label[..., 0] = 1.0
+        label = label.view(n_rows, t_slots)
+        mask = b.mask.repeat_interleave(k1, dim=1)
+        bce = F.binary_cross_entropy_with_logits(z, label, reduction="none") * mask
+        dz = (torch.sigmoid(z) - label) * mask / k1
+
+        # ---- backward, per sample
+        dgm = dz.unsqueeze(2) * wp[..., :g_dim]
+        grad_p = dgm * ugc.unsqueeze(1)  # item GMF row gradient per sample
+        da = dz.unsqueeze(2) * wp[..., g_dim:] * (pre[-1] > 0)
+        deltas = [da]
+        for k in range(self.n_layers - 1, 0, -1):
+            da = (da @ weights[k]) * (pre[k - 1] > 0)
+            deltas.insert(0, da)
+        grad_q = deltas[0] @ w0i  # item MLP row gradient per sample
+        grad_ug = (dgm * gmf_rows).view(n_rows, per_row, k1, g_dim).sum(2)
+        grad_um = deltas[0].view(n_rows, per_row, k1, -1).sum(2) @ w0u  # [K, R, d_mlp]
+
+        # ---- per-example squared norms
+        def ex(x: torch.Tensor) -> torch.Tensor:  # [K, T, f] -> [E, k+1, f]
+            return x.reshape(n_ex, k1, x.shape[-1])
+
+        def gram(x: torch.Tensor) -> torch.Tensor:
+            xe = ex(x).double()
+            return torch.bmm(xe, xe.mT)
+
+        sq = torch.zeros(n_ex, dtype=torch.float64, device=self.device)
+        if part in ("all", "private"):
+            sq += grad_ug.double().square().sum(2).view(-1)
+            sq += grad_um.double().square().sum(2).view(-1)
+        if part in ("all", "shared"):
+            items_e = it.reshape(n_ex, k1)
+            sq += embedding_rows_sq_norms(items_e, ex(grad_p))
+            sq += embedding_rows_sq_norms(items_e, ex(grad_q))
+            um_sq = umc.double().square().sum(1).repeat_interleave(per_row)
+            sq += linear_ghost_sq_norms(gram(mlp_rows) + um_sq.view(-1, 1, 1), ex(deltas[0]))
+            for k in range(1, self.n_layers):
+                sq += linear_ghost_sq_norms(gram(acts[k - 1]), ex(deltas[k]))
+            sq += linear_ghost_sq_norms(gram(feats), ex(dz.unsqueeze(2)))
+        factor = clip_factors(sq, clip).to(self.device)
+        f_ex = factor.view(n_rows, per_row, 1)
+        f_slot = f_ex.expand(n_rows, per_row, k1).reshape(n_rows, t_slots, 1)
+
+        # ---- per-client sums of clipped per-example gradients
+        shared_sums = s_ug = s_um = None
+        if part in ("all", "shared"):
+            shared_sums = {
+                _GMF: _scatter_sum((grad_p * f_slot).view(-1, g_dim), key.view(-1), m * n_items),
+                _MLP: _scatter_sum((grad_q * f_slot).view(-1, d_mlp), key.view(-1), m * n_items),
+            }
+            scaled = [d * f_slot for d in deltas]
+            s1 = scaled[0].sum(1)
+            shared_sums["mlp.0.weight"] = _seg(
+                torch.cat(
+                    [s1.unsqueeze(2) * umc.unsqueeze(1), torch.bmm(scaled[0].mT, mlp_rows)],
+                    dim=2,
+                ),
+                cc,
+                m,
+            )
+            shared_sums["mlp.0.bias"] = _seg(s1, cc, m)
+            for k in range(1, self.n_layers):
+                shared_sums[f"mlp.{k}.weight"] = _seg(torch.bmm(scaled[k].mT, acts[k - 1]), cc, m)
+                shared_sums[f"mlp.{k}.bias"] = _seg(scaled[k].sum(1), cc, m)
+            dzs = dz.unsqueeze(2) * f_slot
+            shared_sums["predict.weight"] = _seg(torch.bmm(dzs.mT, feats), cc, m)
+            shared_sums["predict.bias"] = _seg(dzs.sum(1), cc, m)
+            shared_sums = {
+                name: t.view(m, *shape)
+                for (name, shape), t in (
+                    ((n, s), shared_sums[n])
+                    for n, s in zip(self.layout.names, self.layout.shapes, strict=True)
+                )
+            }
+        if part in ("all", "private"):
+            s_ug = _seg((grad_ug * f_ex).sum(1), cc, m)
+            s_um = _seg((grad_um * f_ex).sum(1), cc, m)
+        return _DPPass(
+            loss=_seg(bce.sum(1), cc, m),
+            sq_norms=sq,
+            factor=factor,
+            shared=shared_sums,
+            user_gmf=s_ug,
+            user_mlp=s_um,
         )
 
     def _pass(
