@@ -144,9 +144,21 @@ class _Shadow:
     """Shadow clients of one round; subclasses train them (``run``)."""
 
     name: str
-    users: torch.Tensor
-    global_before: dict[str, torch.Tensor]
-    n_items: int
+
+    def __init__(
+        self,
+        model: Any,
+        config: Any,
+        global_before: dict[str, torch.Tensor],
+        round_index: int,
+        users: torch.Tensor,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.round = round_index
+        self.users = users
+        self.global_before = global_before
+        self.n_items = int(model.split.n_items)
 
     def rows_at(
         self, updates: Any, pair_client: torch.Tensor, pair_item: torch.Tensor, chunk: int = 64
@@ -189,12 +201,9 @@ class _FedRAPShadow(_Shadow):
     ) -> None:
         from securefed.models.fedrap import FedRAP
 
-        self.config = config
-        self.round = round_index
-        self.users = users
-        self.global_before = global_before
-        self.n_items = split.n_items
-        self.model = FedRAP(split, config, generator=generator)
+        super().__init__(
+            FedRAP(split, config, generator=generator), config, global_before, round_index, users
+        )
         n_users, n_items, dim = split.n_users, split.n_items, config.dim
         m = users.shape[0]
         # A fresh private part per target, drawn as the recipe draws it (Embedding N(0, 1),
@@ -221,7 +230,7 @@ class _FedRAPShadow(_Shadow):
         self, client: np.ndarray, item: np.ndarray, label: np.ndarray, generator: torch.Generator
     ) -> Any:
         """Train the shadows on the samples (grouped by target position); their uploads."""
-        from securefed.models.fedrap import RoundPlan
+        from securefed.models.fedrap import RoundPlan, epoch_batches
 
         cfg = self.config
         model = self.model
@@ -243,20 +252,14 @@ class _FedRAPShadow(_Shadow):
         items = torch.from_numpy(item)[perm]
         labels = torch.from_numpy(label)[perm]
         batches = batches[order]
-        n_samples = counts[order]
-        multi_user0 = int(torch.searchsorted(batches, torch.tensor(1), right=True))
-        multi_start = int(n_samples[:multi_user0].sum())
-        u_multi = users[multi_start:]
-        n_multi = u_multi.shape[0]
-        if n_multi:
-            keys = torch.rand(cfg.local_epochs, n_multi, generator=generator, dtype=torch.float64)
-            rank_order = torch.argsort(keys + (u_multi.double() * 2.0), dim=1)
-            first = torch.searchsorted(u_multi, u_multi)
-            rank = torch.empty_like(rank_order)
-            rank.scatter_(1, rank_order, torch.arange(n_multi).expand(cfg.local_epochs, n_multi))
-            multi_batch = (rank - first) // cfg.batch_size
-        else:
-            multi_batch = torch.zeros(cfg.local_epochs, 0, dtype=torch.long)
+        multi_start, multi_batch = epoch_batches(
+            users,
+            counts[order],
+            batches,
+            local_epochs=cfg.local_epochs,
+            batch_size=cfg.batch_size,
+            generator=generator,
+        )
         plan = RoundPlan(
             participants=self.users[order],
             sample_user=users,
@@ -289,12 +292,9 @@ class _FedRecGELShadow(_Shadow):
     ) -> None:
         from securefed.models.fedrecgel import FedRecGEL
 
-        self.config = config
-        self.round = round_index
-        self.users = users
-        self.global_before = global_before
-        self.n_items = split.n_items
-        self.model = FedRecGEL(split, config, generator=generator)
+        super().__init__(
+            FedRecGEL(split, config, generator=generator), config, global_before, round_index, users
+        )
         state = self.model.state_dict()
         state["shared"] = {k: v.detach().clone() for k, v in global_before.items()}
         m = users.shape[0]

@@ -52,6 +52,7 @@ from protocols.dp.accounting import (
 from protocols.dp.ledger import PrivacyEvent
 from protocols.dp.noise import gaussian_noise
 from protocols.errors import ConfigError
+from protocols.seeding import torch_generator
 
 # Clip factors are shrunk by this relative amount so that float32 rounding can never push a
 # clipped example's norm above the clip (as in :func:`protocols.dp.clip_rows`).
@@ -92,6 +93,13 @@ class DPSGDConfig:
     def noise_std(self) -> float:
         """Standard deviation of the noise added to the sum of clipped example gradients."""
         return float(self.noise_multiplier) * float(self.example_clip)
+
+    def round_generator(self, seed: int, round_index: int) -> torch.Generator | None:
+        """The noise generator of one round: ``None`` in secure mode (OS randomness), else
+        derived from the run seed (``derive(seed, "dpsgd-noise", round)``)."""
+        if self.secure:
+            return None
+        return torch_generator(seed, "dpsgd-noise", round_index)
 
 
 def check_example_clip(clip: float) -> float:

@@ -60,7 +60,6 @@ from protocols.dp.dpsgd import (
     linear_example_grads,
 )
 from protocols.dp.noise import gaussian_noise
-from protocols.seeding import torch_generator
 from securefed.data.negatives import NegativeSampler
 from securefed.data.types import Split
 from securefed.errors import ConfigError
@@ -448,6 +447,45 @@ class FedRAPUpdates(ClientUpdates):
         return total.reshape(-1)
 
 
+def epoch_batches(
+    users: torch.Tensor,
+    n_samples: torch.Tensor,
+    batches: torch.Tensor,
+    *,
+    local_epochs: int,
+    batch_size: int,
+    generator: torch.Generator,
+) -> tuple[int, torch.Tensor]:
+    """Per-epoch batch of every multi-batch client's sample (:class:`RoundPlan` fields).
+
+    Args:
+        users: Client position of every sample, grouped by client, clients ordered by batch
+            count (so the multi-batch clients' samples are a suffix).
+        n_samples: Samples per client, in that order.
+        batches: Local batches per client, in that order (non-decreasing).
+        local_epochs: Epochs to assign.
+        batch_size: Samples per local batch.
+        generator: Draws the per-client shuffle of every epoch.
+
+    Returns:
+        ``(multi_start, multi_batch)``: the first sample of the multi-batch suffix, and the
+        ``[epochs, suffix samples]`` batch index of each of its samples.
+    """
+    multi_user0 = int(torch.searchsorted(batches, torch.tensor(1), right=True))
+    multi_start = int(n_samples[:multi_user0].sum())
+    u_multi = users[multi_start:]
+    n_multi = u_multi.shape[0]
+    if not n_multi:
+        return multi_start, torch.zeros(local_epochs, 0, dtype=torch.long)
+    # A per-client shuffle per epoch (DataLoader(shuffle=True)): sort by (user, key).
+    keys = torch.rand(local_epochs, n_multi, generator=generator, dtype=torch.float64)
+    order = torch.argsort(keys + (u_multi.double() * 2.0), dim=1)
+    first = torch.searchsorted(u_multi, u_multi)
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(n_multi).expand(local_epochs, n_multi))
+    return multi_start, (rank - first) // batch_size
+
+
 class FedRAP:
     """Batched FedRAP over every user of a split (see the module docstring)."""
 
@@ -516,21 +554,14 @@ class FedRAP:
         labels = labels.reshape(-1)
         n_samples = counts * k
         batches = (n_samples + cfg.batch_size - 1) // cfg.batch_size
-        # Clients are ordered by batch count, so the multi-batch clients' samples are a suffix.
-        multi_user0 = int(torch.searchsorted(batches, torch.tensor(1), right=True))
-        multi_start = int(n_samples[:multi_user0].sum())
-        u_multi = users[multi_start:]
-        n_multi = u_multi.shape[0]
-        if n_multi:
-            # A per-client shuffle per epoch (DataLoader(shuffle=True)): sort by (user, key).
-            keys = torch.rand(cfg.local_epochs, n_multi, generator=generator, dtype=torch.float64)
-            order = torch.argsort(keys + (u_multi.double() * 2.0), dim=1)
-            first = torch.searchsorted(u_multi, u_multi)
-            rank = torch.empty_like(order)
-            rank.scatter_(1, order, torch.arange(n_multi).expand(cfg.local_epochs, n_multi))
-            multi_batch = (rank - first) // cfg.batch_size
-        else:
-            multi_batch = torch.zeros(cfg.local_epochs, 0, dtype=torch.long)
+        multi_start, multi_batch = epoch_batches(
+            users,
+            n_samples,
+            batches,
+            local_epochs=cfg.local_epochs,
+            batch_size=cfg.batch_size,
+            generator=generator,
+        )
         return RoundPlan(
             participants=participants,
             sample_user=users,
@@ -546,11 +577,7 @@ class FedRAP:
         self, participants: torch.Tensor, round_index: int, generator: torch.Generator
     ) -> tuple[ClientUpdates, RoundStats]:
         if self.dpsgd is not None:
-            noise = (
-                None
-                if self.dpsgd.secure
-                else torch_generator(self.noise_seed, "dpsgd-noise", round_index)
-            )
+            noise = self.dpsgd.round_generator(self.noise_seed, round_index)
             return self.train_dpsgd(
                 self.plan_dpsgd_round(participants, generator), round_index, noise
             )

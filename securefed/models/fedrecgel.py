@@ -74,7 +74,6 @@ from protocols.dp.dpsgd import (
     sam_releases,
 )
 from protocols.dp.noise import gaussian_noise
-from protocols.seeding import torch_generator
 from securefed.data.negatives import NegativeSampler
 from securefed.data.types import Split
 from securefed.errors import ConfigError
@@ -558,16 +557,7 @@ class FedRecGEL:
         Draws, in this order: one uniform key per positive (the shuffle), then the negatives.
         """
         cfg = self.config
-        participants = self._check_users(participants, "participants")
-        if torch.unique(participants).numel() != participants.numel():
-            raise ConfigError("participants must be distinct user indices, got a repeated one")
-        m = participants.shape[0]
-        starts = self._train_indptr[participants]
-        counts = self._train_indptr[participants + 1] - starts
-        local = torch.repeat_interleave(torch.arange(m), counts)
-        first = torch.cumsum(counts, 0) - counts
-        offsets = torch.arange(local.shape[0]) - first[local]
-        pos_items = self._train_items[starts[local] + offsets]
+        participants, local, counts, pos_items = self._positives(participants)
         # Per-client shuffle (the official ``random.shuffle(pos_items)``): sort by client + key.
         key = torch.rand(local.shape[0], generator=generator, dtype=torch.float64)
         order = torch.argsort(local.to(torch.float64) + key)
@@ -584,6 +574,22 @@ class FedRecGEL:
             sample_label=labels.reshape(-1),
             samples_per_client=counts * k,
         )
+
+    def _positives(
+        self, participants: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Checked distinct participants, then each of their training positives with its
+        client position: ``(participants, local, counts, items)``, grouped by client."""
+        participants = self._check_users(participants, "participants")
+        if torch.unique(participants).numel() != participants.numel():
+            raise ConfigError("participants must be distinct user indices, got a repeated one")
+        m = participants.shape[0]
+        starts = self._train_indptr[participants]
+        counts = self._train_indptr[participants + 1] - starts
+        local = torch.repeat_interleave(torch.arange(m), counts)
+        first = torch.cumsum(counts, 0) - counts
+        items = self._train_items[starts[local] + torch.arange(local.shape[0]) - first[local]]
+        return participants, local, counts, items
 
     def _batch(self, plan: RoundPlan) -> _Batch:
         """Row-major layout and (client, item) pairs of a plan.
@@ -641,11 +647,7 @@ class FedRecGEL:
     ) -> tuple[ClientUpdates, RoundStats]:
         """Train all participants (batched); upload their SAM gradients of the shared params."""
         if self.dpsgd is not None:
-            noise = (
-                None
-                if self.dpsgd.secure
-                else torch_generator(self.noise_seed, "dpsgd-noise", round_index)
-            )
+            noise = self.dpsgd.round_generator(self.noise_seed, round_index)
             return self.train_dpsgd(
                 self.plan_dpsgd_round(participants, generator), round_index, noise
             )
@@ -792,15 +794,7 @@ class FedRecGEL:
         so no example's draw depends on any other interaction. The whole round is one batch
         per client (the official client takes one step), so no shuffle is needed.
         """
-        participants = self._check_users(participants, "participants")
-        if torch.unique(participants).numel() != participants.numel():
-            raise ConfigError("participants must be distinct user indices, got a repeated one")
-        m = participants.shape[0]
-        starts = self._train_indptr[participants]
-        counts = self._train_indptr[participants + 1] - starts
-        local = torch.repeat_interleave(torch.arange(m), counts)
-        first = torch.cumsum(counts, 0) - counts
-        pos = self._train_items[starts[local] + torch.arange(local.shape[0]) - first[local]]
+        participants, local, _, pos = self._positives(participants)
         neg = uniform_negatives(
             pos.shape[0], self.config.num_negatives, self.split.n_items, generator
         )
