@@ -73,9 +73,11 @@ def plant_canaries(split: Split, count: int, rng: np.random.Generator) -> tuple[
         raise ConfigError(f"canaries must be a positive integer, got {count!r}")
     n_real = split.n_items
     n_neg = split.val_negatives.shape[1]
-    if n_real < n_neg + 4:
+    if n_real < 2 * n_neg + 4:
         raise ConfigError(
-            f"canary clients need at least {n_neg + 4} real items, the data has {n_real}"
+            f"canary clients need at least {2 * n_neg + 4} real items (4 positives and "
+            f"{n_neg} validation and {n_neg} test negatives, all distinct), the data has "
+            f"{n_real}; audit without canaries (--canaries 0) or on more items"
         )
     items = n_real + np.arange(count, dtype=np.int64)
     included = rng.random(count) < 0.5

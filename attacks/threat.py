@@ -159,6 +159,15 @@ def upload_channel(
         return UploadChannel(
             clip=None, share_std=0.0, note="raw uploads (no DP, no secure aggregation)"
         )
+    if p.privacy_unit == "interaction":
+        return UploadChannel(
+            clip=None,
+            share_std=0.0,
+            note=(
+                "each upload is the output of the client's own DP-SGD (per-example clipping "
+                "and Gaussian noise on every local step), observed exactly as it was sent"
+            ),
+        )
     params = params if params is not None else privacy_parameters(config, split)
     if params["placement"] == "distributed":
         mech = DistributedGaussian(

@@ -5,11 +5,17 @@ from __future__ import annotations
 import statistics
 
 
-def rounds_for(spec: str | int, model: str) -> int:
-    """Rounds for ``model`` from ``"100"`` or a per-model ``"fedrap=40,fedrecgel=100"``."""
+def rounds_for(spec: str | int, model: str, fraction: float | None = None) -> int:
+    """Rounds for ``model`` from ``"100"`` or a per-model ``"fedrap=40,fedrecgel=100"``.
+
+    A key ``model@fraction`` (``"fedrecgel@1=10"``) overrides the model's value for that
+    client fraction.
+    """
     if "=" not in str(spec):
         return int(spec)
     table = dict(part.split("=") for part in str(spec).split(","))
+    if fraction is not None and f"{model}@{fraction:g}" in table:
+        return int(table[f"{model}@{fraction:g}"])
     return int(table[model])
 
 

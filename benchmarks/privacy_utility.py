@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,8 +32,14 @@ def _cell(model: str, fraction: float, eps: float, seed: int, args: argparse.Nam
     from securefed.training import PrivacyConfig, TrainConfig, train
 
     run = Path(args.out) / f"{model}-q{fraction}-eps{eps}-s{seed}"
+    rounds = rounds_for(args.rounds, model, fraction)
     if (run / "summary.json").exists():
-        return json.loads((run / "summary.json").read_text())
+        summary = json.loads((run / "summary.json").read_text())
+        if summary.get("rounds") == rounds:
+            return summary
+        raise SystemExit(
+            f"{run} ran {summary.get('rounds')} rounds, not {rounds}: use another --out"
+        )
     if (run / "config.toml").exists():
         return train(resume=run).summary
     privacy = PrivacyConfig() if math.isinf(eps) else PrivacyConfig(epsilon=eps, delta=1e-5)
@@ -40,7 +47,7 @@ def _cell(model: str, fraction: float, eps: float, seed: int, args: argparse.Nam
         model=model,
         dataset=args.dataset,
         data_dir=args.data_dir,
-        rounds=rounds_for(args.rounds, model),
+        rounds=rounds,
         seed=seed,
         client_fraction=fraction,
         checkpoint_every=10,
@@ -57,7 +64,12 @@ def main() -> None:
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--dataset", default="ml-100k")
     ap.add_argument("--out", default="/tmp/securefed-privacy-utility")
-    ap.add_argument("--rounds", default="100", help="one number or fedrap=N,fedrecgel=M")
+    ap.add_argument(
+        "--rounds",
+        default="100",
+        help="one number, or fedrap=N,fedrecgel=M (a key model@fraction, e.g. fedrecgel@1=10, "
+        "overrides one fraction)",
+    )
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--models", default="fedrap,fedrecgel")
     ap.add_argument("--fractions", default="1.0,0.1")
@@ -81,11 +93,17 @@ def main() -> None:
                 ):
                     continue
                 sums = [_cell(model, fraction, eps, s, args) for s in range(args.seeds)]
-                row = {"model": model, "fraction": fraction, "epsilon": eps}
+                row = {
+                    "model": model,
+                    "fraction": fraction,
+                    "epsilon": eps,
+                    "rounds": sums[0]["rounds"],
+                }
                 for key in KEYS:
                     row[key] = [s[key] for s in sums]
                 row["sigma"] = sums[0].get("noise_multiplier")
                 row["spent"] = [s.get("epsilon") for s in sums]
+                row["seconds"] = [s["seconds"] for s in sums]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if args.write:
@@ -94,40 +112,43 @@ def main() -> None:
 
 def _write(rows: list[dict], args: argparse.Namespace) -> None:
     lines = [
-        "## Utility at each epsilon",
+        START,
         "",
         f"Written by `python benchmarks/privacy_utility.py --rounds {args.rounds} --seeds {args.seeds} "
         f"--models {args.models} --fractions {args.fractions} --epsilons {args.epsilons} "
         f"{'--only-finished ' if args.only_finished else ''}--write` "
         f"({time.strftime('%Y-%m-%d')}, {args.dataset}). User-level DP, central Gaussian noise, "
-        "delta 1e-5, PRV accountant, default clip (FedRAP 10, FedRecGEL 1); mean ± sd over seeds of "
-        "the test metrics at the round with the best validation HR@10. Client fraction 1.0 = every "
-        "client every round (no amplification); 0.1 = Poisson sampling.",
+        "delta 1e-5, PRV accountant, default clip (FedRAP 10, FedRecGEL 1); mean ± sd over "
+        f"{args.seeds} seed(s) of the test metrics at the round with the best validation HR@10. "
+        "Client fraction 1 = every client every round (no amplification); 0.1 = Poisson "
+        "sampling. Sigma is calibrated for the row's rounds; spent = the accountant's epsilon "
+        "at the end (mean over seeds).",
         "",
-        "| model | fraction | epsilon | sigma | HR@10 sampled | NDCG@10 sampled | HR@10 full | NDCG@10 full |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | fraction | rounds | epsilon | sigma | spent | HR@10 sampled | NDCG@10 sampled | HR@10 full | NDCG@10 full | s/run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         sigma = "-" if r["sigma"] is None else f"{r['sigma']:.2f}"
+        spent = [x for x in r["spent"] if x is not None]
+        spent_s = f"{statistics.mean(spent):.3f}" if spent else "-"
         lines.append(
-            f"| {r['model']} | {r['fraction']:g} | {r['epsilon']:g} | {sigma} | {_fmt(r['test_hr@10'])} | "
-            f"{_fmt(r['test_ndcg@10'])} | {_fmt(r['test_full_hr@10'])} | {_fmt(r['test_full_ndcg@10'])} |"
+            f"| {r['model']} | {r['fraction']:g} | {r['rounds']} | {r['epsilon']:g} | {sigma} | {spent_s} | "
+            f"{_fmt(r['test_hr@10'])} | {_fmt(r['test_ndcg@10'])} | {_fmt(r['test_full_hr@10'])} | "
+            f"{_fmt(r['test_full_ndcg@10'])} | {statistics.mean(r['seconds']):.0f} |"
         )
-    lines += [
-        "",
-        "Reading it: user-level DP costs FedRAP most of its (already modest, see docs/results.md) "
-        "accuracy at every epsilon when every client joins every round (no amplification: sigma "
-        "8.98 at epsilon 2 for 20 rounds); Poisson sampling at q = 0.1 keeps about 60% of the "
-        "non-private HR@10 down to epsilon 1. FedRecGEL falls to the random baseline (HR@10 about "
-        "0.10) even at epsilon 8: its server takes Adam steps on the noisy mean gradient, whose "
-        "true value is tiny on the sparse item-embedding rows, so Adam's normalisation turns the "
-        "noise into full-size steps. Rows with fewer rounds than the papers' 100 (FedRAP 20, "
-        "FedRecGEL 30) calibrate sigma for those rounds.",
-    ]
+    lines.append(END)
     path = ROOT / "docs" / "privacy.md"
     text = path.read_text()
-    head = text.split("## Utility at each epsilon", 1)[0]
-    path.write_text(head + "\n".join(lines) + "\n")
+    if START in text and END in text:
+        head, rest = text.split(START, 1)
+        tail = rest.split(END, 1)[1]
+    else:
+        head, tail = text.rstrip("\n") + "\n\n## Utility at each epsilon\n\n", "\n"
+    path.write_text(head + "\n".join(lines) + tail)
+
+
+START = "<!-- privacy-utility:start -->"
+END = "<!-- privacy-utility:end -->"
 
 
 if __name__ == "__main__":

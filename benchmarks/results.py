@@ -177,11 +177,26 @@ def _fidelity(args: argparse.Namespace) -> None:
         path.write_text(head + marker + "\n" + "\n".join(lines))
 
 
+def _table_rows() -> list[str]:
+    """The result table's rows as docs/results.md holds them now (before the first section)."""
+    path = ROOT / "docs" / "results.md"
+    if not path.exists():
+        return []
+    head = path.read_text().split("\n## ", 1)[0]
+    return [
+        line
+        for line in head.splitlines()
+        if line.startswith("| ") and not line.startswith("| model ") and "---" not in line
+    ]
+
+
 def _write(rows: list[dict], args: argparse.Namespace, seconds: float) -> None:
+    notes: list[str] = []
     lines = [
         "# Results: accuracy next to the papers",
         "",
-        f"Written by `python benchmarks/results.py --rounds {args.rounds} --seeds {args.seeds} --write` "
+        f"Written by `python benchmarks/results.py --models {args.models} --rounds {args.rounds} "
+        f"--seeds {args.seeds} --write` "
         f"({time.strftime('%Y-%m-%d')}; data from `../shared/data`). Each cell: mean ± sd over "
         f"{args.seeds} seeds of the test metrics at the round with the best *validation* HR@10 "
         "(never selected on test). Sampled = the papers' protocol (held-out item among 99 sampled "
@@ -199,13 +214,21 @@ def _write(rows: list[dict], args: argparse.Namespace, seconds: float) -> None:
         "| model | dataset | negatives | rounds | HR@10 sampled | NDCG@10 sampled | HR@10 full | NDCG@10 full | selected rounds | s/run |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    ran = {r["model"] for r in rows}
+    kept = [line for line in _table_rows() if line.split("|")[1].strip() not in ran]
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['dataset']} | {r['negatives']} | {r['rounds']} | {_fmt(r['test_hr@10'])} | "
             f"{_fmt(r['test_ndcg@10'])} | {_fmt(r['test_full_hr@10'])} | {_fmt(r['test_full_ndcg@10'])} | "
             f"{', '.join(map(str, r['selected_round']))} | {statistics.mean(r['seconds']):.0f} |"
         )
-    lines += ["", "## Reference numbers", ""]
+    if kept:
+        lines += kept
+        notes.append(
+            "Rows of models not in this run's `--models` are kept from the previous version "
+            "of this page: " + ", ".join(sorted({k.split("|")[1].strip() for k in kept})) + "."
+        )
+    lines += ["", *notes, "", "## Reference numbers", ""]
     for (model, dataset), text in PAPER.items():
         lines.append(f"- {model} on {dataset}: {text}.")
     lines.append("")

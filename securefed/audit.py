@@ -246,6 +246,11 @@ def audit(
     n_real, n_real_users = split.n_items, split.n_users
     rng = numpy_generator(train_cfg.seed, "audit-canaries")
     n_canaries = cfg.canaries if cfg.canaries is not None else 256
+    audit_note = ""
+    if train_cfg.privacy.dp and train_cfg.privacy.privacy_unit == "interaction":
+        if cfg.canaries:
+            raise ConfigError(_INTERACTION_CANARIES + "; audit with --canaries 0")
+        n_canaries, audit_note = 0, _INTERACTION_CANARIES
     meta: dict[str, Any] = {}
     if reuse:
         assert run_dir is not None
@@ -372,6 +377,7 @@ def audit(
         "clip": summary.get("clip"),
         "attacks": [a.as_dict() for a in attack_results],
         "audit": audit_block,
+        "audit_note": audit_note,
         "recorded_bytes": bytes_recorded,
         "scores_file": SCORES_FILE,
         "config": train_cfg.to_dict(),
@@ -384,12 +390,21 @@ def audit(
     )
 
 
+_INTERACTION_CANARIES = (
+    "no canary audit: it plants whole canary clients (a user-level neighbour), which an "
+    "interaction-level guarantee does not bound, so its lower bound has nothing to be "
+    "compared with"
+)
+
+
 def _aggregate_note(train_cfg: TrainConfig, noise_std: float) -> str:
     what = "per-round sums of the clipped uploads"
     if train_cfg.privacy.secagg:
         what += " (decoded from secure aggregation)"
     if noise_std > 0:
         what += f" with DP noise of std sigma*C = {noise_std:.4g}"
+    if train_cfg.privacy.dp and train_cfg.privacy.privacy_unit == "interaction":
+        what = "per-round sums of uploads that each carry the client's own DP-SGD noise"
     return what + ", and the public global model of every round"
 
 

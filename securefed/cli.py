@@ -104,7 +104,9 @@ def train(
     ] = None,
     privacy_unit: Annotated[
         str | None,
-        typer.Option(help="user (DP-FedAvg, default) or interaction (client-side DP-SGD, FedRAP)."),
+        typer.Option(
+            help="user (DP-FedAvg, default) or interaction (client-side DP-SGD, both models)."
+        ),
     ] = None,
     example_clip: Annotated[
         float | None,
@@ -307,7 +309,7 @@ def account(
         out.print_json(json.dumps(res))
         return
     out.print(
-        f"noise multiplier {res['noise_multiplier']:.4f} -> epsilon {res['epsilon']:.4f} at delta "
+        f"noise multiplier {res['noise_multiplier']:.5g} -> epsilon {res['epsilon']:.5g} at delta "
         f"{res['delta']:g} ({res['rounds']} rounds, sample rate {res['sample_rate']:g}, "
         f"{res['accountant']} accountant, {res['privacy_unit']}-level, {res['steps']} steps)"
     )

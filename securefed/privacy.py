@@ -540,7 +540,7 @@ def account(
         cfg.check_population(users)
     if noise_multiplier is None:
         sigma = cfg.resolve_noise_multiplier(
-            sample_rate=client_fraction, steps=rounds, n_users=users or 10**12
+            sample_rate=client_fraction, steps=rounds, n_users=users
         )
     else:
         sigma = float(noise_multiplier)

@@ -116,3 +116,29 @@ def test_cli_imia_released_flag_errors(tmp_path, flags, needle) -> None:
     lines = [line for line in res.output.strip().splitlines() if line.strip()]
     assert len(lines) == 1, res.output
     assert needle in res.output
+
+
+def test_audit_of_an_interaction_level_run(tmp_path) -> None:
+    from securefed.cli import app as main_app
+
+    run = tmp_path / "run"
+    res = runner.invoke(
+        main_app,
+        ["train", "--epsilon", "4", "--privacy-unit", "interaction", "--out", str(run)]
+        + SMALL[:-2],
+    )
+    assert res.exit_code == 0, res.output
+    refused = runner.invoke(
+        app, ["--run", str(run), "--out", str(tmp_path / "a0"), "--canaries", "8"]
+    )
+    assert refused.exit_code == 2 and "whole canary clients" in refused.output
+    out = tmp_path / "a1"
+    res = runner.invoke(
+        app, ["--run", str(run), "--out", str(out), "--attacks", "row-change,union"]
+    )
+    assert res.exit_code == 0, res.output
+    assert "no canary audit" in " ".join(res.output.split())
+    rep = json.loads((out / "audit.json").read_text())
+    assert rep["audit"] is None and "user-level neighbour" in rep["audit_note"]
+    notes = {a["name"]: a["observes"] for a in rep["attacks"]}
+    assert "own DP-SGD" in notes["row-change"] and "DP-SGD noise" in notes["union"]

@@ -160,6 +160,15 @@ def test_account_command_json():
     assert json.loads(back.output)["epsilon"] == pytest.approx(obj["epsilon"], rel=1e-6)
 
 
+def test_account_command_without_users_and_with_tiny_sigma():
+    res = runner.invoke(app, ["account", "--epsilon", "2", "--rounds", "100", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["noise_multiplier"] == pytest.approx(20, rel=0.05)  # issue
+    res = runner.invoke(app, ["account", "--noise-multiplier", "1e-9", "--rounds", "100"])
+    assert res.exit_code == 0, res.output
+    assert "noise multiplier 1e-09 -> epsilon 5.5e+19" in " ".join(res.output.split())
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [

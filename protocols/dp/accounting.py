@@ -27,6 +27,10 @@ from protocols.errors import ConfigError
 
 Accountant = Literal["prv", "rdp"]
 ACCOUNTANTS: tuple[str, ...] = ("prv", "rdp")
+#: PRV is only asked when the RDP bound is at most this and every sigma at least
+#: ``PRV_MIN_SIGMA``; outside that the RDP bound is returned (see :func:`gaussian_epsilon`).
+PRV_MAX_EPSILON = 100.0
+PRV_MIN_SIGMA = 0.5
 
 #: Integer RDP orders used whenever a discrete-Gaussian event is in the composition (the
 #: subsampling bound of Zhu and Wang is stated for integer orders).
@@ -119,11 +123,23 @@ def gaussian_epsilon(
         accountant: ``"prv"`` or ``"rdp"`` (Opacus's implementations).
 
     Returns:
-        An upper bound on epsilon (PRV returns its certified upper bound).
+        An upper bound on epsilon (PRV returns its certified upper bound). With PRV, when
+        the RDP bound exceeds ``PRV_MAX_EPSILON`` or some sigma is below ``PRV_MIN_SIGMA``
+        the RDP bound is returned: PRV's domain would not fit in memory there.
     """
     if not history:
         return 0.0
-    acc = create_accountant(mechanism=check_accountant(accountant))
+    accountant = check_accountant(accountant)
+    if accountant == "prv":
+        rdp_bound = gaussian_epsilon(history, delta=delta, accountant="rdp")
+        if rdp_bound > PRV_MAX_EPSILON or min(float(z) for z, _, _ in history) < PRV_MIN_SIGMA:
+            # Opacus's PRV discretises the privacy-loss distribution on a domain whose size
+            # grows as sigma shrinks: sigma 0.05 would need a 2.6 TiB array, sigma 0.2 takes
+            # ~30 s and returns inf. Here the RDP bound is returned instead: it is also an
+            # upper bound, PRV would tighten it by under 10 %, and a budget this large
+            # promises nothing anyway.
+            return rdp_bound
+    acc = create_accountant(mechanism=accountant)
     acc.history = [(float(z), float(q), int(n)) for z, q, n in history]
     with warnings.catch_warnings(), np.errstate(divide="ignore", invalid="ignore"):
         # q = 1 makes Opacus's PRV evaluate log(1 - q) = -inf harmlessly; RDP warns when
@@ -197,12 +213,15 @@ def calibrate_noise_multiplier(
     q = check_sample_rate(sample_rate)
     n = check_steps(steps)
     acc = check_accountant(accountant)
+    # Above PRV_MAX_EPSILON gaussian_epsilon answers with the RDP bound (PRV's domain does
+    # not fit in memory there), so the bisection uses RDP too: its sigma is valid for both.
+    search = "rdp" if acc == "prv" and eps > PRV_MAX_EPSILON else acc
     try:
         with warnings.catch_warnings(), np.errstate(divide="ignore", invalid="ignore"):
             warnings.simplefilter("ignore")
             sigma = float(
                 get_noise_multiplier(
-                    target_epsilon=eps, target_delta=d, sample_rate=q, steps=n, accountant=acc
+                    target_epsilon=eps, target_delta=d, sample_rate=q, steps=n, accountant=search
                 )
             )
     except ValueError as err:

@@ -81,11 +81,13 @@ class DPConfig:
                 "accountant='rdp'"
             )
 
-    def check_population(self, n_users: int) -> None:
-        """Refuse ``delta >= 1 / n_users`` with a ConfigError."""
+    def check_population(self, n_users: int | None) -> None:
+        """Refuse ``delta >= 1 / n_users`` with a ConfigError (``None``: population unknown)."""
         check_delta(self.delta, n_users=n_users)
 
-    def resolve_noise_multiplier(self, *, sample_rate: float, steps: int, n_users: int) -> float:
+    def resolve_noise_multiplier(
+        self, *, sample_rate: float, steps: int, n_users: int | None
+    ) -> float:
         """The central-placement sigma: fixed, or calibrated from epsilon without overshoot.
 
         For ``placement="distributed"`` calibrate with
