@@ -224,7 +224,7 @@ def released_scores(
     n_real: int,
     n_users: int,
     generator: torch.Generator,
-    iterations: int = 100,
+    iterations: int = 30,
     chunk: int = 256,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """Calibrated and raw membership scores of every known (user, item) pair.

@@ -193,7 +193,7 @@ def score_attacks(
         )
     if "released" in chosen:
         results.append(
-            _released(record_dir, split, n_real, n_real_users, train_cfg, rng, nb, arrays)
+            _released(record_dir, split, n_real, n_real_users, train_cfg, cfg, rng, nb, arrays)
         )
     audit_block = None
     if canaries is not None:
@@ -272,6 +272,7 @@ def _released(
     n_real: int,
     n_real_users: int,
     train_cfg: TrainConfig,
+    cfg: AuditConfig,
     rng: np.random.Generator,
     nb: int,
     arrays: dict[str, np.ndarray],
@@ -295,6 +296,7 @@ def _released(
         n_real=n_real,
         n_users=n_real_users,
         generator=torch_generator(train_cfg.seed, "audit-released"),
+        iterations=cfg.released_iterations,
     )
     metrics, ci, base = membership_report(calibrated, labels, rng=rng, n_boot=nb)
     uncal = binary_metrics(raw, labels)

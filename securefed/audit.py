@@ -81,6 +81,9 @@ class AuditConfig:
         target_users: Targets of the optimisation inversion.
         imia_iterations: Refinement iterations of the IMIA shadow attack (one shadow round of
             every target client each).
+        released_iterations: L-BFGS iterations of the released-model attack's fit per chunk
+            of users (30: FedRecGEL's fit loss is within 2 % of 100 iterations' on MovieLens
+            100K at a third of the cost).
         known_fraction: Share of users whose attribute the attribute attacker knows.
         bootstrap: Bootstrap resamples of the 95 % intervals.
         confidence: Confidence of the epsilon lower bound.
@@ -92,6 +95,7 @@ class AuditConfig:
     canaries: int | None = None
     target_users: int = 16
     imia_iterations: int = 5
+    released_iterations: int = 30
     known_fraction: float = 0.5
     bootstrap: int = 200
     confidence: float = 0.95
@@ -119,6 +123,15 @@ class AuditConfig:
         ):
             raise ConfigError(
                 f"IMIA iterations must be an integer in [1, 100], got {self.imia_iterations!r}"
+            )
+        if (
+            not isinstance(self.released_iterations, int)
+            or isinstance(self.released_iterations, bool)
+            or not 1 <= self.released_iterations <= 1000
+        ):
+            raise ConfigError(
+                "released-model iterations must be an integer in [1, 1000], got "
+                f"{self.released_iterations!r}"
             )
         if not 0 < self.known_fraction < 1:
             raise ConfigError(f"known fraction must be in (0, 1), got {self.known_fraction!r}")

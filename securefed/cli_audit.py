@@ -64,6 +64,9 @@ def audit(
     imia_iterations: Annotated[
         int, typer.Option(help="Refinement iterations of the IMIA shadow attack.")
     ] = 5,
+    released_iterations: Annotated[
+        int, typer.Option(help="L-BFGS iterations of the released-model attack's fit.")
+    ] = 30,
 ) -> None:
     """Attack a federated run under explicit threat models and audit its privacy."""
     from securefed.audit import AuditConfig
@@ -117,6 +120,7 @@ def audit(
             canaries=canaries,
             target_users=target_users,
             imia_iterations=imia_iterations,
+            released_iterations=released_iterations,
         )
         with err.status("training and recording what each observer sees ..."):
             result = run_audit(cfg, out=out_dir)

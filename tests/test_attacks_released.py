@@ -9,6 +9,7 @@ from attacks.metrics import binary_metrics
 from attacks.released import known_items, released_labels, released_scores
 from protocols.seeding import torch_generator
 from securefed.audit import AuditConfig, audit
+from securefed.errors import ConfigError
 from securefed.training import PrivacyConfig, TrainConfig, build_model, load_split
 
 SMALL = {"synthetic_users": 60, "synthetic_items": 1000, "eval_every": 100, "checkpoint_every": 100}
@@ -79,3 +80,9 @@ def test_negative_control_strong_dp(tmp_path) -> None:
     assert abs(rel.metrics["auc"] - 0.5) < 0.1, rel.metrics
     z = np.load(tmp_path / "scores.npz")
     assert z["released"].shape == z["released_labels"].shape == (60, 1000)
+
+
+@pytest.mark.parametrize("bad", [0, 1001, True, 2.5])
+def test_released_iterations_are_checked(bad) -> None:
+    with pytest.raises(ConfigError, match="released-model iterations"):
+        AuditConfig(released_iterations=bad)
