@@ -6,17 +6,21 @@ import statistics
 
 
 def rounds_for(spec: str | int, model: str, fraction: float | None = None) -> int:
-    """Rounds for ``model`` from ``"100"`` or a per-model ``"fedrap=40,fedrecgel=100"``.
+    """A per-cell number (rounds, seeds) from ``"100"`` or ``"fedrap=40,fedrecgel=100"``.
 
-    A key ``model@fraction`` (``"fedrecgel@1=10"``) overrides the model's value for that
-    client fraction.
+    An entry without ``=`` is the default; a key ``model@fraction`` (``"fedrecgel@1=10"``)
+    overrides the model's value for that client fraction.
     """
-    if "=" not in str(spec):
-        return int(spec)
-    table = dict(part.split("=") for part in str(spec).split(","))
+    parts = [p for p in str(spec).split(",") if p]
+    table = dict(p.split("=") for p in parts if "=" in p)
+    default = [p for p in parts if "=" not in p]
     if fraction is not None and f"{model}@{fraction:g}" in table:
         return int(table[f"{model}@{fraction:g}"])
-    return int(table[model])
+    if model in table:
+        return int(table[model])
+    if default:
+        return int(default[-1])
+    raise SystemExit(f"no value for {model} in {spec!r}")
 
 
 def mean_sd(values: list[float]) -> str:

@@ -70,7 +70,11 @@ def main() -> None:
         help="one number, or fedrap=N,fedrecgel=M (a key model@fraction, e.g. fedrecgel@1=10, "
         "overrides one fraction)",
     )
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument(
+        "--seeds",
+        default="3",
+        help="seeds per cell: one number, or with overrides as --rounds (3,fedrecgel@1=1)",
+    )
     ap.add_argument("--models", default="fedrap,fedrecgel")
     ap.add_argument("--fractions", default="1.0,0.1")
     ap.add_argument("--epsilons", default="0.5,1,2,4,8,inf")
@@ -85,19 +89,21 @@ def main() -> None:
     for model in args.models.split(","):
         for fraction in (float(f) for f in args.fractions.split(",")):
             for eps in (float(e) for e in args.epsilons.split(",")):
+                seeds = range(rounds_for(args.seeds, model, fraction))
                 if args.only_finished and not all(
                     (
                         Path(args.out) / f"{model}-q{fraction}-eps{eps}-s{s}" / "summary.json"
                     ).exists()
-                    for s in range(args.seeds)
+                    for s in seeds
                 ):
                     continue
-                sums = [_cell(model, fraction, eps, s, args) for s in range(args.seeds)]
+                sums = [_cell(model, fraction, eps, s, args) for s in seeds]
                 row = {
                     "model": model,
                     "fraction": fraction,
                     "epsilon": eps,
                     "rounds": sums[0]["rounds"],
+                    "seeds": len(sums),
                 }
                 for key in KEYS:
                     row[key] = [s[key] for s in sums]
@@ -119,20 +125,20 @@ def _write(rows: list[dict], args: argparse.Namespace) -> None:
         f"{'--only-finished ' if args.only_finished else ''}--write` "
         f"({time.strftime('%Y-%m-%d')}, {args.dataset}). User-level DP, central Gaussian noise, "
         "delta 1e-5, PRV accountant, default clip (FedRAP 10, FedRecGEL 1); mean ± sd over "
-        f"{args.seeds} seed(s) of the test metrics at the round with the best validation HR@10. "
+        "the row's seeds of the test metrics at the round with the best validation HR@10. "
         "Client fraction 1 = every client every round (no amplification); 0.1 = Poisson "
         "sampling. Sigma is calibrated for the row's rounds; spent = the accountant's epsilon "
         "at the end (mean over seeds).",
         "",
-        "| model | fraction | rounds | epsilon | sigma | spent | HR@10 sampled | NDCG@10 sampled | HR@10 full | NDCG@10 full | s/run |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | fraction | rounds | seeds | epsilon | sigma | spent | HR@10 sampled | NDCG@10 sampled | HR@10 full | NDCG@10 full | s/run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         sigma = "-" if r["sigma"] is None else f"{r['sigma']:.2f}"
         spent = [x for x in r["spent"] if x is not None]
         spent_s = f"{statistics.mean(spent):.3f}" if spent else "-"
         lines.append(
-            f"| {r['model']} | {r['fraction']:g} | {r['rounds']} | {r['epsilon']:g} | {sigma} | {spent_s} | "
+            f"| {r['model']} | {r['fraction']:g} | {r['rounds']} | {r['seeds']} | {r['epsilon']:g} | {sigma} | {spent_s} | "
             f"{_fmt(r['test_hr@10'])} | {_fmt(r['test_ndcg@10'])} | {_fmt(r['test_full_hr@10'])} | "
             f"{_fmt(r['test_full_ndcg@10'])} | {statistics.mean(r['seconds']):.0f} |"
         )
