@@ -3,9 +3,10 @@
 Defenses: none / DP (epsilon 1, 2, 8; central noise) / secure aggregation / both (secure
 aggregation with distributed DP at epsilon 2). Columns: the upload observer's strongest
 membership attack (intersection; "-" under secure aggregation, where it has no input) with
-its TPR at 1 % FPR, the aggregate observer's union and differencing AUC, the gradient-ratio
-inversion cosine, gender-inference AUC, and the canary audit's empirical epsilon lower bound
-next to the accounted epsilon. Under central DP the upload observer is the trusted server:
+its TPR at 1 % FPR, IMIA's AUC (upload observer), the released-model attack's AUC, the
+aggregate observer's union and differencing AUC, the gradient-ratio inversion cosine,
+gender-inference AUC, and the canary audit's empirical epsilon lower bound next to the
+accounted epsilon. Under central DP the upload observer is the trusted server:
 DP does not protect the uploads from it, only the aggregates.
 
     python benchmarks/attacks_table.py --data-dir ../shared/data --rounds 100 --seeds 0 1 2
@@ -81,6 +82,8 @@ def table_row(rep: dict[str, Any], *, defense: str, seed: int, rounds: int) -> d
         "rounds": rounds,
         "upload_auc": _metric(rep, "intersection", "auc"),
         "upload_tpr@1%fpr": _metric(rep, "intersection", "tpr@1%fpr"),
+        "imia_auc": _metric(rep, "imia", "auc"),
+        "released_auc": _metric(rep, "released", "auc"),
         "union_auc": _metric(rep, "union", "auc"),
         "differencing_auc": _metric(rep, "differencing", "auc"),
         "inversion_cosine": _metric(rep, "gradient-ratio", "embedding_cosine"),
@@ -133,6 +136,8 @@ def _table(rows: list[dict[str, Any]]) -> str:
         "seeds",
         "upload_auc",
         "upload_tpr@1%fpr",
+        "imia_auc",
+        "released_auc",
         "union_auc",
         "differencing_auc",
         "inversion_cosine",
