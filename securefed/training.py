@@ -22,6 +22,7 @@ import torch
 
 from protocols.seeding import torch_generator
 from securefed import runs
+from securefed.allocator import keep_large_buffers
 from securefed.data.registry import load_dataset
 from securefed.data.split import leave_one_out
 from securefed.data.synthetic import make_synthetic
@@ -522,6 +523,7 @@ def train(
         PrivacyBudgetError: Never escapes; a run that would overspend stops cleanly and
             records ``stopped`` in its summary.
     """
+    keep_large_buffers()
     started = time.perf_counter()
     if resume is not None:
         run_dir = Path(resume)
