@@ -159,7 +159,7 @@ def upload_channel(
         return UploadChannel(
             clip=None, share_std=0.0, note="raw uploads (no DP, no secure aggregation)"
         )
-    if p.privacy_unit == "interaction":
+    if p.interaction_dp:
         return UploadChannel(
             clip=None,
             share_std=0.0,

@@ -260,7 +260,7 @@ def audit(
     rng = numpy_generator(train_cfg.seed, "audit-canaries")
     n_canaries = cfg.canaries if cfg.canaries is not None else 256
     audit_note = ""
-    if train_cfg.privacy.dp and train_cfg.privacy.privacy_unit == "interaction":
+    if train_cfg.privacy.interaction_dp:
         if cfg.canaries:
             raise ConfigError(_INTERACTION_CANARIES + "; audit with --canaries 0")
         n_canaries, audit_note = 0, _INTERACTION_CANARIES
@@ -411,13 +411,14 @@ _INTERACTION_CANARIES = (
 
 
 def _aggregate_note(train_cfg: TrainConfig, noise_std: float) -> str:
-    what = "per-round sums of the clipped uploads"
-    if train_cfg.privacy.secagg:
-        what += " (decoded from secure aggregation)"
-    if noise_std > 0:
-        what += f" with DP noise of std sigma*C = {noise_std:.4g}"
-    if train_cfg.privacy.dp and train_cfg.privacy.privacy_unit == "interaction":
+    if train_cfg.privacy.interaction_dp:
         what = "per-round sums of uploads that each carry the client's own DP-SGD noise"
+    else:
+        what = "per-round sums of the clipped uploads"
+        if train_cfg.privacy.secagg:
+            what += " (decoded from secure aggregation)"
+        if noise_std > 0:
+            what += f" with DP noise of std sigma*C = {noise_std:.4g}"
     return what + ", and the public global model of every round"
 
 

@@ -109,7 +109,7 @@ class PrivateAggregator:
             config.fedrap.local_epochs if config.model == "fedrap" else config.fedrecgel.local_steps
         )
         self.releases_per_round = interaction_steps_per_round(config)
-        if p.dp and p.privacy_unit == "interaction":
+        if p.interaction_dp:
             # Client-side DP-SGD: the uploads are already private; this seam adds no noise
             # and, with secure aggregation, ``clip`` is only the bound on each input.
             self.clip = p.clip if p.clip is not None else DEFAULT_SECAGG_BOUND

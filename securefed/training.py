@@ -141,6 +141,11 @@ class PrivacyConfig:
         """Whether differential privacy is on."""
         return self.epsilon is not None or self.noise_multiplier is not None
 
+    @property
+    def interaction_dp(self) -> bool:
+        """Whether the clients run interaction-level DP-SGD (``--privacy-unit interaction``)."""
+        return self.dp and self.privacy_unit == "interaction"
+
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
@@ -368,7 +373,7 @@ def build_model(config: TrainConfig, split: Split) -> Recommender:
     """The configured recommender with its parameters initialised from the run seed."""
     gen = torch_generator(config.seed, "init")
     dpsgd = None
-    if config.privacy.dp and config.privacy.privacy_unit == "interaction":
+    if config.privacy.interaction_dp:
         from securefed.privacy import interaction_dpsgd
 
         dpsgd = interaction_dpsgd(config, split)
