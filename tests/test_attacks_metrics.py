@@ -114,3 +114,16 @@ def test_plant_canaries(small_split) -> None:
     assert planted.attributes["gender"][small_split.n_users :].tolist() == [-1] * n_in
     with pytest.raises(ConfigError, match="positive integer"):
         plant_canaries(small_split, 0, rng)
+
+
+def test_plant_canaries_needs_two_distinct_negative_sets() -> None:
+    from securefed.data.split import leave_one_out
+    from securefed.data.synthetic import make_synthetic
+
+    # 60 items, 25 negatives: a canary client draws 4 + 2 * 25 = 54 distinct real items (fits);
+    # with 30 negatives it would need 64 (a numpy traceback before the check counted both sets).
+    data = make_synthetic(n_users=40, n_items=60, seed=3, min_history=6, mean_history=14.0)
+    rng = np.random.default_rng(0)
+    plant_canaries(leave_one_out(data, seed=3, n_eval_negatives=25), 4, rng)
+    with pytest.raises(ConfigError, match="at least 64 real items .* the data has 60"):
+        plant_canaries(leave_one_out(data, seed=3, n_eval_negatives=30), 4, rng)
