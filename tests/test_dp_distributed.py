@@ -17,6 +17,7 @@ from protocols.dp import (
     conditional_randomized_round,
     distributed_epsilon,
     distributed_noise_plan,
+    mechanisms,
     rounded_l2_bound,
 )
 from protocols.errors import ConfigError
@@ -62,7 +63,12 @@ def test_discrete_shares_sum_to_calibrated_variance() -> None:
     assert int(sums.abs().max()) <= plan.noise_sum_bound(6)
 
 
-def test_conditional_rounding_enforces_the_l2_bound() -> None:
+@pytest.mark.parametrize("chunk", [None, 1000])
+def test_conditional_rounding_enforces_the_l2_bound(
+    chunk: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if chunk is not None:  # blocks of 3 rows of 300, the last one a single row
+        monkeypatch.setattr(mechanisms, "CHUNK", chunk)
     g = torch_generator(6, "test", "round")
     x, _ = clip_rows(torch.randn(64, 300, generator=g) * 3, 1.0)
     bound = rounded_l2_bound(50.0, 300, math.exp(-0.5))

@@ -14,6 +14,7 @@ from protocols.dp import (
     DistributedGaussian,
     discrete_gaussian,
     gaussian_noise,
+    noise,
 )
 from protocols.errors import ConfigError
 from protocols.seeding import torch_generator
@@ -116,7 +117,12 @@ def chi_square_pvalue(samples: torch.Tensor, sigma: float) -> float:
 @pytest.mark.statistical
 @pytest.mark.parametrize("sigma", [0.5, 1.0, 3.0])
 @pytest.mark.parametrize("secure", [False, True])
-def test_discrete_gaussian_exact_distribution(sigma: float, secure: bool) -> None:
+@pytest.mark.parametrize("chunk", [None, 997])
+def test_discrete_gaussian_exact_distribution(
+    sigma: float, secure: bool, chunk: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if chunk is not None:  # many chunks, the last one partial: every element must be drawn
+        monkeypatch.setattr(noise, "CHUNK", chunk)
     g = None if secure else torch_generator(2, "test", "dgauss", str(sigma))
     x = discrete_gaussian((200_000,), sigma, generator=g, secure=secure)
     assert x.dtype == torch.int64

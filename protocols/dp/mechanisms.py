@@ -34,7 +34,7 @@ from protocols.dp.ledger import (
     GAUSSIAN,
     PrivacyEvent,
 )
-from protocols.dp.noise import _check_source, _uniform, discrete_gaussian, gaussian_noise
+from protocols.dp.noise import CHUNK, _check_source, below, discrete_gaussian, gaussian_noise
 from protocols.errors import ConfigError, DataError, ProtocolError
 
 #: Default conditional-rounding parameter of Kairouz et al. (2021), Sec. 4.1: e^{-1/2}.
@@ -201,28 +201,52 @@ def conditional_randomized_round(
     _check_source(generator, secure)
     if x.ndim != 2 or not x.is_floating_point():
         raise DataError(f"updates must be a 2-D floating tensor, got shape {tuple(x.shape)}")
-    y = x.to(torch.float64) * float(scale)
-    low = torch.floor(y)
-    frac = y - low
-    m, d = y.shape
+    m, d = x.shape
     out = torch.empty((m, d), dtype=torch.int64)
-    pending = torch.arange(m)
-    for _ in range(max_tries):
-        if pending.numel() == 0:
-            return out
-        k = pending.numel()
-        u = _uniform(k * d, generator, secure).view(k, d)  # in (0, 1]
-        up = (u <= frac[pending]) if secure else ((1.0 - u) < frac[pending])
-        cand = low[pending] + up.to(torch.float64)
-        ok = torch.linalg.vector_norm(cand, dim=1) <= l2_bound
-        out[pending[ok]] = cand[ok].to(torch.int64)
-        pending = pending[~ok]
-    if pending.numel() == 0:
+    rows = max(1, CHUNK // max(d, 1))  # rounded in cache-sized blocks of whole rows
+    failed = 0
+    for lo in range(0, m, rows):
+        failed += _round_rows_into(
+            out[lo : lo + rows],
+            x[lo : lo + rows],
+            float(scale),
+            l2_bound,
+            generator,
+            secure,
+            max_tries,
+        )
+    if failed == 0:
         return out
     raise ProtocolError(
-        f"{pending.numel()} update(s) exceeded the rounded L2 bound {l2_bound:.6g} after "
+        f"{failed} update(s) exceeded the rounded L2 bound {l2_bound:.6g} after "
         f"{max_tries} tries; clip updates to the configured norm before rounding"
     )
+
+
+def _round_rows_into(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    scale: float,
+    l2_bound: float,
+    generator: torch.Generator | None,
+    secure: bool,
+    max_tries: int,
+) -> int:
+    """Conditionally round the block ``x`` into ``out``; returns how many rows failed."""
+    y = x.to(torch.float64) * scale
+    low = torch.floor(y)
+    frac = y.sub_(low)
+    index = torch.arange(x.shape[0])
+    for _ in range(max_tries):
+        cand = low + below(frac, generator, secure)
+        ok = torch.linalg.vector_norm(cand, dim=1) <= l2_bound
+        if bool(ok.all()):
+            out[index] = cand.to(torch.int64)
+            return 0
+        out[index[ok]] = cand[ok].to(torch.int64)
+        retry = ~ok
+        index, low, frac = index[retry], low[retry], frac[retry]
+    return int(index.numel())
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -51,12 +51,28 @@ def os_uniform(n: int) -> torch.Tensor:
     return (((raw >> 11) & _MASK53) + 1).to(torch.float64) * _TWO_M53
 
 
+#: Elements processed per pass by the batched samplers. Their float64 temporaries (a few
+#: per element) then stay in cache; one pass over a whole 50M-element update instead goes to
+#: memory a dozen times and was 2-5x slower here (see docs/benchmarks.md).
+CHUNK = 1 << 20
+
+
 def _uniform(n: int, generator: torch.Generator | None, secure: bool) -> torch.Tensor:
     """Float64 uniforms in (0, 1] from the OS (secure) or from ``generator``."""
     if secure:
         return os_uniform(n)
     # torch.rand is in [0, 1); 1 - u is in (0, 1].
-    return 1.0 - torch.rand(n, generator=generator, dtype=torch.float64)
+    return torch.rand(n, generator=generator, dtype=torch.float64).neg_().add_(1.0)
+
+
+def below(p: torch.Tensor, generator: torch.Generator | None, secure: bool) -> torch.Tensor:
+    """Independent Bernoulli(``p``) draws: ``U < p`` for one float64 uniform per element.
+
+    ``P[True]`` is ``p`` rounded up to the 53-bit uniform grid (at most ``2**-53`` off).
+    """
+    if secure:
+        return os_uniform(p.numel()).view(p.shape) <= p
+    return torch.rand(p.shape, generator=generator, dtype=torch.float64) < p
 
 
 def _os_standard_normal(n: int) -> torch.Tensor:
@@ -147,9 +163,10 @@ def discrete_gaussian(
     Implements Canonne, Kamath and Steinke, "The Discrete Gaussian for Differential
     Privacy" (NeurIPS 2020), Algorithm 3 (rejection from a discrete Laplace proposal with
     scale ``t = floor(sigma) + 1``) with Algorithm 2's discrete Laplace drawn as the
-    difference of two geometric variables. It is batched: all pending coordinates draw a
-    proposal at once and only the rejected ones are redrawn, so the number of Python-level
-    iterations grows with ``log(numel)``, not with ``numel``.
+    difference of two geometric variables. It is batched: within each chunk of
+    :data:`CHUNK` coordinates all pending ones draw a proposal at once and only the rejected
+    ones are redrawn, so the number of Python-level iterations grows with
+    ``numel / CHUNK + log(CHUNK)``, not with ``numel``.
 
     Exactness: the algorithm is exact in real arithmetic. Here the geometric draws
     (``floor(-t * log(U))``) and the acceptance test (``U' < exp(-(|Y| - sigma**2/t)**2 /
@@ -186,20 +203,37 @@ def discrete_gaussian(
     _check_source(generator, secure)
     n = math.prod(dims)
     sigma = float(sigma)
+    out = torch.empty(n, dtype=torch.int64)
+    for lo in range(0, n, CHUNK):
+        _discrete_gaussian_into(out[lo : lo + CHUNK], sigma, generator, secure)
+    return out.reshape(dims)
+
+
+def _discrete_gaussian_into(
+    out: torch.Tensor, sigma: float, generator: torch.Generator | None, secure: bool
+) -> None:
+    """Fill the 1-D int64 ``out`` with N_Z(0, sigma**2) samples (the loop of
+    :func:`discrete_gaussian`, on one cache-sized chunk)."""
     t = math.floor(sigma) + 1
     shift = sigma * sigma / t
-    two_var = 2.0 * sigma * sigma
-    out = torch.empty(n, dtype=torch.int64)
-    pending = torch.arange(n)
-    while pending.numel() > 0:
-        k = pending.numel()
-        u = _uniform(3 * k, generator, secure).view(3, k)
+    minus_inv_two_var = -1.0 / (2.0 * sigma * sigma)
+    pending: torch.Tensor | None = None  # None: every element of out is pending
+    k = out.numel()
+    while k > 0:
+        u = _uniform(2 * k, generator, secure).view(2, k)
         # Two geometric(1 - exp(-1/t)) draws; their difference is discrete Laplace(t).
-        g = torch.floor(-t * torch.log(u[:2]))
-        y = g[0] - g[1]
-        accept_p = torch.exp(-((y.abs() - shift) ** 2) / two_var)
-        # u[2] is in (0, 1]; P[u <= p] = floor(p * 2**53) / 2**53 (or p for torch.rand).
-        accepted = u[2] <= accept_p if secure else (1.0 - u[2]) < accept_p
-        out[pending[accepted]] = y[accepted].to(torch.int64)
-        pending = pending[~accepted]
-    return out.reshape(dims)
+        g = u.log_().mul_(-t).floor_()
+        y = g[0].sub_(g[1])
+        accept_p = y.abs().sub_(shift).square_().mul_(minus_inv_two_var).exp_()
+        # P[accept] = exp(-(|y| - sigma^2/t)^2 / (2 sigma^2)), up to the 53-bit grid.
+        accepted = below(accept_p, generator, secure)
+        if pending is None:
+            if bool(accepted.all()):
+                out.copy_(y)
+                return
+            out[accepted] = y[accepted].to(torch.int64)
+            pending = torch.nonzero(~accepted).squeeze(1)
+        else:
+            out[pending[accepted]] = y[accepted].to(torch.int64)
+            pending = pending[~accepted]
+        k = pending.numel()
