@@ -508,6 +508,7 @@ def account(
         "privacy_unit", "steps"}``.
     """
     from protocols.dp import compute_epsilon
+    from protocols.dp.accounting import check_accountant
 
     if (epsilon is None) == (noise_multiplier is None):
         raise ConfigError("give exactly one of --epsilon and --noise-multiplier")
@@ -527,6 +528,7 @@ def account(
         )
     if privacy_unit != "user":
         raise ConfigError(f"privacy unit must be user or interaction, got {privacy_unit!r}")
+    acc = check_accountant(accountant)
     if not 0 < client_fraction <= 1:
         raise ConfigError(f"client fraction must be in (0, 1], got {client_fraction!r}")
     cfg = DPConfig(
@@ -534,7 +536,7 @@ def account(
         delta=delta,
         noise_multiplier=noise_multiplier,
         clip=1.0,
-        accountant=accountant,
+        accountant=acc,
     )
     if users is not None:
         cfg.check_population(users)
@@ -549,7 +551,7 @@ def account(
         sample_rate=client_fraction,
         steps=rounds,
         delta=delta,
-        accountant=accountant,
+        accountant=acc,
     )
     return {
         "epsilon": spent,

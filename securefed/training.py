@@ -242,7 +242,11 @@ class TrainConfig:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+            out[f.name] = (
+                dataclasses.asdict(value)
+                if dataclasses.is_dataclass(value) and not isinstance(value, type)
+                else value
+            )
         return out
 
     @classmethod

@@ -16,7 +16,7 @@ import math
 import numbers
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 from opacus.accountants import create_accountant
@@ -104,11 +104,11 @@ def check_noise_multiplier(noise_multiplier: float) -> float:
     return float(noise_multiplier)
 
 
-def check_accountant(accountant: str) -> str:
+def check_accountant(accountant: str) -> Accountant:
     """Return ``accountant`` if it names a supported accountant, else raise ConfigError."""
-    if accountant not in ACCOUNTANTS:
-        raise ConfigError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
-    return accountant
+    if accountant in ACCOUNTANTS:
+        return cast(Accountant, accountant)
+    raise ConfigError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
 
 
 # ------------------------------------------------------------------- Gaussian (Opacus)
@@ -254,7 +254,7 @@ def ddg_tau(share_sigma: float, n_contributors: int) -> float:
 
 
 def ddg_rdp(
-    orders: Sequence[float],
+    orders: Sequence[float] | np.ndarray,
     *,
     share_sigma: float,
     l2_sensitivity: float,
@@ -303,7 +303,9 @@ def ddg_rdp(
 
 
 def poisson_subsampled_rdp(
-    rdp_fn: Callable[[np.ndarray], np.ndarray], orders: Sequence[int], sample_rate: float
+    rdp_fn: Callable[[np.ndarray], np.ndarray],
+    orders: Sequence[float] | np.ndarray,
+    sample_rate: float,
 ) -> np.ndarray:
     """General RDP amplification by Poisson subsampling (Zhu and Wang, ICML 2019, Thm. 6).
 

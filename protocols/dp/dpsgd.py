@@ -157,7 +157,7 @@ def calibrate_dpsgd_noise(*, epsilon: float, delta: float, steps: int, accountan
         delta=delta,
         sample_rate=1.0,
         steps=steps,
-        accountant=check_accountant(accountant),  # type: ignore[arg-type]
+        accountant=check_accountant(accountant),
     )
 
 
@@ -168,7 +168,7 @@ def dpsgd_epsilon(*, noise_multiplier: float, delta: float, steps: int, accounta
         sample_rate=1.0,
         steps=steps,
         delta=delta,
-        accountant=check_accountant(accountant),  # type: ignore[arg-type]
+        accountant=check_accountant(accountant),
     )
 
 
