@@ -12,6 +12,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from securefed.cli import app
@@ -148,6 +149,17 @@ def test_cli_bad_flags_exit_2_with_one_line(tmp_path, argv, needle):
     )
     assert res.exit_code == 2, res.output
     assert needle in res.output
+    assert "Traceback" not in res.output
+    assert not (tmp_path / "x" / "metrics.jsonl").exists()
+
+
+def test_cli_device_cuda_without_a_gpu_is_one_clear_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    res = runner.invoke(
+        app, ["train", *SMALL, "--rounds", "1", "--device", "cuda", "--out", str(tmp_path / "x")]
+    )
+    assert res.exit_code == 2, res.output
+    assert "torch sees no GPU here; use --device cpu" in res.output
     assert "Traceback" not in res.output
     assert not (tmp_path / "x" / "metrics.jsonl").exists()
 
