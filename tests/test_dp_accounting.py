@@ -16,7 +16,7 @@ from protocols.dp import (
     ddg_tau,
     poisson_subsampled_rdp,
 )
-from protocols.dp.accounting import INTEGER_ORDERS, gaussian_rdp
+from protocols.dp.accounting import INTEGER_ORDERS, PRV_MIN_SIGMA, gaussian_rdp
 from protocols.errors import ConfigError
 
 
@@ -142,6 +142,29 @@ def test_calibration_to_a_huge_target_never_overshoots() -> None:
     sigma = calibrate_noise_multiplier(epsilon=500, delta=1e-5, sample_rate=1.0, steps=100)
     eps = compute_epsilon(noise_multiplier=sigma, sample_rate=1.0, steps=100, delta=1e-5)
     assert 450 < eps <= 500
+
+
+def test_calibration_never_runs_prv_below_its_minimum_sigma(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The answer here is sigma ~0.55, so a bisection from [0, 10] probes 0.3125 on the way;
+    # PRV there is slow and memory-hungry (below PRV_MIN_SIGMA it answers with RDP).
+    from opacus.accountants.prv import PRVAccountant
+
+    probed: list[float] = []
+    original = PRVAccountant.get_epsilon
+
+    def spy(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        probed.extend(float(z) for z, _, _ in self.history)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(PRVAccountant, "get_epsilon", spy)
+    target = compute_epsilon(noise_multiplier=0.55, sample_rate=1.0, steps=1, delta=1e-5)
+    sigma = calibrate_noise_multiplier(epsilon=target, delta=1e-5, sample_rate=1.0, steps=1)
+    assert probed and min(probed) >= PRV_MIN_SIGMA
+    eps = compute_epsilon(noise_multiplier=sigma, sample_rate=1.0, steps=1, delta=1e-5)
+    assert target - 0.01 <= eps <= target
+    assert sigma == pytest.approx(0.55, rel=0.01)
 
 
 def test_general_subsampling_bound_dominates_exact_gaussian() -> None:

@@ -21,11 +21,12 @@ from typing import Literal, cast
 import numpy as np
 from opacus.accountants import create_accountant
 from opacus.accountants.analysis import rdp as opacus_rdp
-from opacus.accountants.utils import get_noise_multiplier
 
 from protocols.errors import ConfigError
 
 Accountant = Literal["prv", "rdp"]
+#: Calibration stops once the spent epsilon is within this of the target (as Opacus).
+_CALIBRATION_TOLERANCE = 0.01
 ACCOUNTANTS: tuple[str, ...] = ("prv", "rdp")
 #: PRV is only asked when the RDP bound is at most this and every sigma at least
 #: ``PRV_MIN_SIGMA``; outside that the RDP bound is returned (see :func:`gaussian_epsilon`).
@@ -190,9 +191,11 @@ def calibrate_noise_multiplier(
 ) -> float:
     """The noise multiplier that reaches at most ``epsilon`` after ``steps`` rounds.
 
-    Bisects with Opacus's ``get_noise_multiplier`` (tolerance 0.01 in epsilon) and then
-    re-checks the result, so the returned sigma never overshoots: ``compute_epsilon`` with
-    it is ``<= epsilon``. Same unit of privacy and sensitivity as :func:`compute_epsilon`.
+    Bisects like Opacus's ``get_noise_multiplier`` (from [0, 10], doubling the upper end
+    until it is private enough; stops within 0.01 of the target epsilon) but through
+    :func:`gaussian_epsilon`, so PRV is never asked about a sigma it cannot handle. The
+    returned sigma never overshoots: ``compute_epsilon`` with it is ``<= epsilon``. Same
+    unit of privacy and sensitivity as :func:`compute_epsilon`.
 
     Args:
         epsilon: Target epsilon > 0.
@@ -213,31 +216,32 @@ def calibrate_noise_multiplier(
     q = check_sample_rate(sample_rate)
     n = check_steps(steps)
     acc = check_accountant(accountant)
-    # Above PRV_MAX_EPSILON gaussian_epsilon answers with the RDP bound (PRV's domain does
-    # not fit in memory there), so the bisection uses RDP too: its sigma is valid for both.
-    search = "rdp" if acc == "prv" and eps > PRV_MAX_EPSILON else acc
-    try:
-        with warnings.catch_warnings(), np.errstate(divide="ignore", invalid="ignore"):
-            warnings.simplefilter("ignore")
-            sigma = float(
-                get_noise_multiplier(
-                    target_epsilon=eps, target_delta=d, sample_rate=q, steps=n, accountant=search
-                )
+
+    def spent(sigma: float) -> float:
+        # gaussian_epsilon, not Opacus's get_noise_multiplier: the bisection probes small
+        # sigmas on its way, and only gaussian_epsilon keeps PRV away from those (below
+        # PRV_MIN_SIGMA or above PRV_MAX_EPSILON it answers with the RDP bound).
+        return gaussian_epsilon([(sigma, q, n)], delta=d, accountant=acc)
+
+    low, high = 0.0, 10.0
+    eps_high = spent(high)
+    while eps_high > eps:
+        low, high = high, 2.0 * high
+        if high > 1e6:
+            raise ConfigError(
+                f"cannot reach epsilon={eps!r} at delta={d!r} with {n} rounds at sample rate "
+                f"{q!r}: the required noise multiplier exceeds 1e6; raise epsilon or lower rounds"
             )
-    except ValueError as err:
-        raise ConfigError(
-            f"cannot reach epsilon={eps!r} at delta={d!r} with {n} rounds at sample rate "
-            f"{q!r}: the required noise multiplier exceeds 1e6; raise epsilon or lower rounds"
-        ) from err
-    achieved = compute_epsilon(
-        noise_multiplier=sigma, sample_rate=q, steps=n, delta=d, accountant=acc
-    )
-    while achieved > eps:  # defensive: Opacus already guarantees this
-        sigma *= 1.01
-        achieved = compute_epsilon(
-            noise_multiplier=sigma, sample_rate=q, steps=n, delta=d, accountant=acc
-        )
-    return sigma
+        eps_high = spent(high)
+    # Invariant: spent(high) <= eps < spent(low), so high never overshoots.
+    while eps - eps_high > _CALIBRATION_TOLERANCE and high - low > 1e-9 * high:
+        mid = 0.5 * (low + high)
+        eps_mid = spent(mid)
+        if eps_mid > eps:
+            low = mid
+        else:
+            high, eps_high = mid, eps_mid
+    return high
 
 
 # ---------------------------------------------------------------- discrete Gaussian RDP
