@@ -22,7 +22,17 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from securefed.cli_common import _fail, _print_summary, _user_errors, err, out
+from securefed.cli_common import (
+    Delta,
+    LocalEpochs,
+    SyntheticItems,
+    SyntheticUsers,
+    _fail,
+    _print_summary,
+    _user_errors,
+    err,
+    out,
+)
 
 app = typer.Typer(
     name="securefed",
@@ -56,7 +66,7 @@ def train(
         ),
     ] = None,
     rounds: Annotated[int | None, typer.Option(help="Federated rounds (default 100).")] = None,
-    local_epochs: Annotated[int | None, typer.Option(help="FedRAP local epochs per round.")] = None,
+    local_epochs: LocalEpochs = None,
     dim: Annotated[
         int | None, typer.Option(help="Embedding size (FedRAP dim, FedRecGEL GMF dim).")
     ] = None,
@@ -125,12 +135,8 @@ def train(
     secagg: Annotated[
         bool | None, typer.Option("--secagg/--no-secagg", help="Secure aggregation.")
     ] = None,
-    synthetic_users: Annotated[
-        int | None, typer.Option(help="Users of the synthetic dataset.")
-    ] = None,
-    synthetic_items: Annotated[
-        int | None, typer.Option(help="Items of the synthetic dataset.")
-    ] = None,
+    synthetic_users: SyntheticUsers = None,
+    synthetic_items: SyntheticItems = None,
     min_interactions: Annotated[
         int | None, typer.Option(help="Drop users with fewer interactions.")
     ] = None,
@@ -262,7 +268,7 @@ def account(
     noise_multiplier: Annotated[
         float | None, typer.Option(help="Noise multiplier (gives epsilon).")
     ] = None,
-    delta: Annotated[float, typer.Option(help="DP delta.")] = 1e-5,
+    delta: Delta = 1e-5,
     rounds: Annotated[int, typer.Option(help="Training rounds.")] = 100,
     client_fraction: Annotated[
         float, typer.Option(help="Poisson sampling rate (1 = everyone).")

@@ -13,20 +13,28 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from securefed.cli_common import _fail, _user_errors, err, out
+from securefed.cli_common import (
+    DatasetName,
+    Delta,
+    LocalEpochs,
+    SyntheticItems,
+    SyntheticUsers,
+    _fail,
+    _user_errors,
+    err,
+    out,
+)
 
 __all__ = ["audit"]
 
 
 def audit(
     model: Annotated[str, typer.Option(help="fedrap or fedrecgel.")] = "fedrap",
-    dataset: Annotated[
-        str, typer.Option(help="synthetic, ml-100k, ml-1m, filmtrust, or a file path.")
-    ] = "synthetic",
+    dataset: DatasetName = "synthetic",
     epsilon: Annotated[
         float | None, typer.Option(help="Target user-level epsilon (omit: no DP).")
     ] = None,
-    delta: Annotated[float, typer.Option(help="DP delta.")] = 1e-5,
+    delta: Delta = 1e-5,
     secagg: Annotated[
         bool, typer.Option("--secagg/--no-secagg", help="Secure aggregation on.")
     ] = False,
@@ -53,13 +61,9 @@ def audit(
     clients_per_round: Annotated[
         int | None, typer.Option(help="Fixed cohorts of K clients.")
     ] = None,
-    local_epochs: Annotated[int | None, typer.Option(help="FedRAP local epochs per round.")] = None,
-    synthetic_users: Annotated[
-        int | None, typer.Option(help="Users of the synthetic dataset.")
-    ] = None,
-    synthetic_items: Annotated[
-        int | None, typer.Option(help="Items of the synthetic dataset.")
-    ] = None,
+    local_epochs: LocalEpochs = None,
+    synthetic_users: SyntheticUsers = None,
+    synthetic_items: SyntheticItems = None,
     target_users: Annotated[int, typer.Option(help="Targets of the optimisation inversion.")] = 16,
     imia_iterations: Annotated[
         int, typer.Option(help="Refinement iterations of the IMIA shadow attack.")

@@ -8,13 +8,22 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from securefed.errors import SecureFedError
+
+# Options that several commands take, with one help text each.
+SyntheticUsers = Annotated[int | None, typer.Option(help="Users of the synthetic dataset.")]
+SyntheticItems = Annotated[int | None, typer.Option(help="Items of the synthetic dataset.")]
+DatasetName = Annotated[
+    str, typer.Option(help="synthetic, ml-100k, ml-1m, filmtrust, or a file path.")
+]
+LocalEpochs = Annotated[int | None, typer.Option(help="FedRAP local epochs per round.")]
+Delta = Annotated[float, typer.Option(help="DP delta.")]
 
 err = Console(stderr=True)
 out = Console()

@@ -24,7 +24,14 @@ from typing import Annotated, Any
 
 import typer
 
-from securefed.cli_common import _print_summary, _user_errors, err, out
+from securefed.cli_common import (
+    SyntheticItems,
+    SyntheticUsers,
+    _print_summary,
+    _user_errors,
+    err,
+    out,
+)
 
 flower_app = typer.Typer(
     name="flower",
@@ -99,8 +106,6 @@ Model = Annotated[str | None, typer.Option(help="fedrap or fedrecgel.")]
 Rounds = Annotated[int | None, typer.Option(help="Federated rounds.")]
 Seed = Annotated[int | None, typer.Option(help="Root seed (same model as `securefed train`).")]
 Eps = Annotated[float | None, typer.Option(help="Target user-level epsilon.")]
-Users = Annotated[int | None, typer.Option(help="Users of the synthetic dataset.")]
-Items = Annotated[int | None, typer.Option(help="Items of the synthetic dataset.")]
 Nodes = Annotated[int, typer.Option(help="SuperNodes, one partition of users each.")]
 StageTimeout = Annotated[
     float, typer.Option(help="Seconds to wait for a stage's replies; silent nodes drop.")
@@ -115,31 +120,14 @@ def simulate(
     rounds: Rounds = None,
     seed: Seed = None,
     epsilon: Eps = None,
-    synthetic_users: Users = None,
-    synthetic_items: Items = None,
+    synthetic_users: SyntheticUsers = None,
+    synthetic_items: SyntheticItems = None,
     out_dir: OutOpt = None,
     work_dir: WorkOpt = None,
     stage_timeout: StageTimeout = 120.0,
 ) -> None:
     """Run on Flower's simulation engine (Ray) with N virtual SuperNodes."""
-    from securefed.flower.deploy import run_simulation
-
-    with _user_errors():
-        cfg = _config(
-            config,
-            model=model,
-            rounds=rounds,
-            seed=seed,
-            epsilon=epsilon,
-            synthetic_users=synthetic_users,
-            synthetic_items=synthetic_items,
-        )
-        run_dir, work = _dirs(cfg, out_dir, work_dir)
-        err.print(f"Flower simulation: {nodes} virtual SuperNodes, work directory {work}")
-        summary = run_simulation(
-            cfg, run_dir=run_dir, nodes=nodes, work_dir=work, stage_timeout=stage_timeout
-        )
-    _show(summary, run_dir)
+    _deploy(locals(), local=False)
 
 
 @flower_app.command()
@@ -150,33 +138,39 @@ def local(
     rounds: Rounds = None,
     seed: Seed = None,
     epsilon: Eps = None,
-    synthetic_users: Users = None,
-    synthetic_items: Items = None,
+    synthetic_users: SyntheticUsers = None,
+    synthetic_items: SyntheticItems = None,
     out_dir: OutOpt = None,
     work_dir: WorkOpt = None,
     stage_timeout: StageTimeout = 120.0,
 ) -> None:
     """Run a local deployment: a SuperLink and N SuperNodes as processes on 127.0.0.1."""
-    from securefed.flower.deploy import run_local_deployment
+    _deploy(locals(), local=True)
 
+
+def _deploy(opts: dict[str, Any], *, local: bool) -> None:
+    """The body of ``simulate`` and ``local``: resolve the config, run, show the summary."""
+    from securefed.flower.deploy import run_local_deployment, run_simulation
+
+    nodes = opts["nodes"]
     with _user_errors():
-        cfg = _config(
-            config,
-            model=model,
-            rounds=rounds,
-            seed=seed,
-            epsilon=epsilon,
-            synthetic_users=synthetic_users,
-            synthetic_items=synthetic_items,
-        )
-        run_dir, work = _dirs(cfg, out_dir, work_dir)
-        err.print(
-            f"local deployment: 1 SuperLink + {nodes} SuperNodes on 127.0.0.1, logs in {work}"
-        )
-        summary = run_local_deployment(
-            cfg, run_dir=run_dir, nodes=nodes, work_dir=work, stage_timeout=stage_timeout
+        overrides = {k: opts[k] for k in _OVERRIDES}
+        cfg = _config(opts["config"], **overrides)
+        run_dir, work = _dirs(cfg, opts["out_dir"], opts["work_dir"])
+        if local:
+            err.print(
+                f"local deployment: 1 SuperLink + {nodes} SuperNodes on 127.0.0.1, logs in {work}"
+            )
+        else:
+            err.print(f"Flower simulation: {nodes} virtual SuperNodes, work directory {work}")
+        run = run_local_deployment if local else run_simulation
+        summary = run(
+            cfg, run_dir=run_dir, nodes=nodes, work_dir=work, stage_timeout=opts["stage_timeout"]
         )
     _show(summary, run_dir)
+
+
+_OVERRIDES = ("model", "rounds", "seed", "epsilon", "synthetic_users", "synthetic_items")
 
 
 @flower_app.command()

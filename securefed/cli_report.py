@@ -11,7 +11,15 @@ from typing import Annotated, Any
 
 import typer
 
-from securefed.cli_common import _fail, _user_errors, err, out
+from securefed.cli_common import (
+    DatasetName,
+    SyntheticItems,
+    SyntheticUsers,
+    _fail,
+    _user_errors,
+    err,
+    out,
+)
 from securefed.errors import ConfigError
 
 
@@ -39,9 +47,7 @@ def report(
     models: Annotated[
         str, typer.Option(help="Comma-separated models: fedrap, fedrecgel.")
     ] = "fedrap,fedrecgel",
-    dataset: Annotated[
-        str, typer.Option(help="synthetic, ml-100k, ml-1m, filmtrust, or a file path.")
-    ] = "synthetic",
+    dataset: DatasetName = "synthetic",
     epsilons: Annotated[
         str, typer.Option(help="Comma-separated target epsilons; inf = no DP.")
     ] = "0.5,1,2,4,8,inf",
@@ -67,12 +73,8 @@ def report(
     audit: Annotated[
         bool, typer.Option("--audit/--no-audit", help="Audit every cell with the attacks.")
     ] = True,
-    synthetic_users: Annotated[
-        int | None, typer.Option(help="Users of the synthetic dataset.")
-    ] = None,
-    synthetic_items: Annotated[
-        int | None, typer.Option(help="Items of the synthetic dataset.")
-    ] = None,
+    synthetic_users: SyntheticUsers = None,
+    synthetic_items: SyntheticItems = None,
     from_dirs: Annotated[
         list[Path] | None,
         typer.Option(

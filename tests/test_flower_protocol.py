@@ -283,6 +283,42 @@ def test_cli_writes_the_flower_app_and_refuses_a_config_without_secagg(tmp_path)
     assert res.exit_code == 2 and "--secagg" in res.output
 
 
+@pytest.mark.parametrize(
+    ("command", "runner_name"), [("simulate", "run_simulation"), ("local", "run_local_deployment")]
+)
+def test_cli_deploy_commands_pass_their_options_and_report_errors_in_one_line(
+    tmp_path, monkeypatch, command, runner_name
+):
+    import typer
+    from typer.testing import CliRunner
+
+    from securefed.cli_flower import flower_app
+    from securefed.errors import ConfigError
+    from securefed.flower import deploy as deploy_module
+
+    calls = []
+
+    def fake(cfg, *, run_dir, nodes, work_dir, stage_timeout):
+        calls.append((cfg, nodes, stage_timeout))
+        raise ConfigError(f"stopped before deploying ({runner_name})")
+
+    monkeypatch.setattr(deploy_module, runner_name, fake)
+    root = typer.Typer()
+    root.add_typer(flower_app, name="flower")
+    good = tmp_path / "good.toml"
+    good.write_text("rounds = 2\n[privacy]\nsecagg = true\nepsilon = 8.0\n")
+    args = ["flower", command, "--config", str(good), "--nodes", "4", "--rounds", "3"]
+    args += ["--synthetic-users", "50", "--stage-timeout", "7", "--out", str(tmp_path / "r")]
+    args += ["--work-dir", str(tmp_path / "w")]
+    res = CliRunner().invoke(root, args)
+    assert res.exit_code == 2, res.output
+    assert f"stopped before deploying ({runner_name})" in res.output
+    assert "Traceback" not in res.output
+    [(cfg, nodes, stage_timeout)] = calls
+    assert (cfg.rounds, cfg.synthetic_users, nodes, stage_timeout) == (3, 50, 4, 7.0)
+    assert cfg.privacy.secagg and cfg.privacy.epsilon == 8.0
+
+
 def test_secure_mode_trains_own_users_only_with_os_randomness(tmp_path):
     # --secure: nothing is replayed; each node plans, rounds and noises only its own users,
     # and the round's public seed comes from the OS, not from the run seed.
