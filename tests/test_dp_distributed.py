@@ -169,3 +169,16 @@ def test_plan_validation() -> None:
         )
     with pytest.raises(ConfigError, match="fixed-point scale"):
         distributed_noise_plan(clip=1.0, noise_multiplier=1.0, scale=0.0, dim=5, min_survivors=5)
+
+
+def test_calibration_starts_at_a_share_sigma_the_plan_accepts() -> None:
+    # 0.5 * sqrt(t) / d2 * d2 / sqrt(t) rounds to just below 0.5 for t = 10 here (and ~7 % of
+    # t): the search's lower end was refused ("share sigma 0.5 is below 0.5"), which failed
+    # the audits of report cells whose canaries made t such a value.
+    kw = {"clip": 10.0, "scale": 2.0**16, "dim": 1938 * 32, "min_survivors": 10}
+    sigma = calibrate_distributed_noise_multiplier(
+        epsilon=1.0, delta=1e-5, sample_rate=1.0, steps=5, **kw
+    )
+    plan = distributed_noise_plan(noise_multiplier=sigma, **kw)
+    assert plan.share_sigma >= 0.5
+    assert distributed_epsilon(plan, sample_rate=1.0, steps=5, delta=1e-5) <= 1.0

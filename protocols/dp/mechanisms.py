@@ -403,7 +403,7 @@ def distributed_noise_plan(
     share_sigma = z * d2 / math.sqrt(t)
     if share_sigma < 0.5:
         raise ConfigError(
-            f"discrete noise share sigma {share_sigma:.3g} is below 0.5 integer units; "
+            f"discrete noise share sigma {share_sigma!r} is below 0.5 integer units; "
             "increase the fixed-point scale or the noise multiplier"
         )
     plan = DistributedNoisePlan(
@@ -533,6 +533,9 @@ def calibrate_distributed_noise_multiplier(
         _check_clip(clip) * float(scale), _positive_int(dim, "dim"), rounding_beta
     )
     lo = 0.5 * math.sqrt(_positive_int(min_survivors, "min_survivors")) / d2
+    # lo * d2 / sqrt(t) can round to just below 0.5 (for ~7 % of t), which the plan refuses.
+    while lo * d2 / math.sqrt(min_survivors) < 0.5:
+        lo = math.nextafter(lo, math.inf)
     if eps_at(lo) <= eps:
         return lo
     hi = max(2.0 * lo, 1.0)
