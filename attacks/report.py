@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,6 +88,16 @@ def score_attacks(
     results: list[AttackResult] = []
     nb = cfg.bootstrap
     observed = acc["observed"]
+    lap_start, lap_first = time.perf_counter(), 0
+
+    def lap() -> None:
+        """Charge the time since the last lap to the results added since (split evenly)."""
+        nonlocal lap_start, lap_first
+        now = time.perf_counter()
+        share = (now - lap_start) / max(1, len(results) - lap_first)
+        for i in range(lap_first, len(results)):
+            results[i] = dataclasses.replace(results[i], seconds=share)
+        lap_start, lap_first = now, len(results)
 
     def membership(name: str, scores: np.ndarray, threat: str, note: str, **extra: Any) -> None:
         metrics, ci, base = membership_report(scores, labels, rng=rng, n_boot=nb)
@@ -102,6 +113,7 @@ def score_attacks(
             "one upload (each user's first round): changed item rows are its positives and "
             "that round's negatives",
         )
+    lap()
     if "intersection" in chosen:
         frac = _per_round(acc["touched_count"], observed)
         mean_change = _per_round(acc["change_sum"], observed)
@@ -116,6 +128,7 @@ def score_attacks(
             if (observed > 0).any()
             else 0.0,
         )
+    lap()
     if "gradient-ratio" in chosen:
         cos, cos_ci = _mean_ci(acc["cos_embedding"], rng, nb)
         dcos, dcos_ci = _mean_ci(acc["cos_direction"], rng, nb)
@@ -147,8 +160,10 @@ def score_attacks(
                 "the truth is read from the model only to score",
             )
         )
+    lap()
     if "optimization" in chosen:
         results.append(_optimization(targets, record_dir, labels, n_real, rng, nb, arrays))
+    lap()
     if "attribute" in chosen:
         feats = _per_round(acc["label_sum"], observed)
         for attr in ("gender", "age_bucket"):
@@ -171,8 +186,10 @@ def score_attacks(
                     f"{cfg.known_fraction:.0%} of users' {attr} known to the attacker",
                 )
             )
+    lap()
     if "imia" in chosen:
         results.append(_imia(acc, labels, rng, nb, arrays))
+    lap()
     if "union" in chosen:
         scores = _per_round(acc["union_sum"], acc["union_obs"])
         membership(
@@ -183,6 +200,7 @@ def score_attacks(
             "of the cohort's changed rows; by_cohort_size simulates sums of k round-0 uploads",
             by_cohort_size={str(k): v for k, v in sorted(union_by_k.items())},
         )
+    lap()
     if "differencing" in chosen:
         membership(
             "differencing",
@@ -191,10 +209,12 @@ def score_attacks(
             "two sums differing by one client (round 0): their difference is that client's "
             "clipped upload plus two draws of the sum's noise; row-change test on it",
         )
+    lap()
     if "released" in chosen:
         results.append(
             _released(record_dir, split, n_real, n_real_users, train_cfg, cfg, rng, nb, arrays)
         )
+    lap()
     audit_block = None
     if canaries is not None:
         audit_block = _audit(acc["canary_score"], canaries, train_cfg, cfg, summary, rng)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,6 +153,9 @@ class AttackResult:
     baseline: dict[str, Any]
     note: str = ""
     observes: str = ""
+    #: Wall seconds spent scoring it after the run (what the recorder spent during the
+    #: training or replay is in ``audit.json``'s ``seconds.train``).
+    seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -275,6 +279,7 @@ def audit(
         split, canaries = plant_canaries(split, n_canaries, rng)
 
     bytes_recorded = 0
+    train_seconds: float | None = None  # None: the recording was reused, nothing trained
     summary: dict[str, Any]
     if reuse:
         assert run_dir is not None
@@ -328,7 +333,9 @@ def audit(
         train_out = out_dir / "run" if run_dir is None else out_dir / "replay"
         record_dir = train_out / "audit" / "record"
         recorder = AttackRecorder(plan, record_dir)
+        started = time.perf_counter()
         result = train(train_cfg, out=train_out, split=split, observer=recorder, progress=progress)
+        train_seconds = time.perf_counter() - started
         summary = result.summary
         if "released" in chosen:
             recorder.write_torch(RELEASED_FILE, public_state(result.model))
@@ -357,6 +364,7 @@ def audit(
 
     from attacks.report import score_attacks
 
+    started = time.perf_counter()
     attack_results, score_arrays, audit_block = score_attacks(
         chosen=chosen,
         acc=acc,
@@ -392,6 +400,7 @@ def audit(
         "audit": audit_block,
         "audit_note": audit_note,
         "recorded_bytes": bytes_recorded,
+        "seconds": {"train": train_seconds, "scoring": time.perf_counter() - started},
         "scores_file": SCORES_FILE,
         "config": train_cfg.to_dict(),
     }

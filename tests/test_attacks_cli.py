@@ -59,6 +59,10 @@ def test_cli_end_to_end(tmp_path) -> None:
         assert a["baseline"]["auc"] == 0.5
     assert set(rep["audit"]) >= {"epsilon_lower_bound", "confidence", "method"}
     assert rep["recorded_bytes"] > 0
+    assert rep["seconds"]["train"] > 0
+    assert all(a["seconds"] >= 0 for a in rep["attacks"])
+    assert sum(a["seconds"] for a in rep["attacks"]) <= rep["seconds"]["scoring"]
+    assert max(a["seconds"] for a in rep["attacks"]) > 0
     scores = np.load(out / "scores.npz")
     # Real users only (canary clients are the audit's own).
     assert scores["row-change"].shape == scores["labels"].shape == (50, 600)
@@ -74,6 +78,7 @@ def test_cli_end_to_end(tmp_path) -> None:
     assert rep2["attacks"][0]["metrics"]["auc"] == rep["attacks"][0]["metrics"]["auc"]
     assert rep2["audit"]["epsilon_lower_bound"] == rep["audit"]["epsilon_lower_bound"]
     assert not (again / "replay").exists()
+    assert rep2["seconds"]["train"] is None  # the recording was reused
     res = runner.invoke(
         app, ["--run", str(out / "run"), "--attacks", "differencing", "--out", str(again / "x")]
     )
