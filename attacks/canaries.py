@@ -11,6 +11,14 @@ lower bound never exceeds the accountant's epsilon (up to the stated failure pro
 (Planting an interaction into an existing user would be a *replace* neighbour, whose
 guarantee is up to twice as weak, so it could not be compared with the accountant.)
 
+Canaries (interaction level, zero-out): for runs with ``--privacy-unit interaction``, whose
+guarantee is stated for the zero-out relation (one interaction replaced by a null example
+with zero gradient; docs/privacy.md). Canary ``j`` is a fresh item planted as a training
+positive of a distinct random real user (its host) in *both* worlds; with probability 1/2 its
+DP-SGD example is real, otherwise it is a null example (:attr:`Split.null_positives`). The
+two worlds then differ by exactly one zero-out neighbour, so each canary bit is
+(epsilon, delta)-DP for the run's interaction-level epsilon.
+
 Two lower bounds, each at confidence ``1 - alpha/2`` so that both hold together with
 ``1 - alpha`` (Bonferroni):
 
@@ -41,17 +49,29 @@ from scipy import optimize, stats
 from securefed.data.types import Split
 from securefed.errors import ConfigError
 
-__all__ = ["Canaries", "clopper_pearson_bound", "one_run_bound", "plant_canaries"]
+__all__ = [
+    "Canaries",
+    "clopper_pearson_bound",
+    "one_run_bound",
+    "plant_canaries",
+    "plant_interaction_canaries",
+]
 
 
 @dataclass(frozen=True)
 class Canaries:
-    """Canary clients: canary ``j`` owns item ``items[j]``; ``users[j]`` is its user index in
-    the planted split when ``included[j]``, else -1 (the client does not exist)."""
+    """Canary ``j`` and its item ``items[j]``.
+
+    ``unit="user"``: canary clients; ``users[j]`` is the client's user index in the planted
+    split when ``included[j]``, else -1 (the client does not exist). ``unit="interaction"``:
+    ``users[j]`` is the host user, always present; ``included[j]`` says whether the planted
+    example is real (else a null example).
+    """
 
     users: np.ndarray
     items: np.ndarray
     included: np.ndarray
+    unit: str = "user"
 
     @property
     def size(self) -> int:
@@ -132,6 +152,63 @@ def plant_canaries(split: Split, count: int, rng: np.random.Generator) -> tuple[
         attributes=attributes,
     )
     return planted, Canaries(users=users, items=items, included=included)
+
+
+def plant_interaction_canaries(
+    split: Split, count: int, rng: np.random.Generator
+) -> tuple[Split, Canaries]:
+    """Append ``count`` canary items, each a training positive of its own random real user,
+    and make each planted example a null example with probability 1/2 (zero-out canaries).
+
+    Returns:
+        The split with ``n_items + count`` items, the planted positives and their
+        ``null_positives`` mask, and the canaries (``unit="interaction"``).
+    """
+    if not isinstance(count, int) or count < 1:
+        raise ConfigError(f"canaries must be a positive integer, got {count!r}")
+    if count > split.n_users:
+        raise ConfigError(
+            f"interaction canaries need a distinct host user each: {count} canaries, "
+            f"{split.n_users} users; lower --canaries"
+        )
+    if split.null_positives is not None:
+        raise ConfigError("the split already holds null examples; plant canaries once")
+    n_real = split.n_items
+    items = n_real + np.arange(count, dtype=np.int64)
+    hosts = rng.choice(split.n_users, size=count, replace=False).astype(np.int64)
+    included = rng.random(count) < 0.5
+    extra = np.zeros(split.n_users, dtype=np.int64)
+    extra[hosts] = 1
+    canary_of = np.full(split.n_users, -1, dtype=np.int64)
+    canary_of[hosts] = items
+
+    def plant(indptr: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each host's canary appended after its own (sorted: canary ids are the largest)."""
+        counts = np.diff(indptr)
+        ptr = np.concatenate([[0], np.cumsum(counts + extra)]).astype(indptr.dtype)
+        out = np.empty(int(ptr[-1]), dtype=values.dtype)
+        old_pos = np.repeat(ptr[:-1], counts) + (
+            np.arange(values.size) - np.repeat(indptr[:-1], counts)
+        )
+        out[old_pos] = values
+        new_pos = ptr[1:][hosts] - 1
+        out[new_pos] = canary_of[hosts]
+        return ptr, out, new_pos
+
+    train_ptr, train_items, planted_at = plant(split.train_indptr, split.train_items)
+    hist_ptr, hist_items, _ = plant(split.history_indptr, split.history_items)
+    null = np.zeros(train_items.size, dtype=bool)
+    null[planted_at[~included]] = True
+    planted = dataclasses.replace(
+        split,
+        n_items=n_real + count,
+        train_indptr=train_ptr,
+        train_items=train_items,
+        history_indptr=hist_ptr,
+        history_items=hist_items,
+        null_positives=null,
+    )
+    return planted, Canaries(users=hosts, items=items, included=included, unit="interaction")
 
 
 def _cp_upper(k: int, n: int, alpha: float) -> float:

@@ -405,13 +405,18 @@ def _audit(
         "one_run": one,
         "one_run_guesses": detail,
         "canaries": canaries.size,
+        "unit": canaries.unit,
         "included": int(canaries.included.sum()),
         "canary_auc": auc,
-        "threat_model": _AGG,
+        "threat_model": _UP if canaries.unit == "interaction" else _AGG,
         "attack": (
-            "known-others test on every round's released sum: subtract the other participants' "
-            "clipped uploads, project the canary item's row on the direction its positive "
-            "would push it"
+            "zero-out canaries (a planted positive of a random host, a null example with "
+            "probability 1/2): the canary item's row of the host's own upload projected on the "
+            "direction its positive would push it (FedRAP: the host's first round only)"
+            if canaries.unit == "interaction"
+            else "known-others test on every round's released sum: subtract the other "
+            "participants' clipped uploads, project the canary item's row on the direction its "
+            "positive would push it"
         ),
         "accounted_epsilon": summary.get("epsilon"),
         "delta": delta,

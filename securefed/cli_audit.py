@@ -193,7 +193,5 @@ def _print(result: Any) -> None:
             f"Clopper-Pearson {block['clopper_pearson']:.3f}, one-run {block['one_run']:.3f}); "
             f"accounted epsilon {_num(rep['accounted_epsilon'])}"
         )
-    elif rep.get("audit_note"):
-        out.print(rep["audit_note"])
     mb = result.bytes_recorded / 2**20
     out.print(f"recorded {mb:.1f} MiB of observer data; report: {result.out_dir / 'audit.json'}")

@@ -554,6 +554,11 @@ def train(
 
     if split is None:
         split = load_split(config, download_progress=download_progress)
+    if split.null_positives is not None and not config.privacy.interaction_dp:
+        raise ConfigError(
+            "the split holds null examples (interaction canaries), which only DP-SGD "
+            "training (--privacy-unit interaction with --epsilon or --noise-multiplier) honours"
+        )
     model = build_model(config, split)
     aggregator = build_aggregator(config, split, model)
     cohort = config.cohort(split.n_users)

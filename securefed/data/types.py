@@ -77,6 +77,10 @@ class Split:
     test_negatives: np.ndarray
     attributes: dict[str, np.ndarray] = field(default_factory=dict)
     report: LoadReport
+    #: Bool mask aligned with ``train_items``: training positives whose DP-SGD example is a
+    #: *null* example (zero gradient; the zero-out neighbouring relation of interaction-level
+    #: DP). Set only by the interaction canary audit; honoured only by DP-SGD training.
+    null_positives: np.ndarray | None = None
 
     @property
     def train_counts(self) -> np.ndarray:

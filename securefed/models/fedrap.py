@@ -171,6 +171,8 @@ class DPSGDPlan:
         batches_per_user: Local batches per epoch of every participant, ``[m]``.
         example_batch: ``[epochs, E]`` batch of every example in every epoch (a partition of
             each client's examples).
+        example_weight: ``[E]`` 1 for a real example, 0 for a null one (its gradient is zero;
+            see :attr:`Split.null_positives`).
     """
 
     participants: torch.Tensor
@@ -178,11 +180,22 @@ class DPSGDPlan:
     example_items: torch.Tensor
     batches_per_user: torch.Tensor
     example_batch: torch.Tensor
+    example_weight: torch.Tensor
 
 
 #: Bytes of dense per-client state a DP-SGD chunk may hold (about 8 ``items x dim`` buffers
 #: per client); MovieLens 100K's 943 clients fit in one chunk.
 _DPSGD_MAX_BYTES = 2 * 1024**3
+
+
+def example_weights(split: Split, index: torch.Tensor) -> torch.Tensor:
+    """DP-SGD example weights of the training positives at ``index`` (into
+    ``split.train_items``): 0 where :attr:`Split.null_positives` marks a null example."""
+    weight = torch.ones(index.shape[0])
+    if split.null_positives is not None:
+        null = torch.from_numpy(np.asarray(split.null_positives, dtype=bool))
+        weight[null[index]] = 0.0
+    return weight
 
 
 def uniform_negatives(
@@ -269,6 +282,8 @@ def dpsgd_clipped_sums(
     user: torch.Tensor,
     items: torch.Tensor,
     clip: float,
+    *,
+    weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Per-example gradient norms and the sums of clipped per-example gradients of a batch.
 
@@ -278,7 +293,8 @@ def dpsgd_clipped_sums(
     and ``b_u`` has the closed-form squared norm ``2 ||w_u||^2 sum_rows a_row^2 +
     ||sum_s g_s v_s||^2 + (sum_s g_s)^2`` (``a_row``: the summed output gradient of the
     example's samples on that item row; :mod:`protocols.dp.dpsgd`); nothing of size
-    ``[examples, parameters]`` is formed.
+    ``[examples, parameters]`` is formed. ``weight`` ``[E]`` (optional) multiplies each
+    example's clipped gradient: 0 makes it a null example.
 
     Returns:
         ``(rows, sum_w, sum_b, sq_norms, bce)``: ``rows`` ``[n * items]`` such that the
@@ -301,6 +317,8 @@ def dpsgd_clipped_sums(
     grad_w, grad_b = linear_example_grads(v.view(n_ex, k1, dim), g)
     sq = 2.0 * emb_sq + (grad_w.double() ** 2).sum(1) + grad_b.double() ** 2
     factor = clip_factors(sq, clip)
+    if weight is not None:
+        factor = factor * weight
     rows = torch.zeros(n * n_items).index_add_(0, flat, (g * factor.unsqueeze(1)).reshape(-1))
     sum_w = torch.zeros(n, dim).index_add_(0, user, grad_w * factor.unsqueeze(1))
     sum_b = torch.zeros(n).index_add_(0, user, grad_b * factor)
@@ -315,6 +333,7 @@ def _dpsgd_step(
     user: torch.Tensor,
     items: torch.Tensor,
     size: torch.Tensor,
+    weight: torch.Tensor,
     *,
     lr: torch.Tensor,
     lr_net: torch.Tensor,
@@ -329,7 +348,8 @@ def _dpsgd_step(
     dim]`` and scorers ``w`` ``[n, dim]``, ``b`` ``[n]``.
 
     ``user``/``items``: the batch's examples (client index, ``[E]``; positive then negatives,
-    ``[E, k+1]``); ``size``: examples per client in the batch (every client here has >= 1).
+    ``[E, k+1]``); ``size``: examples per client in the batch (every client here has >= 1);
+    ``weight``: ``[E]`` 1, or 0 for a null example (zero gradient, still counted in ``size``).
     An example's loss is the mean BCE of its ``k+1`` samples; its gradient over all its
     parameters is clipped to ``dp.example_clip``; the sum gets ``N(0, (sigma clip)^2)`` on
     every coordinate and is divided by ``size``. The data-independent terms (full-matrix
@@ -338,7 +358,9 @@ def _dpsgd_step(
     client's summed BCE.
     """
     n, n_items, dim = d.shape
-    rows, sum_w, sum_b, _, bce = dpsgd_clipped_sums(d, c, w, b, user, items, dp.example_clip)
+    rows, sum_w, sum_b, _, bce = dpsgd_clipped_sums(
+        d, c, w, b, user, items, dp.example_clip, weight=weight
+    )
     std, secure = dp.noise_std, dp.secure
     # D_u <- (1 - lr l2) D_u - lr/B (clipped sum + noise) + lr k (D_u - C_u), and C_u alike:
     # the regulariser -lam * mean((D - C)^2) is minimised by pushing D and C apart.
@@ -599,7 +621,8 @@ class FedRAP:
         user = torch.repeat_interleave(torch.arange(m), counts)
         first = torch.cumsum(counts, 0) - counts
         offsets = torch.arange(user.shape[0]) - first[user]
-        pos = self._train_items[self._train_indptr[participants][user] + offsets]
+        index = self._train_indptr[participants][user] + offsets
+        pos = self._train_items[index]
         neg = uniform_negatives(pos.shape[0], k, self.split.n_items, generator)
         items = torch.cat([pos.unsqueeze(1), neg], dim=1)
         n = user.shape[0]
@@ -615,6 +638,7 @@ class FedRAP:
             example_items=items,
             batches_per_user=batches,
             example_batch=example_batch,
+            example_weight=example_weights(self.split, index),
         )
 
     def train_dpsgd(
@@ -650,6 +674,7 @@ class FedRAP:
             steps_done = torch.zeros(hi - lo)
             user = plan.example_user[e0:e1] - lo
             items = plan.example_items[e0:e1]
+            weight = plan.example_weight[e0:e1]
             nb_c = nb[lo:hi]
             work = tuple(torch.empty_like(d) for _ in range(3))
             for epoch in range(cfg.local_epochs):
@@ -669,6 +694,7 @@ class FedRAP:
                         u,
                         items[sel],
                         size,
+                        weight[sel],
                         lr=self.lr_args * decay,
                         lr_net=self.lr_network * decay,
                         lam=lam,

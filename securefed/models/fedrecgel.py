@@ -84,7 +84,7 @@ from securefed.federation.base import (
     RoundStats,
     UpdateLayout,
 )
-from securefed.models.fedrap import uniform_negatives
+from securefed.models.fedrap import example_weights, uniform_negatives
 from securefed.validation import positive_int
 
 __all__ = [
@@ -266,11 +266,14 @@ class DPSGDPlan:
         participants: Global user ids, ``[m]`` (upload row order).
         example_client: Participant position of every example, ``[E]``, non-decreasing.
         example_items: ``[E, 1 + num_negatives]``: the positive, then uniform negatives.
+        example_weight: ``[E]`` 1 for a real example, 0 for a null one (zero gradient; see
+            :attr:`Split.null_positives`).
     """
 
     participants: torch.Tensor
     example_client: torch.Tensor
     example_items: torch.Tensor
+    example_weight: torch.Tensor
 
 
 @dataclass
@@ -557,7 +560,7 @@ class FedRecGEL:
         Draws, in this order: one uniform key per positive (the shuffle), then the negatives.
         """
         cfg = self.config
-        participants, local, counts, pos_items = self._positives(participants)
+        participants, local, counts, pos_items, _ = self._positives(participants)
         # Per-client shuffle (the official ``random.shuffle(pos_items)``): sort by client + key.
         key = torch.rand(local.shape[0], generator=generator, dtype=torch.float64)
         order = torch.argsort(local.to(torch.float64) + key)
@@ -577,9 +580,10 @@ class FedRecGEL:
 
     def _positives(
         self, participants: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Checked distinct participants, then each of their training positives with its
-        client position: ``(participants, local, counts, items)``, grouped by client."""
+        client position: ``(participants, local, counts, items, index)``, grouped by client
+        (``index``: the positions of the items in ``split.train_items``)."""
         participants = self._check_users(participants, "participants")
         if torch.unique(participants).numel() != participants.numel():
             raise ConfigError("participants must be distinct user indices, got a repeated one")
@@ -588,8 +592,8 @@ class FedRecGEL:
         counts = self._train_indptr[participants + 1] - starts
         local = torch.repeat_interleave(torch.arange(m), counts)
         first = torch.cumsum(counts, 0) - counts
-        items = self._train_items[starts[local] + torch.arange(local.shape[0]) - first[local]]
-        return participants, local, counts, items
+        index = starts[local] + torch.arange(local.shape[0]) - first[local]
+        return participants, local, counts, self._train_items[index], index
 
     def _batch(self, plan: RoundPlan) -> _Batch:
         """Row-major layout and (client, item) pairs of a plan.
@@ -794,7 +798,7 @@ class FedRecGEL:
         so no example's draw depends on any other interaction. The whole round is one batch
         per client (the official client takes one step), so no shuffle is needed.
         """
-        participants, local, _, pos = self._positives(participants)
+        participants, local, _, pos, index = self._positives(participants)
         neg = uniform_negatives(
             pos.shape[0], self.config.num_negatives, self.split.n_items, generator
         )
@@ -802,6 +806,7 @@ class FedRecGEL:
             participants=participants,
             example_client=local,
             example_items=torch.cat([pos.unsqueeze(1), neg], dim=1),
+            example_weight=example_weights(self.split, index),
         )
 
     @property
@@ -853,7 +858,7 @@ class FedRecGEL:
             if hi == lo:
                 continue
             ex = slice(first[lo], first[hi])
-            b = self._dp_batch(counts[lo:hi], plan.example_items[ex])
+            b = self._dp_batch(counts[lo:hi], plan.example_items[ex], plan.example_weight[ex])
             loss, sh_n, ns_n, upload = self._dpsgd_block(b, glob[lo:hi], dp, scale, noise_generator)
             uploads[lo:hi] = upload
             losses[lo:hi] = loss.double().cpu()
@@ -918,9 +923,12 @@ class FedRecGEL:
         self._client_adam_step(glob, p_ug, p_um)
         return base.loss, sh_norm, ns_norm, upload
 
-    def _dp_batch(self, counts: torch.Tensor, items: torch.Tensor) -> _DPBatch:
+    def _dp_batch(
+        self, counts: torch.Tensor, items: torch.Tensor, weight: torch.Tensor | None = None
+    ) -> _DPBatch:
         """Examples of consecutive clients in rows of ``R = _ROW_WIDTH // (k+1)`` examples,
-        each row owned by one client; padding examples (mask 0) only in a client's last row."""
+        each row owned by one client; padding examples (mask 0) only in a client's last row.
+        A null example (``weight`` 0) gets mask 0 like padding: zero gradient, same scale."""
         m = counts.shape[0]
         n_ex, k1 = items.shape
         per_row = max(1, _ROW_WIDTH // k1)
@@ -933,7 +941,7 @@ class FedRecGEL:
         grid = torch.zeros(n_rows * per_row, k1, dtype=torch.long)
         grid[slot] = items
         mask = torch.zeros(n_rows * per_row)
-        mask[slot] = 1.0
+        mask[slot] = 1.0 if weight is None else weight
         dev = self.device
         return _DPBatch(
             m=m,
