@@ -57,6 +57,7 @@ _THREATS = {
     "client's upload",
     "aggregate-observer": "the server sees only per-round sums (secure aggregation) and the "
     "released global model",
+    "release-observer": "anyone who sees only the global model released after training",
 }
 
 
