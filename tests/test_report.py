@@ -197,6 +197,10 @@ def test_sweep_writes_every_file_with_one_complete_row_per_cell(swept):
     md = (swept / "report.md").read_text()
     assert "not run because they mean nothing" in md and "dp at epsilon inf" in md
     assert "HR@10 ≥ 0.05 (--min-hr)" in md
+    # Every threat model of the setup is described, not just named.
+    threats = next(line for line in md.splitlines() if "Threat models of the attacks" in line)
+    for name in ("upload-observer", "aggregate-observer", "release-observer"):
+        assert f"{name}: " in threats and f"{name}: {name}" not in threats
 
 
 def test_report_from_existing_directories(swept, tmp_path):
