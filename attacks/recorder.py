@@ -425,8 +425,6 @@ class AttackRecorder:
         assert can is not None
         n_tot = _total_items(view, plan)
         factors = self._clip_factors(norms)
-        clean = updates.weighted_sum(factors)
-        resid = view.aggregate.total.to(torch.float32) - clean
         position = torch.full((plan.n_users,), -1, dtype=torch.long)
         position[clients] = torch.arange(clients.shape[0])
         users = torch.from_numpy(can.users)
@@ -435,17 +433,17 @@ class AttackRecorder:
         pos = torch.full_like(users, -1)
         pos[present] = position[users[present]]
         here = pos >= 0
+        k = _ratio_width(view, plan)
+        obs = torch.zeros(users.shape[0], k)  # each canary's own (clipped) contribution
         if bool(here.any()):
             own = updates.dense(pos[here]) * factors[pos[here]].unsqueeze(1)
-        else:
-            own = torch.zeros(0, resid.shape[0])
-        k = _ratio_width(view, plan)
-        rows_all = resid[: n_tot * k].view(n_tot, k)[items]
-        contrib = torch.zeros_like(rows_all)
-        if bool(here.any()):
             own_rows = own[:, : n_tot * k].view(-1, n_tot, k)
-            contrib[here] = own_rows[torch.arange(own_rows.shape[0]), items[here]]
-        obs = contrib if can.unit == "interaction" else rows_all + contrib
+            obs[here] = own_rows[torch.arange(own_rows.shape[0]), items[here]]
+        if can.unit == "user":
+            # Plus the residual of the release after the other participants' contributions
+            # (not needed for interaction canaries, whose release is the host's upload).
+            resid = view.aggregate.total.to(torch.float32) - updates.weighted_sum(factors)
+            obs += resid[: n_tot * k].view(n_tot, k)[items]
         # Present canaries: the direction their positive pushes the row (the auditor owns
         # them). Absent ones: a fixed random unit vector (their score is noise either way).
         d = self._absent_directions(k).clone()
