@@ -17,6 +17,7 @@ from protocols.secagg import (
     neighbour_table,
     secure_sum,
 )
+from protocols.secagg.config import majority
 from protocols.secagg.primitives import session_id
 
 SEED = b"public-seed-0123"
@@ -38,7 +39,8 @@ def rounds(draw):
     d = draw(st.integers(1, 6))
     bits = draw(st.sampled_from([8, 20, 33, 64]))
     k = draw(st.integers(2, n - 1))
-    t = draw(st.integers(1, min(k, 4)))
+    k = min(k + k % 2, n - 1)  # the degree the config resolves to (even below n - 1)
+    t = min(k, majority(k) + draw(st.integers(0, 2)))  # thresholds must be a majority
     stage = draw(st.lists(st.sampled_from([None, 0, 1, 2, 3]), min_size=n, max_size=n))
     names = ("advertise", "share", "masked_input", "unmask")
     sched = DropoutSchedule(
@@ -83,7 +85,7 @@ def test_property_run_exercised_both_outcomes():
 def test_complete_graph_aborts_exactly_when_fewer_than_t_plus_one_responders(n, t, stages):
     """On the complete graph every secret needs t shares from the responders R (minus the
     owner), so the round succeeds iff |R| >= t + 1."""
-    t = min(t, n - 1)
+    t = max(majority(n - 1), min(t, n - 1))
     names = ("advertise", "share", "masked_input", "unmask")
     sched = DropoutSchedule(
         **{nm: {i for i in range(n) if stages[i] == j} for j, nm in enumerate(names)}
@@ -103,11 +105,11 @@ def test_complete_graph_aborts_exactly_when_fewer_than_t_plus_one_responders(n, 
 
 def test_dropouts_at_each_stage_sparse_graph_medium_round():
     n, d, bits = 60, 257, 40
-    cfg = SecAggConfig(n_clients=n, neighbours=8, threshold=3, modulus_bits=bits)
+    cfg = SecAggConfig(n_clients=n, neighbours=8, threshold=5, modulus_bits=bits)
     x = _ring_inputs(n, d, bits, 7)
     sched = DropoutSchedule(advertise={0, 1}, share={2, 3}, masked_input={4, 5, 6}, unmask={7, 8})
     res = secure_sum(x, config=cfg, round_index=3, public_seed=SEED, dropouts=sched)
-    assert res.neighbours == 8 and res.threshold == 3
+    assert res.neighbours == 8 and res.threshold == 5
     assert set(res.excluded.tolist()) == {0, 1, 2, 3}
     assert set(res.dropped.tolist()) == {4, 5, 6}
     assert set(res.survivors.tolist()) == set(range(9, n)) | {7, 8}
@@ -181,6 +183,7 @@ def test_config_choice_meets_its_bounds_and_grows_slowly():
         {"n_clients": 1},
         {"n_clients": 10, "dropout_tolerance": 1.0},
         {"n_clients": 10, "neighbours": 4, "threshold": 5},
+        {"n_clients": 10, "neighbours": 4, "threshold": 2},  # 2t = k: not a majority
         {"n_clients": 10, "modulus_bits": 65},
         {"n_clients": 10, "mode": "byzantine"},
         {"n_clients": 10, "mode": "malicious"},
@@ -192,13 +195,13 @@ def test_config_rejects_invalid_values(kwargs):
 
 
 def test_secure_sum_rejects_unreduced_inputs_and_missing_modulus():
-    cfg = SecAggConfig(n_clients=3, neighbours=2, modulus_bits=8)
+    cfg = SecAggConfig(n_clients=3, neighbours=2, modulus_bits=8, dropout_tolerance=0.0)
     with pytest.raises(ConfigError):
         secure_sum(np.full((3, 2), 256, np.uint64), config=cfg, round_index=0, public_seed=SEED)
     with pytest.raises(ConfigError):
         secure_sum(
             np.zeros((3, 2), np.uint64),
-            config=SecAggConfig(n_clients=3, neighbours=2),
+            config=SecAggConfig(n_clients=3, neighbours=2, dropout_tolerance=0.0),
             round_index=0,
             public_seed=SEED,
         )

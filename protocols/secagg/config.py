@@ -20,10 +20,21 @@ before the graph is drawn:
   remaining nodes are disconnected only if two disjoint runs of ``k/2`` consecutive cycle
   positions are all corrupt-or-dropped: ``n**2 * P[k specific positions all removed]``.
 
-Among the feasible thresholds ``[t_secure, t_correct]`` we aim for a majority,
-``t = max(t_secure, min(k // 2 + 1, t_correct))``: a majority threshold also stops a server that
-equivocates about who dropped, and a higher ``t`` leaves margin against more collusion than
-configured; when dropouts make a majority incorrect we take the largest correct ``t``.
+The threshold is always above a majority of each neighbourhood, ``2 t > k``. The clients'
+unmask checks promise that a server which lies about who dropped cannot unmask an input: it
+could otherwise tell some of ``u``'s neighbours that ``u`` survived (collecting shares of the
+self-mask seed ``b_u``) and the others that ``u`` dropped (collecting shares of the mask key
+``s_u``), and with ``t`` of each it removes both masks from ``y_u``. One honest client reveals
+one share of ``u``, of one kind, so the two requests need ``2 t`` distinct neighbours, which
+``k < 2 t`` rules out. The resolved threshold is ``t = max(t_secure, k // 2 + 1)``, and it must
+also be correct (``t <= t_correct``). Without an explicit ``neighbours`` the chooser takes the
+smallest even ``k`` for which that holds (more neighbours tolerate more dropouts at a majority
+threshold); with an explicit ``neighbours`` whose neighbourhood cannot keep a correct majority
+under ``dropout_tolerance`` the config refuses, naming the smallest ``k`` that can. An explicit
+``threshold`` must satisfy ``k // 2 + 1 <= t <= k``. Colluding clients weaken the bound:
+with ``c`` corrupt neighbours of ``u`` the lying server needs only ``2 (t - c)`` honest ones
+(``t > (k + c) / 2`` is Bell et al.'s malicious-server condition, not enforced here; see
+docs/secagg.md).
 """
 
 from __future__ import annotations
@@ -124,46 +135,74 @@ class SecAggConfig:
         )
 
 
+def majority(k: int) -> int:
+    """The smallest threshold ``t`` with ``2 t > k``: a majority of ``k`` neighbours."""
+    return k // 2 + 1
+
+
 def _resolve(cfg: SecAggConfig) -> tuple[int, int]:
     n = cfg.n_clients
     if cfg.neighbours is not None:
         k = cfg.neighbours
-        if not isinstance(k, int) or k < 2:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 2:
             raise ConfigError(f"neighbours must be an int >= 2, got {k!r}")
         k = min(k, n - 1)
         if k < n - 1 and k % 2:
             k += 1  # Harary graphs H(n, k) need an even degree below n - 1
             k = min(k, n - 1)
-        if cfg.threshold is not None:
-            t = cfg.threshold
-        else:
-            chosen = _choose_threshold(cfg, k)
-            if chosen is not None:
-                t = chosen
-            else:  # no t meets both bounds: favour correctness, aim for a majority
-                dropped, _ = _counts(n, cfg.dropout_tolerance, cfg.corrupt_fraction)
-                t_correct = next(
-                    (
-                        t
-                        for t in range(k, 0, -1)
-                        if n * _hyp_tail_ge(n - 1, dropped, k, k - t + 1)
-                        <= 2.0**-cfg.correctness_bits
-                    ),
-                    1,
-                )
-                t = max(min(2, k), min(k // 2 + 1, t_correct))
+        if cfg.threshold is None:
+            return k, _explicit_k_threshold(cfg, k)
     else:
-        k, t_chosen = choose_graph_parameters(
+        k, t = choose_graph_parameters(
             n,
             dropout_tolerance=cfg.dropout_tolerance,
             corrupt_fraction=cfg.corrupt_fraction,
             security_bits=cfg.security_bits,
             correctness_bits=cfg.correctness_bits,
         )
-        t = cfg.threshold if cfg.threshold is not None else t_chosen
-    if not isinstance(t, int) or not 1 <= t <= k:
+        if cfg.threshold is None:
+            return k, t
+    t = cfg.threshold
+    if isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= k:
         raise ConfigError(f"threshold must be an int in [1, k={k}], got {t!r}")
+    if 2 * t <= k:
+        raise ConfigError(
+            f"threshold t={t} is not above a majority of k={k} neighbours (2t > k); a server "
+            f"lying about dropouts could unmask an input; use threshold >= {majority(k)} or "
+            "leave it None"
+        )
     return k, t
+
+
+def _explicit_k_threshold(cfg: SecAggConfig, k: int) -> int:
+    """The threshold for a user-given degree ``k``: a correct majority, or a ConfigError."""
+    n = cfg.n_clients
+    dropped, corrupt = _counts(n, cfg.dropout_tolerance, cfg.corrupt_fraction)
+    eta = cfg.correctness_bits
+    if not _correct(n, k, dropped, majority(k), eta):
+        k_min = next(
+            (
+                kk
+                for kk in [*range(k + 2, n - 1, 2), n - 1]
+                if _correct(n, kk, dropped, majority(kk), eta)
+            ),
+            None,
+        )
+        fix = (
+            f"use neighbours >= {k_min} (or leave neighbours None to choose it) or lower "
+            "dropout_tolerance"
+            if k_min is not None
+            else "lower dropout_tolerance (even the complete graph cannot keep a majority)"
+        )
+        raise ConfigError(
+            f"neighbours={k} cannot keep a majority threshold t >= {majority(k)} (2t > k) with "
+            f"dropout_tolerance={cfg.dropout_tolerance!r} ({dropped} of {n} clients dropping): "
+            f"rounds would abort with probability above 2**-{eta}; {fix}"
+        )
+    t = _t_secure_from(n, k, corrupt, cfg.security_bits, majority(k))
+    if t is not None and _correct(n, k, dropped, t, eta):
+        return t
+    return majority(k)  # share secrecy not met at this k: guarantee() reports it
 
 
 def _hyp_tail_ge(pop: int, marked: int, draws: int, at_least: int) -> float:
@@ -208,33 +247,33 @@ def _guarantee(n: int, k: int, t: int, delta: float, gamma: float) -> GraphGuara
     )
 
 
-def _choose_threshold(cfg: SecAggConfig, k: int) -> int | None:
-    """The preferred feasible ``t`` for degree ``k``, or ``None`` if none meets the bounds."""
-    return _threshold_for(
-        cfg.n_clients,
-        k,
-        cfg.dropout_tolerance,
-        cfg.corrupt_fraction,
-        cfg.security_bits,
-        cfg.correctness_bits,
-    )
+def _secure(n: int, k: int, corrupt: int, t: int, sigma: int) -> bool:
+    """No honest client has ``t`` corrupt neighbours, except with probability ``2**-sigma``."""
+    return n * _hyp_tail_ge(n - 1, corrupt, k, t) <= 2.0**-sigma
+
+
+def _correct(n: int, k: int, dropped: int, t: int, eta: int) -> bool:
+    """Every client keeps ``t`` surviving neighbours, except with probability ``2**-eta``."""
+    return n * _hyp_tail_ge(n - 1, dropped, k, k - t + 1) <= 2.0**-eta
+
+
+def _t_secure_from(n: int, k: int, corrupt: int, sigma: int, start: int) -> int | None:
+    """Smallest ``t >= start`` (and ``>= 2``) meeting :func:`_secure`, or None."""
+    return next((t for t in range(max(2, start), k + 1) if _secure(n, k, corrupt, t, sigma)), None)
 
 
 def _threshold_for(n: int, k: int, delta: float, gamma: float, sigma: int, eta: int) -> int | None:
+    """``max(t_secure, majority(k))`` if it is also correct, else None.
+
+    Both bounds are monotone in ``t`` (secrecy improves and correctness worsens as ``t``
+    grows), so the smallest secure ``t`` at or above the majority is the best candidate and
+    one correctness check decides.
+    """
     dropped, corrupt = _counts(n, delta, gamma)
-    t_secure = next(
-        (t for t in range(2, k + 1) if n * _hyp_tail_ge(n - 1, corrupt, k, t) <= 2.0**-sigma),
-        None,
-    )
-    if t_secure is None:
+    t = _t_secure_from(n, k, corrupt, sigma, majority(k))
+    if t is None or not _correct(n, k, dropped, t, eta):
         return None
-    t_correct = next(
-        (t for t in range(k, 0, -1) if n * _hyp_tail_ge(n - 1, dropped, k, k - t + 1) <= 2.0**-eta),
-        None,
-    )
-    if t_correct is None or t_correct < t_secure:
-        return None
-    return max(t_secure, min(k // 2 + 1, t_correct))
+    return t
 
 
 @lru_cache(maxsize=256)
@@ -249,11 +288,11 @@ def choose_graph_parameters(
     """Smallest even degree ``k`` (or the complete graph) and its threshold ``t``.
 
     Returns:
-        ``(k, t)`` meeting the three bounds of the module docstring.
+        ``(k, t)`` meeting the three bounds of the module docstring, with ``2 t > k``.
 
     Raises:
         ConfigError: when even the complete graph cannot meet them (too many dropouts or
-            corrupt clients for ``n``).
+            corrupt clients for ``n``; a majority threshold needs dropout_tolerance below 1/2).
     """
     n = n_clients
     for k in range(2, n - 1, 2):
@@ -272,8 +311,9 @@ def choose_graph_parameters(
         raise ConfigError(
             f"no (neighbours, threshold) meets 2**-{security_bits} security and "
             f"2**-{correctness_bits} correctness for n_clients={n}, "
-            f"dropout_tolerance={dropout_tolerance!r}, corrupt_fraction={corrupt_fraction!r}; "
-            "lower the fractions or the security/correctness bits, or add clients"
+            f"dropout_tolerance={dropout_tolerance!r} ({math.ceil(dropout_tolerance * n)} of {n} "
+            f"clients dropping), corrupt_fraction={corrupt_fraction!r} with a majority threshold "
+            "(2t > k); lower the fractions or the security/correctness bits, or add clients"
         )
     return n - 1, t
 
