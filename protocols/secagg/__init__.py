@@ -23,7 +23,7 @@ from protocols.secagg.config import (
     choose_graph_parameters,
     neighbour_table,
 )
-from protocols.secagg.errors import ClientAborted, RoundAborted
+from protocols.secagg.errors import ClientAborted, RoundAborted, ShareVerificationFailed
 from protocols.secagg.fixedpoint import FixedPointCodec
 from protocols.secagg.server import SecAggServer
 from protocols.secagg.simulation import DropoutSchedule, SecureSumResult, secure_sum
@@ -38,6 +38,7 @@ __all__ = [
     "SecAggConfig",
     "SecAggServer",
     "SecureSumResult",
+    "ShareVerificationFailed",
     "Stage",
     "choose_graph_parameters",
     "neighbour_table",

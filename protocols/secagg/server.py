@@ -20,7 +20,7 @@ from protocols.errors import ConfigError, IntegrityError
 from protocols.secagg import shamir, wire
 from protocols.secagg.client import Stage, exchange, require_modulus
 from protocols.secagg.config import SecAggConfig, neighbour_table
-from protocols.secagg.errors import RoundAborted
+from protocols.secagg.errors import RoundAborted, ShareVerificationFailed
 from protocols.secagg.primitives import MaskExpander, pair_mask_key, self_mask_key, session_id
 
 _STAGE_NAMES = ("advertise", "share", "masked_input", "unmask")
@@ -175,26 +175,43 @@ class SecAggServer:
     def finish_unmask(self) -> np.ndarray:
         """Reconstruct, remove the self masks and the dropped clients' pairwise masks.
 
+        Every secret is rebuilt from every share revealed for it and checked before any mask
+        is removed: the shares must lie on one polynomial of degree ``< t`` and a dropped
+        client's mask key must match its advertised public key.
+
         Returns:
             The sum of the survivors' inputs modulo ``2**bits`` (a new uint64 ``[dim]``).
 
         Raises:
             RoundAborted: if some survivor's seed or some dropped client's key has fewer than
                 ``t`` revealed shares.
+            ShareVerificationFailed: (an :class:`IntegrityError` and a ``RoundAborted``) if
+                some revealed share or reconstructed key fails verification.
         """
         self._check_stage(Stage.MASKED)
         t = self.config.t
+        try:
+            seeds = {
+                u: self._reconstruct(u, wire.ShareKind.SELF_MASK_SEED, t) for u in sorted(self.u3)
+            }
+            dropped_keys = {}
+            for u in sorted(self.dropped):
+                sk = X25519PrivateKey.from_private_bytes(
+                    self._reconstruct(u, wire.ShareKind.MASK_KEY, t)
+                )
+                if sk.public_key().public_bytes_raw() != self._keys[u][1]:
+                    raise ShareVerificationFailed()
+                dropped_keys[u] = sk
+        except BaseException:
+            self.stage = Stage.ABORTED
+            self._revealed.clear()
+            raise
         acc = self._acc
         ex = self._expander
-        for u in sorted(self.u3):
-            seed = self._reconstruct(u, wire.ShareKind.SELF_MASK_SEED, t)
+        for u, seed in seeds.items():
             key = self_mask_key(seed, session=self._session, round_index=self.round_index, client=u)
             ex.sub(key, acc)
-        for u in sorted(self.dropped):
-            sk_bytes = self._reconstruct(u, wire.ShareKind.MASK_KEY, t)
-            sk = X25519PrivateKey.from_private_bytes(sk_bytes)
-            if sk.public_key().public_bytes_raw() != self._keys[u][1]:
-                raise IntegrityError()
+        for u, sk in dropped_keys.items():
             for v in (int(j) for j in self._table[u]):
                 if v not in self.u3:
                     continue
@@ -223,8 +240,11 @@ class SecAggServer:
                 f"client {owner} has {len(points)} revealed shares, fewer than t={t}; "
                 "the round is aborted and reveals nothing"
             )
-        xs, ys = zip(*points[:t], strict=True)
-        return shamir.combine(xs, ys)
+        xs, ys = zip(*points, strict=True)
+        try:
+            return shamir.reconstruct(xs, ys, threshold=t)
+        except IntegrityError:
+            raise ShareVerificationFailed() from None
 
     def _check_stage(self, expected: Stage) -> None:
         if self.stage is not expected:
