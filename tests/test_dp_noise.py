@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -168,3 +169,94 @@ def test_bad_noise_parameters() -> None:
     with pytest.raises(ConfigError, match="shape"):
         gaussian_noise((-1,), 1.0, generator=g)
     assert torch.equal(gaussian_noise((3,), 0.0, generator=g), torch.zeros(3))
+
+
+# -- secure mode: OS randomness, four hardened samples (tests that catch broken sampling) -----
+
+
+class _CountingUrandom:
+    """Stands in for ``os.urandom``: counts the bytes asked for; optionally deterministic."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        self.bytes = 0
+        self.stream: list[bytes] = []
+        self._rng = None if seed is None else np.random.default_rng(seed)
+        self._real = os.urandom
+
+    def __call__(self, n: int) -> bytes:
+        self.bytes += n
+        data = self._real(n) if self._rng is None else self._rng.bytes(n)
+        self.stream.append(data)
+        return data
+
+
+def _reference_uniforms(data: bytes) -> np.ndarray:
+    """The 53-bit grid uniforms in (0, 1] that ``os_uniform`` makes of ``data``."""
+    raw = np.frombuffer(data, dtype="<u8")
+    return ((raw >> np.uint64(11)) + np.uint64(1)).astype(np.float64) * 2.0**-53
+
+
+def _reference_box_muller(data: bytes, n: int) -> np.ndarray:
+    u = _reference_uniforms(data).reshape(2, -1)
+    r = np.sqrt(-2.0 * np.log(u[0]))
+    theta = 2.0 * np.pi * u[1]
+    return np.concatenate([r * np.cos(theta), r * np.sin(theta)])[:n]
+
+
+@pytest.mark.parametrize("n", [1, 6, 7])
+def test_secure_gaussian_is_the_mean_of_four_box_muller_normals_from_os_bytes(monkeypatch, n):
+    """Known answer with a fake, deterministic OS source: the output is exactly
+    (sum of 4 independent Box-Muller normals) * std / 2, each normal from its own OS bytes.
+    Catches one sample instead of four, a wrong scale, and any other source of randomness."""
+    fake = _CountingUrandom(seed=n)
+    monkeypatch.setattr(os, "urandom", fake)
+    std = 1.7
+    got = gaussian_noise((n,), std, generator=None, secure=True, dtype=torch.float64)
+    assert len(fake.stream) == 4
+    expected = sum(_reference_box_muller(chunk, n) for chunk in fake.stream) * (0.5 * std)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12, atol=0)
+
+
+def test_secure_gaussian_draws_four_normals_worth_of_os_bytes_per_coordinate(monkeypatch):
+    """Each of the four normals per coordinate costs one 53-bit uniform (8 OS bytes);
+    one sample instead of four would draw a quarter of that."""
+    counter = _CountingUrandom()
+    monkeypatch.setattr(os, "urandom", counter)
+    gaussian_noise((1000,), 1.0, generator=None, secure=True)
+    assert counter.bytes == 4 * 8 * 1000
+
+
+@pytest.mark.parametrize(
+    "draw",
+    [
+        lambda: gaussian_noise((64,), 1.0, generator=None, secure=True),
+        lambda: discrete_gaussian((64,), 3.0, generator=None, secure=True),
+        lambda: noise.below(torch.full((64,), 0.5, dtype=torch.float64), None, True),
+    ],
+    ids=["gaussian", "discrete", "bernoulli"],
+)
+def test_secure_mode_never_uses_torch_global_rng(draw, monkeypatch):
+    """Secure noise must not be reproducible from torch's global seed (which a user, a
+    library or a checkpoint may set): the same global seed gives different draws, the global
+    RNG state is untouched, and the draws consume OS bytes."""
+    counter = _CountingUrandom()
+    monkeypatch.setattr(os, "urandom", counter)
+    torch.manual_seed(1234)
+    state = torch.get_rng_state()
+    a = draw()
+    assert torch.equal(torch.get_rng_state(), state)
+    torch.manual_seed(1234)
+    b = draw()
+    assert not torch.equal(a, b)
+    assert counter.bytes >= 2 * 8 * 64
+
+
+def test_secure_discrete_gaussian_is_a_function_of_os_bytes_only(monkeypatch):
+    """Same fake OS bytes, same samples; other bytes, other samples (no other source)."""
+    draws = []
+    for seed in (5, 5, 6):
+        monkeypatch.setattr(os, "urandom", _CountingUrandom(seed=seed))
+        torch.manual_seed(seed * 7)  # varying the global seed must not matter
+        draws.append(discrete_gaussian((256,), 4.0, generator=None, secure=True))
+    assert torch.equal(draws[0], draws[1])
+    assert not torch.equal(draws[0], draws[2])
