@@ -32,6 +32,15 @@ ACCOUNTANTS: tuple[str, ...] = ("prv", "rdp")
 #: ``PRV_MIN_SIGMA``; outside that the RDP bound is returned (see :func:`gaussian_epsilon`).
 PRV_MAX_EPSILON = 100.0
 PRV_MIN_SIGMA = 0.5
+#: PRV is only asked when its grid has at most this many points. Opacus's PRV discretises
+#: the privacy-loss distribution on ``2 L / mesh`` points with ``L >= epsilon + 3`` and
+#: ``mesh = eps_error / sqrt(steps * log(12 / delta_error) / 2)`` (Gopi et al. 2021; Opacus
+#: ``PRVAccountant._get_domain``, eps_error 0.01, delta_error delta / 1000), so the grid grows
+#: with ``sqrt(steps)``: 1e6 rounds took over 30 s per epsilon (a calibration asks ~20),
+#: 1e12 steps asked for a 55 GiB array. 2**20 points take about a second and ~50 MB; the
+#: grid of 1000 rounds at sample rate 0.1 and sigma 1 has 0.8e6, of 1e6 rounds at least 1.9e6.
+PRV_MAX_POINTS = 1 << 20
+_PRV_EPS_ERROR = 0.01
 
 #: Integer RDP orders used whenever a discrete-Gaussian event is in the composition (the
 #: subsampling bound of Zhu and Wang is stated for integer orders).
@@ -125,15 +134,20 @@ def gaussian_epsilon(
 
     Returns:
         An upper bound on epsilon (PRV returns its certified upper bound). With PRV, when
-        the RDP bound exceeds ``PRV_MAX_EPSILON`` or some sigma is below ``PRV_MIN_SIGMA``
-        the RDP bound is returned: PRV's domain would not fit in memory there.
+        the RDP bound exceeds ``PRV_MAX_EPSILON``, some sigma is below ``PRV_MIN_SIGMA`` or
+        PRV's grid would exceed ``PRV_MAX_POINTS`` (very many steps) the RDP bound is
+        returned: PRV's domain would not fit in memory or time there.
     """
     if not history:
         return 0.0
     accountant = check_accountant(accountant)
     if accountant == "prv":
         rdp_bound = gaussian_epsilon(history, delta=delta, accountant="rdp")
-        if rdp_bound > PRV_MAX_EPSILON or min(float(z) for z, _, _ in history) < PRV_MIN_SIGMA:
+        if (
+            rdp_bound > PRV_MAX_EPSILON
+            or min(float(z) for z, _, _ in history) < PRV_MIN_SIGMA
+            or prv_grid_points(history, delta=delta, epsilon=rdp_bound) > PRV_MAX_POINTS
+        ):
             # Opacus's PRV discretises the privacy-loss distribution on a domain whose size
             # grows as sigma shrinks: sigma 0.05 would need a 2.6 TiB array, sigma 0.2 takes
             # ~30 s and returns inf. Here the RDP bound is returned instead: it is also an
@@ -147,6 +161,21 @@ def gaussian_epsilon(
         # the optimal order is at the edge of its grid. Neither affects the bound.
         warnings.simplefilter("ignore")
         return float(acc.get_epsilon(delta=delta))
+
+
+def prv_grid_points(
+    history: Sequence[tuple[float, float, int]], *, delta: float, epsilon: float
+) -> float:
+    """A lower bound on the number of grid points Opacus's PRV accountant would allocate.
+
+    ``2 L / mesh`` with ``L = epsilon + 3`` (Opacus takes ``L >= `` the RDP epsilon at
+    ``delta_error / 4``, which is at least the RDP ``epsilon`` at ``delta``) and
+    ``mesh = eps_error / sqrt(steps * log(12 / delta_error) / 2)``.
+    """
+    steps = sum(int(n) for _, _, n in history)
+    delta_error = delta / 1000.0
+    mesh = _PRV_EPS_ERROR / math.sqrt(steps * math.log(12.0 / delta_error) / 2.0)
+    return 2.0 * (max(epsilon, _PRV_EPS_ERROR) + 3.0) / mesh
 
 
 def compute_epsilon(

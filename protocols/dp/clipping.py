@@ -36,7 +36,8 @@ def clip_rows(x: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Tensor]
 
     Raises:
         ConfigError: If ``clip`` is not a finite positive number.
-        DataError: If ``x`` is not a 2-D floating tensor or holds a non-finite value.
+        DataError: If ``x`` is not a 2-D floating tensor or holds a non-finite value. Finite
+            rows of any size are clipped, also those whose squared norm overflows float64.
     """
     clip = _check_clip(clip)
     if x.ndim != 2 or not x.is_floating_point():
@@ -46,13 +47,35 @@ def clip_rows(x: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Tensor]
         )
     x64 = x.to(torch.float64)
     norms = torch.linalg.vector_norm(x64, dim=1)
-    if not bool(torch.isfinite(norms).all()):
-        raise DataError("updates contain NaN or infinite values; they cannot be clipped")
+    overflow = ~torch.isfinite(norms)
+    huge: tuple[torch.Tensor, torch.Tensor] | None = None
+    if bool(overflow.any()):
+        rows = x64[overflow]
+        bad = int((~torch.isfinite(rows)).any(dim=1).sum())
+        if bad:
+            raise DataError(
+                f"updates contain NaN or infinite values in {bad} of {x.shape[0]} rows; they "
+                "cannot be clipped; check local training for divergence (e.g. lower the "
+                "learning rate)"
+            )
+        # Finite rows whose squared norm overflows float64 (float64 entries near 1e154 and
+        # above): the norm is |largest entry| times the norm of the row divided by it. It may
+        # still exceed float64 (then inf is the honest value), so such rows are clipped as
+        # (row / peak) * (clip / unit norm), which stays finite and keeps the direction.
+        peak = rows.abs().amax(dim=1, keepdim=True)
+        unit_rows = rows / peak
+        unit = torch.linalg.vector_norm(unit_rows, dim=1)
+        norms[overflow] = peak[:, 0] * unit
+        huge = unit_rows, unit
     over = norms > clip
     factor = torch.where(
         over, clip * (1.0 - _SHRINK) / norms.clamp_min(1e-300), torch.ones_like(norms)
     )
     clipped = torch.where(over[:, None], (x64 * factor[:, None]).to(x.dtype), x)
+    if huge is not None:
+        unit_rows, unit = huge
+        scaled = unit_rows * (clip * (1.0 - _SHRINK) / unit)[:, None]
+        clipped[overflow & over] = scaled[over[overflow]].to(x.dtype)
     return clipped, norms
 
 

@@ -50,7 +50,7 @@ from protocols.dp.accounting import (
     compute_epsilon,
 )
 from protocols.dp.ledger import PrivacyEvent
-from protocols.dp.noise import gaussian_noise
+from protocols.dp.noise import check_std, gaussian_noise
 from protocols.errors import ConfigError
 from protocols.seeding import torch_generator
 
@@ -182,14 +182,15 @@ def fill_gaussian_(
     in-place form lets DP-SGD reuse one buffer per step for its dense noise.
     """
     if secure:
-        return out.copy_(gaussian_noise(out.shape, std, generator=generator, secure=True))
+        return out.copy_(
+            gaussian_noise(out.shape, std, generator=generator, secure=True, dtype=out.dtype)
+        )
     if generator is None:
         raise ConfigError(
             "pass an explicit torch.Generator (derive it with protocols.seeding), "
             "or set secure=True to use OS randomness"
         )
-    if not (math.isfinite(std) and std >= 0):
-        raise ConfigError(f"noise std must be a finite number >= 0, got {std!r}")
+    std = check_std(std, out.dtype)
     if std == 0:
         return out.zero_()
     return out.normal_(0.0, float(std), generator=generator)

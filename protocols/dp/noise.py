@@ -19,12 +19,47 @@ from protocols.errors import ConfigError
 _MASK53 = (1 << 53) - 1
 _TWO_M53 = 2.0**-53
 
+#: Largest ``|N(0, 1)|`` draw, with margin: Box-Muller on 53-bit uniforms gives at most
+#: ``sqrt(-2 log 2**-53) = 8.6``, the secure sum of four halved at most twice that, and
+#: torch's sampler stays below it as well. ``std * NOISE_HEADROOM`` must fit the dtype.
+NOISE_HEADROOM = 64.0
+#: Valid discrete-Gaussian sigmas. Below the minimum, ``1 / (2 sigma**2)`` overflows a
+#: float64 (sigma**2 leaves the normal range); above the maximum, a proposal
+#: ``floor(-t log U)`` (``t = floor(sigma) + 1``, ``-log U <= 36.8`` for 53-bit uniforms) can
+#: exceed 2**53, where float64 no longer holds every integer.
+DISCRETE_SIGMA_MIN = 2.0**-500
+DISCRETE_SIGMA_MAX = 2.0**47
+
 
 def _shape(shape: int | Sequence[int] | torch.Size) -> tuple[int, ...]:
     dims = (shape,) if isinstance(shape, int) else tuple(shape)
     if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in dims):
         raise ConfigError(f"shape must be non-negative integers, got {shape!r}")
     return tuple(int(s) for s in dims)
+
+
+def check_std(std: float, dtype: torch.dtype) -> float:
+    """Return ``std`` as float if Gaussian noise of that std is finite in ``dtype``.
+
+    Raises:
+        ConfigError: if ``std`` is not a real number in ``[0, finfo(dtype).max / 64]`` (a
+            larger std would turn draws into +-inf) or ``dtype`` is not floating point.
+    """
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ConfigError(f"noise dtype must be a floating torch dtype, got {dtype!r}")
+    limit = torch.finfo(dtype).max / NOISE_HEADROOM
+    if not (
+        isinstance(std, numbers.Real)
+        and not isinstance(std, bool)
+        and math.isfinite(std)
+        and 0 <= std <= limit
+    ):
+        raise ConfigError(
+            f"noise std must be a finite number in [0, {limit:.3g}] for {dtype} (larger draws "
+            f"overflow to infinity), got {std!r}; lower the noise multiplier or the clip, or "
+            "use dtype=torch.float64"
+        )
+    return float(std)
 
 
 def _check_source(generator: torch.Generator | None, secure: bool) -> None:
@@ -127,27 +162,21 @@ def gaussian_noise(
         A tensor of ``shape`` and ``dtype``.
 
     Raises:
-        ConfigError: If ``std`` is negative or not finite, or the generator/secure
-            combination is invalid.
+        ConfigError: If ``std`` is negative, not finite or so large that draws overflow
+            ``dtype`` (see :func:`check_std`), or the generator/secure combination is invalid.
     """
     dims = _shape(shape)
-    if not (
-        isinstance(std, numbers.Real)
-        and not isinstance(std, bool)
-        and math.isfinite(std)
-        and std >= 0
-    ):
-        raise ConfigError(f"noise std must be a finite number >= 0, got {std!r}")
+    std = check_std(std, dtype)
     _check_source(generator, secure)
     if std == 0:
         return torch.zeros(dims, dtype=dtype)
     if not secure:
-        return torch.randn(dims, generator=generator, dtype=dtype).mul_(float(std))
+        return torch.randn(dims, generator=generator, dtype=dtype).mul_(std)
     n = math.prod(dims)
     total = torch.zeros(n, dtype=torch.float64)
     for _ in range(4):
         total += _os_standard_normal(n)
-    return (total * (0.5 * float(std))).to(dtype).reshape(dims)
+    return (total * (0.5 * std)).to(dtype).reshape(dims)
 
 
 def discrete_gaussian(
@@ -181,7 +210,8 @@ def discrete_gaussian(
 
     Args:
         shape: Output shape.
-        sigma: The scale sigma > 0 (the variance is slightly below ``sigma**2``).
+        sigma: The scale sigma, in ``[DISCRETE_SIGMA_MIN, DISCRETE_SIGMA_MAX]`` (2**-500 to
+            2**47; the variance is slightly below ``sigma**2``).
         generator: The ``torch.Generator`` to draw from; must be ``None`` when ``secure``.
         secure: Draw uniforms from ``os.urandom`` instead.
 
@@ -189,17 +219,20 @@ def discrete_gaussian(
         An int64 tensor of ``shape``.
 
     Raises:
-        ConfigError: If ``sigma`` is not a finite positive number or the generator/secure
-            combination is invalid.
+        ConfigError: If ``sigma`` is not a number in the valid range above (float64 cannot
+            run the sampler outside it) or the generator/secure combination is invalid.
     """
     dims = _shape(shape)
     if not (
         isinstance(sigma, numbers.Real)
         and not isinstance(sigma, bool)
-        and math.isfinite(sigma)
-        and sigma > 0
+        and DISCRETE_SIGMA_MIN <= sigma <= DISCRETE_SIGMA_MAX  # also rejects NaN
     ):
-        raise ConfigError(f"discrete Gaussian sigma must be a finite number > 0, got {sigma!r}")
+        raise ConfigError(
+            f"discrete Gaussian sigma must be a number in [{DISCRETE_SIGMA_MIN:.3g}, "
+            f"{DISCRETE_SIGMA_MAX:.3g}] (float64 cannot sample it outside), got {sigma!r}; "
+            "rescale the noise (e.g. a smaller fixed-point scale) into that range"
+        )
     _check_source(generator, secure)
     n = math.prod(dims)
     sigma = float(sigma)

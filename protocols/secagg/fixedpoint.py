@@ -152,13 +152,18 @@ class FixedPointCodec:
         v = np.asarray(values)
         if v.dtype.kind not in "iu":
             raise ConfigError(f"values must be an integer array, got dtype {v.dtype}")
-        v = v.astype(np.int64)
-        if v.size and int(np.max(np.abs(v))) > bound:
-            raise ConfigError(
-                f"integer values must satisfy |v| <= {name}={bound}; "
-                "raise the clip or extra_int_bound in FixedPointCodec.for_sum or truncate the noise"
-            )
-        return self._wrap(v)
+        # The bound is checked on the exact extremes (Python ints) before any cast:
+        # np.abs(INT64_MIN) overflows to INT64_MIN and a uint64 above 2**63 casts to a
+        # negative int64, both of which would slip past |v| <= bound.
+        if v.size:
+            lo, hi = int(v.min()), int(v.max())
+            if lo < -bound or hi > bound:
+                worst = lo if -lo > hi else hi
+                raise ConfigError(
+                    f"integer values must satisfy |v| <= {name}={bound}, got {worst}; raise the "
+                    "clip or extra_int_bound in FixedPointCodec.for_sum or truncate the noise"
+                )
+        return self._wrap(v.astype(np.int64))
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """``(a + b) mod 2**modulus_bits`` for ring arrays."""
