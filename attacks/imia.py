@@ -336,11 +336,11 @@ def make_shadow(
     """The shadow clients of ``users`` for one round (fresh private parts drawn now)."""
     if model == "fedrap":
         return _FedRAPShadow(
-            split, train_config.fedrap, global_before, round_index, users, generator
+            split, train_config.params, global_before, round_index, users, generator
         )
     if model == "fedrecgel":
         return _FedRecGELShadow(
-            split, train_config.fedrecgel, global_before, round_index, users, generator
+            split, train_config.params, global_before, round_index, users, generator
         )
     raise ConfigError(f"IMIA supports fedrap and fedrecgel, got model {model!r}")
 

@@ -30,7 +30,7 @@ from attacks.imia import IMIAObservation, imia_scores, make_shadow
 from attacks.rows import item_rows, row_stats, touched_mask
 from attacks.threat import UploadChannel
 from protocols.seeding import torch_generator
-from securefed.models.fedrap import FedRAPUpdates
+from securefed.models.registry import get_spec
 
 __all__ = ["AttackRecorder", "RecordPlan", "UPLOAD_ATTACKS", "AGGREGATE_ATTACKS"]
 
@@ -90,22 +90,14 @@ class _Acc:
 def faithful_updates(view: Any) -> Any:
     """The round's uploads as they left the clients.
 
-    ``FedRAPUpdates`` keeps a reference to the model's ``C``, which the server step then
-    changes in place, so its ``dense()``/``norms()`` read after the round would describe
-    uploads against the *new* C. Rebuild it against the round's public C (``global_before``).
+    Some update types refer to server state that the server step then changes (FedRAP's
+    keeps a reference to ``C``), so ``dense()``/``norms()`` read after the round would describe
+    uploads against the *new* state; the model's ``observer.upload_against`` rebuilds them
+    against the round's public state (``global_before``).
     """
-    up = view.updates
-    if isinstance(up, FedRAPUpdates):
-        return FedRAPUpdates(
-            clients=up.clients,
-            layout=up.layout,
-            global_c=view.global_before["C"],
-            scale=up.scale,
-            pair_client=up.pair_client,
-            pair_item=up.pair_item,
-            pair_rows=up.pair_rows,
-        )
-    return up
+    spec = get_spec(view.config.model)
+    against = spec.observer.upload_against if spec.observer is not None else None
+    return view.updates if against is None else against(view.updates, view.global_before)
 
 
 class AttackRecorder:
@@ -196,23 +188,21 @@ class AttackRecorder:
         return self._absent
 
     def _read_private(self, model: Any) -> torch.Tensor:
-        if self.plan.model == "fedrap":
-            return model.w.detach().cpu().clone()
-        return model.user_gmf.detach().cpu().clone()
+        return self._hooks.private_vectors(model)
 
     def _truth_direction(self, view: Any, users: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(true direction of the ratio rows, true embedding) for scoring only."""
         emb = self._private[users]
-        if self.plan.model == "fedrap":
-            return emb, emb
-        wp = view.global_before["predict.weight"][0, : emb.shape[1]]
-        return -(emb * wp), emb
+        return self._hooks.truth_direction(emb, view.global_before), emb
 
     def _recovered_embedding(self, view: Any, direction: torch.Tensor) -> torch.Tensor:
-        if self.plan.model == "fedrap":
-            return direction
-        wp = view.global_before["predict.weight"][0, : direction.shape[1]]
-        return -direction * wp / (wp * wp + 1e-8)
+        return self._hooks.recovered_embedding(direction, view.global_before)
+
+    @property
+    def _hooks(self) -> Any:
+        from attacks.rows import observer_hooks
+
+        return observer_hooks(self.plan.model)
 
     def _upload_round(
         self, r: int, view: Any, updates: Any, clients: torch.Tensor, norms: torch.Tensor
@@ -254,11 +244,7 @@ class AttackRecorder:
                 acc.cos_embedding[fu] = torch.nn.functional.cosine_similarity(
                     rec_emb, truth_emb, dim=1
                 ).numpy()
-                if (
-                    "optimization" in plan.attacks
-                    and plan.model == "fedrecgel"
-                    and targets_left > 0
-                ):
+                if "optimization" in plan.attacks and targets_left > 0:
                     pick = np.nonzero(first)[0][:targets_left]
                     for j in pick:
                         u = int(un[j])
@@ -321,7 +307,7 @@ class AttackRecorder:
             users,
             torch_generator(plan.seed, "audit-imia-shadow", r),
         )
-        sub = view.config.fedrap if plan.model == "fedrap" else view.config.fedrecgel
+        sub = view.config.params
         scores, _ = imia_scores(
             obs,
             shadow,
@@ -452,20 +438,11 @@ class AttackRecorder:
             d[present] = truth_dir
         if self._canary_seen is None:
             self._canary_seen = torch.zeros(users.shape[0], dtype=torch.bool)
-        if plan.model == "fedrap" and can.unit == "interaction":
-            # A host's later rounds are not scored: there the positive's clipped push along
-            # +w_u competes with the unclipped -lambda ||D_u - C_u||^2 term, whose sign is not
-            # known in advance (the user-level flip below scored interaction canaries at AUC
-            # 0.35 over 3 rounds against 0.82 from the first round alone).
-            repeat = here & self._canary_seen
-            d[repeat] = 0.0
-        elif plan.model == "fedrap":
-            # FedRAP: in its first round the positive pushes C[j] along +w_u; D_u[j] takes the
-            # same push, so from then on -lambda * ||D_u - C||^2 pushes C[j] away from D_u[j]:
-            # along -w_u, growing every round (measured: every included canary's own-row
-            # projection is > 0 in its first round and < 0 in every later one).
-            flip = here & self._canary_seen
-            d[flip] = -d[flip]
+        sign = self._hooks.canary_sign
+        if sign is not None:
+            # The model says how a positive's push on its row evolves after the first round
+            # (FedRAP: it flips; under DP-SGD its sign is unknown, so it is not scored).
+            d = d * sign(here & self._canary_seen, can.unit).unsqueeze(1).to(d.dtype)
         self._canary_seen |= here
         d = d / d.norm(dim=1, keepdim=True).clamp_min(1e-30)
         score = (obs * d).sum(1).double().numpy()
@@ -478,9 +455,9 @@ def _total_items(view: Any, plan: RecordPlan) -> int:
 
 
 def _ratio_width(view: Any, plan: RecordPlan) -> int:
-    if plan.model == "fedrap":
-        return int(view.global_before["C"].shape[1])
-    return int(view.global_before["embed_item_gmf"].shape[1])
+    from attacks.rows import observer_hooks
+
+    return observer_hooks(plan.model).ratio_width(view.global_before)
 
 
 def save_accumulators(recorder: AttackRecorder, path: Path) -> int:

@@ -164,13 +164,9 @@ class _FedRecGELFit:
 
 def _reference_model(model: str, train_config: Any, split: Any, gen: torch.Generator) -> Any:
     """The recipe's initial global model, drawn by the attacker (not the run's own draw)."""
-    if model == "fedrap":
-        from securefed.models.fedrap import FedRAP
+    from securefed.models.registry import get_spec
 
-        return {"C": FedRAP(split, train_config.fedrap, generator=gen).C.clone()}
-    from securefed.models.fedrecgel import FedRecGEL
-
-    net = FedRecGEL(split, train_config.fedrecgel, generator=gen)
+    net = get_spec(model).build(split, train_config.params, generator=gen)
     return {k: v.clone() for k, v in net.global_parameters().items()}
 
 
@@ -246,16 +242,14 @@ def released_scores(
         known interaction; calibrated = raw minus the same fit's logit on the reference model,
         centred per user.
     """
-    if model == "fedrap":
-        make: Any = _FedRAPFit
-        k = train_config.fedrap.num_negatives
-        sub = train_config.fedrap
-    elif model == "fedrecgel":
-        make = _FedRecGELFit
-        k = train_config.fedrecgel.num_negatives
-        sub = train_config.fedrecgel
-    else:
-        raise ConfigError(f"the released-model attack supports fedrap and fedrecgel, got {model!r}")
+    fits: dict[str, Any] = {"fedrap": _FedRAPFit, "fedrecgel": _FedRecGELFit}
+    if model not in fits:
+        raise ConfigError(
+            f"the released-model attack supports {', '.join(fits)}, got {model!r}"
+        )
+    make: Any = fits[model]
+    sub = train_config.params
+    k = sub.num_negatives
     ku, ki = known_items(split, n_real, n_users)
     nu, ni = _negatives(ku, ki, n_users, n_real, k, generator)
     pu = np.concatenate([ku, nu])

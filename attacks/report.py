@@ -13,13 +13,13 @@ import torch
 from attacks.attribute import attribute_inference
 from attacks.canaries import Canaries, clopper_pearson_bound, one_run_bound
 from attacks.metrics import binary_metrics, membership_report
+from attacks.results import RELEASE_NOTE, RELEASED_FILE, AttackResult, AuditConfig
 from attacks.threat import ThreatModel
 from protocols.seeding import numpy_generator
 
 if TYPE_CHECKING:
-    from securefed.audit import AttackResult, AuditConfig
+    from securefed.config import TrainConfig
     from securefed.data.types import Split
-    from securefed.training import TrainConfig
 
 __all__ = ["score_attacks", "membership_labels"]
 
@@ -78,7 +78,6 @@ def score_attacks(
     Returns:
         ``(results, score arrays for scores.npz, audit block or None)``.
     """
-    from securefed.audit import AttackResult
 
     rng = numpy_generator(train_cfg.seed, "audit-bootstrap")
     # Real users only: canary clients (appended after them) are the audit's, not the data's.
@@ -220,7 +219,6 @@ def score_attacks(
         audit_block = _audit(acc["canary_score"], canaries, train_cfg, cfg, summary, rng)
         arrays["canary_scores"] = acc["canary_score"]
         arrays["canary_included"] = canaries.included
-    from securefed.audit import RELEASE_NOTE
 
     views = {"release": RELEASE_NOTE, **observes}
     results = [
@@ -239,7 +237,6 @@ def _imia(
     """IMIA scores over every catalogue item of the attacked users: its shadow score on the
     rows the upload touched, below every touched row elsewhere (an untouched row is never a
     training positive)."""
-    from securefed.audit import AttackResult
 
     raw = acc["imia_score"]
     attacked = acc["imia_round"] >= 0
@@ -299,7 +296,6 @@ def _released(
 ) -> AttackResult:
     from attacks.released import released_labels, released_scores
     from protocols.seeding import torch_generator
-    from securefed.audit import RELEASED_FILE, AttackResult
     from securefed.errors import DataError
 
     path = record_dir / RELEASED_FILE
@@ -353,7 +349,6 @@ def _optimization(
     arrays: dict[str, np.ndarray],
 ) -> AttackResult:
     from attacks.inversion import invert_fedrecgel
-    from securefed.audit import AttackResult
 
     scores = np.full(labels.shape, np.nan, dtype=np.float32)
     cos = np.full(labels.shape[0], np.nan)

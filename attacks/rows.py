@@ -33,6 +33,9 @@ from dataclasses import dataclass
 
 import torch
 
+from securefed.errors import ConfigError
+from securefed.models.registry import ObserverHooks, get_spec
+
 __all__ = ["RowStats", "item_rows", "row_stats", "touched_mask"]
 
 
@@ -61,27 +64,23 @@ def item_rows(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Split observed flat uploads ``[c, d]`` into item rows for the row test and the ratio.
 
+    The model's own observer hooks say where its rows are (``ModelSpec.observer``).
+
     Returns:
         ``(rows, ratio_rows)``: ``[c, n_items, k]`` residual rows (FedRAP: after removing the
         estimated weight-decay scaling of the global row; FedRecGEL: GMF and MLP item rows
         concatenated) and the rows that are collinear with the private direction
         (FedRAP: the same rows; FedRecGEL: the GMF rows).
     """
-    c = flat.shape[0]
-    if model == "fedrap":
-        glob = global_before["C"].to(flat.dtype)
-        u = flat.view(c, n_items, glob.shape[1])
-        sq = (glob * glob).sum(1)
-        ok = sq > 1e-12
-        ratio = (u[:, ok] * glob[ok]).sum(-1) / sq[ok]
-        decay = ratio.median(dim=1).values
-        rows = u - decay.view(c, 1, 1) * glob
-        return rows, rows
-    gmf = global_before["embed_item_gmf"].shape[1]
-    mlp = global_before["embed_item_mlp"].shape[1]
-    g = flat[:, : n_items * gmf].view(c, n_items, gmf)
-    m = flat[:, n_items * gmf : n_items * (gmf + mlp)].view(c, n_items, mlp)
-    return torch.cat([g, m], dim=2), g
+    return observer_hooks(model).item_rows(flat, global_before, n_items)
+
+
+def observer_hooks(model: str) -> ObserverHooks:
+    """The model's observer hooks; a ConfigError when its uploads have no item rows."""
+    spec = get_spec(model)
+    if spec.observer is None:
+        raise ConfigError(f"{model}'s uploads have no per-item rows for the row attacks")
+    return spec.observer
 
 
 def touched_mask(change: torch.Tensor, k: int, *, noise_std: float) -> torch.Tensor:

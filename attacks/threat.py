@@ -30,9 +30,9 @@ from protocols.dp import DistributedGaussian, gaussian_noise
 from securefed.errors import ConfigError
 
 if TYPE_CHECKING:
+    from securefed.config import TrainConfig
     from securefed.data.types import Split
     from securefed.federation.base import ClientUpdates
-    from securefed.training import TrainConfig
 
 __all__ = ["ThreatModel", "UploadChannel", "upload_channel", "sum_noise_std"]
 
@@ -107,14 +107,10 @@ def _aggregator(config: TrainConfig, split: Split) -> Any:
 
 
 def _layout_size(config: TrainConfig, split: Split) -> int:
-    if config.model == "fedrap":
-        return split.n_items * config.fedrap.dim
-    c = config.fedrecgel
-    widths = c.layers
-    size = split.n_items * (c.gmf_dim + c.mlp_dim)
-    for k in range(len(widths) - 1):
-        size += widths[k + 1] * widths[k] + widths[k + 1]
-    return size + c.gmf_dim + widths[-1] + 1
+    size = config.spec.layout_size
+    if size is None:
+        raise ConfigError(f"{config.model} has no upload layout")
+    return int(size(config.params, split))
 
 
 def privacy_parameters(config: TrainConfig, split: Split) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from securefed.audit import AuditConfig, audit
+from attacks.audit import AuditConfig, audit
 from securefed.training import PrivacyConfig, TrainConfig
 
 DEFENSES: dict[str, dict[str, Any]] = {

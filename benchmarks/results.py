@@ -55,6 +55,12 @@ def _cell(model: str, dataset: str, negatives: str, seed: int, args: argparse.Na
     if (run / "config.toml").exists():
         return train(resume=run).summary
     official = negatives == "history"
+    params = {
+        "fedrap": FedRAPConfig(
+            negatives_from=negatives, curriculum="none" if official else "tanh"
+        ),
+        "fedrecgel": FedRecGELConfig(negatives_from=negatives),
+    }.get(model)
     cfg = TrainConfig(
         model=model,
         dataset=dataset,
@@ -62,8 +68,7 @@ def _cell(model: str, dataset: str, negatives: str, seed: int, args: argparse.Na
         rounds=_rounds(args, model),
         seed=seed,
         checkpoint_every=10,
-        fedrap=FedRAPConfig(negatives_from=negatives, curriculum="none" if official else "tanh"),
-        fedrecgel=FedRecGELConfig(negatives_from=negatives),
+        params=params,
     )
     return train(cfg, out=run).summary
 
@@ -139,7 +144,7 @@ def _fidelity(args: argparse.Namespace) -> None:
                 data_dir=args.data_dir,
                 rounds=args.fidelity,
                 seed=seed,
-                fedrap=FedRAPConfig(negatives_from="history", curriculum="none"),
+                params=FedRAPConfig(negatives_from="history", curriculum="none"),
             )
             metrics = train(cfg, out=run).metrics
         per_seed.append(metrics)

@@ -5,6 +5,7 @@ layer in :mod:`securefed.data`, the models in :mod:`securefed.models` and evalua
 :mod:`securefed.evaluation`. The CLI (``securefed ...``) is a thin layer over these.
 """
 
+from securefed.config import PrivacyConfig, TrainConfig
 from securefed.errors import (
     ConfigError,
     DataError,
@@ -15,7 +16,8 @@ from securefed.errors import (
 )
 from securefed.models.fedrap import FedRAPConfig
 from securefed.models.fedrecgel import FedRecGELConfig
-from securefed.training import PrivacyConfig, TrainConfig, TrainResult, train
+from securefed.models.registry import get_spec, model_names
+from securefed.training import TrainResult, train
 
 __version__ = "0.1.0"
 
@@ -31,5 +33,7 @@ __all__ = [
     "SecureFedError",
     "TrainConfig",
     "TrainResult",
+    "get_spec",
+    "model_names",
     "train",
 ]

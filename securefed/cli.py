@@ -23,6 +23,7 @@ from rich.progress import (
 )
 
 from securefed.cli_common import (
+    MODEL_HELP,
     Delta,
     LocalEpochs,
     SyntheticItems,
@@ -32,6 +33,7 @@ from securefed.cli_common import (
     _user_errors,
     err,
     out,
+    parse_params,
 )
 
 app = typer.Typer(
@@ -54,7 +56,7 @@ def _given(**values: Any) -> dict[str, Any]:
 
 @app.command()
 def train(
-    model: Annotated[str | None, typer.Option(help="fedrap or fedrecgel.")] = None,
+    model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
     dataset: Annotated[
         str | None,
         typer.Option(help="synthetic (default), ml-100k, ml-1m, filmtrust, or a file path."),
@@ -65,7 +67,9 @@ def train(
             help="Folder holding datasets (else $SECUREFED_DATA_DIR, the cache, download)."
         ),
     ] = None,
-    rounds: Annotated[int | None, typer.Option(help="Federated rounds (default 100).")] = None,
+    rounds: Annotated[
+        int | None, typer.Option(help="Rounds (default per model: fedrap 100, mostpop 1, ...).")
+    ] = None,
     local_epochs: LocalEpochs = None,
     dim: Annotated[
         int | None, typer.Option(help="Embedding size (FedRAP dim, FedRecGEL GMF dim).")
@@ -138,12 +142,23 @@ def train(
     synthetic_users: SyntheticUsers = None,
     synthetic_items: SyntheticItems = None,
     min_interactions: Annotated[
-        int | None, typer.Option(help="Drop users with fewer interactions.")
+        int | None, typer.Option(help="Drop users with fewer interactions (default 5).")
+    ] = None,
+    param: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--param",
+            help="A model hyperparameter as key=value (repeatable), e.g. --param alpha=3.",
+        ),
     ] = None,
 ) -> None:
-    """Train FedRAP or FedRecGEL federatedly and write a run directory."""
+    """Train a recommender (federated, a baseline, or a centralized reference) and write a
+    run directory."""
     flags_given = [k for k, v in locals().items() if v is not None and k != "resume"]
-    from securefed.training import TrainConfig, load_config_file
+    import dataclasses
+
+    from securefed.config import TrainConfig, load_config_file
+    from securefed.models.registry import DEFAULT_MODEL, get_spec, params_from_flags
     from securefed.training import train as run_train
 
     with _user_errors():
@@ -173,7 +188,9 @@ def train(
                 min_interactions=min_interactions,
             )
             raw.update(top)
-            fedrap = _given(
+            if sam is not None and sam not in ("on", "off"):
+                raise _fail(f"--sam must be on or off, got {sam!r}")
+            model_flags = _given(
                 local_epochs=local_epochs,
                 dim=dim,
                 negatives_from=negatives_from,
@@ -184,16 +201,11 @@ def train(
                 lr_network=lr_network,
                 lr_args=lr_args,
                 batch_size=batch_size,
-            )
-            if sam is not None and sam not in ("on", "off"):
-                raise _fail(f"--sam must be on or off, got {sam!r}")
-            fedrecgel = _given(
-                gmf_dim=dim,
-                negatives_from=negatives_from,
                 sam=None if sam is None else sam == "on",
                 rho_shared=rho_shared,
                 rho_private=rho_private,
             )
+            model_flags.update(parse_params(param or []))
             privacy = _given(
                 epsilon=epsilon,
                 delta=delta,
@@ -206,15 +218,13 @@ def train(
                 secure=secure,
                 secagg=secagg,
             )
-            for name, section in (
-                ("fedrap", fedrap),
-                ("fedrecgel", fedrecgel),
-                ("privacy", privacy),
-            ):
-                if section:
-                    merged = dict(raw.get(name, {}))
-                    merged.update(section)
-                    raw[name] = merged
+            if privacy:
+                raw["privacy"] = {**dict(raw.get("privacy", {})), **privacy}
+            if model_flags:
+                name = str(raw.get("model", DEFAULT_MODEL))
+                spec = get_spec(name)
+                table = spec.params_from_mapping(dict(raw.get(name, {})), section=name)
+                raw[name] = dataclasses.asdict(params_from_flags(spec, model_flags, table))
             cfg = TrainConfig.from_dict(raw)
             if cfg.privacy.secure and (seed is not None or "seed" in raw):
                 raise _fail("--secure draws noise from the OS and refuses a user seed; drop --seed")

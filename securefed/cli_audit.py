@@ -1,7 +1,7 @@
 """``securefed audit``: train (or load) a run, attack it, audit its DP; a thin CLI layer.
 
 Registered by the CLI as ``app.command()(audit)``. Flags become an
-:class:`~securefed.audit.AuditConfig`, :func:`securefed.audit.audit` does the work, and the
+:class:`~attacks.audit.AuditConfig`, :func:`attacks.audit.audit` does the work, and the
 result is one rich table plus the output paths.
 """
 
@@ -14,6 +14,7 @@ import typer
 from rich.table import Table
 
 from securefed.cli_common import (
+    MODEL_HELP,
     DatasetName,
     Delta,
     LocalEpochs,
@@ -23,13 +24,14 @@ from securefed.cli_common import (
     _user_errors,
     err,
     out,
+    parse_params,
 )
 
 __all__ = ["audit"]
 
 
 def audit(
-    model: Annotated[str, typer.Option(help="fedrap or fedrecgel.")] = "fedrap",
+    model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
     dataset: DatasetName = "synthetic",
     epsilon: Annotated[
         float | None, typer.Option(help="Target user-level epsilon (omit: no DP).")
@@ -44,7 +46,10 @@ def audit(
             help="all, or a comma-separated list (row-change,intersection,imia,released,...)."
         ),
     ] = "all",
-    rounds: Annotated[int, typer.Option(help="Federated rounds to train.")] = 10,
+    rounds: Annotated[
+        int | None,
+        typer.Option(help="Federated rounds to train (default 10, or the model's if fewer)."),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Root seed of every random step.")] = 0,
     out_dir: Annotated[Path, typer.Option("--out", help="Audit output directory.")] = Path(
         "audits/latest"
@@ -71,17 +76,24 @@ def audit(
     released_iterations: Annotated[
         int, typer.Option(help="L-BFGS iterations of the released-model attack's fit.")
     ] = 30,
+    param: Annotated[
+        list[str] | None,
+        typer.Option("--param", help="A model hyperparameter as key=value (repeatable)."),
+    ] = None,
 ) -> None:
     """Attack a federated run under explicit threat models and audit its privacy."""
-    from securefed.audit import AuditConfig
-    from securefed.audit import audit as run_audit
+    import dataclasses
+
+    from attacks.audit import AuditConfig
+    from attacks.audit import audit as run_audit
+    from securefed.models.registry import DEFAULT_MODEL, get_spec, params_from_flags
     from securefed.training import TrainConfig
 
     with _user_errors():
         names = tuple(a.strip() for a in attacks.split(",") if a.strip())
         if run is not None:
             given = {
-                "--model": model != "fedrap",
+                "--model": model is not None,
                 "--dataset": dataset != "synthetic",
                 "--epsilon": epsilon is not None,
                 "--secagg": secagg,
@@ -94,13 +106,15 @@ def audit(
                 )
             train_cfg = TrainConfig()
         else:
+            spec = get_spec(model or DEFAULT_MODEL)
+            n_rounds = rounds if rounds is not None else min(10, spec.default_rounds)
             raw: dict[str, Any] = {
-                "model": model,
+                "model": spec.name,
                 "dataset": dataset,
-                "rounds": rounds,
+                "rounds": n_rounds,
                 "seed": seed,
-                "eval_every": rounds,
-                "checkpoint_every": rounds,
+                "eval_every": n_rounds,
+                "checkpoint_every": n_rounds,
             }
             if data_dir is not None:
                 raw["data_dir"] = str(data_dir)
@@ -112,8 +126,11 @@ def audit(
             ):
                 if value is not None:
                     raw[key] = value
+            flags = parse_params(param or [])
             if local_epochs is not None:
-                raw["fedrap"] = {"local_epochs": local_epochs}
+                flags["local_epochs"] = local_epochs
+            if flags:
+                raw[spec.name] = dataclasses.asdict(params_from_flags(spec, flags))
             raw["privacy"] = {"epsilon": epsilon, "delta": delta, "secagg": secagg}
             raw["privacy"] = {k: v for k, v in raw["privacy"].items() if v is not None}
             train_cfg = TrainConfig.from_dict(raw)

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from securefed.errors import SecureFedError
+from securefed.models.registry import model_names
 
 # Options that several commands take, with one help text each.
 SyntheticUsers = Annotated[int | None, typer.Option(help="Users of the synthetic dataset.")]
@@ -23,10 +24,30 @@ DatasetName = Annotated[
     str, typer.Option(help="synthetic, ml-100k, ml-1m, filmtrust, or a file path.")
 ]
 LocalEpochs = Annotated[int | None, typer.Option(help="FedRAP local epochs per round.")]
+#: Model names come from the registry, listed without importing any model code.
+MODEL_HELP = f"One of {', '.join(model_names())} (docs/models.md)."
 Delta = Annotated[float, typer.Option(help="DP delta.")]
 
 err = Console(stderr=True)
 out = Console()
+
+
+def parse_params(items: list[str]) -> dict[str, Any]:
+    """``--param key=value`` pairs; values read as TOML (``3``, ``0.5``, ``true``, ``"x"``),
+    else kept as strings."""
+    import tomllib
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise _fail(f"--param takes key=value, got {item!r}")
+        try:
+            out[key] = tomllib.loads(f"v = {value.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key] = value.strip()
+    return out
 
 
 def _fail(message: str) -> typer.Exit:
@@ -52,22 +73,52 @@ def _print_summary(result: Any) -> None:
             "[yellow]note:[/] trained on the built-in SYNTHETIC dataset "
             "(use --dataset for real data)"
         )
-    table = Table(
-        title=f"{s['model']} on {s['dataset']} — {s['rounds']} rounds, {s['seconds']:.1f} s"
+    role = s.get("role", "federated")
+    label = s["model"] + (
+        " (CENTRALIZED reference: the server sees all data)" if role == "centralized" else ""
     )
+    table = Table(title=f"{label} on {s['dataset']} — {s['rounds']} rounds, {s['seconds']:.1f} s")
     table.add_column("metric")
     table.add_column("validation", justify="right")
     table.add_column("test", justify="right")
-    for label, key in (
+    refs = [("random", "random"), ("mostpop", "MostPop")]
+    if s.get("baseline_dp_mostpop_test_hr@10") is not None:
+        refs.append(("dp_mostpop", f"DP-MostPop eps {s['baseline_dp_mostpop_epsilon']:.3g}"))
+    for _, title in refs:
+        table.add_column(f"test, {title}", justify="right", style="dim")
+    for label_, key in (
         ("HR@10 (sampled)", "hr@10"),
         ("NDCG@10 (sampled)", "ndcg@10"),
         ("HR@10 (full ranking)", "full_hr@10"),
         ("NDCG@10 (full ranking)", "full_ndcg@10"),
     ):
-        table.add_row(label, _fmt(s.get(f"val_{key}")), _fmt(s.get(f"test_{key}")))
+        table.add_row(
+            label_,
+            _fmt(s.get(f"val_{key}")),
+            _fmt(s.get(f"test_{key}")),
+            *(_fmt(s.get(f"baseline_{name}_test_{key}")) for name, _ in refs),
+        )
     out.print(table)
+    lift = s.get("lift_over_mostpop_test_hr@10")
+    lift_full = s.get("lift_over_mostpop_test_full_hr@10")
+    if lift is not None:
+        text = f"lift over MostPop on the same split: x{lift:.2f} sampled HR@10"
+        if lift_full is not None:
+            text += f", x{lift_full:.2f} full-ranking HR@10"
+        out.print(text)
+    for line in s.get("verdict", []):
+        err.print(f"[bold yellow]{line}[/]")
+    if s.get("baseline_dp_mostpop_test_hr@10") is not None:
+        out.print(
+            "DP-MostPop: one count release at the same epsilon, a reference not charged to "
+            "this run's budget"
+        )
     if "selected_round" in s:
-        out.print(f"reported round {s['selected_round']} (best validation HR@10)")
+        text = f"reported round {s['selected_round']} (best validation HR@10)"
+        last = s.get("final_test_hr@10")
+        if last is not None and s["selected_round"] != s["rounds"]:
+            text += f"; the last round ({s['rounds']}) has test HR@10 {last:.4f}"
+        out.print(text)
     if s.get("epsilon") is not None:
         out.print(
             f"privacy: epsilon {s['epsilon']:.4g} at delta {s['delta']:g} "

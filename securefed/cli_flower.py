@@ -25,6 +25,7 @@ from typing import Annotated, Any
 import typer
 
 from securefed.cli_common import (
+    MODEL_HELP,
     SyntheticItems,
     SyntheticUsers,
     _print_summary,
@@ -102,7 +103,7 @@ def _show(summary: dict[str, Any], run_dir: Path) -> None:
     _print_summary(res)
 
 
-Model = Annotated[str | None, typer.Option(help="fedrap or fedrecgel.")]
+Model = Annotated[str | None, typer.Option(help=MODEL_HELP)]
 Rounds = Annotated[int | None, typer.Option(help="Federated rounds.")]
 Seed = Annotated[int | None, typer.Option(help="Root seed (same model as `securefed train`).")]
 Eps = Annotated[float | None, typer.Option(help="Target user-level epsilon.")]

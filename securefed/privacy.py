@@ -45,26 +45,17 @@ from protocols.dp.dpsgd import (
     check_interaction_delta,
     dpsgd_event,
     dpsgd_steps,
-    sam_releases,
 )
 from protocols.seeding import derive_seed, numpy_generator, torch_generator
 from securefed.errors import ConfigError, PrivacyBudgetError
 from securefed.federation.base import Aggregate, ClientUpdates
 
 if TYPE_CHECKING:
+    from securefed.config import TrainConfig
     from securefed.data.types import Split
-    from securefed.training import TrainConfig
 
-#: Default L2 clip of one client update per model when DP is on (measured update norms on
-#: MovieLens 100K: FedRAP's change of C has median ~30-40, FedRecGEL's gradient ~1).
-DEFAULT_DP_CLIP = {"fedrap": 10.0, "fedrecgel": 1.0}
-#: Default L2 clip of one example's gradient in interaction-level DP-SGD (FedRAP): about half
-#: the median per-example norm measured at initialisation on MovieLens 100K (1.7-1.9, mostly
-#: the scorer's gradient).
-DEFAULT_EXAMPLE_CLIP = 1.0
-#: Default example clip per model. FedRecGEL: about half the median per-example norm of its
-#: base gradient (all parameters) measured at initialisation on MovieLens 100K (0.39).
-DEFAULT_EXAMPLE_CLIPS = {"fedrap": DEFAULT_EXAMPLE_CLIP, "fedrecgel": 0.2}
+#: The default L2 clip of one client's upload (user-level DP) and of one example's gradient
+#: (interaction-level DP-SGD) are each model's own (``ModelSpec.dp_clip``/``example_clip``).
 #: Without DP, secure aggregation still needs a bound on each input; this one is far above
 #: the measured update norms, so clipping is inactive in practice.
 DEFAULT_SECAGG_BOUND = 1000.0
@@ -93,7 +84,9 @@ class PrivateAggregator:
         self._last: dict[str, Any] = {}
         self._interaction_epsilon = 0.0
         placement = p.noise or ("distributed" if p.secagg else "central")
-        clip = p.clip if p.clip is not None else DEFAULT_DP_CLIP[config.model]
+        spec = config.spec
+        default = spec.default_clip(config.params)
+        clip = p.clip if p.clip is not None else (default or DEFAULT_SECAGG_BOUND)
         self.dp: DPConfig | None = None
         self.noise_multiplier: float | None = None
         self.clip = clip if p.dp else (p.clip if p.clip is not None else DEFAULT_SECAGG_BOUND)
@@ -105,10 +98,9 @@ class PrivateAggregator:
         self.placement_note = placement_note
         self.dpsgd: DPSGDConfig | None = None
         self.interaction: DPConfig | None = None
-        self.local_epochs = (
-            config.fedrap.local_epochs if config.model == "fedrap" else config.fedrecgel.local_steps
+        self.releases_per_round = (
+            interaction_steps_per_round(config) if p.interaction_dp else 0
         )
-        self.releases_per_round = interaction_steps_per_round(config)
         if p.interaction_dp:
             # Client-side DP-SGD: the uploads are already private; this seam adds no noise
             # and, with secure aggregation, ``clip`` is only the bound on each input.
@@ -406,7 +398,6 @@ class PrivateAggregator:
             out["noise_multiplier"] = self.dpsgd.noise_multiplier
             out["placement"] = "local"
             out["example_clip"] = self.dpsgd.example_clip
-            out["local_epochs"] = self.local_epochs
             out["releases_per_round"] = self.releases_per_round
             out["dpsgd_steps"] = len(self.ledger)
             out["rounds"] = len({e.round for e in self.ledger.events})
@@ -445,16 +436,15 @@ class PrivateAggregator:
 def interaction_steps_per_round(config: TrainConfig) -> int:
     """Gaussian releases one interaction enters per round (interaction unit).
 
-    FedRAP: one per local epoch (the batches partition the examples). FedRecGEL: every local
-    step (one, the official client) makes one release per data-reading SAM pass whose result
-    is used (:func:`protocols.dp.dpsgd.sam_releases`: 3 with SAM, 1 without).
+    The model's own count (``ModelSpec.interaction_releases``): FedRAP makes one per local
+    epoch (the batches partition the examples); FedRecGEL one per data-reading SAM pass whose
+    result is used per local step (:func:`protocols.dp.dpsgd.sam_releases`: 3 with SAM, 1
+    without).
     """
-    if config.model == "fedrap":
-        return config.fedrap.local_epochs
-    g = config.fedrecgel
-    return g.local_steps * sam_releases(
-        sam=g.sam, rho_shared=g.rho_shared, rho_private=g.rho_private
-    )
+    spec = config.spec
+    if spec.interaction_releases is None:
+        raise ConfigError(f"{spec.name} has no interaction-level DP-SGD")
+    return int(spec.interaction_releases(config.params))
 
 
 def interaction_dpsgd(config: TrainConfig, split: Split) -> DPSGDConfig:
@@ -467,7 +457,8 @@ def interaction_dpsgd(config: TrainConfig, split: Split) -> DPSGDConfig:
     if p.privacy_unit != "interaction" or not p.dp:
         raise ConfigError("interaction-level DP-SGD needs --privacy-unit interaction and --epsilon")
     check_interaction_delta(p.delta, n_interactions=int(split.n_train))
-    clip = p.example_clip if p.example_clip is not None else DEFAULT_EXAMPLE_CLIPS[config.model]
+    default_clip = config.spec.example_clip
+    clip = p.example_clip if p.example_clip is not None else float(default_clip or 1.0)
     if p.noise_multiplier is not None:
         sigma = float(p.noise_multiplier)
     else:
@@ -578,24 +569,24 @@ def _account_interaction(
     sam: bool,
 ) -> dict[str, Any]:
     """:func:`account` for the interaction unit (client-side DP-SGD, sample rate 1)."""
+    import dataclasses
+
     from protocols.dp.accounting import check_delta
     from protocols.dp.dpsgd import dpsgd_epsilon
-    from securefed.models.fedrecgel import FedRecGELConfig
+    from securefed.models.registry import get_spec
 
     if client_fraction != 1.0:
         raise ConfigError(
             "interaction-level accounting claims no amplification from client sampling "
             f"(every round counts); drop --client-fraction, got {client_fraction!r}"
         )
-    if model == "fedrap":
-        per_round = dpsgd_steps(local_epochs=local_epochs, rounds=1)
-    elif model == "fedrecgel":
-        default = FedRecGELConfig(sam=sam)
-        per_round = sam_releases(
-            sam=sam, rho_shared=default.rho_shared, rho_private=default.rho_private
-        )
-    else:
-        raise ConfigError(f"model must be fedrap or fedrecgel, got {model!r}")
+    spec = get_spec(model)
+    if spec.interaction_releases is None:
+        raise ConfigError(f"{model} has no interaction-level DP-SGD")
+    fields = {f.name for f in dataclasses.fields(spec.params)}
+    given = {"local_epochs": local_epochs, "sam": sam}
+    params = spec.params(**{k: v for k, v in given.items() if k in fields})
+    per_round = int(spec.interaction_releases(params))
     steps = dpsgd_steps(local_epochs=per_round, rounds=rounds)
     check_delta(delta)
     if noise_multiplier is None:

@@ -11,7 +11,7 @@ that mean nothing (listed, with the reason, in the report)::
     dp+secagg   distributed discrete Gaussian noise inside secagg       finite only
 
 Every cell trains through :func:`securefed.train` into ``out/cells/<model>-<defense>-eps<e>-s
-<seed>/`` and, unless disabled, is audited by :func:`securefed.audit.audit` (a seeded replay of
+<seed>/`` and, unless disabled, is audited by :func:`attacks.audit.audit` (a seeded replay of
 the run with canaries, into the cell's ``audit/`` folder), so the utility columns come from the
 clean run and the attack columns from the audit. A sweep is resumable: a finished cell (its
 ``summary.json``, and ``audit/audit.json`` when audits are on) is reused; a cell interrupted
@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from securefed import runs
+from securefed.config import PrivacyConfig, TrainConfig, load_config_file
 from securefed.errors import ConfigError, DataError, SecureFedError
-from securefed.training import MODELS, PrivacyConfig, TrainConfig, load_config_file
+from securefed.models.registry import model_names
 
 __all__ = [
     "DEFENSES",
@@ -125,8 +126,10 @@ class ReportConfig:
         if not self.models:
             raise ConfigError("models must name at least one model")
         for m in self.models:
-            if m not in MODELS:
-                raise ConfigError(f"model must be one of {', '.join(MODELS)}, got {m!r}")
+            if m not in model_names():
+                raise ConfigError(
+                    f"model must be one of {', '.join(model_names())}, got {m!r}"
+                )
         if len(set(self.models)) != len(self.models):
             raise ConfigError(f"models must not repeat, got {','.join(self.models)}")
         if not self.defenses:
@@ -301,10 +304,10 @@ class ReportResult:
 
 
 def _audit_available() -> str | None:
-    """None when :func:`securefed.audit.audit` can run here, else why it cannot."""
+    """None when :func:`attacks.audit.audit` can run here, else why it cannot."""
     try:
+        import attacks.audit  # noqa: F401
         import attacks.report  # noqa: F401
-        import securefed.audit  # noqa: F401
     except ImportError as exc:
         return f"the audit module could not be imported ({exc})"
     return None
@@ -355,8 +358,8 @@ def _run_cell(
         else:
             train(train_cfg, out=cell_dir, progress=rounds_cb("train"))
     if audit and not _cell_finished(cell_dir, audit):
-        from securefed.audit import AuditConfig, remove_recording
-        from securefed.audit import audit as run_audit
+        from attacks.audit import AuditConfig, remove_recording
+        from attacks.audit import audit as run_audit
 
         audit_dir = cell_dir / AUDIT_DIR
         if audit_dir.exists():  # an audit interrupted mid-way: redo it from scratch

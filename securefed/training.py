@@ -8,21 +8,19 @@ so a resumed run draws exactly what an uninterrupted one would.
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import time
-import tomllib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import torch
 
 from protocols.seeding import torch_generator
 from securefed import runs
 from securefed.allocator import keep_large_buffers
+from securefed.config import PrivacyConfig, TrainConfig, load_config_file
 from securefed.data.registry import load_dataset
 from securefed.data.split import leave_one_out
 from securefed.data.synthetic import make_synthetic
@@ -31,272 +29,11 @@ from securefed.errors import ConfigError, PrivacyBudgetError
 from securefed.evaluation import evaluate_splits
 from securefed.federation.aggregation import Aggregator, PlainAggregator
 from securefed.federation.base import Recommender
-from securefed.federation.cohort import CohortSpec, sample_cohort
-from securefed.models.fedrap import FedRAP, FedRAPConfig
-from securefed.models.fedrecgel import FedRecGEL, FedRecGELConfig
+from securefed.federation.cohort import sample_cohort
+from securefed.models.registry import model_names
 
-ModelName = Literal["fedrap", "fedrecgel"]
-MODELS: tuple[str, ...] = ("fedrap", "fedrecgel")
-DEFAULT_ROUNDS = 100
-
-
-@dataclass(frozen=True, kw_only=True)
-class PrivacyConfig:
-    """Differential privacy and secure aggregation settings of a run (off by default).
-
-    ``epsilon`` alone calibrates the noise multiplier for the configured rounds and sampling;
-    ``noise_multiplier`` alone fixes it and reports the epsilon spent; both together fix the
-    noise and treat ``epsilon`` as a budget cap: a round that would overspend is refused and
-    the run stops cleanly (``summary["stopped"]``) with its checkpoint kept.
-
-    ``privacy_unit="interaction"`` (FedRAP and FedRecGEL) makes the clients run DP-SGD on their own
-    interactions: ``epsilon``/``noise_multiplier`` then refer to one interaction, and
-    ``example_clip`` bounds one example's gradient. No user-level noise is added in that
-    mode (one unit per run); ``clip`` is then only the secure-aggregation input bound.
-    """
-
-    epsilon: float | None = None
-    delta: float = 1e-5
-    noise_multiplier: float | None = None
-    clip: float | None = None
-    accountant: Literal["prv", "rdp"] | None = None
-    noise: Literal["central", "distributed"] | None = None
-    privacy_unit: Literal["user", "interaction"] = "user"
-    example_clip: float | None = None
-    secure: bool = False
-    secagg: bool = False
-    secagg_neighbours: int | None = None
-    secagg_dropout: float = 0.05
-    secagg_corrupt: float = 0.05
-    secagg_scale_bits: int = 16
-    secagg_simulate_dropout: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.epsilon is not None and not (self.epsilon > 0):
-            raise ConfigError(f"epsilon must be > 0, got {self.epsilon!r}")
-        if self.noise_multiplier is not None and not (self.noise_multiplier >= 0):
-            raise ConfigError(f"noise multiplier must be >= 0, got {self.noise_multiplier!r}")
-        if not 0 < self.delta < 1:
-            raise ConfigError(f"delta must be in (0, 1), got {self.delta!r}")
-        if self.clip is not None and not (math.isfinite(self.clip) and self.clip > 0):
-            raise ConfigError(f"clip must be a finite number > 0, got {self.clip!r}")
-        if self.accountant not in (None, "prv", "rdp"):
-            raise ConfigError(f"accountant must be prv or rdp, got {self.accountant!r}")
-        if self.noise not in (None, "central", "distributed"):
-            raise ConfigError(f"noise must be central or distributed, got {self.noise!r}")
-        if self.privacy_unit not in ("user", "interaction"):
-            raise ConfigError(
-                f"privacy unit must be user or interaction, got {self.privacy_unit!r}"
-            )
-        if self.example_clip is not None and not (
-            isinstance(self.example_clip, int | float)
-            and math.isfinite(self.example_clip)
-            and self.example_clip > 0
-        ):
-            raise ConfigError(
-                f"example clip must be a finite number > 0, got {self.example_clip!r}"
-            )
-        if self.privacy_unit == "interaction":
-            if not self.dp:
-                raise ConfigError(
-                    "--privacy-unit interaction runs DP-SGD on each client; give --epsilon "
-                    "or --noise-multiplier"
-                )
-            if self.noise is not None:
-                raise ConfigError(
-                    "--noise places user-level noise; with --privacy-unit interaction the "
-                    "clients add DP-SGD noise themselves; drop --noise"
-                )
-            if self.clip is not None and not self.secagg:
-                raise ConfigError(
-                    "--clip bounds user-level updates; with --privacy-unit interaction use "
-                    "--example-clip (--clip is only the input bound of --secagg)"
-                )
-        elif self.example_clip is not None:
-            raise ConfigError(
-                "--example-clip is the DP-SGD clip of --privacy-unit interaction; for "
-                "user-level DP use --clip"
-            )
-        if not 0 <= self.secagg_dropout < 1:
-            raise ConfigError(f"secagg dropout must be in [0, 1), got {self.secagg_dropout!r}")
-        if not 0 <= self.secagg_simulate_dropout < 1:
-            raise ConfigError(
-                f"simulated dropout must be in [0, 1), got {self.secagg_simulate_dropout!r}"
-            )
-        if not 1 <= self.secagg_scale_bits <= 40:
-            raise ConfigError(
-                f"secagg scale bits must be in [1, 40], got {self.secagg_scale_bits!r}"
-            )
-        if self.secure and not self.dp:
-            raise ConfigError(
-                "--secure draws DP noise from the OS; it needs --epsilon or --noise-multiplier"
-            )
-        if not 0 <= self.secagg_corrupt < 1:
-            raise ConfigError(
-                f"secagg corrupt fraction must be in [0, 1), got {self.secagg_corrupt!r}"
-            )
-
-    @property
-    def dp(self) -> bool:
-        """Whether differential privacy is on."""
-        return self.epsilon is not None or self.noise_multiplier is not None
-
-    @property
-    def interaction_dp(self) -> bool:
-        """Whether the clients run interaction-level DP-SGD (``--privacy-unit interaction``)."""
-        return self.dp and self.privacy_unit == "interaction"
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainConfig:
-    """Everything a run needs; written to ``config.toml`` fully resolved.
-
-    ``rounds``/``cohort`` default per model: FedRAP trains every client every round,
-    FedRecGEL a uniform 10% each round (as their papers do).
-    """
-
-    model: ModelName = "fedrap"
-    dataset: str = "synthetic"
-    data_dir: str | None = None
-    rounds: int = DEFAULT_ROUNDS
-    seed: int = 0
-    client_fraction: float | None = None
-    clients_per_round: int | None = None
-    device: str = "cpu"
-    eval_every: int = 1
-    full_eval_every: int | None = None
-    checkpoint_every: int = 10
-    min_interactions: int | None = None
-    synthetic_users: int = 943
-    synthetic_items: int = 1682
-    fedrap: FedRAPConfig = field(default_factory=FedRAPConfig)
-    fedrecgel: FedRecGELConfig = field(default_factory=FedRecGELConfig)
-    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
-
-    def __post_init__(self) -> None:
-        if self.model not in MODELS:
-            raise ConfigError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
-        for name in (
-            "rounds",
-            "eval_every",
-            "checkpoint_every",
-            "synthetic_users",
-            "synthetic_items",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(
-                    f"{name.replace('_', ' ')} must be a positive integer, got {value!r}"
-                )
-        if self.full_eval_every is not None and (
-            not isinstance(self.full_eval_every, int) or self.full_eval_every < 1
-        ):
-            raise ConfigError(
-                f"full eval every must be a positive integer, got {self.full_eval_every!r}"
-            )
-        if self.seed < 0:
-            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
-        if self.client_fraction is not None and self.clients_per_round is not None:
-            raise ConfigError("give either --client-fraction or --clients-per-round, not both")
-        if self.client_fraction is not None and not 0 < self.client_fraction <= 1:
-            raise ConfigError(f"client fraction must be in (0, 1], got {self.client_fraction!r}")
-        if self.clients_per_round is not None and self.clients_per_round < 1:
-            raise ConfigError(
-                f"clients per round must be a positive integer, got {self.clients_per_round!r}"
-            )
-        if self.min_interactions is not None and self.min_interactions < 3:
-            raise ConfigError(
-                "min interactions must be >= 3 (leave-one-out needs them), "
-                f"got {self.min_interactions!r}"
-            )
-        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ConfigError(f"device must be cpu or cuda, got {self.device!r}")
-
-    def cohort(self, n_users: int) -> CohortSpec:
-        """The cohort sampling of this run (flags first, else the model's paper default)."""
-        if self.client_fraction is not None:
-            if self.client_fraction == 1.0:
-                return CohortSpec(kind="all")
-            return CohortSpec(kind="poisson", fraction=self.client_fraction)
-        if self.clients_per_round is not None:
-            return CohortSpec(kind="fixed", size=self.clients_per_round)
-        if self.model == "fedrecgel":
-            return CohortSpec(kind="fixed", size=max(1, int(0.1 * n_users)))
-        return CohortSpec(kind="all")
-
-    def resolved_full_eval_every(self) -> int:
-        """Full ranking every round for FedRAP (cheap); every 10 rounds for FedRecGEL, whose
-        MLP scorer makes users x items scoring costly. The selected round is always given
-        full-ranking metrics (from a saved copy of its model)."""
-        if self.full_eval_every is not None:
-            return self.full_eval_every
-        return 10 if self.model == "fedrecgel" else 1
-
-    def resolved_min_interactions(self) -> int:
-        if self.min_interactions is not None:
-            return self.min_interactions
-        return 5 if self.model == "fedrecgel" else 3
-
-    def to_dict(self) -> dict[str, Any]:
-        """A TOML-ready mapping: scalars at the top, one table per sub-config."""
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = (
-                dataclasses.asdict(value)
-                if dataclasses.is_dataclass(value) and not isinstance(value, type)
-                else value
-            )
-        return out
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> TrainConfig:
-        """Build a config from a mapping (e.g. a TOML file); unknown keys are errors."""
-        subs = {"fedrap": FedRAPConfig, "fedrecgel": FedRecGELConfig, "privacy": PrivacyConfig}
-        kwargs: dict[str, Any] = {}
-        known = {f.name for f in dataclasses.fields(cls)}
-        for key, value in raw.items():
-            if key not in known:
-                raise ConfigError(
-                    f"unknown config key {key!r}; known keys: {', '.join(sorted(known))}"
-                )
-            if key in subs:
-                if not isinstance(value, Mapping):
-                    raise ConfigError(f"config section [{key}] must be a table")
-                kwargs[key] = _build_sub(subs[key], key, value)
-            else:
-                kwargs[key] = value
-        try:
-            return cls(**kwargs)
-        except TypeError as exc:
-            raise ConfigError(f"invalid config: {exc}") from None
-
-
-def _build_sub(kind: type, section: str, values: Mapping[str, Any]) -> Any:
-    known = {f.name: f for f in dataclasses.fields(kind)}
-    clean: dict[str, Any] = {}
-    for key, value in values.items():
-        if key not in known:
-            raise ConfigError(
-                f"unknown key {key!r} in [{section}]; known keys: {', '.join(sorted(known))}"
-            )
-        clean[key] = tuple(value) if isinstance(value, list) else value
-    try:
-        return kind(**clean)
-    except TypeError as exc:
-        raise ConfigError(f"invalid [{section}] config: {exc}") from None
-
-
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a TOML config file into a mapping, with a clear error for a bad file."""
-    p = Path(path)
-    try:
-        with p.open("rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {p}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+#: Every registered model name (``securefed.models.registry``).
+MODELS: tuple[str, ...] = model_names()
 
 
 @dataclass(frozen=True)
@@ -381,18 +118,9 @@ def build_model(config: TrainConfig, split: Split) -> Recommender:
         from securefed.privacy import interaction_dpsgd
 
         dpsgd = interaction_dpsgd(config, split)
-    if config.model == "fedrap":
-        return FedRAP(
-            split,
-            config.fedrap,
-            generator=gen,
-            device=config.device,
-            dpsgd=dpsgd,
-            noise_seed=config.seed,
-        )
-    return FedRecGEL(
+    return config.spec.build(
         split,
-        config.fedrecgel,
+        config.params,
         generator=gen,
         device=config.device,
         dpsgd=dpsgd,
@@ -468,6 +196,7 @@ def _summary(
     evaluated = [m for m in metrics if "val_hr@10" in m]
     summary: dict[str, Any] = {
         "model": config.model,
+        "role": config.spec.role,
         "dataset": config.dataset,
         "rounds": len(metrics),
         "rounds_planned": config.rounds,
@@ -490,7 +219,29 @@ def _summary(
     if stopped:
         summary["stopped"] = stopped
     summary.update(_privacy_summary(aggregator))
+    summary.update(_baselines(config, split, summary))
     return summary
+
+
+def _baselines(config: TrainConfig, split: Split, summary: dict[str, Any]) -> dict[str, Any]:
+    """Random, MostPop and (DP runs) DP-MostPop on this split, the lift over MostPop, and in
+    words where the run falls below any of them (:mod:`securefed.baselines`)."""
+    from securefed.baselines import baseline_metrics, verdict
+
+    p = config.privacy
+    epsilon = None
+    if p.dp:
+        epsilon = p.epsilon if p.epsilon is not None else summary.get("epsilon")
+    out = baseline_metrics(
+        split, seed=config.seed, epsilon=epsilon, delta=p.delta, privacy_unit=p.privacy_unit
+    )
+    for key in ("test_hr@10", "test_full_hr@10"):
+        ref = out.get(f"baseline_mostpop_{key}")
+        value = summary.get(key)
+        if value is not None and ref:
+            out[f"lift_over_mostpop_{key}"] = value / ref
+    out["verdict"] = verdict({**summary, **out})
+    return out
 
 
 def _privacy_summary(aggregator: Aggregator) -> dict[str, Any]:
@@ -559,6 +310,11 @@ def train(
             "the split holds null examples (interaction canaries), which only DP-SGD "
             "training (--privacy-unit interaction with --epsilon or --noise-multiplier) honours"
         )
+    federated = config.spec.federated
+    if observer is not None and not federated:
+        raise ConfigError(
+            f"{config.model} is a centralized reference: it has no uploads to observe"
+        )
     model = build_model(config, split)
     aggregator = build_aggregator(config, split, model)
     cohort = config.cohort(split.n_users)
@@ -597,24 +353,30 @@ def train(
             except PrivacyBudgetError as exc:
                 stopped = str(exc)
                 break
-        participants = sample_cohort(
-            cohort, split.n_users, torch_generator(config.seed, "cohort", r)
-        )
-        global_before = public_state(model) if observer is not None else {}
-        updates, stats = model.client_round(
-            participants, r, torch_generator(config.seed, "train", r)
-        )
-        try:
-            agg = aggregator(updates, r)
-        except PrivacyBudgetError as exc:
-            stopped = str(exc)
-            break
-        if agg is not None:
-            model.apply_aggregate(agg, r)
-        model.end_round(r)
-        t1 = time.perf_counter()
-        if observer is not None:
-            observer(RoundView(r, participants, updates, agg, model, config, global_before))
+        if not federated:
+            # A centralized reference: the server fits on every interaction; no uploads.
+            stats = model.fit_round(r, torch_generator(config.seed, "train", r))  # type: ignore[attr-defined]
+            participants, agg = torch.zeros(0, dtype=torch.long), None
+            t1 = time.perf_counter()
+        else:
+            participants = sample_cohort(
+                cohort, split.n_users, torch_generator(config.seed, "cohort", r)
+            )
+            global_before = public_state(model) if observer is not None else {}
+            updates, stats = model.client_round(
+                participants, r, torch_generator(config.seed, "train", r)
+            )
+            try:
+                agg = aggregator(updates, r)
+            except PrivacyBudgetError as exc:
+                stopped = str(exc)
+                break
+            if agg is not None:
+                model.apply_aggregate(agg, r)
+            model.end_round(r)
+            t1 = time.perf_counter()
+            if observer is not None:
+                observer(RoundView(r, participants, updates, agg, model, config, global_before))
         record: dict[str, Any] = {
             "round": r + 1,
             "loss": stats.loss,

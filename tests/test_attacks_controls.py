@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from securefed.audit import AuditConfig, audit
+from attacks.audit import AuditConfig, audit
 from securefed.errors import ConfigError
 from securefed.models.fedrap import FedRAPConfig
 from securefed.training import PrivacyConfig, TrainConfig
@@ -99,7 +99,7 @@ def test_strong_central_dp(tmp_path) -> None:
         model="fedrap",
         rounds=2,
         client_fraction=1.0,
-        fedrap=FedRAPConfig(local_epochs=1),
+        params=FedRAPConfig(local_epochs=1),
         privacy=PrivacyConfig(epsilon=0.5),
         **SMALL,
     )
@@ -125,7 +125,7 @@ def test_strong_distributed_dp_upload_observer(tmp_path) -> None:
         model="fedrap",
         rounds=2,
         client_fraction=1.0,
-        fedrap=FedRAPConfig(local_epochs=1),
+        params=FedRAPConfig(local_epochs=1),
         privacy=PrivacyConfig(epsilon=0.5, noise="distributed", accountant="rdp"),
         **SMALL,
     )

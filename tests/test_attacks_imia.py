@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from attacks.audit import AuditConfig, audit
 from attacks.imia import _shadow_samples, estimate_positives
-from securefed.audit import AuditConfig, audit
 from securefed.errors import ConfigError
 from securefed.models.fedrap import FedRAPConfig
 from securefed.training import PrivacyConfig, TrainConfig
@@ -53,7 +53,7 @@ def test_shadow_samples_follow_the_recipe_layout() -> None:
 
 @pytest.fixture(scope="module")
 def fedrap_imia(tmp_path_factory):
-    cfg = TrainConfig(model="fedrap", rounds=1, fedrap=FedRAPConfig(local_epochs=2), **SMALL)
+    cfg = TrainConfig(model="fedrap", rounds=1, params=FedRAPConfig(local_epochs=2), **SMALL)
     return audit(
         AuditConfig(
             train=cfg,

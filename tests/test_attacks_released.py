@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from attacks.audit import AuditConfig, audit
 from attacks.metrics import binary_metrics
 from attacks.released import known_items, released_labels, released_scores
 from protocols.seeding import torch_generator
-from securefed.audit import AuditConfig, audit
 from securefed.errors import ConfigError
 from securefed.training import PrivacyConfig, TrainConfig, build_model, load_split
 

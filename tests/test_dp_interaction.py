@@ -22,9 +22,11 @@ from protocols.dp.dpsgd import (
 from protocols.errors import ConfigError
 from protocols.seeding import torch_generator
 from securefed.cli import app
+from securefed.models.fedrap import SPEC as FEDRAP_SPEC
 from securefed.models.fedrap import FedRAP, FedRAPConfig, dpsgd_clipped_sums, uniform_negatives
-from securefed.privacy import DEFAULT_EXAMPLE_CLIP
 from securefed.training import PrivacyConfig, TrainConfig, train
+
+DEFAULT_EXAMPLE_CLIP = FEDRAP_SPEC.example_clip
 
 runner = CliRunner()
 SMALL = dict(synthetic_users=60, synthetic_items=400, checkpoint_every=1)
@@ -205,7 +207,7 @@ def test_batches_partition_each_clients_examples_every_epoch(small_split):
 def test_accounting_counts_local_epochs_times_rounds(tmp_path):
     cfg = TrainConfig(
         rounds=2,
-        fedrap=FedRAPConfig(local_epochs=3),
+        params=FedRAPConfig(local_epochs=3),
         privacy=_interaction(noise_multiplier=3.0, example_clip=0.2),
         **SMALL,
     )
@@ -242,7 +244,7 @@ def test_budget_cap_stops_before_local_training(tmp_path):
     cap = sum(after) / 2
     cfg = TrainConfig(
         rounds=5,
-        fedrap=FedRAPConfig(local_epochs=2),
+        params=FedRAPConfig(local_epochs=2),
         privacy=_interaction(noise_multiplier=4.0, epsilon=cap),
         **SMALL,
     )
@@ -300,7 +302,7 @@ def test_secure_aggregation_masks_dp_sgd_uploads(tmp_path):
         rounds=1,
         synthetic_users=20,
         synthetic_items=200,
-        fedrap=FedRAPConfig(dim=4, local_epochs=1),
+        params=FedRAPConfig(dim=4, local_epochs=1),
         privacy=_interaction(noise_multiplier=2.0, secagg=True, clip=1e4),
     )
     res = train(cfg, out=tmp_path / "r")

@@ -279,7 +279,7 @@ def test_accounting_counts_releases_times_rounds(tmp_path, sam, per_round):
     cfg = TrainConfig(
         model="fedrecgel",
         rounds=2,
-        fedrecgel=FedRecGELConfig(**TINY, sam=sam),
+        params=FedRecGELConfig(**TINY, sam=sam),
         privacy=PrivacyConfig(privacy_unit="interaction", noise_multiplier=3.0, example_clip=0.1),
         **SMALL,
     )
@@ -299,7 +299,7 @@ def test_calibrated_epsilon_target(tmp_path):
     cfg = TrainConfig(
         model="fedrecgel",
         rounds=2,
-        fedrecgel=FedRecGELConfig(**TINY),
+        params=FedRecGELConfig(**TINY),
         privacy=PrivacyConfig(privacy_unit="interaction", epsilon=4.0),
         **SMALL,
     )
@@ -311,7 +311,7 @@ def test_secure_aggregation_sums_the_dense_dp_uploads(tmp_path):
     cfg = TrainConfig(
         model="fedrecgel",
         rounds=1,
-        fedrecgel=FedRecGELConfig(**TINY),
+        params=FedRecGELConfig(**TINY),
         privacy=PrivacyConfig(
             privacy_unit="interaction", noise_multiplier=2.0, secagg=True, clip=1e4
         ),
@@ -339,5 +339,5 @@ def test_account_interaction_unit_counts_releases():
     assert 7.9 < res["epsilon"] <= 8.0
     with pytest.raises(ConfigError, match="drop --client-fraction"):
         account(epsilon=8.0, privacy_unit="interaction", client_fraction=0.1)
-    with pytest.raises(ConfigError, match="model must be fedrap or fedrecgel"):
+    with pytest.raises(ConfigError, match="model must be one of"):
         account(epsilon=8.0, privacy_unit="interaction", model="ncf")

@@ -348,12 +348,12 @@ def test_parallel_jobs_give_the_same_results_as_one_job(tmp_path):
 
 
 def test_a_failing_audit_is_reported_and_the_sweep_goes_on(tmp_path, monkeypatch):
-    import securefed.audit
+    import attacks.audit
 
     def broken(*args, **kwargs):
         raise ConfigError("audit exploded on purpose")
 
-    monkeypatch.setattr(securefed.audit, "audit", broken)
+    monkeypatch.setattr(attacks.audit, "audit", broken)
     cfg = ReportConfig(
         models=("fedrecgel",), dataset="synthetic", synthetic_users=60, synthetic_items=400,
         rounds=1, epsilons=(math.inf,), defenses=("none",), seeds=1, audit=True,

@@ -77,9 +77,9 @@ def test_secagg_on_movielens_matches_plain(tmp_path, shared_data):
     from securefed.models.fedrap import FedRAPConfig
 
     quick = FedRAPConfig(local_epochs=2)
-    plain = train(TrainConfig(fedrap=quick, **base), out=tmp_path / "p")
+    plain = train(TrainConfig(params=quick, **base), out=tmp_path / "p")
     secure = train(
-        TrainConfig(fedrap=quick, privacy=PrivacyConfig(secagg=True), **base), out=tmp_path / "s"
+        TrainConfig(params=quick, privacy=PrivacyConfig(secagg=True), **base), out=tmp_path / "s"
     )
     assert float((plain.model.C - secure.model.C).abs().max()) < 1e-3
     for key in ("test_hr@10", "test_ndcg@10", "test_full_hr@10", "val_hr@10"):

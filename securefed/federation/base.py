@@ -154,8 +154,38 @@ class Recommender(Protocol):
         """Personalised scores ``[B, n_items]`` of every item for each user."""
         ...
 
+    def global_parameters(self) -> dict[str, torch.Tensor]:
+        """The shared parameters every participant receives (named as in ``layout``)."""
+        ...
+
+    def set_global_parameters(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Install the server's shared parameters (a node receiving the round's model)."""
+        ...
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume training exactly (global and private state)."""
         ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class CentralizedRecommender(Protocol):
+    """A centralized reference: the server fits on every interaction (no clients, no uploads).
+
+    Used as a yardstick next to the federated models (``ModelSpec.role == "centralized"``).
+    """
+
+    name: str
+
+    def fit_round(self, round_index: int, generator: torch.Generator) -> RoundStats:
+        """One fitting step (an ALS sweep, or the whole closed-form fit in round 0)."""
+        ...
+
+    def score(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor: ...
+
+    def score_all(self, users: torch.Tensor) -> torch.Tensor: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...

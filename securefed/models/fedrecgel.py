@@ -84,7 +84,9 @@ from securefed.federation.base import (
     RoundStats,
     UpdateLayout,
 )
+from securefed.federation.cohort import CohortSpec
 from securefed.models.fedrap import example_weights, uniform_negatives
+from securefed.models.registry import ModelSpec, ObserverHooks
 from securefed.validation import positive_int
 
 __all__ = [
@@ -1286,6 +1288,27 @@ class FedRecGEL:
         """The shared parameters every participant receives (named as in ``layout``)."""
         return dict(self.shared)
 
+    def set_global_parameters(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Install the server's shared parameters (a node receiving the round's model)."""
+        self.shared = {k: t.to(self.device, torch.float32).clone() for k, t in tensors.items()}
+
+    def train_subset(
+        self, plan: RoundPlan, keep: torch.Tensor, round_index: int
+    ) -> tuple[FedRecGELUpdates, RoundStats]:
+        """Train the participants at positions ``keep`` of a plan drawn for a whole cohort."""
+        m = plan.participants.shape[0]
+        remap = torch.full((m,), -1, dtype=torch.long)
+        remap[keep] = torch.arange(keep.shape[0])
+        sample_keep = remap[plan.sample_client] >= 0
+        sub = RoundPlan(
+            participants=plan.participants[keep],
+            sample_client=remap[plan.sample_client[sample_keep]],
+            sample_item=plan.sample_item[sample_keep],
+            sample_label=plan.sample_label[sample_keep],
+            samples_per_client=plan.samples_per_client[keep],
+        )
+        return self.train_plan(sub, round_index)
+
     def state_dict(self) -> dict[str, Any]:
         """Shared parameters, private embeddings and every Adam state (server and clients)."""
         return {
@@ -1347,3 +1370,65 @@ class FedRecGEL:
             k: state["server_adam"]["exp_avg_sq"][k].to(self.device, torch.float32).clone()
             for k in self.shared
         }
+
+
+# ---------------------------------------------------------------------- registry entry
+def _item_rows(
+    flat: torch.Tensor, global_before: dict[str, torch.Tensor], n_items: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GMF and MLP item-embedding gradient rows concatenated; the GMF rows are collinear with
+    ``w_p,gmf * p_u`` (the ratio rows)."""
+    c = flat.shape[0]
+    gmf = global_before[_GMF].shape[1]
+    mlp = global_before[_MLP].shape[1]
+    g = flat[:, : n_items * gmf].view(c, n_items, gmf)
+    m = flat[:, n_items * gmf : n_items * (gmf + mlp)].view(c, n_items, mlp)
+    return torch.cat([g, m], dim=2), g
+
+
+def _truth_direction(private: torch.Tensor, gb: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A positive's gradient on its GMF row is along ``-(w_p,gmf * p_u)``."""
+    wp = gb["predict.weight"][0, : private.shape[1]]
+    return -(private * wp)
+
+
+def _recovered(direction: torch.Tensor, gb: dict[str, torch.Tensor]) -> torch.Tensor:
+    wp = gb["predict.weight"][0, : direction.shape[1]]
+    return -direction * wp / (wp * wp + 1e-8)
+
+
+def _layout_size(p: FedRecGELConfig, split: Split) -> int:
+    widths = p.layers
+    size = split.n_items * (p.gmf_dim + p.mlp_dim)
+    for k in range(len(widths) - 1):
+        size += widths[k + 1] * widths[k] + widths[k + 1]
+    return size + p.gmf_dim + widths[-1] + 1
+
+
+SPEC = ModelSpec(
+    name="fedrecgel",
+    title="FedRecGEL: sharpness-aware shared item embeddings (arXiv 2603.11503)",
+    params=FedRecGELConfig,
+    build=FedRecGEL,
+    default_rounds=100,
+    # The paper's cohort: a uniform 10 % of the clients every round.
+    cohort=lambda n_users: CohortSpec(kind="fixed", size=max(1, int(0.1 * n_users))),
+    full_eval_every=10,
+    # Measured update norms on MovieLens 100K: FedRecGEL's gradient ~1.
+    dp_clip=1.0,
+    # About half the median per-example norm of the base gradient at initialisation (0.39).
+    example_clip=0.2,
+    interaction_releases=lambda p: (
+        p.local_steps * sam_releases(sam=p.sam, rho_shared=p.rho_shared, rho_private=p.rho_private)
+    ),
+    layout_size=_layout_size,
+    cli_params={"dim": "gmf_dim"},
+    private_state=("user_gmf", "user_mlp", "client_adam"),
+    observer=ObserverHooks(
+        item_rows=_item_rows,
+        private_vectors=lambda model: model.user_gmf.detach().cpu().clone(),
+        truth_direction=_truth_direction,
+        recovered_embedding=_recovered,
+        ratio_width=lambda gb: int(gb[_GMF].shape[1]),
+    ),
+)

@@ -1,10 +1,10 @@
-"""``securefed.audit``: attack a federated run under explicit threat models and audit its DP.
+"""``attacks.audit``: attack a federated run under explicit threat models and audit its DP.
 
 One call trains a run (or re-simulates a recorded one) with an observer that records what
 each threat model's observer sees (:mod:`attacks.recorder`), then scores the chosen attacks
 and the canary audit::
 
-    from securefed.audit import AuditConfig, audit
+    from attacks.audit import AuditConfig, audit
     from securefed import TrainConfig, PrivacyConfig
 
     cfg = AuditConfig(train=TrainConfig(model="fedrap", dataset="ml-100k", rounds=5,
@@ -19,17 +19,24 @@ ROC curve can be recomputed) and ``record/`` (what the observer streamed to disk
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from attacks.results import (
+    _PER_CLIENT,
+    ATTACKS,
+    RELEASE_NOTE,
+    RELEASED_FILE,
+    AttackResult,
+    AuditConfig,
+)
 from protocols.seeding import numpy_generator
 from securefed import runs
 from securefed.errors import ConfigError
@@ -44,121 +51,10 @@ from securefed.training import (
 
 __all__ = ["ATTACKS", "AttackResult", "AuditConfig", "AuditResult", "audit"]
 
-#: Every attack name, in report order.
-ATTACKS: tuple[str, ...] = (
-    "row-change",
-    "intersection",
-    "gradient-ratio",
-    "optimization",
-    "attribute",
-    "imia",
-    "union",
-    "differencing",
-    "released",
-)
-_PER_CLIENT = frozenset(
-    {"row-change", "intersection", "gradient-ratio", "optimization", "attribute", "imia"}
-)
 AUDIT_FILE = "audit.json"
-#: The released global model, saved under the recording for the release-observer attack.
-RELEASED_FILE = "released.pt"
-RELEASE_NOTE = "the global model released after the last round, and each target's interactions"
 SCORES_FILE = "scores.npz"
 _META = "audit_meta.json"
 _ACC = "accumulators.npz"
-
-
-@dataclass(frozen=True, kw_only=True)
-class AuditConfig:
-    """What to train (or load) and which attacks to run.
-
-    Attributes:
-        train: The run to attack (ignored with ``run``, which brings its own config).
-        attacks: Attack names (see :data:`ATTACKS`) or ``("all",)``: every attack the threat
-            models allow (per-client attacks are skipped under secure aggregation).
-        run: A run directory to load instead of training: reuses the statistics an earlier
-            audit recorded there, else re-simulates it from its ``config.toml``.
-        canaries: Canary clients of the DP audit (default 256); 0 disables the audit.
-        target_users: Targets of the optimisation inversion.
-        imia_iterations: Refinement iterations of the IMIA shadow attack (one shadow round of
-            every target client each).
-        released_iterations: L-BFGS iterations of the released-model attack's fit per chunk
-            of users (30: FedRecGEL's fit loss is within 2 % of 100 iterations' on MovieLens
-            100K at a third of the cost).
-        known_fraction: Share of users whose attribute the attribute attacker knows.
-        bootstrap: Bootstrap resamples of the 95 % intervals.
-        confidence: Confidence of the epsilon lower bound.
-    """
-
-    train: TrainConfig = field(default_factory=TrainConfig)
-    attacks: tuple[str, ...] = ("all",)
-    run: str | None = None
-    canaries: int | None = None
-    target_users: int = 16
-    imia_iterations: int = 5
-    released_iterations: int = 30
-    known_fraction: float = 0.5
-    bootstrap: int = 200
-    confidence: float = 0.95
-
-    def __post_init__(self) -> None:
-        names = tuple(self.attacks)
-        object.__setattr__(self, "attacks", names)
-        if not names:
-            raise ConfigError("attacks must name at least one attack, or 'all'")
-        unknown = [a for a in names if a != "all" and a not in ATTACKS]
-        if unknown:
-            raise ConfigError(
-                f"unknown attack {unknown[0]!r}; choose 'all' or from {', '.join(ATTACKS)}"
-            )
-        if "all" in names and len(names) > 1:
-            raise ConfigError("give either 'all' or a list of attacks, not both")
-        if self.canaries is not None and (not isinstance(self.canaries, int) or self.canaries < 0):
-            raise ConfigError(f"canaries must be an integer >= 0, got {self.canaries!r}")
-        if not isinstance(self.target_users, int) or self.target_users < 0:
-            raise ConfigError(f"target users must be an integer >= 0, got {self.target_users!r}")
-        if (
-            not isinstance(self.imia_iterations, int)
-            or isinstance(self.imia_iterations, bool)
-            or not 1 <= self.imia_iterations <= 100
-        ):
-            raise ConfigError(
-                f"IMIA iterations must be an integer in [1, 100], got {self.imia_iterations!r}"
-            )
-        if (
-            not isinstance(self.released_iterations, int)
-            or isinstance(self.released_iterations, bool)
-            or not 1 <= self.released_iterations <= 1000
-        ):
-            raise ConfigError(
-                "released-model iterations must be an integer in [1, 1000], got "
-                f"{self.released_iterations!r}"
-            )
-        if not 0 < self.known_fraction < 1:
-            raise ConfigError(f"known fraction must be in (0, 1), got {self.known_fraction!r}")
-        if not isinstance(self.bootstrap, int) or self.bootstrap < 10:
-            raise ConfigError(f"bootstrap must be an integer >= 10, got {self.bootstrap!r}")
-        if not 0.5 <= self.confidence < 1:
-            raise ConfigError(f"confidence must be in [0.5, 1), got {self.confidence!r}")
-
-
-@dataclass(frozen=True)
-class AttackResult:
-    """One attack's outcome, as written into ``audit.json``."""
-
-    name: str
-    threat_model: str
-    metrics: dict[str, Any]
-    ci95: dict[str, Any]
-    baseline: dict[str, Any]
-    note: str = ""
-    observes: str = ""
-    #: Wall seconds spent scoring it after the run (what the recorder spent during the
-    #: training or replay is in ``audit.json``'s ``seconds.train``).
-    seconds: float = 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -181,7 +77,17 @@ class AuditResult:
 
 
 def _resolve_attacks(cfg: AuditConfig, train_cfg: TrainConfig) -> tuple[list[str], dict[str, str]]:
+    spec = train_cfg.spec
+    if not spec.federated:
+        raise ConfigError(
+            f"{spec.name} is a centralized reference (the server sees every interaction): there "
+            "is no federated channel to attack; audit a federated model"
+        )
     secagg = train_cfg.privacy.secagg
+    unsupported = dict(spec.unsupported_attacks)
+    if spec.observer is None:
+        for a in _PER_CLIENT:
+            unsupported.setdefault(a, f"{spec.name}'s uploads have no per-item rows")
     skipped: dict[str, str] = {}
     if cfg.attacks == ("all",):
         chosen = list(ATTACKS)
@@ -189,11 +95,10 @@ def _resolve_attacks(cfg: AuditConfig, train_cfg: TrainConfig) -> tuple[list[str
             for a in _PER_CLIENT:
                 skipped[a] = "secure aggregation: no per-client upload is visible"
             chosen = [a for a in chosen if a not in _PER_CLIENT]
-        if train_cfg.model != "fedrecgel" and "optimization" in chosen:
-            chosen.remove("optimization")
-            skipped["optimization"] = (
-                "FedRAP: gradient matching reduces to the gradient-ratio attack"
-            )
+        for a, why in unsupported.items():
+            if a in chosen:
+                chosen.remove(a)
+                skipped[a] = why
         return chosen, skipped
     chosen = list(cfg.attacks)
     if secagg:
@@ -204,11 +109,11 @@ def _resolve_attacks(cfg: AuditConfig, train_cfg: TrainConfig) -> tuple[list[str
                 "server sees only per-round sums, so per-client attacks have no input; use "
                 "--attacks union,differencing or a run without --secagg"
             )
-    if "optimization" in chosen and train_cfg.model != "fedrecgel":
-        raise ConfigError(
-            "the optimisation inversion is implemented for FedRecGEL only (for FedRAP it is the "
-            "gradient-ratio attack); drop 'optimization' or use --model fedrecgel"
-        )
+    for a in chosen:
+        if a in unsupported:
+            raise ConfigError(
+                f"attack {a!r} does not apply to {spec.name} ({unsupported[a]}); drop it"
+            )
     return chosen, skipped
 
 
@@ -313,7 +218,12 @@ def audit(
             "release": RELEASE_NOTE,
         }
         initial = build_model(train_cfg, split)
-        private = getattr(initial, "w" if train_cfg.model == "fedrap" else "user_gmf")
+        hooks = train_cfg.spec.observer
+        private = (
+            hooks.private_vectors(initial)
+            if hooks is not None
+            else torch.zeros(split.n_users, 1)
+        )
         plan = RecordPlan(
             attacks=frozenset(chosen),
             model=train_cfg.model,
@@ -323,7 +233,7 @@ def audit(
             sum_noise_std=noise_std,
             clip=clip_bound(params),
             canaries=canaries,
-            initial_private=private.detach().cpu().clone(),
+            initial_private=private,
             seed=train_cfg.seed,
             target_users=cfg.target_users,
             real_users=n_real_users,

@@ -1,0 +1,346 @@
+"""The typed configuration of a run: what to train, on what data, under which defenses.
+
+:class:`TrainConfig` and :class:`PrivacyConfig` are frozen, keyword-only and validated when
+built; ``config.toml`` in every run directory is :meth:`TrainConfig.to_dict` of the resolved
+config. The model's own hyperparameters sit in a table named after the model (``[fedals]``),
+typed by its registry entry (:mod:`securefed.models.registry`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from securefed.errors import ConfigError
+from securefed.federation.cohort import CohortSpec
+from securefed.models.registry import DEFAULT_MODEL, get_spec, model_names
+
+#: Users with fewer interactions are dropped before the split, for every model alike, so that
+#: all models and baselines of a dataset and seed are evaluated on the same users and items.
+DEFAULT_MIN_INTERACTIONS = 5
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrivacyConfig:
+    """Differential privacy and secure aggregation settings of a run (off by default).
+
+    ``epsilon`` alone calibrates the noise multiplier for the configured rounds and sampling;
+    ``noise_multiplier`` alone fixes it and reports the epsilon spent; both together fix the
+    noise and treat ``epsilon`` as a budget cap: a round that would overspend is refused and
+    the run stops cleanly (``summary["stopped"]``) with its checkpoint kept.
+
+    ``privacy_unit="interaction"`` (FedRAP and FedRecGEL) makes the clients run DP-SGD on their own
+    interactions: ``epsilon``/``noise_multiplier`` then refer to one interaction, and
+    ``example_clip`` bounds one example's gradient. No user-level noise is added in that
+    mode (one unit per run); ``clip`` is then only the secure-aggregation input bound.
+    """
+
+    epsilon: float | None = None
+    delta: float = 1e-5
+    noise_multiplier: float | None = None
+    clip: float | None = None
+    accountant: Literal["prv", "rdp"] | None = None
+    noise: Literal["central", "distributed"] | None = None
+    privacy_unit: Literal["user", "interaction"] = "user"
+    example_clip: float | None = None
+    secure: bool = False
+    secagg: bool = False
+    secagg_neighbours: int | None = None
+    secagg_dropout: float = 0.05
+    secagg_corrupt: float = 0.05
+    secagg_scale_bits: int = 16
+    secagg_simulate_dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.epsilon is not None and not (self.epsilon > 0):
+            raise ConfigError(f"epsilon must be > 0, got {self.epsilon!r}")
+        if self.noise_multiplier is not None and not (self.noise_multiplier >= 0):
+            raise ConfigError(f"noise multiplier must be >= 0, got {self.noise_multiplier!r}")
+        if not 0 < self.delta < 1:
+            raise ConfigError(f"delta must be in (0, 1), got {self.delta!r}")
+        if self.clip is not None and not (math.isfinite(self.clip) and self.clip > 0):
+            raise ConfigError(f"clip must be a finite number > 0, got {self.clip!r}")
+        if self.accountant not in (None, "prv", "rdp"):
+            raise ConfigError(f"accountant must be prv or rdp, got {self.accountant!r}")
+        if self.noise not in (None, "central", "distributed"):
+            raise ConfigError(f"noise must be central or distributed, got {self.noise!r}")
+        if self.privacy_unit not in ("user", "interaction"):
+            raise ConfigError(
+                f"privacy unit must be user or interaction, got {self.privacy_unit!r}"
+            )
+        if self.example_clip is not None and not (
+            isinstance(self.example_clip, int | float)
+            and math.isfinite(self.example_clip)
+            and self.example_clip > 0
+        ):
+            raise ConfigError(
+                f"example clip must be a finite number > 0, got {self.example_clip!r}"
+            )
+        if self.privacy_unit == "interaction":
+            if not self.dp:
+                raise ConfigError(
+                    "--privacy-unit interaction runs DP-SGD on each client; give --epsilon "
+                    "or --noise-multiplier"
+                )
+            if self.noise is not None:
+                raise ConfigError(
+                    "--noise places user-level noise; with --privacy-unit interaction the "
+                    "clients add DP-SGD noise themselves; drop --noise"
+                )
+            if self.clip is not None and not self.secagg:
+                raise ConfigError(
+                    "--clip bounds user-level updates; with --privacy-unit interaction use "
+                    "--example-clip (--clip is only the input bound of --secagg)"
+                )
+        elif self.example_clip is not None:
+            raise ConfigError(
+                "--example-clip is the DP-SGD clip of --privacy-unit interaction; for "
+                "user-level DP use --clip"
+            )
+        if not 0 <= self.secagg_dropout < 1:
+            raise ConfigError(f"secagg dropout must be in [0, 1), got {self.secagg_dropout!r}")
+        if not 0 <= self.secagg_simulate_dropout < 1:
+            raise ConfigError(
+                f"simulated dropout must be in [0, 1), got {self.secagg_simulate_dropout!r}"
+            )
+        if not 1 <= self.secagg_scale_bits <= 40:
+            raise ConfigError(
+                f"secagg scale bits must be in [1, 40], got {self.secagg_scale_bits!r}"
+            )
+        if self.secure and not self.dp:
+            raise ConfigError(
+                "--secure draws DP noise from the OS; it needs --epsilon or --noise-multiplier"
+            )
+        if not 0 <= self.secagg_corrupt < 1:
+            raise ConfigError(
+                f"secagg corrupt fraction must be in [0, 1), got {self.secagg_corrupt!r}"
+            )
+
+    @property
+    def dp(self) -> bool:
+        """Whether differential privacy is on."""
+        return self.epsilon is not None or self.noise_multiplier is not None
+
+    @property
+    def interaction_dp(self) -> bool:
+        """Whether the clients run interaction-level DP-SGD (``--privacy-unit interaction``)."""
+        return self.dp and self.privacy_unit == "interaction"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """Everything a run needs; written to ``config.toml`` fully resolved.
+
+    ``rounds``, the cohort and ``params`` default per model (its registry entry): FedRAP trains
+    every client for 100 rounds, FedRecGEL a uniform 10% each round, MostPop counts once.
+
+    Attributes:
+        model: A registered model name (``securefed.models.registry.model_names()``).
+        params: The model's hyperparameters (its ``ModelSpec.params`` type); defaults when None.
+        min_interactions: Users with fewer interactions are dropped (same for every model).
+    """
+
+    model: str = DEFAULT_MODEL
+    dataset: str = "synthetic"
+    data_dir: str | None = None
+    rounds: int = None  # type: ignore[assignment]  # resolved from the model's default
+    seed: int = 0
+    client_fraction: float | None = None
+    clients_per_round: int | None = None
+    device: str = "cpu"
+    eval_every: int = 1
+    full_eval_every: int | None = None
+    checkpoint_every: int = 10
+    min_interactions: int = DEFAULT_MIN_INTERACTIONS
+    synthetic_users: int = 943
+    synthetic_items: int = 1682
+    params: Any = None
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+
+    def __post_init__(self) -> None:
+        spec = get_spec(self.model)
+        object.__setattr__(self, "params", spec.check_params(self.params))
+        if spec.resolve_params is not None:
+            object.__setattr__(self, "params", spec.resolve_params(self.params, self.privacy))
+        if self.rounds is None:
+            object.__setattr__(self, "rounds", spec.default_rounds)
+        for name in (
+            "rounds",
+            "eval_every",
+            "checkpoint_every",
+            "synthetic_users",
+            "synthetic_items",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(
+                    f"{name.replace('_', ' ')} must be a positive integer, got {value!r}"
+                )
+        if self.full_eval_every is not None and (
+            not isinstance(self.full_eval_every, int) or self.full_eval_every < 1
+        ):
+            raise ConfigError(
+                f"full eval every must be a positive integer, got {self.full_eval_every!r}"
+            )
+        if self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if self.client_fraction is not None and self.clients_per_round is not None:
+            raise ConfigError("give either --client-fraction or --clients-per-round, not both")
+        if self.client_fraction is not None and not 0 < self.client_fraction <= 1:
+            raise ConfigError(f"client fraction must be in (0, 1], got {self.client_fraction!r}")
+        if self.clients_per_round is not None and self.clients_per_round < 1:
+            raise ConfigError(
+                f"clients per round must be a positive integer, got {self.clients_per_round!r}"
+            )
+        if (
+            isinstance(self.min_interactions, bool)
+            or not isinstance(self.min_interactions, int)
+            or self.min_interactions < 3
+        ):
+            raise ConfigError(
+                "min interactions must be an integer >= 3 (leave-one-out needs them), "
+                f"got {self.min_interactions!r}"
+            )
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ConfigError(f"device must be cpu or cuda, got {self.device!r}")
+        self._check_defenses(spec)
+
+    def _check_defenses(self, spec: Any) -> None:
+        p = self.privacy
+        if not spec.federated and (p.dp or p.secagg):
+            raise ConfigError(
+                f"{spec.name} is a CENTRALIZED reference (the server sees every interaction); "
+                "it has no federated protocol to protect, so --epsilon, --noise-multiplier and "
+                "--secagg do not apply; use a federated model (e.g. --model fedals) for those"
+            )
+        if not spec.federated and (
+            self.client_fraction is not None or self.clients_per_round is not None
+        ):
+            raise ConfigError(
+                f"{spec.name} is a centralized reference with no clients to sample; drop "
+                "--client-fraction/--clients-per-round"
+            )
+        if p.interaction_dp and not spec.interaction_dp:
+            raise ConfigError(
+                f"{spec.name} has no interaction-level DP-SGD; use --privacy-unit user"
+            )
+        if p.dp and not p.interaction_dp and not spec.user_dp:
+            raise ConfigError(f"{spec.name} does not support user-level DP")
+
+    @property
+    def spec(self) -> Any:
+        """The model's registry entry (:class:`~securefed.models.registry.ModelSpec`)."""
+        return get_spec(self.model)
+
+    def cohort(self, n_users: int) -> CohortSpec:
+        """The cohort sampling of this run (flags first, else the model's paper default)."""
+        if self.client_fraction is not None:
+            if self.client_fraction == 1.0:
+                return CohortSpec(kind="all")
+            return CohortSpec(kind="poisson", fraction=self.client_fraction)
+        if self.clients_per_round is not None:
+            return CohortSpec(kind="fixed", size=self.clients_per_round)
+        default = self.spec.cohort(n_users)
+        return default if default is not None else CohortSpec(kind="all")
+
+    def resolved_full_eval_every(self) -> int:
+        """The model's full-ranking cadence unless given (every round for dot-product models;
+        every 10 rounds for FedRecGEL, whose MLP scorer makes users x items scoring costly).
+        The selected round is always given full-ranking metrics (from a saved copy)."""
+        if self.full_eval_every is not None:
+            return self.full_eval_every
+        return int(self.spec.full_eval_every)
+
+    def resolved_min_interactions(self) -> int:
+        return self.min_interactions
+
+    def to_dict(self) -> dict[str, Any]:
+        """A TOML-ready mapping: scalars at the top, one table per sub-config; the model's
+        hyperparameters are the table named after the model."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "params":
+                out[self.model] = dataclasses.asdict(value)
+            elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+                out[f.name] = dataclasses.asdict(value)
+            else:
+                out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> TrainConfig:
+        """Build a config from a mapping (e.g. a TOML file); unknown keys are errors.
+
+        The table named after the chosen model holds its hyperparameters; tables named after
+        other registered models are accepted and ignored (one file can hold settings for
+        several models, and run directories written before the registry still load).
+        """
+        model = raw.get("model", DEFAULT_MODEL)
+        if not isinstance(model, str):
+            raise ConfigError(f"model must be a string, got {model!r}")
+        spec = get_spec(model)
+        names = set(model_names())
+        kwargs: dict[str, Any] = {}
+        known = {f.name for f in dataclasses.fields(cls)} - {"params"}
+        for key, value in raw.items():
+            if key in names:
+                if not isinstance(value, Mapping):
+                    raise ConfigError(f"config section [{key}] must be a table")
+                if key == model:
+                    kwargs["params"] = spec.params_from_mapping(value, section=key)
+                continue
+            if key not in known:
+                raise ConfigError(
+                    f"unknown config key {key!r}; known keys: {', '.join(sorted(known | {model}))}"
+                )
+            if key == "privacy":
+                if not isinstance(value, Mapping):
+                    raise ConfigError("config section [privacy] must be a table")
+                kwargs[key] = _build_sub(PrivacyConfig, key, value)
+            else:
+                kwargs[key] = value
+        try:
+            return cls(**kwargs)
+        except TypeError as exc:
+            raise ConfigError(f"invalid config: {exc}") from None
+
+
+def _build_sub(kind: type, section: str, values: Mapping[str, Any]) -> Any:
+    known = {f.name: f for f in dataclasses.fields(kind)}
+    clean: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(
+                f"unknown key {key!r} in [{section}]; known keys: {', '.join(sorted(known))}"
+            )
+        clean[key] = tuple(value) if isinstance(value, list) else value
+    try:
+        return kind(**clean)
+    except TypeError as exc:
+        raise ConfigError(f"invalid [{section}] config: {exc}") from None
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a TOML config file into a mapping, with a clear error for a bad file."""
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {p}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+
+
+__all__ = [
+    "DEFAULT_MIN_INTERACTIONS",
+    "PrivacyConfig",
+    "TrainConfig",
+    "load_config_file",
+]

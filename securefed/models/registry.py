@@ -1,0 +1,239 @@
+"""The model registry: one :class:`ModelSpec` per recommender, looked up by name.
+
+Training, privacy, audit, report, the CLI and the Flower apps ask the registry what a model
+is and what it supports; none of them tests a model's name. A new model is one module that
+defines its class, its hyperparameter dataclass and a module-level ``SPEC = ModelSpec(...)``,
+plus one line in :data:`_MODULES`. Modules are imported on first use, so listing the names
+(``securefed --help``) imports no model code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from securefed.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+    from securefed.data.types import Split
+    from securefed.federation.base import Recommender
+    from securefed.federation.cohort import CohortSpec
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "ModelSpec",
+    "ObserverHooks",
+    "get_spec",
+    "model_names",
+    "params_from_flags",
+]
+
+#: Every model's module, in the order help texts and reports list them. One line per model.
+_MODULES: dict[str, str] = {
+    "fedals": "securefed.models.fedals",
+    "fedrap": "securefed.models.fedrap",
+    "fedrecgel": "securefed.models.fedrecgel",
+    "mostpop": "securefed.models.mostpop",
+    "ease": "securefed.models.ease",
+    "ials": "securefed.models.ials",
+}
+
+#: The model ``securefed train`` trains when none is named (docs/results.md says why).
+DEFAULT_MODEL = "fedrap"
+
+Role = Literal["federated", "baseline", "centralized"]
+
+
+@dataclass(frozen=True)
+class ObserverHooks:
+    """How an observer of the uploads reads one model's update (the attacks' view).
+
+    Each function is model knowledge, not attack logic: where the item rows sit in a flat
+    upload, which private vector a row is collinear with, and which direction a training
+    positive pushes its row.
+
+    Attributes:
+        item_rows: ``(flat [c, d], global_before, n_items) -> (rows [c, n_items, k],
+            ratio_rows [c, n_items, k'])``: the per-item residual rows of the uploads, and the
+            rows collinear with the client's private direction.
+        private_vectors: ``model -> [n_users, k']``: each user's private vector (read only to
+            *score* an inversion and to aim the auditor's own canaries).
+        truth_direction: ``(private [b, k'], global_before) -> [b, k']``: the direction a
+            training positive pushes its ratio row.
+        recovered_embedding: ``(direction [b, k'], global_before) -> [b, k']``: the private
+            vector an observer recovers from an estimated ratio-row direction.
+        ratio_width: ``global_before -> k'``: the width of a ratio row. The ratio rows of item
+            ``i`` are coordinates ``[i * k', (i + 1) * k')`` of the flat upload (the layout
+            starts with them), which the canary audit reads directly.
+        canary_sign: ``(seen_before [b] bool, unit) -> [b] float``: +1 where a canary's push
+            keeps ``truth_direction``, -1 where it flips after the first round, 0 where its sign
+            is unknown (not scored). None: always +1.
+        upload_against: ``(updates, global_before) -> updates``: the uploads as they left the
+            clients, for update types that refer to server state the server step changes
+            (FedRAP's refers to the live ``C``). None: the updates as they are.
+    """
+
+    item_rows: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    private_vectors: Callable[[Any], torch.Tensor]
+    truth_direction: Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
+    recovered_embedding: Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
+    ratio_width: Callable[[dict[str, torch.Tensor]], int]
+    canary_sign: Callable[[torch.Tensor, str], torch.Tensor] | None = None
+    upload_against: Callable[[Any, dict[str, torch.Tensor]], Any] | None = None
+
+
+def _all_cohort(n_users: int) -> CohortSpec | None:
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """What a model is and what it supports, declared once in its own module.
+
+    Attributes:
+        name: Registry name (``--model``).
+        title: One line for help texts and reports (with the paper it follows).
+        params: Its frozen, keyword-only hyperparameter dataclass (``[<name>]`` in config.toml).
+        build: ``build(split, params, *, generator, device, dpsgd, noise_seed)`` -> the model.
+        role: ``federated`` (clients train, the server sees uploads), ``baseline`` (a federated
+            statistic such as popularity), or ``centralized`` (a reference that sees all data:
+            refused under DP and secure aggregation, labelled as such in every output).
+        default_rounds: Rounds when ``--rounds`` is not given.
+        cohort: The paper's cohort for ``n_users`` (None: every client every round).
+        full_eval_every: Full-ranking evaluation cadence when not given.
+        dp_clip: Default L2 clip of one client's upload under user-level DP, a number or a
+            function of the hyperparameters (None: user-level DP unsupported).
+        example_clip: Default per-example clip of interaction-level DP-SGD (None: unsupported).
+        interaction_releases: ``params -> int``: Gaussian releases one interaction enters per
+            round under DP-SGD.
+        layout_size: ``(params, split) -> int``: floats in one flat upload.
+        cli_params: CLI flag name -> hyperparameter field, where they differ
+            (``--dim`` is FedRecGEL's ``gmf_dim``).
+        private_state: ``state_dict`` entries indexed by user first (a Flower node keeps them).
+        schedule_scalars: ``state_dict`` scalars the server sends with the shared tensors.
+        observer: How attacks read the uploads (None: per-client attacks do not apply).
+        unsupported_attacks: Attack name -> why it does not apply to this model.
+        resolve_params: ``(params, privacy) -> params``: settings that depend on the defenses
+            (MostPop bounds each user's contribution under DP), applied when the run's config is
+            built, so ``config.toml`` records what ran.
+    """
+
+    name: str
+    title: str
+    params: type
+    build: Callable[..., Recommender]
+    role: Role = "federated"
+    default_rounds: int = 100
+    cohort: Callable[[int], CohortSpec | None] = _all_cohort
+    full_eval_every: int = 1
+    dp_clip: float | Callable[[Any], float] | None = None
+    example_clip: float | None = None
+    interaction_releases: Callable[[Any], int] | None = None
+    layout_size: Callable[[Any, Split], int] | None = None
+    cli_params: Mapping[str, str] = field(default_factory=dict)
+    private_state: tuple[str, ...] = ()
+    schedule_scalars: tuple[str, ...] = ()
+    observer: ObserverHooks | None = None
+    unsupported_attacks: Mapping[str, str] = field(default_factory=dict)
+    resolve_params: Callable[[Any, Any], Any] | None = None
+
+    def default_clip(self, params: Any) -> float | None:
+        """The default user-level clip for ``params`` (None when unsupported)."""
+        if self.dp_clip is None:
+            return None
+        return float(self.dp_clip(params) if callable(self.dp_clip) else self.dp_clip)
+
+    @property
+    def federated(self) -> bool:
+        """Whether clients keep their data (False for centralized references)."""
+        return self.role != "centralized"
+
+    @property
+    def user_dp(self) -> bool:
+        return self.dp_clip is not None
+
+    @property
+    def interaction_dp(self) -> bool:
+        return self.example_clip is not None and self.interaction_releases is not None
+
+    def default_params(self) -> Any:
+        return self.params()
+
+    def check_params(self, params: Any) -> Any:
+        """``params`` if it is this model's hyperparameter type, else a ConfigError."""
+        if params is None:
+            return self.params()
+        if not isinstance(params, self.params):
+            raise ConfigError(
+                f"model {self.name} takes {self.params.__name__} hyperparameters, got "
+                f"{type(params).__name__}"
+            )
+        return params
+
+    def params_from_mapping(self, values: Mapping[str, Any], *, section: str) -> Any:
+        """Hyperparameters from a TOML table (unknown keys are errors)."""
+        known = {f.name for f in dataclasses.fields(self.params)}
+        clean: dict[str, Any] = {}
+        for key, value in values.items():
+            if key not in known:
+                raise ConfigError(
+                    f"unknown key {key!r} in [{section}]; known keys: {', '.join(sorted(known))}"
+                )
+            clean[key] = tuple(value) if isinstance(value, list) else value
+        try:
+            return self.params(**clean)
+        except TypeError as exc:
+            raise ConfigError(f"invalid [{section}] config: {exc}") from None
+
+
+_CACHE: dict[str, ModelSpec] = {}
+
+
+def model_names(role: Role | None = None) -> tuple[str, ...]:
+    """Registered model names (all, or those of one role), in registry order."""
+    if role is None:
+        return tuple(_MODULES)
+    return tuple(n for n in _MODULES if get_spec(n).role == role)
+
+
+def get_spec(name: str) -> ModelSpec:
+    """The :class:`ModelSpec` of ``name`` (its module is imported on first use)."""
+    if name not in _MODULES:
+        raise ConfigError(f"model must be one of {', '.join(_MODULES)}, got {name!r}")
+    spec = _CACHE.get(name)
+    if spec is None:
+        module = importlib.import_module(_MODULES[name])
+        spec = module.SPEC
+        if not isinstance(spec, ModelSpec) or spec.name != name:
+            raise TypeError(f"{_MODULES[name]}.SPEC must be the ModelSpec named {name!r}")
+        _CACHE[name] = spec
+    return spec
+
+
+def params_from_flags(spec: ModelSpec, flags: Mapping[str, Any], base: Any = None) -> Any:
+    """``base`` (or the defaults) with the CLI's model flags applied.
+
+    ``flags`` maps CLI names (``dim``, ``local_epochs``, or any field given as
+    ``--param key=value``) to values; a flag the model has no field for is an error that
+    names the model's fields.
+    """
+    params = base if base is not None else spec.params()
+    known = {f.name: f for f in dataclasses.fields(spec.params)}
+    changes: dict[str, Any] = {}
+    for flag, value in flags.items():
+        name = spec.cli_params.get(flag, flag)
+        if name not in known:
+            raise ConfigError(
+                f"--{flag.replace('_', '-')} is not a setting of {spec.name}; its settings: "
+                f"{', '.join(sorted(known))} (give them as --param key=value)"
+            )
+        changes[name] = value
+    try:
+        return dataclasses.replace(params, **changes)
+    except TypeError as exc:
+        raise ConfigError(f"invalid {spec.name} setting: {exc}") from None

@@ -1,0 +1,142 @@
+"""fedals: the batched round against a per-client reference, the server step, quality, resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from securefed.config import PrivacyConfig, TrainConfig
+from securefed.federation.base import Aggregate
+from securefed.models.als_math import normal_equations, solve_rows, solve_side
+from securefed.models.fedals import FedALS, FedALSConfig
+from securefed.training import train
+
+CFG = FedALSConfig(dim=5, alpha=2.0, reg=0.7, init_std=0.3)
+
+
+def _model(split, cfg=CFG) -> FedALS:
+    m = FedALS(split, cfg, generator=torch.Generator().manual_seed(1))
+    m.V = m.V.double()
+    return m
+
+
+def _reference_upload(v: torch.Tensor, items: torch.Tensor, cfg: FedALSConfig):
+    """One client, written out from the equations (float64, explicit normal equations)."""
+    d = v.shape[1]
+    a = v.T @ v + cfg.reg * torch.eye(d, dtype=v.dtype)
+    b = torch.zeros(d, dtype=v.dtype)
+    for i in items.tolist():
+        a += cfg.alpha * torch.outer(v[i], v[i])
+        b += (1 + cfg.alpha) * v[i]
+    x = torch.linalg.solve(a, b)
+    grad = torch.zeros_like(v)
+    count = torch.zeros(v.shape[0], dtype=v.dtype)
+    for i in items.tolist():
+        grad[i] = (cfg.alpha * (x @ v[i]) - (1 + cfg.alpha)) * x
+        count[i] = 1
+    return x, torch.cat([grad.reshape(-1), torch.outer(x, x).reshape(-1), count])
+
+
+def test_batched_round_equals_a_per_client_loop(small_split):
+    m = _model(small_split)
+    # Mixed client sizes, unsorted cohort positions.
+    users = torch.tensor([0, 3, 7, 11, 19, 25, 38])
+    sizes = {int(u): len(small_split.user_train_items(int(u))) for u in users}
+    assert len(set(sizes.values())) > 2
+    up, stats = m.client_round(users, 0, None)
+    dense = up.dense().double()
+    for row, u in enumerate(users.tolist()):
+        items = torch.from_numpy(small_split.user_train_items(u))
+        x, flat = _reference_upload(m.V, items, CFG)
+        torch.testing.assert_close(up.x[row], x, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(dense[row], flat, rtol=1e-5, atol=1e-6)
+    ref = torch.stack(
+        [
+            _reference_upload(m.V, torch.from_numpy(small_split.user_train_items(u)), CFG)[1]
+            for u in users.tolist()
+        ]
+    )
+    torch.testing.assert_close(up.norms(), ref.norm(dim=1), rtol=1e-9, atol=1e-9)
+    w = torch.linspace(0.2, 1.3, users.shape[0], dtype=torch.float64)
+    torch.testing.assert_close(up.weighted_sum(w).double(), w @ ref, rtol=1e-5, atol=1e-5)
+    # A subset of the rows, in their order.
+    rows = torch.tensor([5, 1])
+    torch.testing.assert_close(up.dense(rows).double(), ref[rows], rtol=1e-5, atol=1e-6)
+    assert stats.samples == sum(sizes.values())
+
+
+def test_closed_form_solve_equals_linalg_solve_on_the_normal_equations():
+    gen = torch.Generator().manual_seed(0)
+    f = torch.randn(30, 6, generator=gen, dtype=torch.float64)
+    owner = torch.tensor([0, 0, 1, 2, 2, 2, 4])
+    other = torch.tensor([3, 7, 7, 0, 1, 29, 5])
+    a, b = normal_equations(f, owner, other, 5, alpha=4.0, reg=0.5)
+    for r in range(5):
+        sel = other[owner == r]
+        want = f.T @ f + 0.5 * torch.eye(6, dtype=torch.float64)
+        want = want + 4.0 * f[sel].T @ f[sel]
+        torch.testing.assert_close(a[r], want)
+        torch.testing.assert_close(b[r], 5.0 * f[sel].sum(0))
+    x = solve_side(f, owner, other, 5, alpha=4.0, reg=0.5)
+    torch.testing.assert_close(x, torch.linalg.solve(a, b.unsqueeze(2)).squeeze(2))
+    torch.testing.assert_close(solve_rows(a, b), x)
+    assert torch.all(x[3] == 0)  # a row without observations solves to zero
+
+
+def test_server_step_is_the_stated_newton_step(small_split):
+    m = _model(small_split)
+    users = torch.arange(small_split.n_users)
+    up, _ = m.client_round(users, 0, None)
+    v0 = m.V.clone()
+    x = up.x
+    n = small_split.n_users
+    gram = x.T @ x
+    counts = torch.bincount(up.pair_item, minlength=small_split.n_items).double()
+    data = torch.zeros_like(v0).index_add_(
+        0, up.pair_item, up.coef.unsqueeze(1) * x[up.pair_client]
+    )
+    m.apply_aggregate(
+        Aggregate(total=up.weighted_sum(torch.ones(n)), contributors=n, denominator=float(n)), 0
+    )
+    for i in range(small_split.n_items):
+        g = gram @ v0[i] + data[i] + CFG.reg * v0[i]
+        h = gram + CFG.reg * torch.eye(5, dtype=torch.float64) + CFG.alpha * counts[i] * gram / n
+        want = v0[i] - torch.linalg.solve(h, g)
+        torch.testing.assert_close(m.V[i].double(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_fedals_reaches_centralized_quality_on_movielens(shared_data, tmp_path):
+    """The target of the issue at its selected round: sampled >= 0.64, full >= 0.13 (the
+    centralized iALS is 0.666 / 0.139); 6 rounds are enough for the check."""
+    cfg = TrainConfig(model="fedals", dataset="ml-100k", data_dir=str(shared_data), rounds=6)
+    s = train(cfg, out=tmp_path / "r").summary
+    assert s["test_hr@10"] >= 0.64 and s["test_full_hr@10"] >= 0.13
+    assert s["lift_over_mostpop_test_hr@10"] > 1.5 and s["verdict"] == []
+
+
+def test_fedals_resume_equals_an_uninterrupted_run(tmp_path):
+    base = dict(model="fedals", synthetic_users=60, synthetic_items=200, checkpoint_every=2)
+    whole = train(TrainConfig(rounds=4, **base), out=tmp_path / "a")
+    train(TrainConfig(rounds=2, **base), out=tmp_path / "b")
+    cfg_path = tmp_path / "b" / "config.toml"
+    cfg_path.write_text(cfg_path.read_text().replace("rounds = 2", "rounds = 4"))
+    resumed = train(resume=tmp_path / "b")
+    assert [m["test_hr@10"] for m in resumed.metrics] == [m["test_hr@10"] for m in whole.metrics]
+    torch.testing.assert_close(resumed.model.V, whole.model.V)
+
+
+@pytest.mark.parametrize("fraction", [None, 0.5])
+def test_secagg_sum_matches_plain_and_noise_is_accounted(tmp_path, fraction):
+    base = dict(
+        model="fedals", synthetic_users=40, synthetic_items=250, rounds=2, client_fraction=fraction
+    )
+    plain = train(TrainConfig(**base), out=tmp_path / "p").summary
+    sec = train(TrainConfig(privacy=PrivacyConfig(secagg=True), **base), out=tmp_path / "s")
+    assert sec.summary["secagg"] is True
+    assert abs(sec.summary["test_hr@10"] - plain["test_hr@10"]) <= 0.005 + 1e-9
+    dp = train(TrainConfig(privacy=PrivacyConfig(epsilon=4.0), **base), out=tmp_path / "d")
+    ledger = json.loads((tmp_path / "d" / "privacy_ledger.json").read_text())
+    assert len(ledger["events"]) == 2 and dp.summary["epsilon"] <= 4.0
+    assert dp.summary["baseline_dp_mostpop_epsilon"] == 4.0

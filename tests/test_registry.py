@@ -1,0 +1,93 @@
+"""The model seam: the registry is the only place that knows model names."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from securefed.config import TrainConfig
+from securefed.errors import ConfigError
+from securefed.federation.base import CentralizedRecommender, Recommender
+from securefed.models.registry import get_spec, model_names, params_from_flags
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Code that must ask the registry instead of testing a model's name.
+GENERIC = [
+    "securefed/training.py",
+    "securefed/privacy.py",
+    "securefed/config.py",
+    "securefed/report.py",
+    "attacks/audit.py",
+    "attacks/recorder.py",
+    "attacks/threat.py",
+    "attacks/rows.py",
+    *[str(p.relative_to(ROOT)) for p in (ROOT / "securefed" / "flower").glob("*.py")],
+]
+
+
+@pytest.mark.parametrize("path", GENERIC)
+def test_generic_code_never_branches_on_a_model_name(path):
+    text = (ROOT / path).read_text()
+    for name in model_names():
+        hits = re.findall(rf"""==\s*["']{name}["']|["']{name}["']\s*==|in \(["']{name}""", text)
+        assert not hits, f"{path} tests the model name {name!r}: ask its ModelSpec instead"
+        assert f"models.{name} import" not in text, f"{path} imports the {name} module"
+
+
+@pytest.mark.parametrize("name", model_names())
+def test_every_registered_model_builds_and_scores(name, small_split):
+    spec = get_spec(name)
+    assert spec.name == name and spec.title
+    model = spec.build(small_split, spec.params(), generator=torch.Generator().manual_seed(0))
+    protocol = Recommender if spec.federated else CentralizedRecommender
+    assert isinstance(model, protocol)
+    users = torch.arange(3)
+    assert model.score_all(users).shape == (3, small_split.n_items)
+    if spec.federated:
+        assert spec.layout_size is not None
+        assert spec.layout_size(spec.params(), small_split) == model.layout.size
+        assert set(spec.private_state) <= set(model.state_dict())
+
+
+def test_config_roundtrip_names_the_models_table():
+    cfg = TrainConfig(model="fedals", params=get_spec("fedals").params(dim=8))
+    raw = cfg.to_dict()
+    assert raw["fedals"]["dim"] == 8 and "fedrap" not in raw
+    assert TrainConfig.from_dict(raw) == cfg
+    # Tables of other models (old run directories have both) are ignored.
+    assert TrainConfig.from_dict({**raw, "fedrap": {"dim": 3}}) == cfg
+    with pytest.raises(ConfigError, match="unknown key 'dimm' in \\[fedals\\]"):
+        TrainConfig.from_dict({"model": "fedals", "fedals": {"dimm": 3}})
+    with pytest.raises(ConfigError, match="model must be one of"):
+        TrainConfig(model="ncf")
+    with pytest.raises(ConfigError, match="takes FedALSConfig"):
+        TrainConfig(model="fedals", params=get_spec("fedrap").params())
+
+
+def test_rounds_default_per_model():
+    assert TrainConfig(model="mostpop").rounds == 1
+    assert TrainConfig(model="fedals").rounds == 20
+    assert TrainConfig(model="fedrap").rounds == 100
+    assert TrainConfig(model="fedrap", rounds=3).rounds == 3
+
+
+def test_cli_flags_map_to_the_models_fields():
+    spec = get_spec("fedrecgel")
+    p = params_from_flags(spec, {"dim": 16})
+    assert p.gmf_dim == 16
+    with pytest.raises(ConfigError, match="not a setting of fedals"):
+        params_from_flags(get_spec("fedals"), {"lam": 0.1})
+    assert dataclasses.replace(get_spec("fedals").params(), alpha=5.0) == params_from_flags(
+        get_spec("fedals"), {"alpha": 5.0}
+    )
+
+
+def test_unsupported_defenses_are_refused_by_the_config():
+    from securefed.config import PrivacyConfig
+
+    with pytest.raises(ConfigError, match="no interaction-level DP-SGD"):
+        TrainConfig(model="fedals", privacy=PrivacyConfig(epsilon=1.0, privacy_unit="interaction"))
