@@ -11,12 +11,17 @@ import io
 import json
 import math
 import os
+import pickle
+import re
 import tempfile
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from securefed.errors import IntegrityError
 
 CONFIG_FILE = "config.toml"
 METRICS_FILE = "metrics.jsonl"
@@ -119,7 +124,18 @@ def rewrite_metrics(run_dir: Path, records: list[dict[str, Any]]) -> None:
 
 def save_state(path: Path, state: Mapping[str, Any]) -> None:
     """``torch.save`` a mapping atomically, streaming to a temporary file (no in-memory copy:
-    FedRAP's private views on MovieLens 1M are ~2.9 GB)."""
+    FedRAP's private views on MovieLens 1M are ~2.9 GB).
+
+    Checkpoints are data, not code: the state may hold only tensors and plain Python values
+    (dicts, lists, tuples, str, int, float, bool, None), which :func:`load_state` reads with
+    ``torch.load(weights_only=True)``. A state holding anything else (numpy arrays,
+    dataclasses, arbitrary objects) is refused here, before it replaces the previous file,
+    so a run never writes a checkpoint it cannot resume from.
+
+    Raises:
+        TypeError: if the state holds an object ``weights_only`` loading refuses (a bug in
+            the caller's ``state_dict``: convert it to tensors or plain values).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -127,6 +143,12 @@ def save_state(path: Path, state: Mapping[str, Any]) -> None:
             torch.save(dict(state), fh)
             fh.flush()
             os.fsync(fh.fileno())
+        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(tmp)
+        if unsafe:
+            raise TypeError(
+                f"state for {path.name} holds {', '.join(sorted(unsafe))}, which "
+                "torch.load(weights_only=True) refuses; store tensors and plain Python values"
+            )
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -134,11 +156,45 @@ def save_state(path: Path, state: Mapping[str, Any]) -> None:
 
 
 def load_state(path: Path) -> dict[str, Any] | None:
-    """A mapping written by :func:`save_state`, or None when the file does not exist."""
+    """A mapping written by :func:`save_state`, or None when the file does not exist.
+
+    Loads with ``torch.load(weights_only=True)``: tensors and plain Python values only, so a
+    crafted file cannot run code. Nothing is written, so a refused file leaves the run
+    directory as it was.
+
+    Raises:
+        IntegrityError: one line naming the file when it is empty, truncated, corrupt, not a
+            torch checkpoint, holds objects other than tensors and plain values (e.g. a
+            pickle crafted to run code, or a checkpoint from before securefed saved data
+            only), or is not a mapping.
+    """
     if not path.exists():
         return None
-    with path.open("rb") as fh:
-        return torch.load(fh, map_location="cpu", weights_only=False)
+    if path.stat().st_size == 0:
+        raise _unreadable(path, "the file is empty")
+    try:
+        with path.open("rb") as fh:
+            state = torch.load(fh, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        match = re.search(r"(?:GLOBAL|global|function|class) ([\w.<>]+)", str(exc))
+        what = f" ({match.group(1)[:80]})" if match else ""
+        raise _unreadable(
+            path, f"it holds an object other than tensors and plain values{what}"
+        ) from None
+    except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile, KeyError) as exc:
+        reason = " ".join(str(exc).split())[:120] or type(exc).__name__
+        raise _unreadable(path, f"it is truncated or corrupt: {reason}") from None
+    if not isinstance(state, dict):
+        raise _unreadable(path, f"it holds a {type(state).__name__}, not a mapping")
+    return state
+
+
+def _unreadable(path: Path, reason: str) -> IntegrityError:
+    return IntegrityError(
+        f"cannot load {path}: {reason}; nothing was loaded or changed. Restore the file from "
+        "a backup or delete it (a run resumed without its checkpoint starts over); never load "
+        "checkpoints from an untrusted source"
+    )
 
 
 def save_checkpoint(run_dir: Path, state: Mapping[str, Any]) -> None:
@@ -146,7 +202,17 @@ def save_checkpoint(run_dir: Path, state: Mapping[str, Any]) -> None:
 
 
 def load_checkpoint(run_dir: Path) -> dict[str, Any]:
-    state = load_state(run_dir / CHECKPOINT_FILE)
+    """The run's checkpoint (see :func:`load_state`); it must record a round count.
+
+    Raises:
+        FileNotFoundError: if the run has no checkpoint.
+        IntegrityError: if it cannot be loaded or records no integer ``round`` >= 0.
+    """
+    path = run_dir / CHECKPOINT_FILE
+    state = load_state(path)
     if state is None:
-        raise FileNotFoundError(run_dir / CHECKPOINT_FILE)
+        raise FileNotFoundError(path)
+    rounds = state.get("round")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+        raise _unreadable(path, f"it records no round count (round={rounds!r:.40})")
     return state

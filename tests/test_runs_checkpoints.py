@@ -1,0 +1,147 @@
+"""Checkpoints are data, not code: weights-only loading, and one clear error for any file
+that is empty, truncated, corrupt, crafted or not a checkpoint, with the run directory left
+exactly as it was."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from securefed import runs
+from securefed.errors import IntegrityError, SecureFedError
+
+MARKER = "marker.txt"
+
+
+class _WritesMarker:
+    """Unpickling this runs ``exec``, which writes the marker file (an attacker's payload)."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+
+    def __reduce__(self):
+        return (exec, (f"open({str(self.target)!r}, 'w').write('code ran')",))
+
+
+def _state() -> dict:
+    return {
+        "round": 4,
+        "model": {"C": torch.randn(6, 3), "config": {"dim": 3, "lr": 0.1, "name": "fedrap"}},
+        "aggregator": {"ledger": [{"round": 0, "sigma": 1.2, "kind": None}], "ids": (1, 2)},
+        "seconds": 12.5,
+    }
+
+
+def _snapshot(run_dir: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(run_dir.iterdir()) if p.is_file()}
+
+
+def _run_dir(tmp_path: Path) -> Path:
+    run_dir = tmp_path / "run"
+    runs.save_checkpoint(run_dir, _state())
+    runs.write_json(run_dir / runs.SUMMARY_FILE, {"rounds": 4})
+    runs.append_metrics(run_dir, {"round": 1, "loss": 0.5})
+    return run_dir
+
+
+def _refused(run_dir: Path) -> str:
+    before = _snapshot(run_dir)
+    with pytest.raises(IntegrityError) as err:
+        runs.load_checkpoint(run_dir)
+    assert _snapshot(run_dir) == before  # nothing written, renamed or deleted
+    msg = str(err.value)
+    assert isinstance(err.value, SecureFedError)
+    assert "\n" not in msg
+    assert str(run_dir / runs.CHECKPOINT_FILE) in msg
+    assert "backup" in msg and "delete" in msg
+    return msg
+
+
+def test_round_trip_keeps_tensors_and_plain_values(tmp_path):
+    run_dir = _run_dir(tmp_path)
+    got = runs.load_checkpoint(run_dir)
+    want = _state()
+    assert got["round"] == 4 and got["seconds"] == 12.5
+    assert got["model"]["config"] == want["model"]["config"]
+    assert got["aggregator"] == {
+        "ledger": [{"round": 0, "sigma": 1.2, "kind": None}],
+        "ids": (1, 2),
+    }
+    assert got["model"]["C"].shape == (6, 3)
+    assert runs.load_state(tmp_path / "missing.pt") is None
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["torch-zip", "raw-pickle"])
+def test_a_checkpoint_crafted_to_run_code_does_not_run(tmp_path, legacy):
+    run_dir = _run_dir(tmp_path)
+    marker = tmp_path / MARKER
+    evil = {"round": 5, "model": _WritesMarker(marker)}
+    path = run_dir / runs.CHECKPOINT_FILE
+    if legacy:
+        path.write_bytes(pickle.dumps(evil))
+    else:
+        torch.save(evil, path)
+    msg = _refused(run_dir)
+    assert not marker.exists()
+    assert "other than tensors and plain values" in msg
+    # Positive control: the same file does run its payload under an unsafe load.
+    if legacy:
+        pickle.loads(path.read_bytes())
+    else:
+        with path.open("rb") as fh:
+            torch.load(fh, weights_only=False)
+    assert marker.read_text() == "code ran"
+
+
+def test_best_model_and_node_state_files_are_loaded_weights_only_too(tmp_path):
+    marker = tmp_path / MARKER
+    path = tmp_path / runs.BEST_FILE
+    torch.save({"round": 1, "model": _WritesMarker(marker)}, path)
+    with pytest.raises(IntegrityError, match=str(path)):
+        runs.load_state(path)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("keep", [0.0, 0.02, 0.3, 0.5, 0.9, 0.999])
+def test_truncated_and_empty_checkpoints_are_one_clear_error(tmp_path, keep):
+    run_dir = _run_dir(tmp_path)
+    path = run_dir / runs.CHECKPOINT_FILE
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    msg = _refused(run_dir)
+    assert ("empty" in msg) if keep == 0.0 else ("truncated or corrupt" in msg)
+
+
+def test_random_bytes_and_other_files_are_one_clear_error(tmp_path):
+    run_dir = _run_dir(tmp_path)
+    path = run_dir / runs.CHECKPOINT_FILE
+    for junk in (np.random.default_rng(0).bytes(3000), b"not a checkpoint\n", b"PK\x03\x04"):
+        path.write_bytes(junk)
+        _refused(run_dir)
+
+
+def test_a_checkpoint_that_is_not_a_mapping_or_has_no_round_is_refused(tmp_path):
+    run_dir = _run_dir(tmp_path)
+    path = run_dir / runs.CHECKPOINT_FILE
+    torch.save([torch.zeros(2)], path)
+    assert "not a mapping" in _refused(run_dir)
+    for bad in ({"model": {}}, {"round": "3"}, {"round": -1}, {"round": True}):
+        torch.save(bad, path)
+        assert "round count" in _refused(run_dir)
+
+
+def test_save_refuses_state_that_weights_only_loading_would_refuse(tmp_path):
+    """Symmetric by construction: numpy arrays or arbitrary objects are refused when saving,
+    before they replace the previous checkpoint, instead of failing the next resume."""
+    run_dir = _run_dir(tmp_path)
+    before = _snapshot(run_dir)
+    for bad in (np.zeros(3), _WritesMarker(tmp_path / MARKER)):
+        with pytest.raises(TypeError, match="weights_only"):
+            runs.save_checkpoint(run_dir, {"round": 5, "model": {"x": bad}})
+    assert _snapshot(run_dir) == before
+    assert not any(p.name.endswith(".tmp") for p in run_dir.iterdir())
+    assert runs.load_checkpoint(run_dir)["round"] == 4
