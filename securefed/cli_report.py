@@ -21,6 +21,10 @@ from securefed.cli_common import (
     out,
 )
 from securefed.errors import ConfigError
+from securefed.models.registry import model_names
+
+#: The report's models when none are named: the federated ones (a reference is always added).
+DEFAULT_MODELS = "fedals,fedrap,fedrecgel"
 
 
 def _split_list(flag: str, value: str) -> list[str]:
@@ -45,8 +49,16 @@ def _epsilons(value: str) -> list[float]:
 
 def report(
     models: Annotated[
-        str, typer.Option(help="Comma-separated models: fedrap, fedrecgel.")
-    ] = "fedrap,fedrecgel",
+        str,
+        typer.Option(help=f"Comma-separated models, any of: {', '.join(model_names())}."),
+    ] = DEFAULT_MODELS,
+    references: Annotated[
+        str,
+        typer.Option(
+            help="CENTRALIZED references trained once per seed on the same split (ials, "
+            "ease; EASE only up to 5000 items), or none."
+        ),
+    ] = "ials,ease",
     dataset: DatasetName = "synthetic",
     epsilons: Annotated[
         str, typer.Option(help="Comma-separated target epsilons; inf = no DP.")
@@ -56,7 +68,11 @@ def report(
     ] = "none,dp,secagg,dp+secagg",
     seeds: Annotated[int, typer.Option(help="Seeds per setting (0 .. N-1).")] = 3,
     rounds: Annotated[
-        int | None, typer.Option(help="Federated rounds per cell (default 100).")
+        int | None,
+        typer.Option(
+            help="Rounds per cell of the federated models (default: each model's own; "
+            "MostPop and the references keep theirs)."
+        ),
     ] = None,
     jobs: Annotated[int, typer.Option(help="Cells trained in parallel processes.")] = 1,
     out_dir: Annotated[
@@ -97,8 +113,14 @@ def report(
             target = out_dir or Path("report")
             result = build_report([*from_dirs, *(extra or [])], target, min_hr=min_hr)
         else:
+            refs = (
+                ()
+                if references.strip().lower() == "none"
+                else tuple(_split_list("--references", references))
+            )
             config = ReportConfig(
                 models=tuple(_split_list("--models", models)),
+                references=refs,
                 dataset=dataset,
                 epsilons=tuple(_epsilons(epsilons)),
                 defenses=tuple(_split_list("--defenses", defenses)),
@@ -121,10 +143,12 @@ def report(
                 ) from None
     for note in result.notes:
         err.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
-    from securefed.report_html import summarise
+    from securefed.report_html import baseline_flags, summarise
 
     for sentence in summarise(result.results, min_hr)[0]:
         out.print(sentence, highlight=False, soft_wrap=True)
+    for flag in baseline_flags(result.results):
+        out.print(f"BELOW a baseline: {flag}", highlight=False, soft_wrap=True)
     out.print(f"report: {result.html}  (table: {result.csv})", highlight=False)
 
 

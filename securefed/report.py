@@ -13,9 +13,19 @@ that mean nothing (listed, with the reason, in the report)::
 Every cell trains through :func:`securefed.train` into ``out/cells/<model>-<defense>-eps<e>-s
 <seed>/`` and, unless disabled, is audited by :func:`attacks.audit.audit` (a seeded replay of
 the run with canaries, into the cell's ``audit/`` folder), so the utility columns come from the
-clean run and the attack columns from the audit. A sweep is resumable: a finished cell (its
-``summary.json``, and ``audit/audit.json`` when audits are on) is reused; a cell interrupted
-mid-training continues from its checkpoint; an interrupted audit is redone.
+clean run and the attack columns from the audit.
+
+Every row stands next to its yardsticks, from the same split and seed: the random and MostPop
+baselines and, for a DP row, DP-MostPop at the row's epsilon (:mod:`securefed.baselines`; read
+from the cell's ``summary.json``, or computed from the split for cells written before the
+summaries carried them). Beside the grid, each seed also trains the CENTRALIZED references
+(:attr:`ReportConfig.references`: iALS, and EASE when the catalogue is small enough to be
+cheap) into ``out/cells/<model>-centralized-s<seed>/``: what a server that sees every
+interaction reaches, labelled as such in every table and figure.
+
+A sweep is resumable: a finished cell (its ``summary.json``, and ``audit/audit.json`` when
+audits are on) is reused; a cell interrupted mid-training continues from its checkpoint; an
+interrupted audit is redone.
 
 Then :func:`build_report` reads the cell directories (or any run / audit directories) into
 ``results.csv`` / ``results.parquet`` (one row per cell), draws the figures (PNG and SVG) and
@@ -26,6 +36,7 @@ Library code never prints: progress goes to the optional ``progress`` callback.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -40,10 +51,13 @@ from typing import Any, Literal
 from securefed import runs
 from securefed.config import PrivacyConfig, TrainConfig, load_config_file
 from securefed.errors import ConfigError, DataError, SecureFedError
-from securefed.models.registry import model_names
+from securefed.models.registry import get_spec, model_names
 
 __all__ = [
+    "BASELINE_COLUMNS",
+    "CENTRALIZED",
     "DEFENSES",
+    "EASE_MAX_ITEMS",
     "REQUIRED_COLUMNS",
     "Cell",
     "ReportConfig",
@@ -57,14 +71,29 @@ __all__ = [
 ]
 
 DEFENSES: tuple[str, ...] = ("none", "dp", "secagg", "dp+secagg")
+#: The ``defense`` of a centralized reference's row: no federation at all, the server sees
+#: every interaction (not a defense a user can ask for).
+CENTRALIZED = "centralized"
+#: The largest catalogue for which a report trains the EASE reference by default: its
+#: items x items inverse is then a few seconds and at most ~100 MB.
+EASE_MAX_ITEMS = 5000
 AUDIT_DIR = "audit"
 CELLS_DIR = "cells"
 SWEEP_FILE = "report.json"
+
+_METRICS: tuple[str, ...] = ("test_hr@10", "test_ndcg@10", "test_full_hr@10", "test_full_ndcg@10")
+#: The random and MostPop yardsticks of every row (same split and seed as the row).
+BASELINE_COLUMNS: tuple[str, ...] = tuple(
+    f"baseline_{name}_{m}" for name in ("random", "mostpop") for m in _METRICS
+)
+#: DP-MostPop at the row's epsilon: present (not NaN) on every DP row.
+DP_BASELINE_COLUMNS: tuple[str, ...] = tuple(f"baseline_dp_mostpop_{m}" for m in _METRICS)
 
 #: Columns that every row of ``results.csv`` has, with no missing value.
 REQUIRED_COLUMNS: tuple[str, ...] = (
     "cell",
     "model",
+    "role",
     "dataset",
     "defense",
     "epsilon",
@@ -78,6 +107,7 @@ REQUIRED_COLUMNS: tuple[str, ...] = (
     "test_full_hr@10",
     "test_full_ndcg@10",
     "seconds",
+    *BASELINE_COLUMNS,
 )
 
 
@@ -90,12 +120,18 @@ class ReportConfig:
     """The grid of a report and how to run it.
 
     Attributes:
-        models: Models to compare (``fedrap``, ``fedrecgel``).
+        models: Models to compare: any registered model (``fedals``, ``fedrap``,
+            ``fedrecgel``, ``mostpop``; a centralized one such as ``ials`` runs only without
+            DP and secure aggregation).
+        references: CENTRALIZED references trained once per seed beside the grid, on the same
+            split (``ials``, ``ease``; EASE only when the catalogue has at most
+            :data:`EASE_MAX_ITEMS` items). Empty: none.
         dataset: Dataset name or path (as :class:`~securefed.TrainConfig` takes it).
         epsilons: Target user-level epsilons; ``math.inf`` means no DP.
         defenses: Any of :data:`DEFENSES`.
         seeds: Number of seeds per setting (seeds ``0 .. seeds-1``).
-        rounds: Federated rounds per cell (default: the training default).
+        rounds: Rounds per cell of the federated models (default: each model's own);
+            MostPop (one count) and the centralized references keep their own.
         delta: DP delta of every private cell.
         jobs: Cells trained in parallel processes.
         audit: Audit every cell (a seeded replay with canaries; roughly doubles the cost).
@@ -105,7 +141,8 @@ class ReportConfig:
         synthetic_users, synthetic_items: Size of the synthetic dataset.
     """
 
-    models: tuple[str, ...] = ("fedrap", "fedrecgel")
+    models: tuple[str, ...] = ("fedals", "fedrap", "fedrecgel")
+    references: tuple[str, ...] = ("ials", "ease")
     dataset: str = "synthetic"
     epsilons: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, math.inf)
     defenses: tuple[str, ...] = DEFENSES
@@ -121,17 +158,24 @@ class ReportConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "models", tuple(self.models))
+        object.__setattr__(self, "references", tuple(self.references))
         object.__setattr__(self, "defenses", tuple(self.defenses))
         object.__setattr__(self, "epsilons", tuple(float(e) for e in self.epsilons))
         if not self.models:
             raise ConfigError("models must name at least one model")
         for m in self.models:
             if m not in model_names():
-                raise ConfigError(
-                    f"model must be one of {', '.join(model_names())}, got {m!r}"
-                )
+                raise ConfigError(f"model must be one of {', '.join(model_names())}, got {m!r}")
         if len(set(self.models)) != len(self.models):
             raise ConfigError(f"models must not repeat, got {','.join(self.models)}")
+        centralized = model_names("centralized")
+        for m in self.references:
+            if m not in centralized:
+                raise ConfigError(
+                    f"references must be centralized models ({', '.join(centralized)}), got {m!r}"
+                )
+        if len(set(self.references)) != len(self.references):
+            raise ConfigError(f"references must not repeat, got {','.join(self.references)}")
         if not self.defenses:
             raise ConfigError("defenses must name at least one defense")
         for d in self.defenses:
@@ -159,12 +203,12 @@ class ReportConfig:
         if not 0 < self.delta < 1:
             raise ConfigError(f"delta must be in (0, 1), got {self.delta!r}")
         # Build one training config per model now, so a bad dataset size fails before any run.
-        for model in self.models:
+        for model in (*self.models, *self.references):
             self._base(model, 0)
 
     def _base(self, model: str, seed: int) -> dict[str, Any]:
         raw: dict[str, Any] = {"model": model, "dataset": self.dataset, "seed": seed}
-        if self.rounds is not None:
+        if self.rounds is not None and get_spec(model).role == "federated":
             raw["rounds"] = self.rounds
         if self.data_dir is not None:
             raw["data_dir"] = self.data_dir
@@ -178,6 +222,7 @@ class ReportConfig:
     def to_dict(self) -> dict[str, Any]:
         return {
             "models": list(self.models),
+            "references": list(self.references),
             "dataset": self.dataset,
             "epsilons": [_eps_label(e) for e in self.epsilons],
             "defenses": list(self.defenses),
@@ -195,7 +240,11 @@ class ReportConfig:
 
 @dataclass(frozen=True)
 class Cell:
-    """One point of the grid: a model, a defense, a target epsilon and a seed."""
+    """One point of the grid: a model, a defense, a target epsilon and a seed.
+
+    A centralized model's only cell has the defense :data:`CENTRALIZED` (no federation, no
+    DP) and is never audited: there are no uploads to attack.
+    """
 
     model: str
     defense: str
@@ -204,7 +253,14 @@ class Cell:
 
     @property
     def name(self) -> str:
+        if self.defense == CENTRALIZED:
+            return f"{self.model}-{CENTRALIZED}-s{self.seed}"
         return f"{self.model}-{self.defense}-eps{_eps_label(self.epsilon)}-s{self.seed}"
+
+    @property
+    def audited(self) -> bool:
+        """Whether the sweep audits this cell (when audits are on)."""
+        return self.defense != CENTRALIZED
 
     def train_config(self, config: ReportConfig) -> TrainConfig:
         """The cell's training config: the report's base settings plus its defense."""
@@ -221,8 +277,6 @@ class Cell:
 
 
 def _privacy_dict(p: PrivacyConfig) -> dict[str, Any]:
-    import dataclasses
-
     return {k: v for k, v in dataclasses.asdict(p).items() if v is not None}
 
 
@@ -237,11 +291,25 @@ class SkippedCell:
 
 
 def plan_cells(config: ReportConfig) -> tuple[list[Cell], list[SkippedCell]]:
-    """The cells to run (model, epsilon, defense, seed order) and the skipped combinations."""
+    """The cells to run (model, epsilon, defense, seed order) and the skipped combinations.
+
+    A centralized model (named in ``models`` or in ``references``) has one cell per seed with
+    the defense :data:`CENTRALIZED`; the defenses it cannot have are listed as skipped when it
+    was named in ``models``. References come last.
+    """
     cells: list[Cell] = []
     skipped: list[SkippedCell] = []
     epsilons = sorted(config.epsilons)
     for model in config.models:
+        if not get_spec(model).federated:
+            why = (
+                f"{model} is a CENTRALIZED reference (the server sees every interaction): "
+                "there is no federated protocol to add DP or secure aggregation to; its one "
+                f"setting is the {CENTRALIZED} row"
+            )
+            skipped.extend(SkippedCell(model, d, e, why) for e in epsilons for d in config.defenses)
+            cells.extend(Cell(model, CENTRALIZED, math.inf, s) for s in range(config.seeds))
+            continue
         for eps in epsilons:
             for defense in config.defenses:
                 dp = defense in ("dp", "dp+secagg")
@@ -258,6 +326,9 @@ def plan_cells(config: ReportConfig) -> tuple[list[Cell], list[SkippedCell]]:
                     skipped.append(SkippedCell(model, defense, eps, why))
                     continue
                 cells.extend(Cell(model, defense, eps, s) for s in range(config.seeds))
+    for model in config.references:
+        if model not in config.models:
+            cells.extend(Cell(model, CENTRALIZED, math.inf, s) for s in range(config.seeds))
     return cells, skipped
 
 
@@ -395,7 +466,7 @@ def _sweep(
         cell_dir = out / CELLS_DIR / cell.name
         cfg = cell.train_config(config)
         _check_cell_config(cell_dir, cfg)  # every conflict is reported before any run
-        if not _cell_finished(cell_dir, audit):
+        if not _cell_finished(cell_dir, audit and cell.audited):
             todo.append((cell, cell_dir, cfg))
     total = len(cells)
     done = total - len(todo)
@@ -410,7 +481,7 @@ def _sweep(
             ) -> None:
                 emit(SweepEvent("round", finished, total, name, stage=stage, round=r, rounds=n))
 
-            _run_cell(cell_dir, cfg, audit=audit, on_round=on_round)
+            _run_cell(cell_dir, cfg, audit=audit and cell.audited, on_round=on_round)
             done += 1
             emit(SweepEvent("done", done, total, cell.name, seconds=time.perf_counter() - t0))
         return
@@ -421,7 +492,9 @@ def _sweep(
     with ProcessPoolExecutor(max_workers=config.jobs, mp_context=ctx) as pool:
         started: dict[Future[str], tuple[Cell, float]] = {}
         for cell, cell_dir, cfg in todo:
-            fut = pool.submit(_cell_job, str(cell_dir), cfg.to_dict(), audit, threads)
+            fut = pool.submit(
+                _cell_job, str(cell_dir), cfg.to_dict(), audit and cell.audited, threads
+            )
             started[fut] = (cell, time.perf_counter())
         for cell, _ in list(started.values())[: config.jobs]:
             emit(SweepEvent("start", done, total, cell.name, stage="train"))
@@ -461,8 +534,9 @@ def run_report(
         DataError: The dataset is missing or malformed.
     """
     out = Path(out)
-    cells, skipped = plan_cells(config)
     notes: list[str] = []
+    config = _cheap_references(config, notes)
+    cells, skipped = plan_cells(config)
     audit = config.audit
     if audit:
         why = _audit_available()
@@ -492,6 +566,24 @@ def run_report(
         notes=notes,
         min_hr=config.min_hr,
     )
+
+
+def _cheap_references(config: ReportConfig, notes: list[str]) -> ReportConfig:
+    """``config`` without the EASE reference when its item-item inverse would not be cheap."""
+    if "ease" not in config.references:
+        return config
+    from securefed.training import load_split
+
+    split = load_split(TrainConfig.from_dict(config._base("ease", 0)))
+    if split.n_items <= EASE_MAX_ITEMS:
+        return config
+    notes.append(
+        f"The EASE reference was left out: {split.n_items} items make its items x items "
+        f"inverse costly (the report trains it up to {EASE_MAX_ITEMS} items; train it with "
+        "securefed train --model ease if wanted)."
+    )
+    kept = tuple(r for r in config.references if r != "ease")
+    return dataclasses.replace(config, references=kept)
 
 
 def _skip_dict(s: SkippedCell) -> dict[str, Any]:
@@ -547,13 +639,100 @@ def _f(value: Any) -> float:
     return float(value)
 
 
-def _read_row(run_dir: Path, audit_file: Path | None) -> dict[str, Any]:
+class _Baselines:
+    """Baselines of runs whose ``summary.json`` predates them, computed from the split.
+
+    One split per (dataset, seed, filter) and one DP-MostPop per (split, epsilon, delta,
+    unit), so a grid of old cells costs a few seconds. A split that cannot be rebuilt (the
+    data moved) leaves the row's baseline columns empty and says so in ``notes``.
+    """
+
+    def __init__(self) -> None:
+        self._splits: dict[tuple[Any, ...], Any] = {}
+        self._values: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self.notes: list[str] = []
+
+    def for_run(self, cfg: TrainConfig, epsilon: float | None, users: Any) -> dict[str, Any]:
+        from securefed.baselines import baseline_metrics
+        from securefed.training import load_split
+
+        key = (
+            cfg.dataset,
+            cfg.data_dir,
+            cfg.seed,
+            cfg.min_interactions,
+            cfg.synthetic_users,
+            cfg.synthetic_items,
+        )
+        if key not in self._splits:
+            try:
+                self._splits[key] = load_split(cfg)
+            except SecureFedError as exc:
+                self._splits[key] = None
+                self.notes.append(
+                    f"Baselines of {cfg.dataset} seed {cfg.seed} could not be computed for "
+                    f"runs that predate them ({exc}); their baseline columns are empty."
+                )
+        split = self._splits[key]
+        if split is None:
+            return {}
+        if isinstance(users, int) and users >= 0 and users != split.n_users:
+            note = (
+                f"Runs of {cfg.dataset} seed {cfg.seed} kept {users} users but the split "
+                f"rebuilt for their baselines has {split.n_users} (the run predates the one "
+                "min-interactions filter): their baselines describe a different user set."
+            )
+            if note not in self.notes:
+                self.notes.append(note)
+        p = cfg.privacy
+        vkey = (key, epsilon, p.delta, p.privacy_unit)
+        if vkey not in self._values:
+            self._values[vkey] = baseline_metrics(
+                split, seed=cfg.seed, epsilon=epsilon, delta=p.delta, privacy_unit=p.privacy_unit
+            )
+        return self._values[vkey]
+
+
+def _baseline_columns(
+    summary: dict[str, Any],
+    cfg: TrainConfig,
+    epsilon: float | None,
+    backfill: _Baselines,
+) -> dict[str, Any]:
+    """The row's baselines (from its summary, else from its split), lift and verdict."""
+    from securefed.baselines import verdict
+
+    wanted = [*BASELINE_COLUMNS, *(DP_BASELINE_COLUMNS if epsilon is not None else ())]
+    values: dict[str, Any] = {k: summary.get(k) for k in wanted}
+    source = "summary.json"
+    if any(v is None for v in values.values()):
+        computed = backfill.for_run(cfg, epsilon, summary.get("users", -1))
+        values = {k: computed.get(k) for k in wanted}
+        source = "split (computed by the report)" if computed else ""
+    row: dict[str, Any] = {k: _f(values.get(k)) for k in (*BASELINE_COLUMNS, *DP_BASELINE_COLUMNS)}
+    row["baselines_from"] = source
+    for key in ("test_hr@10", "test_full_hr@10"):
+        ref, value = row[f"baseline_mostpop_{key}"], _f(summary.get(key))
+        row[f"lift_over_mostpop_{key}"] = value / ref if ref > 0 else math.nan
+    present = {k: v for k, v in {**summary, **row}.items() if not _missing(v)}
+    row["verdict"] = "; ".join(verdict(present))
+    return row
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _read_row(run_dir: Path, audit_file: Path | None, backfill: _Baselines) -> dict[str, Any]:
     cfg = TrainConfig.from_dict(load_config_file(run_dir / runs.CONFIG_FILE))
     summary = _read_json(run_dir / runs.SUMMARY_FILE)
     p = cfg.privacy
+    role = cfg.spec.role
     defense = {(False, False): "none", (True, False): "dp", (False, True): "secagg"}.get(
         (p.dp, p.secagg), "dp+secagg"
     )
+    if role == "centralized":
+        defense = CENTRALIZED
     spent = summary.get("epsilon")
     target = p.epsilon if p.epsilon is not None else (spent if p.dp else None)
     metrics = runs.read_metrics(run_dir)
@@ -562,6 +741,7 @@ def _read_row(run_dir: Path, audit_file: Path | None) -> dict[str, Any]:
     row: dict[str, Any] = {
         "cell": run_dir.name if run_dir.name not in ("run", "replay") else run_dir.parent.name,
         "model": cfg.model,
+        "role": role,
         "dataset": summary.get("dataset", cfg.dataset),
         "defense": defense,
         "epsilon": math.inf if target is None else float(target),
@@ -593,6 +773,8 @@ def _read_row(run_dir: Path, audit_file: Path | None) -> dict[str, Any]:
     row["stopped"] = summary.get("stopped") or ""
     row["users"] = summary.get("users", -1)
     row["synthetic"] = bool(summary.get("synthetic", False))
+    dp_epsilon = None if target is None or not p.dp else float(target)
+    row.update(_baseline_columns(summary, cfg, dp_epsilon, backfill))
     row.update(_audit_columns(audit_file))
     row["run_dir"] = str(run_dir)
     return row
@@ -629,11 +811,20 @@ def _audit_columns(audit_file: Path | None) -> dict[str, Any]:
     return row
 
 
-def collect_results(dirs: Iterable[str | Path]) -> Any:
+def collect_results(dirs: Iterable[str | Path], notes: list[str] | None = None) -> Any:
     """One row per run found under ``dirs`` (run, audit or report directories), as a DataFrame.
 
-    Rows are ordered by model, defense, epsilon and seed. Attack columns are named
+    Rows are ordered by role (federated models, then baselines, then centralized references),
+    model, epsilon, defense and seed. Every row carries its baselines on the same split
+    (``baseline_random_*``, ``baseline_mostpop_*`` and, on DP rows, ``baseline_dp_mostpop_*``
+    at the row's epsilon), the lift over MostPop and ``verdict`` (the BELOW sentences of
+    :func:`securefed.baselines.verdict`, joined by ``; ``). Attack columns are named
     ``<attack>:<metric>`` (plus ``:lo``/``:hi`` for the 95 % interval and ``:baseline``).
+
+    Args:
+        dirs: Run, audit or report directories.
+        notes: Receives a sentence for every row whose baselines could not be computed or
+            describe a different user set.
     """
     import pandas as pd
 
@@ -642,11 +833,17 @@ def collect_results(dirs: Iterable[str | Path]) -> Any:
         found.extend(_find_runs(Path(d)))
     if not found:
         raise DataError("no finished run found in the given directories")
-    rows = [_read_row(r, a) for r, a in found]
+    backfill = _Baselines()
+    rows = [_read_row(r, a, backfill) for r, a in found]
+    if notes is not None:
+        notes.extend(n for n in backfill.notes if n not in notes)
     frame = pd.DataFrame(rows)
-    order = {d: i for i, d in enumerate(DEFENSES)}
+    order = {d: i for i, d in enumerate((*DEFENSES, CENTRALIZED))}
+    roles = {"federated": 0, "baseline": 1, "centralized": 2}
     frame["_d"] = frame["defense"].map(order)
-    frame = frame.sort_values(["model", "epsilon", "_d", "seed"], kind="stable").drop(columns="_d")
+    frame["_r"] = frame["role"].map(roles)
+    frame = frame.sort_values(["_r", "model", "epsilon", "_d", "seed"], kind="stable")
+    frame = frame.drop(columns=["_d", "_r"])
     frame = frame.drop_duplicates(subset=["run_dir"]).reset_index(drop=True)
     return frame
 
@@ -698,7 +895,8 @@ def _build(
     from securefed.report_html import write_documents
     from securefed.report_plots import draw_figures
 
-    frame = collect_results(dirs)
+    notes = list(notes)
+    frame = collect_results(dirs, notes)
     out.mkdir(parents=True, exist_ok=True)
     csv = out / "results.csv"
     parquet = out / "results.parquet"
@@ -709,7 +907,6 @@ def _build(
         raise ConfigError(
             f"writing results.parquet needs pyarrow ({exc}); pip install 'securefed[report]'"
         ) from None
-    notes = list(notes)
     for _, row in frame[frame["audit_error"].fillna("") != ""].iterrows():
         notes.append(
             f"The audit of {row['cell']} failed: {row['audit_error']} (its utility is reported; "

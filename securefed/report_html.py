@@ -17,7 +17,7 @@ from typing import Any
 from securefed import runs
 from securefed.report_plots import FIGURES
 
-__all__ = ["summarise", "write_documents"]
+__all__ = ["baseline_flags", "summarise", "write_documents"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,21 @@ def _threat_models(frame: Any) -> list[str]:
     return [f"{k}: {v}" for k, v in sorted(seen.items())]
 
 
+#: (name in the baseline columns, words): the yardsticks a cell is compared with, in order.
+_YARDSTICKS = (
+    ("random", "random scores"),
+    ("mostpop", "MostPop"),
+    ("dp_mostpop", "DP-MostPop at the same ε"),
+)
+
+
+def _models_only(frame: Any) -> Any:
+    """The rows of the compared models: centralized references are reported apart."""
+    if "role" not in frame:
+        return frame
+    return frame[frame["role"] != "centralized"]
+
+
 def _grouped(frame: Any) -> Any:
     cols = {
         "hr": ("test_hr@10", "mean"),
@@ -80,18 +95,68 @@ def _grouped(frame: Any) -> Any:
         "seconds": ("seconds", "mean"),
         "seeds": ("seed", "count"),
     }
+    for name, _ in _YARDSTICKS:
+        for short, metric in (("hr", "test_hr@10"), ("full_hr", "test_full_hr@10")):
+            col = f"baseline_{name}_{metric}"
+            if col in frame:
+                cols[f"{name}_{short}"] = (col, "mean")
     g = frame.groupby(["model", "defense", "epsilon"], sort=False).agg(**cols).reset_index()
     return g
+
+
+def _below(row: Any) -> list[str]:
+    """The yardsticks a grouped row's mean falls below, in words with the numbers."""
+    out: list[str] = []
+    for name, words in _YARDSTICKS:
+        ref, ref_full = row.get(f"{name}_hr", math.nan), row.get(f"{name}_full_hr", math.nan)
+        parts = []
+        if ref == ref and row["hr"] < ref:
+            parts.append(f"sampled HR@10 {row['hr']:.4f} < {ref:.4f}")
+        if ref_full == ref_full and row["full_hr"] == row["full_hr"] and row["full_hr"] < ref_full:
+            parts.append(f"full HR@10 {row['full_hr']:.4f} < {ref_full:.4f}")
+        if parts:
+            label = words.replace("the same ε", f"ε = {row['epsilon']:g}")
+            out.append(f"{label} ({', '.join(parts)})")
+    return out
+
+
+def _below_words(row: Any) -> str:
+    below = _below(row)
+    return "BELOW " + " and ".join(below) if below else ""
+
+
+def _below_short(row: Any) -> str:
+    """The key table's cell: which yardsticks the row is below (numbers in the list above)."""
+    names = [b.split(" (", 1)[0] for b in _below(row)]
+    return "BELOW " + ", ".join(names) if names else ""
+
+
+def baseline_flags(frame: Any) -> list[str]:
+    """One sentence per (model, defense, epsilon) whose mean over seeds falls below random,
+    MostPop or DP-MostPop at its epsilon (sampled or full-ranking HR@10), on the same split."""
+    g = _grouped(_models_only(frame))
+    lines = []
+    for _, row in g.iterrows():
+        words = _below_words(row)
+        if words:
+            lines.append(
+                f"{row['model']} · {row['defense']} · ε = {_eps(row['epsilon'])}: {words}."
+            )
+    return lines
 
 
 def summarise(frame: Any, min_hr: float | None) -> tuple[list[str], dict[str, float]]:
     """Plain-language recommendations: per model, the lowest epsilon whose mean test HR@10
     (sampled) meets the floor. Without ``min_hr`` the floor is 90 % of the model's no-DP HR@10.
 
+    A setting whose mean falls below random, MostPop or DP-MostPop at its epsilon is said to
+    be BELOW them wherever it is named, and is never offered as "the best private one".
+    Centralized references are not federated settings and get no sentence here.
+
     Returns:
         ``(sentences, {model: floor used})``.
     """
-    g = _grouped(frame)
+    g = _grouped(_models_only(frame))
     sentences: list[str] = []
     floors: dict[str, float] = {}
     for model, part in g.groupby("model", sort=True):
@@ -114,13 +179,14 @@ def summarise(frame: Any, min_hr: float | None) -> tuple[list[str], dict[str, fl
                 if not others.empty
                 else ""
             )
+            below = _below_words(best)
             sentences.append(
                 f"{model}: the lowest epsilon that meets {how} is ε = {best['epsilon']:g} with "
                 f"{best['defense']} (mean HR@10 {best['hr']:.4f} over {int(best['seeds'])} "
                 f"seed(s), epsilon spent {best['spent']:.3g}){also}."
+                + (f" It is {below}: counting items does as well." if below else "")
             )
         elif not private.empty:
-            top = private.sort_values("hr", ascending=False).iloc[0]
             meets = nodp[nodp["hr"] >= floor]
             tail = (
                 " Only the non-private setting(s) "
@@ -129,19 +195,55 @@ def summarise(frame: Any, min_hr: float | None) -> tuple[list[str], dict[str, fl
                 if not meets.empty
                 else " No setting meets it."
             )
-            sentences.append(
-                f"{model}: no private setting meets {how}; the best private one is "
-                f"{top['defense']} at ε = {top['epsilon']:g} (mean HR@10 {top['hr']:.4f}).{tail}"
-            )
+            above = private[[not _below(r) for _, r in private.iterrows()]]
+            if not above.empty:
+                top = above.sort_values("hr", ascending=False).iloc[0]
+                sentences.append(
+                    f"{model}: no private setting meets {how}; the best private one above its "
+                    f"baselines is {top['defense']} at ε = {top['epsilon']:g} (mean HR@10 "
+                    f"{top['hr']:.4f}).{tail}"
+                )
+            else:
+                top = private.sort_values("hr", ascending=False).iloc[0]
+                sentences.append(
+                    f"{model}: no private setting meets {how}, and every private setting is "
+                    f"below a baseline: the highest, {top['defense']} at ε = {top['epsilon']:g} "
+                    f"(mean HR@10 {top['hr']:.4f}), is {_below_words(top)}.{tail}"
+                )
         else:
             sentences.append(f"{model}: no private setting was run, so no epsilon to recommend.")
     return sentences, floors
 
 
+def _pair(sampled: Any, full: Any) -> str:
+    """``sampled / full`` means over seeds, or "–" where there is no value."""
+    a = [float(x) for x in sampled if x == x]
+    b = [float(x) for x in full if x == x]
+    if not a:
+        return "–"
+    text = f"{sum(a) / len(a):.4f}"
+    return text + (f" / {sum(b) / len(b):.4f}" if b else "")
+
+
+def _col(part: Any, name: str) -> Any:
+    return part.get(name, [])
+
+
+def _label(model: str, role: str) -> str:
+    if role == "centralized":
+        return f"{model} (CENTRALIZED reference: the server sees all data)"
+    return model
+
+
 def _key_table(frame: Any) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
-    """The key table: one row per (model, defense, epsilon), means over seeds."""
+    """The key table: one row per (model, defense, epsilon), means over seeds, each next to
+    its baselines on the same split; then the yardstick rows (random, MostPop) and the
+    centralized references of every dataset."""
     attack_cols = [c for c in frame.columns if c.endswith(":auc") and frame[c].notna().any()]
+    datasets = sorted(set(frame["dataset"]))
+    many = len(datasets) > 1
     header: tuple[str, ...] = (
+        *(("dataset",) if many else ()),
         "model",
         "defense",
         "target ε",
@@ -151,22 +253,39 @@ def _key_table(frame: Any) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
         "NDCG@10",
         "HR@10 full",
         "NDCG@10 full",
+        "MostPop HR@10 (sampled / full)",
+        "DP-MostPop HR@10 at this ε (sampled / full)",
+        "against the baselines",
         "best attack AUC",
         "ε lower bound",
         "s / round",
         "secagg s / round",
     )
     rows: list[tuple[str, ...]] = []
-    for (model, defense, e), part in frame.groupby(["model", "defense", "epsilon"], sort=False):
+    roles = frame.get("role")
+    keys = ["dataset", "model", "defense", "epsilon"]
+    for (dataset, model, defense, e), part in frame.groupby(keys, sort=False):
         best_auc, best_name = math.nan, ""
         for c in attack_cols:
             v = float(part[c].mean())
             if v == v and not (v <= best_auc):
                 best_auc, best_name = v, c[: -len(":auc")]
         lb = part.get("epsilon_lower_bound", [])
+        role = str(part["role"].iloc[0]) if roles is not None else "federated"
+        means = {
+            "hr": float(part["test_hr@10"].mean()),
+            "full_hr": float(part["test_full_hr@10"].mean()),
+            "epsilon": float(e),
+        }
+        for name, _ in _YARDSTICKS:
+            for short, metric in (("hr", "test_hr@10"), ("full_hr", "test_full_hr@10")):
+                col = f"baseline_{name}_{metric}"
+                means[f"{name}_{short}"] = float(part[col].mean()) if col in part else math.nan
+        verdict = _below_short(means)
         rows.append(
             (
-                str(model),
+                *((str(dataset),) if many else ()),
+                _label(str(model), role),
                 str(defense),
                 _eps(float(e)),
                 _num(float(part["epsilon_spent"].max())),
@@ -175,13 +294,61 @@ def _key_table(frame: Any) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
                 _mean_range(part["test_ndcg@10"]),
                 _mean_range(part["test_full_hr@10"]),
                 _mean_range(part["test_full_ndcg@10"]),
+                _pair(
+                    _col(part, "baseline_mostpop_test_hr@10"),
+                    _col(part, "baseline_mostpop_test_full_hr@10"),
+                ),
+                _pair(
+                    _col(part, "baseline_dp_mostpop_test_hr@10"),
+                    _col(part, "baseline_dp_mostpop_test_full_hr@10"),
+                ),
+                verdict or ("above all" if "baseline_mostpop_test_hr@10" in part else "–"),
                 f"{best_auc:.3f} ({best_name})" if best_name else "–",
                 _mean_range(lb, 3) if len(lb) else "–",
                 _num(float(part["seconds_per_round"].mean()), 3),
                 _num(float(part["secagg_seconds_per_round"].mean()), 3),
             )
         )
+    for dataset in datasets:
+        rows.extend(_yardstick_rows(frame[frame["dataset"] == dataset], str(dataset), many))
     return header, rows
+
+
+def _yardstick_rows(frame: Any, dataset: str, many: bool) -> list[tuple[str, ...]]:
+    """Random and MostPop as rows of their own (one value per seed of the dataset)."""
+    rows: list[tuple[str, ...]] = []
+    for name, label in (
+        ("random", "random scores (expected, same split)"),
+        ("mostpop", "MostPop (item counts, same split)"),
+    ):
+        cols = [
+            f"baseline_{name}_{m}"
+            for m in ("test_hr@10", "test_ndcg@10", "test_full_hr@10", "test_full_ndcg@10")
+        ]
+        if not all(c in frame for c in cols):
+            continue
+        per_seed = frame.dropna(subset=cols).drop_duplicates(subset=["seed"])
+        if per_seed.empty:
+            continue
+        rows.append(
+            (
+                *((dataset,) if many else ()),
+                label,
+                "none",
+                _eps(math.inf),
+                "∞",
+                str(len(per_seed)),
+                *(_mean_range(per_seed[c]) for c in cols),
+                "–",
+                "–",
+                "baseline",
+                "–",
+                "–",
+                "–",
+                "–",
+            )
+        )
+    return rows
 
 
 def _blocks(
@@ -191,7 +358,9 @@ def _blocks(
     notes: list[str],
     sentences: list[str],
 ) -> list[_Block]:
-    models = sorted(set(frame["model"]))
+    compared = _models_only(frame)
+    models = sorted(set(compared["model"]))
+    refs = sorted(set(frame["model"]) - set(models))
     datasets = sorted(set(frame["dataset"]))
     dp = frame[frame["dp"]]
     b: list[_Block] = [
@@ -208,8 +377,14 @@ def _blocks(
         + ", ".join(str(r) for r in sorted(set(frame["rounds"]))),
         f"Seeds per setting: {int(frame.groupby(['model', 'defense', 'epsilon']).size().max())}; "
         f"cells run: {len(frame)}",
+        "Baselines, on each row's own split and seed: random scores (expected value), MostPop "
+        "(items ranked by training count) and, on DP rows, DP-MostPop (one Gaussian release of "
+        "the counts at the row's epsilon; a reference not charged to the row's budget). Rows "
+        "below any of them say so in words.",
+        "Centralized references (CENTRALIZED: the server sees every interaction, no "
+        "federation, no DP): " + (", ".join(refs) if refs else "none in these runs"),
         "Target epsilons: " + ", ".join(_eps(e) for e in eps),
-        "Defenses: " + ", ".join(sorted(set(frame["defense"]))) + " (none = no DP and no secure "
+        "Defenses: " + ", ".join(sorted(set(compared["defense"]))) + " (none = no DP and no secure "
         "aggregation; dp = central Gaussian noise added by a trusted server; secagg = secure "
         "aggregation without DP; dp+secagg = distributed discrete Gaussian noise added by the "
         "clients inside secure aggregation)",
@@ -251,7 +426,12 @@ def _blocks(
         "validation HR@10; bars span the seeds. Top: the sampled protocol (the held-out item "
         "ranked against 99 sampled non-interacted items); bottom: full ranking over every item. "
         "Read it from right to left: how much utility each step down in epsilon costs. Points at "
-        "∞ are the non-private references (none, and secagg, which adds no noise).",
+        "∞ are the non-private references (none, and secagg, which adds no noise). Grey "
+        "lines are the baselines on the same split: MostPop (dashed, an item count), "
+        "DP-MostPop (a curve over epsilon: one noisy count at that epsilon) and random scores "
+        "(dotted); black dash-dotted lines are the CENTRALIZED references, which see every "
+        "interaction. A model under the MostPop line or the DP-MostPop curve is worse than "
+        "counting.",
         "attacks": "Each column is one attack, scored on which items each user trained on "
         "(membership), pooled over (user, item) pairs. Dotted grey: a random guess. Attacks "
         "that need per-client uploads are not run when secure aggregation hides them, so "
@@ -283,15 +463,29 @@ def _blocks(
             why = [n for n in notes if n.lower().startswith(f"no {_NOTE_KEYS[name]}")]
             b.append(_Block("note", why[0] if why else "Not available for these runs."))
     header, rows = _key_table(frame)
+    flags = baseline_flags(frame)
     b += [
         _Block("h2", f"{len(FIGURES) + 2}. Summary: which settings meet the utility floor"),
         _Block("ul", items=tuple(sentences)),
         _Block(
             "p",
-            "Utility is the mean over seeds with the [min, max] over seeds in brackets. "
-            "Remember what each epsilon buys against which observer: dp trusts the server with "
-            "the noise; dp+secagg does not, at the price of secure aggregation's cost and a "
-            "slightly looser (RDP) accounting.",
+            "Settings below a baseline (mean over seeds, same split): "
+            + ("" if flags else "none; every setting beats random, MostPop and DP-MostPop."),
+        ),
+    ]
+    if flags:
+        b.append(_Block("ul", items=tuple(flags)))
+    b += [
+        _Block(
+            "p",
+            "Utility is the mean over seeds with the [min, max] over seeds in brackets. Each "
+            "row stands next to MostPop and, when private, DP-MostPop at its epsilon (sampled "
+            "/ full HR@10, means over the same seeds and split); the rows after the models are "
+            "the yardsticks themselves and the CENTRALIZED references, which see every "
+            "interaction and show what federation and privacy cost. Remember what each "
+            "epsilon buys against which observer: dp trusts the server with the noise; "
+            "dp+secagg does not, at the price of secure aggregation's cost and a slightly "
+            "looser (RDP) accounting.",
         ),
         _Block("table", items=tuple(rows), header=header),
     ]

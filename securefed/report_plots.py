@@ -117,9 +117,57 @@ def _legend(fig: Any, axes: Any, **kwargs: Any) -> None:
     fig.legend([seen[lbl] for lbl in labels], labels, **kwargs)
 
 
+_REF_STYLES = ("-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 1)))
+
+
+def _split_roles(frame: Any) -> tuple[Any, Any]:
+    """(the compared models' rows, the centralized references' rows)."""
+    if "role" not in frame:
+        return frame, frame.iloc[0:0]
+    central = frame["role"] == "centralized"
+    return frame[~central], frame[central]
+
+
+def _draw_baselines(ax: Any, frame: Any, refs: Any, col: str, index: dict[float, int]) -> None:
+    """MostPop and random as horizontal lines, DP-MostPop as a curve over epsilon, and each
+    centralized reference as a horizontal line, all on the same split as the models."""
+    per_seed = frame.drop_duplicates(subset=["dataset", "seed"])
+    for name, style, label in (
+        ("mostpop", "--", "MostPop (same split)"),
+        ("random", ":", "random scores"),
+    ):
+        values = per_seed.get(f"baseline_{name}_{col}")
+        if values is not None and values.notna().any():
+            ax.axhline(float(values.mean()), color="grey", linestyle=style, label=label)
+    dp_col = f"baseline_dp_mostpop_{col}"
+    if dp_col in frame and frame[dp_col].notna().any():
+        dp = frame.dropna(subset=[dp_col]).drop_duplicates(subset=["dataset", "seed", "epsilon"])
+        curve = dp.groupby("epsilon")[dp_col].mean().sort_index()
+        ax.plot(
+            [index[e] for e in curve.index if e in index],
+            [float(v) for e, v in curve.items() if e in index],
+            color="grey",
+            marker="x",
+            linestyle="-",
+            linewidth=1.2,
+            label="DP-MostPop at that ε",
+        )
+    for k, (model, part) in enumerate(refs.groupby("model", sort=True)):
+        ax.axhline(
+            float(part[col].mean()),
+            color="black",
+            linestyle=_REF_STYLES[k % len(_REF_STYLES)],
+            linewidth=1.1,
+            label=f"{model} (CENTRALIZED, all data)",
+        )
+
+
 def _draw_frontier(frame: Any) -> tuple[Any, str | None]:
     import matplotlib.pyplot as plt
 
+    frame, refs = _split_roles(frame)
+    if frame.empty:
+        return None, "No utility frontier: only centralized references were run."
     eps, index = _axis(frame)
     models = sorted(set(frame["model"]))
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharex=True, layout="constrained")
@@ -131,10 +179,11 @@ def _draw_frontier(frame: Any) -> tuple[Any, str | None]:
     )
     for ax, (col, title) in zip(axes.flat, panels, strict=True):
         _plot_lines(ax, _series(frame, col), models, index)
+        _draw_baselines(ax, frame, refs, col, index)
         ax.set_title(title)
         ax.set_ylabel(col.replace("test_", "test "))
         _set_eps_ticks(ax, eps)
-    _legend(fig, axes, loc="outside right center", title="model · defense")
+    _legend(fig, axes, loc="outside right center", title="model · defense; baselines")
     seeds = int(frame.groupby(["model", "defense", "epsilon"]).size().max())
     fig.suptitle(
         f"Utility vs privacy (mean over {seeds} seed{'s' if seeds > 1 else ''}; "
@@ -441,8 +490,11 @@ def draw_figures(frame: Any, folder: Path) -> tuple[dict[str, Path], list[str]]:
     figures: dict[str, Path] = {}
     notes: list[str] = []
     with plt.rc_context({"font.size": 9, "svg.hashsalt": "securefed", "svg.fonttype": "none"}):
+        models, _ = _split_roles(frame)
         for name, draw in _DRAW.items():
-            fig, note = draw(frame)
+            # Centralized references have no uploads, audit or secure rounds: only the
+            # frontier draws them (as reference lines).
+            fig, note = draw(frame if name == "frontier" else models)
             if fig is None:
                 if note:
                     notes.append(note)

@@ -16,13 +16,17 @@ from typer.testing import CliRunner
 
 from securefed.errors import ConfigError
 from securefed.report import (
+    BASELINE_COLUMNS,
+    CENTRALIZED,
+    DP_BASELINE_COLUMNS,
     REQUIRED_COLUMNS,
     ReportConfig,
     SweepEvent,
+    build_report,
     plan_cells,
     run_report,
 )
-from securefed.report_html import summarise
+from securefed.report_html import baseline_flags, summarise
 
 SMALL = ["--dataset", "synthetic", "--synthetic-users", "60", "--synthetic-items", "400"]
 FIGURES = ("frontier", "attacks", "epsilon_audit", "roc", "secagg")
@@ -59,8 +63,9 @@ def test_plan_runs_meaningful_cells_and_names_the_skipped_ones():
     cfg = ReportConfig(models=("fedrap", "fedrecgel"), epsilons=(1.0, math.inf), seeds=2)
     cells, skipped = plan_cells(cfg)
     names = {c.name for c in cells}
-    # per model: none/secagg at inf, dp and dp+secagg at 1; two seeds each
-    assert len(cells) == 2 * 4 * 2
+    # per model: none/secagg at inf, dp and dp+secagg at 1; two seeds each; then the two
+    # centralized references once per seed
+    assert len(cells) == 2 * 4 * 2 + 2 * 2
     assert "fedrap-dp+secagg-eps1-s1" in names and "fedrecgel-none-epsinf-s0" in names
     assert not any(c.defense in ("dp", "dp+secagg") and math.isinf(c.epsilon) for c in cells)
     assert not any(c.defense in ("none", "secagg") and not math.isinf(c.epsilon) for c in cells)
@@ -73,8 +78,37 @@ def test_plan_runs_meaningful_cells_and_names_the_skipped_ones():
     assert all(s.reason for s in skipped)
 
 
+def test_plan_adds_centralized_references_once_per_seed_and_any_registered_model_runs():
+    cfg = ReportConfig(models=("fedals", "mostpop", "ials"), epsilons=(2.0, math.inf), seeds=2)
+    cells, skipped = plan_cells(cfg)
+    names = [c.name for c in cells]
+    assert "fedals-dp-eps2-s1" in names and "mostpop-dp+secagg-eps2-s0" in names
+    # ials was asked for as a model: one centralized cell per seed, every defense skipped.
+    assert [n for n in names if n.startswith("ials")] == [
+        "ials-centralized-s0",
+        "ials-centralized-s1",
+    ]
+    assert {s.model for s in skipped if "CENTRALIZED" in s.reason} == {"ials"}
+    # ease is a default reference: after the grid, once per seed, never audited.
+    assert names[-2:] == ["ease-centralized-s0", "ease-centralized-s1"]
+    refs = [c for c in cells if c.defense == CENTRALIZED]
+    assert refs and not any(c.audited for c in refs)
+    tc = refs[0].train_config(cfg)
+    assert not tc.privacy.dp and not tc.privacy.secagg
+    assert ReportConfig().models == ("fedals", "fedrap", "fedrecgel")
+
+
+def test_report_rounds_apply_to_federated_models_only():
+    cfg = ReportConfig(models=("fedals", "mostpop"), epsilons=(math.inf,), seeds=1, rounds=3)
+    rounds = {c.model: c.train_config(cfg).rounds for c in plan_cells(cfg)[0]}
+    assert rounds["fedals"] == 3
+    assert rounds["mostpop"] == 1 and rounds["ials"] > 1  # their own defaults, not 3
+
+
 def test_cell_configs_carry_their_defense():
-    cfg = ReportConfig(models=("fedrap",), epsilons=(2.0, math.inf), seeds=1, rounds=3)
+    cfg = ReportConfig(
+        models=("fedrap",), references=(), epsilons=(2.0, math.inf), seeds=1, rounds=3
+    )
     by_defense = {c.defense: c.train_config(cfg) for c in plan_cells(cfg)[0]}
     assert by_defense["none"].privacy.dp is False and by_defense["none"].privacy.secagg is False
     assert by_defense["secagg"].privacy.secagg and not by_defense["secagg"].privacy.dp
@@ -93,6 +127,7 @@ def test_cell_configs_carry_their_defense():
         ({"seeds": 0}, "seeds must be a positive integer"),
         ({"jobs": 0}, "jobs must be a positive integer"),
         ({"min_hr": 1.5}, "min HR must be in [0, 1]"),
+        ({"references": ("fedals",)}, "references must be centralized models"),
     ],
 )
 def test_report_config_rejects_bad_values(kwargs, message):
@@ -107,6 +142,7 @@ def test_report_config_rejects_bad_values(kwargs, message):
         ["--epsilons", "1,,2"],
         ["--defenses", "dp,shield"],
         ["--models", "fedrap,fedavg"],
+        ["--references", "mostpop"],
         ["--seeds", "0"],
         ["--from", "/nonexistent/securefed-report-dir"],
     ],
@@ -153,6 +189,59 @@ def test_summary_picks_the_lowest_epsilon_meeting_the_floor():
     assert floors["fedrap"] == pytest.approx(0.54) and "ε = 8 with dp " in sentence
 
 
+def _with_baselines(rows, mostpop, dp_mostpop):
+    """Rows with the baseline columns a report reads (one split, DP-MostPop per epsilon)."""
+    frame = pd.DataFrame(rows)
+    frame["role"] = "federated"
+    frame["test_full_ndcg@10"] = frame["test_hr@10"] / 8
+    # Each metric relates to sampled HR@10 as in _row (NDCG / 2, full HR / 4, full NDCG / 8).
+    for m, f in (("test_hr@10", 1), ("test_ndcg@10", 2), ("test_full_hr@10", 4),
+                 ("test_full_ndcg@10", 8)):  # fmt: skip
+        frame[f"baseline_random_{m}"] = 0.01 / f
+        frame[f"baseline_mostpop_{m}"] = mostpop / f
+        frame[f"baseline_dp_mostpop_{m}"] = [
+            dp_mostpop.get(e, math.nan) / f if d.startswith("dp") else math.nan
+            for e, d in zip(frame["epsilon"], frame["defense"], strict=True)
+        ]
+    return frame
+
+
+def _row(defense, eps, hr, model="fedrecgel"):
+    return {
+        "model": model, "defense": defense, "epsilon": eps, "seed": 0, "test_hr@10": hr,
+        "test_ndcg@10": hr / 2, "test_full_hr@10": hr / 4, "epsilon_spent": eps, "seconds": 1.0,
+        "dataset": "ml-100k", "seconds_per_round": 1.0, "secagg_seconds_per_round": math.nan,
+    }  # fmt: skip
+
+
+def test_a_cell_below_mostpop_is_flagged_and_never_the_best_private_one():
+    # The issue-18 case: every private cell below MostPop (0.40); the highest at epsilon 8.
+    rows = [_row("none", math.inf, 0.42), _row("dp", 2.0, 0.0976), _row("dp", 8.0, 0.12)]
+    frame = _with_baselines(rows, mostpop=0.40, dp_mostpop={2.0: 0.39, 8.0: 0.40})
+    (sentence,), _ = summarise(frame, None)
+    assert "best private one" not in sentence
+    assert "every private setting is below a baseline" in sentence
+    assert "BELOW MostPop (sampled HR@10 0.1200 < 0.4000" in sentence
+    assert "DP-MostPop at ε = 8 (sampled HR@10 0.1200 < 0.4000" in sentence
+    flags = baseline_flags(frame)
+    assert [f.split(":")[0] for f in flags] == ["fedrecgel · dp · ε = 2", "fedrecgel · dp · ε = 8"]
+    assert all("BELOW MostPop" in f and "DP-MostPop" in f for f in flags)
+    # A private cell above MostPop and DP-MostPop can be the best private one; one that beats
+    # MostPop but not DP-MostPop at its epsilon cannot.
+    rows = [_row("none", math.inf, 0.9), _row("dp", 2.0, 0.45), _row("dp", 8.0, 0.5)]
+    frame = _with_baselines(rows, mostpop=0.40, dp_mostpop={2.0: 0.39, 8.0: 0.55})
+    (sentence,), _ = summarise(frame, None)
+    assert "the best private one above its baselines is dp at ε = 2 " in sentence
+    assert baseline_flags(frame) == [
+        "fedrecgel · dp · ε = 8: BELOW DP-MostPop at ε = 8 (sampled HR@10 0.5000 < 0.5500, "
+        "full HR@10 0.1250 < 0.1375)."
+    ]
+    # A setting that meets the floor but loses to MostPop says so in the same sentence.
+    rows = [_row("none", math.inf, 0.30), _row("dp", 2.0, 0.29)]
+    (sentence,), _ = summarise(_with_baselines(rows, 0.40, {2.0: 0.2}), None)
+    assert "ε = 2 with dp" in sentence and "It is BELOW MostPop" in sentence
+
+
 # ---------------------------------------------------------------------------- end to end
 
 
@@ -178,15 +267,20 @@ def test_sweep_writes_every_file_with_one_complete_row_per_cell(swept):
     cells = sorted(p.name for p in (swept / "cells").iterdir())
     assert sorted(csv["cell"]) == cells == sorted(
         ["fedrap-none-epsinf-s0", "fedrap-secagg-epsinf-s0", "fedrap-dp-eps1-s0",
-         "fedrap-dp+secagg-eps1-s0"]
+         "fedrap-dp+secagg-eps1-s0", "ials-centralized-s0", "ease-centralized-s0"]
     )  # fmt: skip
     missing = csv[list(REQUIRED_COLUMNS)].isna().sum()
     assert missing.sum() == 0, missing[missing > 0]
-    # Every cell is audited, or the report names why its audit failed (utility still stands).
-    assert (csv["audited"] | csv["audit_error"].astype("string").fillna("").ne("")).all()
-    assert csv.loc[csv["defense"].isin(["none", "dp"]), "audited"].all()
-    assert csv.loc[csv["audited"], "epsilon_lower_bound"].notna().all()
-    for _, row in csv[~csv["audited"]].iterrows():
+    # Every cell is audited, or the report names why its audit failed (utility still stands);
+    # the centralized references have no uploads and are not audited.
+    central = csv["role"] == "centralized"
+    assert (csv.loc[central, "defense"] == CENTRALIZED).all() and not csv.loc[central, "dp"].any()
+    assert not csv.loc[central, "audited"].any()
+    fed = csv[~central]
+    assert (fed["audited"] | fed["audit_error"].astype("string").fillna("").ne("")).all()
+    assert fed.loc[fed["defense"].isin(["none", "dp"]), "audited"].all()
+    assert fed.loc[fed["audited"], "epsilon_lower_bound"].notna().all()
+    for _, row in fed[~fed["audited"]].iterrows():
         assert f"The audit of {row['cell']} failed" in (swept / "report.md").read_text()
     dp = csv[csv["dp"]]
     assert (dp["epsilon_spent"] <= dp["epsilon"] + 1e-9).all()
@@ -201,6 +295,72 @@ def test_sweep_writes_every_file_with_one_complete_row_per_cell(swept):
     threats = next(line for line in md.splitlines() if "Threat models of the attacks" in line)
     for name in ("upload-observer", "aggregate-observer", "release-observer"):
         assert f"{name}: " in threats and f"{name}: {name}" not in threats
+
+
+def test_every_row_carries_its_baselines_from_the_same_split(swept):
+    from securefed.baselines import baseline_metrics
+    from securefed.config import TrainConfig, load_config_file
+    from securefed.training import load_split
+
+    csv = pd.read_csv(swept / "results.csv")
+    dp = csv["dp"]
+    assert csv.loc[dp, list(DP_BASELINE_COLUMNS)].notna().all().all()
+    assert csv.loc[~dp, list(DP_BASELINE_COLUMNS)].isna().all().all()
+    row = csv[csv["cell"] == "fedrap-dp-eps1-s0"].iloc[0]
+    cfg = TrainConfig.from_dict(load_config_file(Path(row["run_dir"]) / "config.toml"))
+    want = baseline_metrics(load_split(cfg), seed=0, epsilon=1.0)
+    for col in (*BASELINE_COLUMNS, *DP_BASELINE_COLUMNS):
+        assert row[col] == pytest.approx(want[col], abs=1e-6), col
+    assert row["lift_over_mostpop_test_hr@10"] == pytest.approx(
+        row["test_hr@10"] / row["baseline_mostpop_test_hr@10"]
+    )
+    below = csv["test_hr@10"] < csv["baseline_mostpop_test_hr@10"]
+    assert (csv.loc[below, "verdict"].str.contains("BELOW MostPop")).all()
+    md = (swept / "report.md").read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| model | defense"))
+    for name in ("MostPop HR@10", "DP-MostPop HR@10 at this ε", "against the baselines"):
+        assert name in header
+    table = [line for line in md.splitlines() if line.startswith("| ")]
+    assert any(line.startswith("| MostPop (item counts, same split) |") for line in table)
+    assert any(line.startswith("| random scores (expected, same split) |") for line in table)
+    for ref in ("ials", "ease"):
+        assert any(line.startswith(f"| {ref} (CENTRALIZED reference") for line in table), ref
+    # Every key-table row whose mean is below MostPop's says so in words.
+    for (model, defense, eps), part in csv.groupby(["model", "defense", "epsilon"]):
+        line = next(
+            ln for ln in table
+            if ln.startswith(f"| {model}") and f"| {defense} |" in ln
+            and (f"| {eps:g} |" in ln or (math.isinf(eps) and "| ∞ (no DP) |" in ln))
+        )  # fmt: skip
+        is_below = part["test_hr@10"].mean() < part["baseline_mostpop_test_hr@10"].mean()
+        assert ("BELOW" in line and "MostPop" in line.split("BELOW")[1]) == is_below, line
+    svg = (swept / "figures" / "frontier.svg").read_text()
+    for label in ("MostPop (same split)", "DP-MostPop at that ε", "ials (CENTRALIZED"):
+        assert label in svg, label
+
+
+def test_old_cells_without_baselines_get_them_from_their_split(swept, tmp_path):
+    old = tmp_path / "old"
+    for name in ("fedrap-dp-eps1-s0", "fedrap-none-epsinf-s0"):
+        shutil.copytree(swept / "cells" / name, old / "cells" / name)
+        path = old / "cells" / name / "summary.json"
+        summary = json.loads(path.read_text())
+        kept = {
+            k: v for k, v in summary.items()
+            if not k.startswith(("baseline_", "lift_over_")) and k != "verdict"
+        }  # fmt: skip
+        assert len(kept) < len(summary)
+        path.write_text(json.dumps(kept))
+    result = build_report([old], tmp_path / "page")
+    new = result.results.set_index("cell")
+    ref = pd.read_csv(swept / "results.csv").set_index("cell")
+    cols = [*BASELINE_COLUMNS, *DP_BASELINE_COLUMNS]
+    for cell in new.index:
+        assert new.loc[cell, "baselines_from"].startswith("split")
+        for col in cols:
+            a, b = new.loc[cell, col], ref.loc[cell, col]
+            assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, abs=1e-6), col
+    assert "MostPop (item counts, same split)" in result.markdown.read_text()
 
 
 def test_report_from_existing_directories(swept, tmp_path):
@@ -313,8 +473,9 @@ def test_interrupted_sweep_resumes_to_the_same_results(tmp_path):
     events.clear()
     resumed = run_report(cfg, out=tmp_path / "cut", progress=events.append)
     plan = events[0]
-    assert plan.kind == "plan" and (plan.done, plan.total) == (2, 4)
-    assert sum(e.kind == "done" for e in events) == 2  # only the two unfinished cells ran
+    # four fedrecgel cells and the two centralized references (ials, ease)
+    assert plan.kind == "plan" and (plan.done, plan.total) == (2, 6)
+    assert sum(e.kind == "done" for e in events) == 4  # only the unfinished cells ran
     a = pd.read_csv(whole.csv)[QUALITY]
     b = pd.read_csv(resumed.csv)[QUALITY]
     pd.testing.assert_frame_equal(a, b)
