@@ -114,3 +114,103 @@ def test_encode_integers_accepts_rounded_update_plus_noise_and_refuses_overflow(
     np.testing.assert_array_equal(codec.decode_sum(total), 3 * ok / 100.0)
     with pytest.raises(ConfigError):
         codec.encode_integers(np.array([bound + 1], dtype=np.int64))
+
+
+# -- exact parameters, boundaries and messages (each test kills a mutant that survived) --------
+
+
+def test_defaults_and_the_exact_per_client_bound():
+    codec = FixedPointCodec.for_sum(n_clients=3, clip=1.5, scale_bits=4)
+    assert codec.extra_int_bound == 0 and codec.scale == 16.0
+    assert codec.per_client_bound == 25  # floor(1.5 * 16 * (1 + 2**-51)) + 1
+    assert codec.modulus_bits == (3 * 25).bit_length() + 1
+    assert codec.modulus == 1 << codec.modulus_bits and int(codec.mask) == codec.modulus - 1
+
+
+def test_scale_bits_range_is_0_to_60():
+    assert FixedPointCodec.for_sum(n_clients=1, clip=1.0, scale_bits=60).modulus_bits == 62
+    assert FixedPointCodec.for_sum(n_clients=1, clip=1.0, scale_bits=0).scale == 1.0
+    for bad in (61, -1):
+        with pytest.raises(ConfigError, match=rf"scale_bits must be in \[0, 60\], got {bad}"):
+            FixedPointCodec.for_sum(n_clients=1, clip=1.0, scale_bits=bad)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"scale_bits": 4, "scale": 16.0}, "give exactly one of scale_bits and scale"),
+        ({}, "give exactly one of scale_bits and scale"),
+        ({"scale": 0.0}, r"scale must be a positive finite float, got 0\.0"),
+        ({"scale": float("inf")}, r"scale must be a positive finite float, got inf"),
+        ({"scale": 2.0, "n_clients": 0}, r"n_clients must be an int >= 1, got 0"),
+        ({"scale": 2.0, "n_clients": 2.0}, r"n_clients must be an int >= 1, got 2\.0"),
+        ({"scale": 2.0, "clip": 0.0}, r"clip must be a positive finite float, got 0\.0"),
+        ({"scale": 2.0, "clip": float("inf")}, r"clip must be a positive finite float, got inf"),
+        ({"scale": 2.0, "extra_int_bound": -1}, r"extra_int_bound must be an int >= 0, got -1"),
+    ],
+)
+def test_for_sum_rejects_each_invalid_argument_with_its_message(kwargs, message):
+    args = {"n_clients": 2, "clip": 1.0} | kwargs
+    with pytest.raises(ConfigError, match=message):
+        FixedPointCodec.for_sum(**args)
+
+
+def test_to_ring_is_exact_above_2_to_the_53():
+    codec = FixedPointCodec.for_sum(n_clients=1, clip=1.0, scale_bits=0, extra_int_bound=2**60)
+    v = np.array([2**53 + 1, -(2**53) - 1, 2**60], dtype=np.int64)
+    ring = codec.to_ring(v)
+    assert [int(r) for r in ring] == [(int(x)) % codec.modulus for x in v]
+
+
+def test_out_of_range_message_names_the_worst_value_and_the_bound_name():
+    codec = FixedPointCodec.for_sum(n_clients=2, clip=1.0, scale_bits=2, extra_int_bound=4)
+    for values, worst in (([-2, 9], 9), ([-9, 2], -9), ([-5, 5], 5), ([5, -5], 5)):
+        with pytest.raises(ConfigError, match=rf"extra_int_bound=4, got {worst}; raise the clip"):
+            codec.to_ring(np.array(values))
+    with pytest.raises(
+        ConfigError, match=r"per_client_bound=9, got 10; .*FixedPointCodec\.for_sum"
+    ):
+        codec.encode_integers(np.array([10]))
+    with pytest.raises(ConfigError, match="values must be an integer array, got dtype float64"):
+        codec.to_ring(np.array([1.0]))
+    with pytest.raises(ConfigError, match=r"inputs must be finite with \|x\| <= clip=1\.0"):
+        codec.encode(np.array([2.0]), rng=np.random.default_rng(0))
+
+
+def test_add_accepts_plain_python_integers():
+    codec = FixedPointCodec.for_sum(n_clients=2, clip=1.0, scale_bits=2)
+    got = codec.add([codec.modulus - 1, 3], [1, 4])
+    assert got.dtype == np.uint64 and got.tolist() == [0, 7]
+
+
+@pytest.mark.parametrize("bits_scale", [4, 59])
+def test_decode_sum_sign_boundary_and_range_check(bits_scale):
+    """59 gives a 63-bit ring, where the old decoder overflowed (2**63 is no int64)."""
+    codec = FixedPointCodec.for_sum(n_clients=4, clip=1.0, scale_bits=bits_scale)
+    half = 1 << (codec.modulus_bits - 1)
+    got = codec.decode_sum(np.array([half - 1, half, codec.modulus - 1, 0], dtype=np.uint64))
+    assert got.tolist() == [(half - 1) / codec.scale, -half / codec.scale, -1 / codec.scale, 0.0]
+    if codec.modulus_bits < 64:
+        with pytest.raises(ConfigError, match=rf"ring values must be < 2\*\*{codec.modulus_bits}"):
+            codec.decode_sum(np.array([codec.modulus], dtype=np.uint64))
+    with pytest.raises(ConfigError, match="ring values must be uint64, got dtype int64"):
+        codec.decode_sum(np.array([1], dtype=np.int64))
+
+
+def test_decode_sum_of_a_full_64_bit_ring():
+    codec = FixedPointCodec.for_sum(n_clients=4, clip=1.0, scale_bits=60)
+    assert codec.modulus_bits == 64
+    s = np.array([2**64 - 1, 2**63, 2**63 - 1], dtype=np.uint64)
+    assert codec.decode_sum(s).tolist() == [-1 / 2**60, -(2**63) / 2**60, (2**63 - 1) / 2**60]
+
+
+def test_max_decode_error_is_the_documented_formula():
+    codec = FixedPointCodec.for_sum(n_clients=5, clip=0.75, scale_bits=40, extra_int_bound=3)
+    eps = 2.0**-52
+    m = codec.per_client_bound
+    for n in (0, 1, 5):
+        want = (n * (1.0 + 0.75 * 2.0**40 * 2 * eps) + n * m * eps) / 2.0**40
+        assert codec.max_decode_error(n) == pytest.approx(want, rel=1e-12, abs=0)
+    for bad in (-1, 6):
+        with pytest.raises(ConfigError, match=rf"n must be in \[0, 5\], got {bad}"):
+            codec.max_decode_error(bad)

@@ -176,10 +176,11 @@ class FixedPointCodec:
             raise ConfigError(f"ring values must be uint64, got dtype {s.dtype}")
         if np.any(s >> np.uint64(self.modulus_bits) if self.modulus_bits < 64 else False):
             raise ConfigError(f"ring values must be < 2**{self.modulus_bits}")
-        signed = s.view(np.int64) if self.modulus_bits == 64 else s.astype(np.int64)
-        if self.modulus_bits < 64:
-            half = 1 << (self.modulus_bits - 1)
-            signed = np.where(signed >= half, signed - self.modulus, signed)
+        # Sign-extend the low modulus_bits bits: shift them to the top of a 64-bit word and
+        # back with an arithmetic shift (no Python-int arithmetic, which overflowed int64
+        # for a 63-bit ring).
+        shift = 64 - self.modulus_bits
+        signed = (s << np.uint64(shift)).view(np.int64) >> np.int64(shift)
         return signed.astype(np.float64) / self.scale
 
     def max_decode_error(self, n: int) -> float:
