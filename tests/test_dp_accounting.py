@@ -203,3 +203,77 @@ def test_discrete_gaussian_rdp_reduces_to_gaussian_for_one_share() -> None:
     with pytest.raises(ConfigError, match="integer orders"):
         poisson_subsampled_rdp(lambda a: a, [2.5], 0.5)
     assert INTEGER_ORDERS[0] == 2
+
+
+# -- the distributed discrete Gaussian bound, term by term (Kairouz et al. 2021, Thm. 1) -------
+
+
+def _ddg_terms(alpha, s, d2, d1, dim, n):
+    """Theorem 1 / Prop. 14 written out independently: the three bounds and tau."""
+    tau = 10.0 * sum(math.exp(-2.0 * math.pi**2 * s**2 * k / (k + 1)) for k in range(1, n))
+    a = d2 / (math.sqrt(n) * s)
+    b = d1 / (math.sqrt(n) * s)
+    t1 = alpha / 2 * a**2 + tau * dim
+    t2 = alpha / 2 * (a**2 + 2 * b * tau + tau**2 * dim)
+    t3 = alpha / 2 * (a + math.sqrt(dim) * tau) ** 2
+    return tau, (t1, t2, t3)
+
+
+@pytest.mark.parametrize(
+    ("s", "d2", "d1", "dim", "n"),
+    [
+        (0.5, 3.0, 9.0, 4, 3),  # tau large: the tau**2 d and b tau terms matter
+        (0.6, 40.0, 300.0, 2, 5),  # big sensitivity: t1 wins
+        (0.7, 1.0, 1.0, 1000, 4),  # many coordinates, small tau: t2 wins
+        (0.7, 0.2, 5.0, 1, 4),  # an L1 bound above sqrt(d) L2: t3 wins
+        (2.0, 5.0, 20.0, 10, 1),  # one share: exactly alpha D2^2 / (2 s^2)
+    ],
+)
+def test_ddg_rdp_is_the_minimum_of_the_three_bounds(s, d2, d1, dim, n):
+    alphas = [2.0, 3.5, 17.0, 64.0]
+    got = ddg_rdp(
+        alphas, share_sigma=s, l2_sensitivity=d2, l1_sensitivity=d1, dim=dim, n_contributors=n
+    )
+    for alpha, value in zip(alphas, got, strict=True):
+        tau, terms = _ddg_terms(alpha, s, d2, d1, dim, n)
+        assert ddg_tau(s, n) == pytest.approx(tau, rel=1e-12, abs=0)
+        assert value == pytest.approx(min(terms), rel=1e-12, abs=0)
+
+
+CASES = [(0.6, 40.0, 300.0, 2, 5), (0.7, 1.0, 1.0, 1000, 4), (0.7, 0.2, 5.0, 1, 4)]
+
+
+def test_each_ddg_bound_is_the_binding_one_somewhere():
+    """Guard for the test above: each of the three terms is the strict minimum in a case."""
+    winners = set()
+    for s, d2, d1, dim, n in CASES:
+        _, terms = _ddg_terms(3.5, s, d2, d1, dim, n)
+        winners.add(terms.index(min(terms)))
+        assert sorted(terms)[0] < sorted(terms)[1]
+    assert winners == {0, 1, 2}
+
+
+def test_ddg_tau_is_sigma_squared_in_the_exponent():
+    for s, n in [(0.5, 2), (0.8, 3), (1.3, 7)]:
+        want = 10.0 * sum(math.exp(-2 * math.pi**2 * s * s * k / (k + 1)) for k in range(1, n))
+        assert ddg_tau(s, n) == pytest.approx(want, rel=1e-12)
+    assert ddg_tau(1.0, 0) == 0.0 and ddg_tau(1.0, 1) == 0.0
+
+
+def test_ddg_rdp_refuses_share_sigma_below_one_half_with_the_fix():
+    with pytest.raises(
+        ConfigError, match=r">= 0\.5 integer units .* got 0\.49; increase the fixed"
+    ):
+        ddg_rdp(
+            [2.0], share_sigma=0.49, l2_sensitivity=1, l1_sensitivity=1, dim=1, n_contributors=2
+        )
+
+
+def test_rdp_order_grids():
+    from protocols.dp.accounting import ALL_ORDERS, INTEGER_ORDERS, rdp_orders
+
+    assert rdp_orders(integer_only=True) == tuple(float(a) for a in INTEGER_ORDERS)
+    assert rdp_orders(integer_only=False) == ALL_ORDERS
+    assert any(
+        a != int(a) for a in rdp_orders(integer_only=False)
+    )  # fractional orders near 1 are kept

@@ -260,3 +260,21 @@ def test_secure_discrete_gaussian_is_a_function_of_os_bytes_only(monkeypatch):
         draws.append(discrete_gaussian((256,), 4.0, generator=None, secure=True))
     assert torch.equal(draws[0], draws[1])
     assert not torch.equal(draws[0], draws[2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("secure", [False, True])
+@pytest.mark.parametrize("std", [0.0, 1.5])
+def test_noise_has_the_requested_dtype_and_shape(dtype, secure, std):
+    g = None if secure else torch.Generator().manual_seed(0)
+    x = gaussian_noise((3, 5), std, generator=g, secure=secure, dtype=dtype)
+    assert x.dtype == dtype and x.shape == (3, 5)
+    assert bool((x == 0).all()) == (std == 0.0)
+
+
+def test_too_large_std_message_says_what_to_do():
+    with pytest.raises(ConfigError) as err:
+        gaussian_noise((2,), 1e300, generator=torch.Generator().manual_seed(0))
+    msg = str(err.value)
+    assert "for torch.float32" in msg and "got 1e+300" in msg
+    assert msg.endswith("lower the noise multiplier or the clip, or use dtype=torch.float64")
