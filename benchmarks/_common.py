@@ -5,21 +5,26 @@ from __future__ import annotations
 import statistics
 
 
-def rounds_for(spec: str | int, model: str, fraction: float | None = None) -> int:
+def rounds_for(
+    spec: str | int, model: str, fraction: float | None = None, default: int | None = None
+) -> int:
     """A per-cell number (rounds, seeds) from ``"100"`` or ``"fedrap=40,fedrecgel=100"``.
 
     An entry without ``=`` is the default; a key ``model@fraction`` (``"fedrecgel@1=10"``)
-    overrides the model's value for that client fraction.
+    overrides the model's value for that client fraction; ``default`` answers for a model the
+    spec does not name (else that is an error).
     """
     parts = [p for p in str(spec).split(",") if p]
     table = dict(p.split("=") for p in parts if "=" in p)
-    default = [p for p in parts if "=" not in p]
+    fallback = [p for p in parts if "=" not in p]
     if fraction is not None and f"{model}@{fraction:g}" in table:
         return int(table[f"{model}@{fraction:g}"])
     if model in table:
         return int(table[model])
-    if default:
-        return int(default[-1])
+    if fallback:
+        return int(fallback[-1])
+    if default is not None:
+        return default
     raise SystemExit(f"no value for {model} in {spec!r}")
 
 
@@ -28,3 +33,8 @@ def mean_sd(values: list[float]) -> str:
     if len(values) == 1:
         return f"{values[0]:.3f}"
     return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+
+
+def mean_of(cell: str) -> float:
+    """The mean of a ``mean ± sd`` table cell (or of a single value)."""
+    return float(cell.split("±")[0].strip())
