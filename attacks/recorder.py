@@ -219,7 +219,12 @@ class AttackRecorder:
             users = clients[rows]
             flat = plan.upload.observe(updates, rows, norms, generator=gen)
             res, ratio = item_rows(plan.model, flat, view.global_before, _total_items(view, plan))
-            st = row_stats(res[:, :n_real], ratio[:, :n_real], noise_std=plan.upload.share_std)
+            st = row_stats(
+                res[:, :n_real],
+                ratio[:, :n_real],
+                noise_std=plan.upload.share_std,
+                positives_minority=self._hooks.positives_minority,
+            )
             un = users.numpy()
             change = st.change.numpy()
             scale = change.mean(1, keepdims=True) + 1e-30
@@ -342,7 +347,10 @@ class AttackRecorder:
             flat = channel.observe(updates, rows, norms, generator=gen)
             res, ratio = item_rows(plan.model, flat, view.global_before, _total_items(view, plan))
             st = row_stats(
-                res[:, : plan.n_items], ratio[:, : plan.n_items], noise_std=channel.share_std
+                res[:, : plan.n_items],
+                ratio[:, : plan.n_items],
+                noise_std=channel.share_std,
+                positives_minority=self._hooks.positives_minority,
             )
             un = clients[rows].numpy()
             self.acc.diff_change[un] = st.change.numpy()

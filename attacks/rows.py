@@ -95,7 +95,13 @@ def touched_mask(change: torch.Tensor, k: int, *, noise_std: float) -> torch.Ten
     return change > 1e-9 * peak.clamp_min(1e-300)
 
 
-def row_stats(rows: torch.Tensor, ratio_rows: torch.Tensor, *, noise_std: float) -> RowStats:
+def row_stats(
+    rows: torch.Tensor,
+    ratio_rows: torch.Tensor,
+    *,
+    noise_std: float,
+    positives_minority: bool = True,
+) -> RowStats:
     """Row-change test and gradient-ratio label scores of a chunk of clients.
 
     Args:
@@ -111,7 +117,8 @@ def row_stats(rows: torch.Tensor, ratio_rows: torch.Tensor, *, noise_std: float)
     _, vecs = torch.linalg.eigh(second)
     direction = vecs[:, :, -1]
     proj = torch.einsum("cik,ck->ci", r, direction)
-    # Orientation: positives are the minority of the changed rows.
+    # Orientation: positives are the minority of the changed rows when the model samples
+    # negatives (FedRAP, FedRecGEL), the majority when every changed row is a positive (fedals).
     flagged = touched
     few = flagged.sum(1) < 5
     if bool(few.any()):
@@ -121,7 +128,10 @@ def row_stats(rows: torch.Tensor, ratio_rows: torch.Tensor, *, noise_std: float)
         flagged = torch.where(few.unsqueeze(1), mag >= cut, flagged)
     n_plus = (flagged & (proj > 0)).sum(1)
     n_minus = (flagged & (proj < 0)).sum(1)
-    sign = torch.where(n_plus > n_minus, -1.0, 1.0).to(proj.dtype)
+    plus_is_majority = n_plus > n_minus
+    if not positives_minority:
+        plus_is_majority = ~plus_is_majority
+    sign = torch.where(plus_is_majority, -1.0, 1.0).to(proj.dtype)
     return RowStats(
         change=change.float(),
         touched=touched,

@@ -107,7 +107,7 @@ def audit(
             train_cfg = TrainConfig()
         else:
             spec = get_spec(model or DEFAULT_MODEL)
-            n_rounds = rounds if rounds is not None else min(10, spec.default_rounds)
+            n_rounds = rounds if rounds is not None else min(10, spec.rounds_for(None))
             raw: dict[str, Any] = {
                 "model": spec.name,
                 "dataset": dataset,

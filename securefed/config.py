@@ -168,7 +168,7 @@ class TrainConfig:
         if spec.resolve_params is not None:
             object.__setattr__(self, "params", spec.resolve_params(self.params, self.privacy))
         if self.rounds is None:
-            object.__setattr__(self, "rounds", spec.default_rounds)
+            object.__setattr__(self, "rounds", spec.rounds_for(self.privacy))
         for name in (
             "rounds",
             "eval_every",

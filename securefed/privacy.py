@@ -263,7 +263,16 @@ class PrivateAggregator:
             total = total + central.noise_for_sum(
                 self.dim, generator=self._generator("dp-noise", round_index), secure=self.secure
             )
-        return Aggregate(total=total, contributors=m, denominator=denominator)
+        return Aggregate(
+            total=total, contributors=m, denominator=denominator, noise_std=self._noise_std()
+        )
+
+    def _noise_std(self) -> float:
+        """Per-coordinate std of the user-level noise in a released sum (its lower end for
+        distributed noise, whose shares are sized for the fewest survivors)."""
+        if self.dp is None or self.noise_multiplier is None:
+            return 0.0
+        return float(self.noise_multiplier * self.dp.clip)
 
     def _denominator(self, m: int) -> float:
         if self.dp is not None and self.cohort.kind == "poisson":
@@ -381,7 +390,10 @@ class PrivateAggregator:
             }
         )
         return Aggregate(
-            total=total, contributors=survivors, denominator=self._denominator(survivors)
+            total=total,
+            contributors=survivors,
+            denominator=self._denominator(survivors),
+            noise_std=self._noise_std(),
         )
 
     # ------------------------------------------------------------------ reporting

@@ -153,3 +153,39 @@ def test_secagg_all_runs_aggregate_attacks_only(tmp_path) -> None:
     assert names["row-change"].note.startswith("skipped")
     assert names["union"].threat_model == "aggregate-observer"
     assert names["union"].metrics["by_cohort_size"]
+
+
+@pytest.mark.parametrize("model", ["fedals", "mostpop"])
+def test_new_models_positive_control_and_skips(tmp_path, model) -> None:
+    """The registry's observer hooks let every attack that applies run on fedals and mostpop
+    with no model-specific audit code: membership from one upload is exact, the canary audit
+    is above zero without DP, and the attacks that do not apply are skipped with a reason."""
+    cfg = TrainConfig(model=model, rounds=2, **SMALL)
+    res = audit(AuditConfig(train=cfg, canaries=100, bootstrap=20), out=tmp_path)
+    names = {a.name: a for a in res.attacks}
+    assert names["row-change"].metrics["auc"] > 0.99
+    assert names["intersection"].metrics["auc"] > 0.99
+    assert res.report["audit"]["epsilon_lower_bound"] > 1.0
+    assert names["imia"].note.startswith("skipped")
+    if model == "fedals":
+        assert names["gradient-ratio"].metrics["embedding_cosine"] > 0.99
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("model", ["fedals", "mostpop"])
+def test_new_models_canary_bound_below_accountant(tmp_path, model) -> None:
+    cfg = TrainConfig(
+        model=model, rounds=2, client_fraction=1.0, privacy=PrivacyConfig(epsilon=2.0), **SMALL
+    )
+    res = audit(
+        AuditConfig(train=cfg, attacks=("differencing",), canaries=100, bootstrap=20),
+        out=tmp_path,
+    )
+    accounted = res.report["accounted_epsilon"]
+    assert accounted is not None and accounted <= 2.0 + 1e-6
+    assert res.report["audit"]["epsilon_lower_bound"] <= accounted
+
+
+def test_centralized_reference_is_refused_by_the_audit(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="centralized reference"):
+        audit(AuditConfig(train=TrainConfig(model="ials", **SMALL)), out=tmp_path)

@@ -106,11 +106,15 @@ class Aggregate:
 
     ``mean`` is ``total / denominator``. Without DP the denominator is the number of
     contributors; DP-FedAvg with Poisson sampling uses the fixed expected cohort size.
+    ``noise_std`` is the per-coordinate standard deviation of the DP noise in ``total``
+    (``noise_multiplier * clip``; 0 without user-level noise): public, so a server step may
+    use it to tell signal from noise (fedals's private mode does).
     """
 
     total: torch.Tensor
     contributors: int
     denominator: float
+    noise_std: float = 0.0
 
     @property
     def mean(self) -> torch.Tensor:

@@ -49,7 +49,9 @@ class IALS:
         self.config = config
         self.V = torch.randn(split.n_items, config.dim, generator=generator) * config.init_std
         self.X = torch.zeros(split.n_users, config.dim)
-        counts = np.diff(np.asarray(split.train_indptr, dtype=np.int64))
+        counts: np.ndarray = np.diff(np.asarray(split.train_indptr, dtype=np.int64)).astype(
+            np.int64
+        )
         self._users = torch.from_numpy(np.repeat(np.arange(split.n_users), counts))
         self._items = torch.from_numpy(np.asarray(split.train_items, dtype=np.int64))
 

@@ -303,6 +303,7 @@ SPEC = ModelSpec(
         truth_direction=lambda private, gb: torch.ones_like(private),
         recovered_embedding=lambda direction, gb: direction,
         ratio_width=lambda gb: 1,
+        positives_minority=False,
     ),
     unsupported_attacks={
         "gradient-ratio": "a count upload has no direction: every counted item is a positive",

@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     import torch
 
     from securefed.data.types import Split
-    from securefed.federation.base import Recommender
     from securefed.federation.cohort import CohortSpec
 
 __all__ = [
@@ -73,6 +72,9 @@ class ObserverHooks:
         canary_sign: ``(seen_before [b] bool, unit) -> [b] float``: +1 where a canary's push
             keeps ``truth_direction``, -1 where it flips after the first round, 0 where its sign
             is unknown (not scored). None: always +1.
+        positives_minority: Whether training positives are the minority of a client's changed
+            rows (the model samples negatives), which orients the ratio direction; False when
+            every changed row is a positive.
         upload_against: ``(updates, global_before) -> updates``: the uploads as they left the
             clients, for update types that refer to server state the server step changes
             (FedRAP's refers to the live ``C``). None: the updates as they are.
@@ -84,6 +86,7 @@ class ObserverHooks:
     recovered_embedding: Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
     ratio_width: Callable[[dict[str, torch.Tensor]], int]
     canary_sign: Callable[[torch.Tensor, str], torch.Tensor] | None = None
+    positives_minority: bool = True
     upload_against: Callable[[Any, dict[str, torch.Tensor]], Any] | None = None
 
 
@@ -103,7 +106,8 @@ class ModelSpec:
         role: ``federated`` (clients train, the server sees uploads), ``baseline`` (a federated
             statistic such as popularity), or ``centralized`` (a reference that sees all data:
             refused under DP and secure aggregation, labelled as such in every output).
-        default_rounds: Rounds when ``--rounds`` is not given.
+        default_rounds: Rounds when ``--rounds`` is not given: a number, or a function of the
+            run's :class:`~securefed.config.PrivacyConfig` (a private mode may want fewer).
         cohort: The paper's cohort for ``n_users`` (None: every client every round).
         full_eval_every: Full-ranking evaluation cadence when not given.
         dp_clip: Default L2 clip of one client's upload under user-level DP, a number or a
@@ -126,9 +130,9 @@ class ModelSpec:
     name: str
     title: str
     params: type
-    build: Callable[..., Recommender]
+    build: Callable[..., Any]
     role: Role = "federated"
-    default_rounds: int = 100
+    default_rounds: int | Callable[[Any], int] = 100
     cohort: Callable[[int], CohortSpec | None] = _all_cohort
     full_eval_every: int = 1
     dp_clip: float | Callable[[Any], float] | None = None
@@ -141,6 +145,11 @@ class ModelSpec:
     observer: ObserverHooks | None = None
     unsupported_attacks: Mapping[str, str] = field(default_factory=dict)
     resolve_params: Callable[[Any, Any], Any] | None = None
+
+    def rounds_for(self, privacy: Any) -> int:
+        """The default number of rounds under ``privacy``."""
+        rounds = self.default_rounds
+        return int(rounds(privacy) if callable(rounds) else rounds)
 
     def default_clip(self, params: Any) -> float | None:
         """The default user-level clip for ``params`` (None when unsupported)."""
