@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
+import struct
 
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from protocols.errors import IntegrityError
+from protocols.errors import ConfigError, IntegrityError
 from protocols.secagg import shamir
 from protocols.secagg.primitives import (
     MaskExpander,
@@ -18,6 +20,8 @@ from protocols.secagg.primitives import (
     open_sealed,
     pair_mask_key,
     seal,
+    self_mask_key,
+    session_id,
     share_box_keys,
 )
 
@@ -146,3 +150,56 @@ def test_shamir_rejects_bad_shares():
         shamir.share_from_bytes(shamir.PRIME.to_bytes(33, "big"))
     with pytest.raises(IntegrityError):
         shamir.combine([1, 1], [2, 3])
+
+
+# -- key derivation pinned to its specification (domain separation) ---------------------------
+
+
+def _hkdf_spec(ikm: bytes, salt: bytes, purpose: bytes, round_index: int, *ids: int, n: int):
+    """HKDF-SHA256 as docs/secagg.md specifies it, built from the primitive directly."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    label = b"securefed/secagg/v1/" + purpose + struct.pack(f">Q{len(ids)}I", round_index, *ids)
+    return HKDF(algorithm=hashes.SHA256(), length=n, salt=salt, info=label).derive(ikm)
+
+
+def test_mask_and_box_keys_are_hkdf_with_session_salt_and_labelled_info():
+    shared, seed, session = os.urandom(32), os.urandom(32), os.urandom(32)
+    assert pair_mask_key(shared, session=session, round_index=9, a=7, b=2) == _hkdf_spec(
+        shared, session, b"pair-mask", 9, 2, 7, n=16
+    )
+    assert self_mask_key(seed, session=session, round_index=9, client=4) == _hkdf_spec(
+        seed, session, b"self-mask", 9, 4, n=16
+    )
+    okm = _hkdf_spec(shared, session, b"share-box", 9, 2, 7, n=32)
+    assert share_box_keys(shared, session=session, round_index=9, a=2, b=7) == (okm[:16], okm[16:])
+    assert share_box_keys(shared, session=session, round_index=9, a=7, b=2) == (okm[16:], okm[:16])
+
+
+def test_every_key_depends_on_session_round_purpose_and_ids():
+    shared, session = os.urandom(32), os.urandom(32)
+    keys = set()
+    for s in (session, os.urandom(32)):
+        for r in (1, 2):
+            for a, b in ((0, 1), (0, 2), (1, 2)):
+                keys.add(pair_mask_key(shared, session=s, round_index=r, a=a, b=b))
+                keys.update(share_box_keys(shared, session=s, round_index=r, a=a, b=b))
+            for c in (0, 1, 2):
+                keys.add(self_mask_key(shared, session=s, round_index=r, client=c))
+    assert len(keys) == 2 * 2 * (3 + 3 * 2 + 3)
+
+
+def test_session_id_binds_seed_and_round():
+    ids = {session_id(seed, r) for seed in (b"a" * 16, b"b" * 16, b"a" * 17) for r in (0, 1)}
+    assert len(ids) == 6
+    h = hashlib.sha256(b"securefed/secagg/v1/session" + (16).to_bytes(4, "big") + b"a" * 16)
+    h.update((5).to_bytes(8, "big"))
+    assert session_id(b"a" * 16, 5) == h.digest()
+
+
+def test_mask_expander_rejects_bad_shapes_with_messages():
+    with pytest.raises(ConfigError, match="dim must be >= 1, got 0"):
+        MaskExpander(0)
+    with pytest.raises(ConfigError, match="dtype must be unsigned, got int64"):
+        MaskExpander(4, np.int64)

@@ -176,3 +176,28 @@ def test_exactly_t_shares_of_a_secret_still_unmask():
     for i in keep:
         server.receive_unmask_shares(i, replies[i])
     np.testing.assert_array_equal(server.finish_unmask(), expected)
+
+
+def test_zero_is_a_valid_share_value_and_secret():
+    assert shamir.reconstruct([5], [0], threshold=1) == bytes(32)
+    xs = [1, 2, 3]
+    ys = shamir.split(bytes(32), xs, 1)  # t = 1: every share is the secret itself
+    assert ys == [0, 0, 0]
+    assert shamir.reconstruct(xs, ys, threshold=1) == bytes(32)
+
+
+def test_a_field_element_too_large_for_32_bytes_is_not_a_secret():
+    """f(0) in [2**256, PRIME) is a valid field element but no 32-byte secret."""
+    with pytest.raises(IntegrityError):
+        shamir.reconstruct([4], [shamir.PRIME - 1], threshold=1)
+    with pytest.raises(IntegrityError):
+        shamir.reconstruct([4], [1 << 256], threshold=1)
+    assert shamir.reconstruct([4], [(1 << 256) - 1], threshold=1) == b"\xff" * 32
+
+
+def test_a_point_at_a_multiple_of_the_prime_is_refused():
+    ys = shamir.split(os.urandom(32), [1, 2], 2)
+    with pytest.raises(IntegrityError):
+        shamir.reconstruct([shamir.PRIME + 1, 1], ys, threshold=2)  # same point twice mod p
+    with pytest.raises(IntegrityError):
+        shamir.reconstruct([2 * shamir.PRIME, 2], ys, threshold=2)

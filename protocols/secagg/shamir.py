@@ -101,7 +101,8 @@ def reconstruct(xs: Sequence[int], ys: Sequence[int], *, threshold: int) -> byte
         raise ConfigError(f"threshold must be an int in [1, {len(xs)}], got {threshold!r}")
     if not 1 <= threshold <= len(xs):
         raise ConfigError(f"threshold must be in [1, {len(xs)}], got {threshold!r}")
-    if len(set(xs)) != len(xs) or any(x % PRIME == 0 for x in xs):
+    points = {x % PRIME for x in xs}
+    if len(points) != len(xs) or 0 in points:  # repeated or zero points, modulo the prime
         raise IntegrityError()
     if any(not 0 <= y < PRIME for y in ys):
         raise IntegrityError()
