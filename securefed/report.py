@@ -57,7 +57,7 @@ __all__ = [
     "BASELINE_COLUMNS",
     "CENTRALIZED",
     "DEFENSES",
-    "EASE_MAX_ITEMS",
+    "REFERENCE_MAX_ITEMS",
     "REQUIRED_COLUMNS",
     "Cell",
     "ReportConfig",
@@ -74,9 +74,10 @@ DEFENSES: tuple[str, ...] = ("none", "dp", "secagg", "dp+secagg")
 #: The ``defense`` of a centralized reference's row: no federation at all, the server sees
 #: every interaction (not a defense a user can ask for).
 CENTRALIZED = "centralized"
-#: The largest catalogue for which a report trains the EASE reference by default: its
-#: items x items inverse is then a few seconds and at most ~100 MB.
-EASE_MAX_ITEMS = 5000
+#: Report policy, not model knowledge: the largest catalogue for which a sweep trains a
+#: reference whose cost grows with the items squared (EASE's items x items inverse is then a
+#: few seconds and ~100 MB). A reference not named here is always trained.
+REFERENCE_MAX_ITEMS: dict[str, int] = {"ease": 5000}
 AUDIT_DIR = "audit"
 CELLS_DIR = "cells"
 SWEEP_FILE = "report.json"
@@ -125,7 +126,7 @@ class ReportConfig:
             DP and secure aggregation).
         references: CENTRALIZED references trained once per seed beside the grid, on the same
             split (``ials``, ``ease``; EASE only when the catalogue has at most
-            :data:`EASE_MAX_ITEMS` items). Empty: none.
+            :data:`REFERENCE_MAX_ITEMS` items). Empty: none.
         dataset: Dataset name or path (as :class:`~securefed.TrainConfig` takes it).
         epsilons: Target user-level epsilons; ``math.inf`` means no DP.
         defenses: Any of :data:`DEFENSES`.
@@ -569,21 +570,22 @@ def run_report(
 
 
 def _cheap_references(config: ReportConfig, notes: list[str]) -> ReportConfig:
-    """``config`` without the EASE reference when its item-item inverse would not be cheap."""
-    if "ease" not in config.references:
+    """``config`` without the references whose catalogue limit the dataset exceeds."""
+    limited = [r for r in config.references if r in REFERENCE_MAX_ITEMS]
+    if not limited:
         return config
     from securefed.training import load_split
 
-    split = load_split(TrainConfig.from_dict(config._base("ease", 0)))
-    if split.n_items <= EASE_MAX_ITEMS:
-        return config
-    notes.append(
-        f"The EASE reference was left out: {split.n_items} items make its items x items "
-        f"inverse costly (the report trains it up to {EASE_MAX_ITEMS} items; train it with "
-        "securefed train --model ease if wanted)."
-    )
-    kept = tuple(r for r in config.references if r != "ease")
-    return dataclasses.replace(config, references=kept)
+    n_items = load_split(TrainConfig.from_dict(config._base(limited[0], 0))).n_items
+    dropped = [r for r in limited if n_items > REFERENCE_MAX_ITEMS[r]]
+    for r in dropped:
+        notes.append(
+            f"The {r} reference was left out: the report trains it up to "
+            f"{REFERENCE_MAX_ITEMS[r]} items and this dataset has {n_items} (its cost grows "
+            f"with the items squared); train it with securefed train --model {r} if wanted."
+        )
+    kept = tuple(r for r in config.references if r not in dropped)
+    return dataclasses.replace(config, references=kept) if dropped else config
 
 
 def _skip_dict(s: SkippedCell) -> dict[str, Any]:

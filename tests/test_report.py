@@ -526,3 +526,17 @@ def test_a_failing_audit_is_reported_and_the_sweep_goes_on(tmp_path, monkeypatch
         result.markdown.read_text()
     )
     assert (tmp_path / "r" / "cells" / row["cell"] / "audit" / "failed.json").exists()
+
+
+def test_a_reference_too_costly_for_the_catalogue_is_left_out_with_a_note(tmp_path, monkeypatch):
+    import securefed.report
+
+    monkeypatch.setattr(securefed.report, "REFERENCE_MAX_ITEMS", {"ease": 399})
+    cfg = ReportConfig(
+        models=("mostpop",), dataset="synthetic", synthetic_users=60, synthetic_items=400,
+        epsilons=(math.inf,), defenses=("none",), seeds=1, audit=False,
+    )  # fmt: skip
+    result = run_report(cfg, out=tmp_path / "r")
+    assert sorted(result.results["cell"]) == ["ials-centralized-s0", "mostpop-none-epsinf-s0"]
+    assert any(n.startswith("The ease reference was left out") for n in result.notes)
+    assert "The ease reference was left out" in result.markdown.read_text()
