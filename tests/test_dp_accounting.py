@@ -277,3 +277,30 @@ def test_rdp_order_grids():
     assert any(
         a != int(a) for a in rdp_orders(integer_only=False)
     )  # fractional orders near 1 are kept
+
+
+def _zhu_wang(eps, alpha: int, q: float) -> float:
+    """Zhu and Wang (ICML 2019), Theorem 6, written out with exact binomials."""
+    terms = [(1 - q) ** (alpha - 1) * (alpha * q - q + 1)]
+    terms.append(math.comb(alpha, 2) * q**2 * (1 - q) ** (alpha - 2) * math.exp(eps(2)))
+    for ell in range(3, alpha + 1):
+        terms.append(
+            3
+            * math.comb(alpha, ell)
+            * (1 - q) ** (alpha - ell)
+            * q**ell
+            * math.exp((ell - 1) * eps(ell))
+        )
+    return min(math.log(sum(terms)) / (alpha - 1), eps(alpha))
+
+
+@pytest.mark.parametrize(("sigma", "q"), [(1.0, 0.01), (2.0, 0.1), (0.8, 0.3)])
+def test_poisson_subsampled_rdp_is_zhu_wang_theorem_6(sigma, q):
+    def eps(ell):
+        return np.asarray(ell, dtype=np.float64) / (2 * sigma**2)
+
+    orders = [2, 3, 4, 7, 16, 20]
+    got = poisson_subsampled_rdp(eps, orders, q)
+    want = [_zhu_wang(lambda ell: float(ell) / (2 * sigma**2), a, q) for a in orders]
+    np.testing.assert_allclose(got, want, rtol=1e-10)
+    assert any(w < float(eps(a)) for w, a in zip(want, orders, strict=True))  # amplification

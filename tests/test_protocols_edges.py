@@ -153,9 +153,16 @@ def test_clip_rows_leaves_a_huge_row_alone_under_a_huger_clip():
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 def test_clip_rows_still_refuses_non_finite_values(bad):
-    x = torch.tensor([[1.0, 2.0], [bad, 1e200]], dtype=torch.float64)
-    with pytest.raises(DataError, match=r"NaN or infinite values in 1 of 2 rows"):
+    x = torch.tensor(
+        [[1.0, 2.0, 3.0, 4.0], [bad, 1e200, 1.0, bad], [1e300, 1.0, 1.0, 1.0], [bad, 0, 0, 0]],
+        dtype=torch.float64,
+    )
+    with pytest.raises(DataError) as err:
         clip_rows(x, 1.0)
+    assert str(err.value) == (
+        "updates contain NaN or infinite values in 2 of 4 rows; they cannot be clipped; check "
+        "local training for divergence (e.g. lower the learning rate)"
+    )
 
 
 # -- accounting --------------------------------------------------------------------------------
