@@ -214,3 +214,22 @@ def test_max_decode_error_is_the_documented_formula():
     for bad in (-1, 6):
         with pytest.raises(ConfigError, match=rf"n must be in \[0, 5\], got {bad}"):
             codec.max_decode_error(bad)
+
+
+def test_exact_messages_of_the_codec_size_errors():
+    with pytest.raises(ConfigError) as err:
+        FixedPointCodec.for_sum(n_clients=2, clip=1.0)
+    assert str(err.value) == "give exactly one of scale_bits and scale"
+    with pytest.raises(ConfigError) as err:
+        FixedPointCodec.for_sum(n_clients=2100, clip=1.0, scale_bits=52)
+    assert str(err.value).endswith(
+        "needs a 65-bit ring (max 64); lower the scale, the clip, the noise bound or the "
+        "cohort size"
+    )
+
+
+def test_per_client_bound_rounds_up_by_two_ulps_exactly():
+    """clip * scale = 2**52 - 1: times (1 + 2**-51) it rounds to 2**52 + 1, so the bound is
+    2**52 + 2 (one more ulp of slack would give 2**52 + 3)."""
+    codec = FixedPointCodec.for_sum(n_clients=1, clip=(2**52 - 1) / 2**52, scale_bits=52)
+    assert codec.per_client_bound == 2**52 + 2

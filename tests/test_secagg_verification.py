@@ -201,3 +201,20 @@ def test_a_point_at_a_multiple_of_the_prime_is_refused():
         shamir.reconstruct([shamir.PRIME + 1, 1], ys, threshold=2)  # same point twice mod p
     with pytest.raises(IntegrityError):
         shamir.reconstruct([2 * shamir.PRIME, 2], ys, threshold=2)
+
+
+def test_exact_messages_of_invalid_sharing_arguments():
+    with pytest.raises(ConfigError) as err:
+        shamir.split(b"short", [1, 2], 2)
+    assert str(err.value) == "secret must be 32 bytes, got 5 bytes"
+    with pytest.raises(ConfigError) as err:
+        shamir.split(bytes(32), [1, 2], 3)
+    assert str(err.value) == "threshold must be in [1, 2], got 3"
+    with pytest.raises(ConfigError) as err:
+        shamir.reconstruct([1, 2], [3], threshold=1)
+    assert str(err.value) == "need as many xs as ys (>= 1), got 2 and 1"
+
+
+def test_a_share_equal_to_the_prime_is_refused_even_without_redundancy():
+    with pytest.raises(IntegrityError):
+        shamir.reconstruct([1], [shamir.PRIME], threshold=1)
