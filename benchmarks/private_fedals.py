@@ -5,10 +5,13 @@ Every cell is one ``securefed.train`` run with user-level DP at the cell's epsil
 epsilon comes from the same run's summary (``securefed.baselines``: one Gaussian count
 release, each user contributing at most 20 sampled items). Variants:
 
-* ``fedals``: the private mode as shipped (one count round, one ALS round on the head items,
-  popularity prior in the scores);
+* ``fedals``: the private mode as shipped (one count round with each user's items weighted
+  ``1/sqrt(n)``, one ALS round on the items with a positive released count, popularity prior
+  in the scores);
 * ``no-prior``: the same without the prior in the scores (``prior_weight 0``);
-* ``no-head``: factors for every counted item (``head_z 0``);
+* ``head z 3``: factors only for items whose released count clears 3 noise stds;
+* ``k = 20 count``: the count round counts 20 sampled items per user (as DP-MostPop does)
+  instead of weighting all of them;
 * ``2 ALS rounds``: one count round and two ALS rounds (``--rounds 3``);
 * ``count only``: the count round alone (``--rounds 1``): the prior by itself;
 * ``DP-FedAvg``: the non-private fedals upload clipped and noised as FedRAP's is
@@ -34,7 +37,8 @@ VARIANTS: dict[str, tuple[dict[str, Any], int | None, float | None]] = {
     # name: (fedals params, rounds (None: the model's default), clip)
     "fedals": ({}, None, None),
     "no-prior": ({"prior_weight": 0.0}, None, None),
-    "no-head": ({"head_z": 0.0}, None, None),
+    "head z 3": ({"head_z": 3.0}, None, None),
+    "k = 20 count": ({"count_items": 20}, None, None),
     "2 ALS rounds": ({}, 3, None),
     "count only": ({}, 1, None),
     "DP-FedAvg": ({"private": False}, 5, 10.0),

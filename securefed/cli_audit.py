@@ -107,7 +107,10 @@ def audit(
             train_cfg = TrainConfig()
         else:
             spec = get_spec(model or DEFAULT_MODEL)
-            n_rounds = rounds if rounds is not None else min(10, spec.rounds_for(None))
+            from securefed.config import PrivacyConfig
+
+            planned = PrivacyConfig(epsilon=epsilon, delta=delta, secagg=secagg)
+            n_rounds = rounds if rounds is not None else min(10, spec.rounds_for(planned))
             raw: dict[str, Any] = {
                 "model": spec.name,
                 "dataset": dataset,

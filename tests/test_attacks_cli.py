@@ -16,6 +16,8 @@ app.command()(audit)
 runner = CliRunner()
 
 SMALL = [
+    "--model",
+    "fedrap",
     "--synthetic-users",
     "50",
     "--synthetic-items",
@@ -99,7 +101,7 @@ def test_cli_end_to_end(tmp_path) -> None:
     ],
 )
 def test_cli_bad_flags_exit_2_with_one_line(tmp_path, flags, needle) -> None:
-    res = runner.invoke(app, [*flags, "--out", str(tmp_path / "a"), *SMALL[:4]])
+    res = runner.invoke(app, [*flags, "--out", str(tmp_path / "a"), *SMALL[2:6]])
     assert res.exit_code == 2, res.output
     lines = [line for line in res.output.strip().splitlines() if line.strip()]
     assert len(lines) == 1, res.output
@@ -116,7 +118,7 @@ def test_cli_bad_flags_exit_2_with_one_line(tmp_path, flags, needle) -> None:
     ],
 )
 def test_cli_imia_released_flag_errors(tmp_path, flags, needle) -> None:
-    res = runner.invoke(app, [*flags, "--out", str(tmp_path / "a"), *SMALL[:4]])
+    res = runner.invoke(app, [*flags, "--out", str(tmp_path / "a"), *SMALL[2:6]])
     assert res.exit_code == 2, res.output
     lines = [line for line in res.output.strip().splitlines() if line.strip()]
     assert len(lines) == 1, res.output

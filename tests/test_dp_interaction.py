@@ -29,7 +29,7 @@ from securefed.training import PrivacyConfig, TrainConfig, train
 DEFAULT_EXAMPLE_CLIP = FEDRAP_SPEC.example_clip
 
 runner = CliRunner()
-SMALL = dict(synthetic_users=60, synthetic_items=400, checkpoint_every=1)
+SMALL = dict(model="fedrap", synthetic_users=60, synthetic_items=400, checkpoint_every=1)
 
 
 def _interaction(**kwargs) -> PrivacyConfig:
@@ -269,6 +269,8 @@ def test_cli_train_interaction_epsilon_2(tmp_path):
         app,
         [
             "train",
+            "--model",
+            "fedrap",
             "--privacy-unit",
             "interaction",
             "--epsilon",
@@ -299,6 +301,7 @@ def test_cli_train_interaction_epsilon_2(tmp_path):
 def test_secure_aggregation_masks_dp_sgd_uploads(tmp_path):
     """Secure aggregation composes: it sums the already-private uploads (no extra noise)."""
     cfg = TrainConfig(
+        model="fedrap",
         rounds=1,
         synthetic_users=20,
         synthetic_items=200,
@@ -338,6 +341,8 @@ def test_delta_must_be_below_one_over_interactions(tmp_path):
         app,
         [
             "train",
+            "--model",
+            "fedrap",
             "--privacy-unit",
             "interaction",
             "--epsilon",

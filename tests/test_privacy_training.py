@@ -14,7 +14,7 @@ from securefed.privacy import PrivateAggregator
 from securefed.training import PrivacyConfig, TrainConfig, train
 
 runner = CliRunner()
-SMALL = dict(synthetic_users=60, synthetic_items=400, checkpoint_every=1)
+SMALL = dict(model="fedrap", synthetic_users=60, synthetic_items=400, checkpoint_every=1)
 
 
 def _aggregator(small_split, **privacy) -> PrivateAggregator:
@@ -96,6 +96,8 @@ def test_train_epsilon_2_on_movielens(tmp_path, shared_data):
         app,
         [
             "train",
+            "--model",
+            "fedrap",
             "--dataset",
             "ml-100k",
             "--data-dir",

@@ -11,7 +11,7 @@ from securefed.cli import app
 from securefed.training import PrivacyConfig, TrainConfig, train
 
 runner = CliRunner()
-SMALL = dict(synthetic_users=60, synthetic_items=400, checkpoint_every=1, rounds=2)
+SMALL = dict(model="fedrap", synthetic_users=60, synthetic_items=400, checkpoint_every=1, rounds=2)
 
 
 def test_secagg_training_matches_plain_to_fixed_point_precision(tmp_path):
@@ -73,7 +73,9 @@ def test_cli_secagg_epsilon(tmp_path):
 
 
 def test_secagg_on_movielens_matches_plain(tmp_path, shared_data):
-    base = dict(dataset="ml-100k", data_dir=str(shared_data), rounds=1, checkpoint_every=1)
+    base = dict(
+        model="fedrap", dataset="ml-100k", data_dir=str(shared_data), rounds=1, checkpoint_every=1
+    )
     from securefed.models.fedrap import FedRAPConfig
 
     quick = FedRAPConfig(local_epochs=2)

@@ -20,12 +20,15 @@ from securefed.errors import ConfigError
 from securefed.training import TrainConfig, train
 
 SMALL = ["--synthetic-users", "60", "--synthetic-items", "400"]
+FEDRAP = ["--model", "fedrap", *SMALL]
 QUALITY_KEYS = ("loss", "val_hr@10", "val_ndcg@10", "test_hr@10", "test_ndcg@10", "test_full_hr@10")
 runner = CliRunner()
 
 
 def _small(**kw) -> TrainConfig:
-    base = dict(synthetic_users=60, synthetic_items=400, rounds=4, checkpoint_every=1)
+    base = dict(
+        model="fedrap", synthetic_users=60, synthetic_items=400, rounds=4, checkpoint_every=1
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -145,7 +148,7 @@ def test_cli_train_on_synthetic(tmp_path):
 )
 def test_cli_bad_flags_exit_2_with_one_line(tmp_path, argv, needle):
     res = runner.invoke(
-        app, ["train", *SMALL, "--rounds", "1", *argv, "--out", str(tmp_path / "x")]
+        app, ["train", *FEDRAP, "--rounds", "1", *argv, "--out", str(tmp_path / "x")]
     )
     assert res.exit_code == 2, res.output
     assert needle in res.output
@@ -175,7 +178,10 @@ def test_cli_refuses_to_overwrite_a_run(tmp_path):
 
 def test_config_file_and_flag_precedence(tmp_path):
     cfg = tmp_path / "c.toml"
-    cfg.write_text("rounds = 2\nsynthetic_users = 60\nsynthetic_items = 400\n[fedrap]\ndim = 8\n")
+    cfg.write_text(
+        'model = "fedrap"\nrounds = 2\nsynthetic_users = 60\nsynthetic_items = 400\n'
+        "[fedrap]\ndim = 8\n"
+    )
     res = runner.invoke(
         app, ["train", "--config", str(cfg), "--rounds", "1", "--out", str(tmp_path / "r")]
     )
@@ -200,6 +206,8 @@ def test_cli_train_on_movielens(tmp_path, shared_data):
         app,
         [
             "train",
+            "--model",
+            "fedrap",
             "--dataset",
             "ml-100k",
             "--data-dir",

@@ -196,7 +196,12 @@ def finish_round(
             "secagg_bits": params.codec.modulus_bits,
         }
     )
-    return Aggregate(total=total, contributors=survivors, denominator=agg._denominator(survivors))
+    return Aggregate(
+        total=total,
+        contributors=survivors,
+        denominator=agg._denominator(survivors),
+        noise_std=agg._noise_std(),
+    )
 
 
 def record_abort(agg: PrivateAggregator, reason: str, *, clipped: int, participants: int) -> None:

@@ -81,6 +81,8 @@ class FedALSConfig:
             std get factors; the rest are ranked by the count alone.
         min_weight_items: Private mode: a client's contribution to each of its items is
             ``1 / sqrt(max(items, min_weight_items))`` (its upload has L2 norm <= 1).
+        count_items: Private mode: in count rounds each client counts at most this many of
+            its items, sampled uniformly, ``1 / sqrt(k)`` each (None: all, weighted as above).
         shares: Private mode: shares of the unit squared-norm budget of an ALS-round upload
             given to its item rows, counts and Gramian.
         item_reg: Private mode: ridge of the server's item solve.
@@ -96,8 +98,9 @@ class FedALSConfig:
     private: bool | None = None
     private_dim: int = 16
     count_rounds: int = 1
-    head_z: float = 3.0
+    head_z: float = 0.0
     min_weight_items: int = 1
+    count_items: int | None = None
     shares: tuple[float, float, float] = (0.6, 0.3, 0.1)
     item_reg: float = 10.0
     prior_weight: float = 0.3
@@ -112,6 +115,8 @@ class FedALSConfig:
         positive_int("private_dim", self.private_dim)
         positive_int("eval_block", self.eval_block)
         positive_int("min_weight_items", self.min_weight_items)
+        if self.count_items is not None:
+            positive_int("count_items", self.count_items)
         if (
             isinstance(self.count_rounds, bool)
             or not isinstance(self.count_rounds, int)
@@ -235,9 +240,12 @@ class FedALSUpdates(ClientUpdates):
 
 @dataclass(frozen=True)
 class FedALSPlan:
-    """A round's plan: the cohort in upload row order (fedals draws no random numbers)."""
+    """A round's plan: the cohort in upload row order and, in a private count round that
+    samples, the (client position, item) pairs each client counts."""
 
     participants: torch.Tensor
+    pair_client: torch.Tensor | None = None
+    pair_item: torch.Tensor | None = None
 
 
 class FedALS:
@@ -295,14 +303,47 @@ class FedALS:
         return solve_rows(a, b)
 
     def plan_round(self, participants: torch.Tensor, generator: torch.Generator) -> FedALSPlan:
-        """A fedals round draws nothing: its plan is the cohort."""
-        return FedALSPlan(participants=participants.to(torch.long).cpu())
+        """The cohort, and in a private count round with ``count_items`` the items each
+        client counts (a uniform sample drawn on the device)."""
+        users = participants.to(torch.long).cpu()
+        cfg = self.config
+        if not (cfg.private and self._counting() and cfg.count_items is not None):
+            return FedALSPlan(participants=users)
+        from securefed.models.mostpop import bounded_pairs
+
+        local, items = self._pairs(users)
+        local, items = bounded_pairs(local, items, users.shape[0], cfg.count_items, generator)
+        return FedALSPlan(participants=users, pair_client=local, pair_item=items)
 
     def client_round(
         self, participants: torch.Tensor, round_index: int, generator: torch.Generator | None
     ) -> tuple[FedALSUpdates, RoundStats]:
         """Every participant solves its factor and forms its upload (batched)."""
-        users = participants.to(torch.long).cpu()
+        if generator is None:
+            plan = FedALSPlan(participants=participants.to(torch.long).cpu())
+        else:
+            plan = self.plan_round(participants, generator)
+        return self._train_plan(plan)
+
+    def train_subset(
+        self, plan: FedALSPlan, keep: torch.Tensor, round_index: int
+    ) -> tuple[FedALSUpdates, RoundStats]:
+        """The participants at positions ``keep`` of a cohort's plan (a Flower node's own)."""
+        if plan.pair_client is None or plan.pair_item is None:
+            return self._train_plan(FedALSPlan(participants=plan.participants[keep]))
+        m = plan.participants.shape[0]
+        remap = torch.full((m,), -1, dtype=torch.long)
+        remap[keep] = torch.arange(keep.shape[0])
+        sel = remap[plan.pair_client] >= 0
+        sub = FedALSPlan(
+            participants=plan.participants[keep],
+            pair_client=remap[plan.pair_client[sel]],
+            pair_item=plan.pair_item[sel],
+        )
+        return self._train_plan(sub)
+
+    def _train_plan(self, plan: FedALSPlan) -> tuple[FedALSUpdates, RoundStats]:
+        users = plan.participants
         cfg = self.config
         x = self.solve_users(users)
         local, items = self._pairs(users)
@@ -313,6 +354,8 @@ class FedALS:
         per_user.index_add_(0, local, (1.0 + cfg.alpha) * (1.0 - s) ** 2 - s * s)
         loss = float(per_user.mean()) if users.numel() else float("nan")
         if cfg.private:
+            if plan.pair_client is not None and plan.pair_item is not None:
+                local, items = plan.pair_client, plan.pair_item
             updates = self._private_upload(users, x, local, items)
         else:
             updates = FedALSUpdates(
@@ -333,7 +376,8 @@ class FedALS:
     ) -> FedALSUpdates:
         """The private mode's upload, L2 norm <= 1 by construction (docs/privacy.md).
 
-        Count rounds: each of the client's items counts ``w = 1 / sqrt(max(n, k0))``. ALS
+        Count rounds: each of the client's items counts ``w = 1 / sqrt(max(n, k0))`` (with
+        ``count_items = k``: ``k`` sampled items, ``1 / sqrt(k)`` each). ALS
         rounds: only the client's head items enter, with ``w`` over their number; the factor is
         normalised to unit length; item rows, counts and Gramian are scaled by the square roots
         of their ``shares`` of the unit budget.
@@ -346,6 +390,8 @@ class FedALS:
             local, items = local[keep], items[keep]
         n = torch.bincount(local, minlength=m).to(x.dtype)
         w = 1.0 / torch.sqrt(n.clamp_min(float(cfg.min_weight_items)))
+        if self._counting() and cfg.count_items is not None:
+            w = torch.full_like(w, 1.0 / math.sqrt(cfg.count_items))
         if self._counting():
             return FedALSUpdates(
                 clients=users,
@@ -369,12 +415,6 @@ class FedALS:
             count=s_count * w[local],
             gram_scale=torch.full((m,), s_gram, dtype=x.dtype),
         )
-
-    def train_subset(
-        self, plan: FedALSPlan, keep: torch.Tensor, round_index: int
-    ) -> tuple[FedALSUpdates, RoundStats]:
-        """The participants at positions ``keep`` of a cohort's plan (a Flower node's own)."""
-        return self.client_round(plan.participants[keep], round_index, None)
 
     # ------------------------------------------------------------------ server
     def apply_aggregate(self, aggregate: Aggregate, round_index: int) -> None:

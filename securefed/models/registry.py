@@ -43,7 +43,7 @@ _MODULES: dict[str, str] = {
 }
 
 #: The model ``securefed train`` trains when none is named (docs/results.md says why).
-DEFAULT_MODEL = "fedrap"
+DEFAULT_MODEL = "fedals"
 
 Role = Literal["federated", "baseline", "centralized"]
 
