@@ -2,8 +2,11 @@
 
 Usage::
 
-    python benchmarks/secagg_speed.py --clients 943 --dim 53824 --neighbours 10 \
+    python benchmarks/secagg_speed.py --clients 943 --dim 53824 --neighbours 22 \
         --dropout 0.05 --json
+
+(``--neighbours 10`` at 5 % dropout is refused since the Shamir threshold must be a majority of
+each neighbourhood, docs/secagg.md; 22 is the smallest k that tolerates it.)
 
 Prints one JSON object (with ``--json``) or a short text report: the whole protocol round
 (every client's keys, agreements, shares, masks and the server's unmasking), the plain sum of
