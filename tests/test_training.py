@@ -99,7 +99,7 @@ def test_resume_after_interruption_gives_uninterrupted_metrics(tmp_path):
 
 def test_kill_9_then_resume(tmp_path):
     """A run killed with SIGKILL mid-way resumes to the uninterrupted metrics."""
-    args = ["train", *SMALL, "--rounds", "6", "--checkpoint-every", "1"]
+    args = ["train", *FEDRAP, "--rounds", "6", "--checkpoint-every", "1"]
     full = runner.invoke(app, [*args, "--out", str(tmp_path / "full")])
     assert full.exit_code == 0, full.output
     run = tmp_path / "killed"

@@ -96,6 +96,19 @@ class Split:
         """The user index of every training positive (aligned with ``train_items``)."""
         return np.repeat(np.arange(self.n_users, dtype=np.int64), self.train_counts)
 
+    def train_pairs(self, users: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(position in users, item)`` of every training positive of ``users`` (int64),
+        grouped by position in ``users`` order, each user's items in their stored order."""
+        users = np.asarray(users, dtype=np.int64)
+        indptr = np.asarray(self.train_indptr, dtype=np.int64)
+        counts = indptr[users + 1] - indptr[users]
+        local = np.repeat(np.arange(users.shape[0], dtype=np.int64), counts)
+        offsets = np.arange(local.shape[0], dtype=np.int64) - np.repeat(
+            np.cumsum(counts) - counts, counts
+        )
+        items = np.asarray(self.train_items, dtype=np.int64)[indptr[users][local] + offsets]
+        return local, items
+
     def user_train_items(self, user: int) -> np.ndarray:
         """Training positives of one user."""
         return self.train_items[self.train_indptr[user] : self.train_indptr[user + 1]]

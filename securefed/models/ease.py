@@ -101,8 +101,7 @@ class EASE:
 
 def _train_matrix(split: Split) -> torch.Tensor:
     """The dense binary user x item training matrix (float32)."""
-    counts: np.ndarray = np.diff(np.asarray(split.train_indptr, dtype=np.int64)).astype(np.int64)
-    users = np.repeat(np.arange(split.n_users), counts)
+    users = split.train_users()
     x = torch.zeros(split.n_users, split.n_items, dtype=torch.float32)
     x[torch.from_numpy(users), torch.from_numpy(np.asarray(split.train_items, dtype=np.int64))] = 1
     return x

@@ -41,7 +41,6 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from securefed.data.types import Split
@@ -271,8 +270,6 @@ class FedALS:
         d = config.factor_dim
         self.layout = fedals_layout(split.n_items, d)
         self.V = torch.randn(split.n_items, d, generator=generator) * config.init_std
-        self._indptr = torch.from_numpy(np.asarray(split.train_indptr, dtype=np.int64))
-        self._items = torch.from_numpy(np.asarray(split.train_items, dtype=np.int64))
         self._eval_x: torch.Tensor | None = None
         # Private mode: the released counts (inverse-variance combined over rounds), the
         # items with factors, and how many rounds the server has applied.
@@ -284,12 +281,8 @@ class FedALS:
     # ------------------------------------------------------------------ clients
     def _pairs(self, users: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(position in ``users``, item) of every training positive of ``users``."""
-        counts = self._indptr[users + 1] - self._indptr[users]
-        local = torch.repeat_interleave(torch.arange(users.shape[0]), counts)
-        offsets = torch.arange(local.shape[0]) - torch.repeat_interleave(
-            torch.cumsum(counts, 0) - counts, counts
-        )
-        return local, self._items[self._indptr[users][local] + offsets]
+        local, items = self.split.train_pairs(users.numpy())
+        return torch.from_numpy(local), torch.from_numpy(items)
 
     def solve_users(self, users: torch.Tensor, v: torch.Tensor | None = None) -> torch.Tensor:
         """Each user's closed-form factor against ``v`` (default: the current V), ``[B, d]``."""

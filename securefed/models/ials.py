@@ -49,10 +49,7 @@ class IALS:
         self.config = config
         self.V = torch.randn(split.n_items, config.dim, generator=generator) * config.init_std
         self.X = torch.zeros(split.n_users, config.dim)
-        counts: np.ndarray = np.diff(np.asarray(split.train_indptr, dtype=np.int64)).astype(
-            np.int64
-        )
-        self._users = torch.from_numpy(np.repeat(np.arange(split.n_users), counts))
+        self._users = torch.from_numpy(split.train_users())
         self._items = torch.from_numpy(np.asarray(split.train_items, dtype=np.int64))
 
     def fit_round(self, round_index: int, generator: torch.Generator | None) -> RoundStats:

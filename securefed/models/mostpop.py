@@ -65,14 +65,8 @@ class MostPopConfig:
 
 
 def _train_pairs(split: Split, users: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    indptr = torch.from_numpy(np.asarray(split.train_indptr, dtype=np.int64))
-    items = torch.from_numpy(np.asarray(split.train_items, dtype=np.int64))
-    counts = indptr[users + 1] - indptr[users]
-    local = torch.repeat_interleave(torch.arange(users.shape[0]), counts)
-    offsets = torch.arange(local.shape[0]) - torch.repeat_interleave(
-        torch.cumsum(counts, 0) - counts, counts
-    )
-    return local, items[indptr[users][local] + offsets]
+    local, items = split.train_pairs(users.numpy())
+    return torch.from_numpy(local), torch.from_numpy(items)
 
 
 def bounded_pairs(

@@ -186,18 +186,24 @@ class ModelSpec:
 
     def params_from_mapping(self, values: Mapping[str, Any], *, section: str) -> Any:
         """Hyperparameters from a TOML table (unknown keys are errors)."""
-        known = {f.name for f in dataclasses.fields(self.params)}
-        clean: dict[str, Any] = {}
-        for key, value in values.items():
-            if key not in known:
-                raise ConfigError(
-                    f"unknown key {key!r} in [{section}]; known keys: {', '.join(sorted(known))}"
-                )
-            clean[key] = tuple(value) if isinstance(value, list) else value
-        try:
-            return self.params(**clean)
-        except TypeError as exc:
-            raise ConfigError(f"invalid [{section}] config: {exc}") from None
+        return dataclass_from_table(self.params, values, section=section)
+
+
+def dataclass_from_table(kind: type, values: Mapping[str, Any], *, section: str) -> Any:
+    """An instance of the config dataclass ``kind`` from a TOML table: unknown keys and bad
+    values are one ConfigError naming ``[section]``; lists become tuples."""
+    known = {f.name for f in dataclasses.fields(kind)}
+    clean: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(
+                f"unknown key {key!r} in [{section}]; known keys: {', '.join(sorted(known))}"
+            )
+        clean[key] = tuple(value) if isinstance(value, list) else value
+    try:
+        return kind(**clean)
+    except TypeError as exc:
+        raise ConfigError(f"invalid [{section}] config: {exc}") from None
 
 
 _CACHE: dict[str, ModelSpec] = {}
