@@ -159,6 +159,12 @@ def test_private_uploads_have_norm_at_most_one(small_split):
     assert float(up.norms().max()) <= 1 + 1e-6  # float32 weights
     assert bool(m.head[up.pair_item].all())
     torch.testing.assert_close(up.dense().double().norm(dim=1), up.norms(), rtol=1e-5, atol=1e-6)
+    total = up.weighted_sum(torch.ones(len(up)))
+    m.apply_aggregate(Aggregate(total=total, contributors=len(up), denominator=len(up)), 1)
+    m.V = m.V * 50.0  # large item factors: the clamp on x_hat . v_i must still bound the rows
+    up, _ = m.client_round(users, 2, None)  # Newton round: gradient rows
+    assert float(up.norms().max()) <= 1 + 1e-6
+    assert bool((up.coef < 0).any()) and float(up.coef.abs().max()) <= 1.0
 
 
 def test_private_head_is_chosen_from_the_noise_level(small_split):
@@ -187,6 +193,40 @@ def test_private_head_is_chosen_from_the_noise_level(small_split):
         1,
     )
     assert torch.all(m.V[~m.head] == 0) and bool((m.V[m.head] != 0).any())
+
+
+def test_private_newton_round_is_the_stated_step(small_split):
+    """A private ALS round after the first is fedals's Newton step on the weighted objective:
+    without noise, V moves as the equations say."""
+    cfg = FedALSConfig(private=True, private_dim=3, shares=(0.5, 0.3, 0.2), head_z=0.0)
+    m = FedALS(small_split, cfg, generator=torch.Generator().manual_seed(0))
+    users = torch.arange(small_split.n_users)
+    n = small_split.n_users
+    for r in range(2):  # the count round, then the first (direct) ALS round
+        up, _ = m.client_round(users, r, None)
+        total = up.weighted_sum(torch.ones(n))
+        m.apply_aggregate(Aggregate(total=total, contributors=n, denominator=n), r)
+    v0 = m.V.double().clone()
+    up, _ = m.client_round(users, 2, None)
+    x, a = up.x.double(), cfg.alpha
+    local, items = up.pair_client, up.pair_item
+    w = 1.0 / torch.bincount(local, minlength=n).double().clamp_min(1).sqrt()
+    s = (x[local] * v0[items]).sum(1).clamp(-1, 1)
+    data = torch.zeros_like(v0).index_add_(
+        0, items, (w[local] * (a * s - (1 + a))).unsqueeze(1) * x[local]
+    )
+    gram = x.T @ x
+    total = up.weighted_sum(torch.ones(n))
+    m.apply_aggregate(Aggregate(total=total, contributors=n, denominator=n), 2)
+    counts = m.prior.double().clamp_min(0)  # both rounds' counts, combined as the server does
+    checked = 0
+    for i in torch.nonzero(m.head).squeeze(1).tolist()[:10]:
+        g = gram @ v0[i] + data[i] + cfg.item_reg * v0[i]
+        h = gram * (1 + a * counts[i] / n) + cfg.item_reg * torch.eye(3, dtype=torch.float64)
+        want = v0[i] - torch.linalg.solve(h, g)
+        torch.testing.assert_close(m.V[i].double(), want, rtol=1e-3, atol=1e-4)
+        checked += 1
+    assert checked == 10
 
 
 def test_private_fedals_beats_dp_mostpop_on_movielens(shared_data, tmp_path):

@@ -364,6 +364,11 @@ class FedALS:
     def _counting(self) -> bool:
         return self.rounds_applied < self.config.count_rounds
 
+    def _newton_round(self) -> bool:
+        """Private mode: ALS rounds after the first take a Newton step on V (the first, from
+        the random initialisation, solves for V directly)."""
+        return self.rounds_applied > self.config.count_rounds
+
     def _private_upload(
         self, users: torch.Tensor, x: torch.Tensor, local: torch.Tensor, items: torch.Tensor
     ) -> FedALSUpdates:
@@ -398,13 +403,20 @@ class FedALS:
             )
         s_rows, s_count, s_gram = (math.sqrt(f) for f in cfg.shares)
         unit = x / x.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        coef = w[local]
+        if self._newton_round():
+            # Later ALS rounds send the data part of the item gradient, each row
+            # w (alpha s - (1 + alpha)) x_hat with s = x_hat . v_i clamped to [-1, 1] and scaled
+            # by 1 / (2 alpha + 1), so a row's norm stays <= w and the upload's <= 1.
+            s = (unit[local] * self.V[items]).sum(1).clamp(-1.0, 1.0)
+            coef = coef * (cfg.alpha * s - (1.0 + cfg.alpha)) / (2.0 * cfg.alpha + 1.0)
         return FedALSUpdates(
             clients=users,
             layout=self.layout,
             x=unit,
             pair_client=local,
             pair_item=items,
-            coef=s_rows * w[local],
+            coef=s_rows * coef,
             count=s_count * w[local],
             gram_scale=torch.full((m,), s_gram, dtype=x.dtype),
         )
@@ -471,12 +483,29 @@ class FedALS:
         s_rows = math.sqrt(cfg.shares[0])
         if s_rows == 0:
             return
-        b = scale * parts["item_grad"] / s_rows
+        rows = scale * parts["item_grad"] / s_rows
         counts = self.prior.double().clamp_min(0.0)
         n_users = self.split.n_users
-        # Approximate ALS item solve: (G + item_reg + alpha n_i G / N)^-1 (1 + alpha) b_i.
-        h = evals.unsqueeze(0) * (1.0 + cfg.alpha * counts / n_users).unsqueeze(1) + cfg.item_reg
-        v = (((1.0 + cfg.alpha) * b @ evecs) / h) @ evecs.T
+        if self._newton_round():
+            # fedals's Newton step (docs/models.md) on the weighted objective, from the
+            # gradient rows (undo the 1 / (2 alpha + 1) scaling) and the unscaled Gramian.
+            s_gram = math.sqrt(cfg.shares[2])
+            g_evals = evals / s_gram if s_gram > 0 else evals
+            v = self.V.to(torch.float64)
+            data = rows * (2.0 * cfg.alpha + 1.0)
+            grad = v @ (evecs * g_evals) @ evecs.T + data + cfg.item_reg * v
+            h = (
+                g_evals.unsqueeze(0) * (1.0 + cfg.alpha * counts / n_users).unsqueeze(1)
+                + cfg.item_reg
+            )
+            v = v - ((grad @ evecs) / h) @ evecs.T
+        else:
+            # First ALS round, approximate ALS item solve from b_i = sum_u w_u x_hat_u:
+            # (G' + item_reg + alpha n_i G' / N)^-1 (1 + alpha) b_i, where G' is the Gramian
+            # as released (its share's square root included: that weight was tuned with it).
+            h = evals.unsqueeze(0) * (1.0 + cfg.alpha * counts / n_users).unsqueeze(1)
+            h = h + cfg.item_reg
+            v = (((1.0 + cfg.alpha) * rows @ evecs) / h) @ evecs.T
         v[~self.head] = 0.0
         self.V = v.to(torch.float32)
 
