@@ -2,7 +2,9 @@
 
 One call trains a run (or re-simulates a recorded one) with an observer that records what
 each threat model's observer sees (:mod:`attacks.recorder`), then scores the chosen attacks
-and the canary audit::
+and the canary audit. A DP run the audit trains itself replays its noise and cohorts from the
+seed (``PrivacyConfig.replay``), so it can be re-simulated; a run trained with OS randomness
+(the default) can be audited only from statistics recorded while it trained::
 
     from attacks.audit import AuditConfig, audit
     from securefed import TrainConfig, PrivacyConfig
@@ -19,6 +21,7 @@ ROC curve can be recomputed) and ``record/`` (what the observer streamed to disk
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
@@ -123,6 +126,15 @@ def _load_run(run: Path) -> TrainConfig:
     return TrainConfig.from_dict(load_config_file(run / runs.CONFIG_FILE))
 
 
+def _replay_config(config: TrainConfig) -> TrainConfig:
+    """The audit's own run replays its DP randomness from the seed (``replay=True``), so the
+    audit can be re-simulated and reproduced; the mechanism and its accounting are the run's."""
+    p = config.privacy
+    if not p.dp or p.replay:
+        return config
+    return dataclasses.replace(config, privacy=dataclasses.replace(p, replay=True))
+
+
 def audit(
     config: AuditConfig | TrainConfig | None = None,
     *,
@@ -142,7 +154,7 @@ def audit(
 
     Raises:
         ConfigError: Bad settings, a per-client attack under secure aggregation, or a
-            secure (OS-noise) run to re-simulate.
+            DP run with OS randomness (the default) to re-simulate.
         DataError: The dataset or a recorded file is missing or malformed.
     """
     from attacks.canaries import plant_canaries, plant_interaction_canaries
@@ -154,13 +166,14 @@ def audit(
     if (out_dir / AUDIT_FILE).exists():
         raise ConfigError(f"{out_dir} already holds an audit; choose another --out")
     run_dir = Path(cfg.run) if cfg.run is not None else None
-    train_cfg = _load_run(run_dir) if run_dir is not None else cfg.train
+    train_cfg = _load_run(run_dir) if run_dir is not None else _replay_config(cfg.train)
     chosen, skipped = _resolve_attacks(cfg, train_cfg)
     reuse = run_dir is not None and (run_dir / "audit" / _ACC).exists()
-    if run_dir is not None and not reuse and train_cfg.privacy.secure:
+    if run_dir is not None and not reuse and train_cfg.privacy.os_randomness:
         raise ConfigError(
-            f"{run_dir} drew its DP noise from the OS (--secure) and recorded no attack "
-            "statistics, so it cannot be re-simulated; audit a seeded run instead"
+            f"{run_dir} drew its DP noise and cohorts from the OS (the default) and recorded no "
+            "attack statistics, so it cannot be re-simulated; audit without --run (the audit "
+            "trains its own replay run) or audit a run trained with --replay-from-seed"
         )
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -301,6 +314,7 @@ def audit(
         "accounted_epsilon": summary.get("epsilon"),
         "rounds": summary.get("rounds"),
         "seed": train_cfg.seed,
+        "replay": train_cfg.privacy.dp and train_cfg.privacy.replay,
         "users": n_real_users,
         "items": n_real,
         "noise_multiplier": summary.get("noise_multiplier"),

@@ -8,6 +8,7 @@ anything else keeps its traceback, because it is a bug.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -132,9 +133,23 @@ def train(
     clip: Annotated[float | None, typer.Option(help="L2 clip of each client update.")] = None,
     accountant: Annotated[str | None, typer.Option(help="prv (default) or rdp.")] = None,
     noise: Annotated[str | None, typer.Option(help="central or distributed.")] = None,
+    replay_from_seed: Annotated[
+        bool | None,
+        typer.Option(
+            "--replay-from-seed",
+            help="DP runs: derive DP noise, cohorts and the secagg seed from --seed (bit-for-bit "
+            "reproducible; private only against whoever does not know the seed). Experiments "
+            "only: by default they come from the OS.",
+        ),
+    ] = None,
     secure: Annotated[
         bool | None,
-        typer.Option("--secure/--no-secure", help="OS-random DP noise; refuses --seed."),
+        typer.Option(
+            "--secure/--no-secure",
+            help="Deprecated: OS randomness is the default for DP runs (--no-secure is gone; "
+            "see --replay-from-seed).",
+            hidden=True,
+        ),
     ] = None,
     secagg: Annotated[
         bool | None, typer.Option("--secagg/--no-secagg", help="Secure aggregation.")
@@ -159,6 +174,7 @@ def train(
 
     from securefed.config import TrainConfig, load_config_file
     from securefed.models.registry import DEFAULT_MODEL, get_spec, params_from_flags
+    from securefed.training import check_run_dir_writable
     from securefed.training import train as run_train
 
     with _user_errors():
@@ -171,7 +187,15 @@ def train(
                 )
             cfg = None
         else:
+            _check_secure_flag(secure, replay_from_seed)
             raw: dict[str, Any] = load_config_file(config) if config is not None else {}
+            legacy = dict(raw.get("privacy", {})).get("secure")
+            if legacy is False:
+                raise _fail(
+                    f"[privacy] secure = false in {config} asked for DP noise derived from the "
+                    "seed; that is now replay = true (experiments only), and OS randomness is "
+                    "the default: write replay = true or delete the key"
+                )
             top = _given(
                 model=model,
                 dataset=dataset,
@@ -215,7 +239,7 @@ def train(
                 example_clip=example_clip,
                 accountant=accountant,
                 noise=noise,
-                secure=secure,
+                replay=replay_from_seed,
                 secagg=secagg,
             )
             if privacy:
@@ -226,9 +250,32 @@ def train(
                 table = spec.params_from_mapping(dict(raw.get(name, {})), section=name)
                 raw[name] = dataclasses.asdict(params_from_flags(spec, model_flags, table))
             cfg = TrainConfig.from_dict(raw)
-            if cfg.privacy.secure and (seed is not None or "seed" in raw):
-                raise _fail("--secure draws noise from the OS and refuses a user seed; drop --seed")
+        target = resume if resume is not None else out_dir
+        if target is not None:
+            check_run_dir_writable(Path(target))  # one line, before any progress or data
         _run_with_progress(cfg, out_dir, resume, run_train)
+
+
+def _check_secure_flag(secure: bool | None, replay: bool | None) -> None:
+    """``--secure`` is a deprecated no-op (OS randomness is the default); ``--no-secure`` and
+    ``--secure --replay-from-seed`` are errors pointing to the flag named for what it does."""
+    if secure is None:
+        return
+    if not secure:
+        raise _fail(
+            "--no-secure is gone: DP runs draw their noise and cohorts from the OS by default; "
+            "to derive them from --seed (experiments only) use --replay-from-seed"
+        )
+    if replay:
+        raise _fail(
+            "--secure asks for OS randomness and --replay-from-seed for seeded randomness; "
+            "drop one (--secure is the default now)"
+        )
+    err.print(
+        "[yellow]note:[/] --secure is the default now (DP noise and cohorts come from the "
+        "OS) and will be removed; drop it",
+        highlight=False,
+    )
 
 
 def _run_with_progress(
@@ -279,7 +326,9 @@ def account(
         float | None, typer.Option(help="Noise multiplier (gives epsilon).")
     ] = None,
     delta: Delta = 1e-5,
-    rounds: Annotated[int, typer.Option(help="Training rounds.")] = 100,
+    rounds: Annotated[
+        str, typer.Option(help="Training rounds (an integer; 1e6 notation is accepted).")
+    ] = "100",
     client_fraction: Annotated[
         float, typer.Option(help="Poisson sampling rate (1 = everyone).")
     ] = 1.0,
@@ -311,7 +360,7 @@ def account(
             epsilon=epsilon,
             noise_multiplier=noise_multiplier,
             delta=delta,
-            rounds=rounds,
+            rounds=_whole_number(rounds, "--rounds"),
             client_fraction=client_fraction,
             users=users,
             accountant=accountant,
@@ -328,6 +377,23 @@ def account(
         f"{res['delta']:g} ({res['rounds']} rounds, sample rate {res['sample_rate']:g}, "
         f"{res['accountant']} accountant, {res['privacy_unit']}-level, {res['steps']} steps)"
     )
+
+
+def _whole_number(text: str, flag: str) -> int:
+    """A positive integer from ``123`` or ``1e12`` notation (exact integers only)."""
+    value: float | int
+    try:
+        value = int(text)
+    except ValueError:
+        try:
+            value = float(text)
+        except ValueError:
+            raise _fail(f"{flag} must be a positive integer, got {text!r}") from None
+    if isinstance(value, float) and not (math.isfinite(value) and value == int(value)):
+        raise _fail(f"{flag} must be a positive integer, got {text!r}")
+    if int(value) < 1:
+        raise _fail(f"{flag} must be a positive integer, got {text!r}")
+    return int(value)
 
 
 def _register_optional_commands() -> None:

@@ -125,6 +125,19 @@ def _print_summary(result: Any) -> None:
             f"({s.get('privacy_unit')}-level, {s.get('accountant')} accountant, "
             f"noise multiplier {s.get('noise_multiplier'):.4g}, clip {s.get('clip'):g})"
         )
+    if s.get("amplification") and s.get("epsilon") is not None:
+        line = f"amplification by sampling: {s['amplification']}"
+        if s.get("epsilon_unamplified") is not None:
+            line += f" (epsilon_unamplified {s['epsilon_unamplified']:.4g})"
+        out.print(line, highlight=False)
+    if s.get("replay_warning"):
+        err.print(f"[bold red]{s['replay_warning']}[/]", highlight=False)
+    elif s.get("randomness") == "os":
+        out.print(
+            "randomness: DP noise and cohorts drawn from the OS, not stored (no seed "
+            "regenerates them)",
+            highlight=False,
+        )
     if s.get("stopped"):
         err.print(f"[yellow]stopped early:[/] {s['stopped']}")
     out.print(f"run directory: {result.run_dir}")

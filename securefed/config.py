@@ -18,11 +18,20 @@ from typing import Any, Literal
 
 from securefed.errors import ConfigError
 from securefed.federation.cohort import CohortSpec
-from securefed.models.registry import DEFAULT_MODEL, get_spec, model_names
+from securefed.models.registry import (
+    DEFAULT_MODEL,
+    dataclass_from_table,
+    get_spec,
+    model_names,
+)
 
 #: Users with fewer interactions are dropped before the split, for every model alike, so that
 #: all models and baselines of a dataset and seed are evaluated on the same users and items.
 DEFAULT_MIN_INTERACTIONS = 5
+#: The smallest positive noise multiplier accepted: its square must stay a normal float64
+#: for the accountants (1e-300 made Opacus divide by zero). Any sigma below ~0.3 promises
+#: nothing anyway; this bound only turns a crash into a clear error.
+MIN_NOISE_MULTIPLIER = 2.0**-500
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +47,14 @@ class PrivacyConfig:
     interactions: ``epsilon``/``noise_multiplier`` then refer to one interaction, and
     ``example_clip`` bounds one example's gradient. No user-level noise is added in that
     mode (one unit per run); ``clip`` is then only the secure-aggregation input bound.
+
+    Randomness: every DP run draws its DP noise, its cohorts and the secure-aggregation public
+    seed from OS randomness (``os.urandom``), never from ``seed``, so nothing in the run
+    directory lets anyone regenerate them (:attr:`os_randomness`). ``replay=True``
+    (``--replay-from-seed``) derives them from the run seed instead: the run reproduces bit for
+    bit, and its guarantee then holds only against an observer who does not know the seed
+    (recorded and printed with the run). Randomness no DP claim relies on (initialisation,
+    negatives, local batches, a model's own item sampling) is always derived from the seed.
     """
 
     epsilon: float | None = None
@@ -48,7 +65,7 @@ class PrivacyConfig:
     noise: Literal["central", "distributed"] | None = None
     privacy_unit: Literal["user", "interaction"] = "user"
     example_clip: float | None = None
-    secure: bool = False
+    replay: bool = False
     secagg: bool = False
     secagg_neighbours: int | None = None
     secagg_dropout: float = 0.05
@@ -59,8 +76,13 @@ class PrivacyConfig:
     def __post_init__(self) -> None:
         if self.epsilon is not None and not (self.epsilon > 0):
             raise ConfigError(f"epsilon must be > 0, got {self.epsilon!r}")
-        if self.noise_multiplier is not None and not (self.noise_multiplier >= 0):
-            raise ConfigError(f"noise multiplier must be >= 0, got {self.noise_multiplier!r}")
+        if self.noise_multiplier is not None and not (
+            self.noise_multiplier == 0 or MIN_NOISE_MULTIPLIER <= self.noise_multiplier < math.inf
+        ):
+            raise ConfigError(
+                f"noise multiplier must be 0 or a finite number >= 2**-500 (a smaller one "
+                f"underflows in the accountant), got {self.noise_multiplier!r}"
+            )
         if not 0 < self.delta < 1:
             raise ConfigError(f"delta must be in (0, 1), got {self.delta!r}")
         if self.clip is not None and not (math.isfinite(self.clip) and self.clip > 0):
@@ -112,9 +134,12 @@ class PrivacyConfig:
             raise ConfigError(
                 f"secagg scale bits must be in [1, 40], got {self.secagg_scale_bits!r}"
             )
-        if self.secure and not self.dp:
+        if not isinstance(self.replay, bool):
+            raise ConfigError(f"replay must be true or false, got {self.replay!r}")
+        if self.replay and not self.dp:
             raise ConfigError(
-                "--secure draws DP noise from the OS; it needs --epsilon or --noise-multiplier"
+                "--replay-from-seed derives DP noise and cohorts from --seed, but this run has "
+                "no DP (no --epsilon or --noise-multiplier) and is seeded already; drop it"
             )
         if not 0 <= self.secagg_corrupt < 1:
             raise ConfigError(
@@ -125,6 +150,12 @@ class PrivacyConfig:
     def dp(self) -> bool:
         """Whether differential privacy is on."""
         return self.epsilon is not None or self.noise_multiplier is not None
+
+    @property
+    def os_randomness(self) -> bool:
+        """Whether DP noise, cohorts and the secure-aggregation public seed come from the OS
+        (every DP run unless ``replay``; a run without DP has nothing to hide and is seeded)."""
+        return self.dp and not self.replay
 
     @property
     def interaction_dp(self) -> bool:
@@ -308,7 +339,9 @@ class TrainConfig:
             if key == "privacy":
                 if not isinstance(value, Mapping):
                     raise ConfigError("config section [privacy] must be a table")
-                kwargs[key] = _build_sub(PrivacyConfig, key, value)
+                kwargs[key] = dataclass_from_table(
+                    PrivacyConfig, legacy_privacy_keys(value), section=key
+                )
             else:
                 kwargs[key] = value
         try:
@@ -317,19 +350,31 @@ class TrainConfig:
             raise ConfigError(f"invalid config: {exc}") from None
 
 
-def _build_sub(kind: type, section: str, values: Mapping[str, Any]) -> Any:
-    known = {f.name: f for f in dataclasses.fields(kind)}
-    clean: dict[str, Any] = {}
-    for key, value in values.items():
-        if key not in known:
-            raise ConfigError(
-                f"unknown key {key!r} in [{section}]; known keys: {', '.join(sorted(known))}"
-            )
-        clean[key] = tuple(value) if isinstance(value, list) else value
-    try:
-        return kind(**clean)
-    except TypeError as exc:
-        raise ConfigError(f"invalid [{section}] config: {exc}") from None
+def legacy_privacy_keys(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Translate the ``secure`` key of configs written before OS randomness was the default.
+
+    ``secure = false`` was recorded in every run directory's ``config.toml`` and meant "derive
+    the DP noise from the seed": for a DP run it is ``replay = true`` (so old run directories
+    resume and re-simulate as they ran, labelled as replay runs). ``secure = true`` is today's
+    default and is dropped. Given together with ``replay`` the two must agree.
+    """
+    out = dict(values)
+    if "secure" not in out:
+        return out
+    secure = out.pop("secure")
+    if not isinstance(secure, bool):
+        raise ConfigError(f"secure must be true or false, got {secure!r}")
+    dp = out.get("epsilon") is not None or out.get("noise_multiplier") is not None
+    legacy_replay = dp and not secure
+    if dp and "replay" in out and out["replay"] is not legacy_replay:
+        raise ConfigError(
+            f"[privacy] gives secure = {str(secure).lower()} and replay = "
+            f"{str(out['replay']).lower()}, which contradict each other; drop secure (OS "
+            "randomness is the default now; replay = true derives it from the seed)"
+        )
+    if legacy_replay:
+        out["replay"] = True
+    return out
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
@@ -346,7 +391,9 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
 
 __all__ = [
     "DEFAULT_MIN_INTERACTIONS",
+    "MIN_NOISE_MULTIPLIER",
     "PrivacyConfig",
     "TrainConfig",
+    "legacy_privacy_keys",
     "load_config_file",
 ]

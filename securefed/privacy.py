@@ -17,13 +17,25 @@ fixed expected cohort ``q * N``; otherwise no amplification is claimed (sample r
 With ``privacy_unit="interaction"`` the clients run DP-SGD themselves (FedRAP's and
 FedRecGEL's ``train_dpsgd``); this seam then adds no noise, only accounts the local steps
 (:meth:`PrivateAggregator.begin_round`) and, with secure aggregation, masks the uploads.
+
+Randomness: in a DP run every noise draw (central, distributed shares and their randomized
+rounding, DP-SGD), every cohort and the secure-aggregation public seed come from the OS
+(``os.urandom`` through the protocols samplers), so nothing in the run directory regenerates
+them; the run seed drives only randomness no DP claim relies on. ``PrivacyConfig.replay``
+(``--replay-from-seed``) derives them from the seed instead, and the run's summary and ledger
+then carry :data:`REPLAY_WARNING`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
 import secrets
 import time
+from collections import Counter
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -47,7 +59,8 @@ from protocols.dp.dpsgd import (
     dpsgd_steps,
 )
 from protocols.seeding import derive_seed, numpy_generator, torch_generator
-from securefed.errors import ConfigError, PrivacyBudgetError
+from securefed import runs
+from securefed.errors import ConfigError, IntegrityError, PrivacyBudgetError
 from securefed.federation.base import Aggregate, ClientUpdates
 
 if TYPE_CHECKING:
@@ -61,6 +74,19 @@ if TYPE_CHECKING:
 DEFAULT_SECAGG_BOUND = 1000.0
 #: Secure-aggregation chunk of clients x coordinates materialised at once (floats).
 _MAX_DENSE = 64_000_000
+
+#: Recorded in the summary and ledger of every replay run and printed by the CLI. Opacus's
+#: ``secure_mode=False`` warning says only that the RNG is "not secure"; this says what an
+#: attacker can do with it and against whom the printed epsilon still holds.
+REPLAY_WARNING = (
+    "REPLAY RUN (--replay-from-seed): every DP noise draw, every cohort and the secure-"
+    "aggregation seed were derived from seed {seed}, which config.toml and summary.json "
+    "record. Anyone who knows that seed can regenerate the noise, subtract it from the released "
+    "aggregates and recover the sums of the clipped client updates exactly. Epsilon {epsilon} "
+    "holds only against an observer who does not know the seed. Use replay runs to reproduce "
+    "experiments; never publish a model trained this way on real users' data: train without "
+    "--replay-from-seed, which draws all of it from the OS."
+)
 
 
 class PrivateAggregator:
@@ -78,9 +104,12 @@ class PrivateAggregator:
         self.sample_rate = self.cohort.sample_rate(split.n_users)
         self.expected_cohort = self.cohort.expected_size(split.n_users)
         self.secagg = p.secagg
-        self.secure = p.secure
+        # DP noise, cohorts and the public seed from the OS in every DP run that does not replay.
+        self.secure = p.os_randomness
+        self.replay = p.dp and p.replay
         self.p = p
         self.ledger = PrivacyLedger()
+        self._journal: Path | None = None  # the run's ledger file, written ahead (attach)
         self._last: dict[str, Any] = {}
         self._interaction_epsilon = 0.0
         placement = p.noise or ("distributed" if p.secagg else "central")
@@ -98,9 +127,7 @@ class PrivateAggregator:
         self.placement_note = placement_note
         self.dpsgd: DPSGDConfig | None = None
         self.interaction: DPConfig | None = None
-        self.releases_per_round = (
-            interaction_steps_per_round(config) if p.interaction_dp else 0
-        )
+        self.releases_per_round = interaction_steps_per_round(config) if p.interaction_dp else 0
         if p.interaction_dp:
             # Client-side DP-SGD: the uploads are already private; this seam adds no noise
             # and, with secure aggregation, ``clip`` is only the bound on each input.
@@ -113,7 +140,7 @@ class PrivateAggregator:
                 clip=self.dpsgd.example_clip,
                 accountant=p.accountant or "prv",
                 privacy_unit="interaction",
-                secure=p.secure,
+                secure=p.os_randomness,
             )
         elif p.dp:
             accountant = p.accountant or (
@@ -127,7 +154,7 @@ class PrivateAggregator:
                 accountant=accountant,
                 placement=placement,
                 privacy_unit=p.privacy_unit,
-                secure=p.secure,
+                secure=p.os_randomness,
             )
             self.dp.check_population(split.n_users)
             if placement == "distributed" and p.secagg:
@@ -194,8 +221,9 @@ class PrivateAggregator:
 
         One event per Gaussian release an interaction enters in a round (FedRAP: one per local
         epoch; FedRecGEL: one per SAM pass per local step, :func:`sam_releases`), recorded
-        for every round whether or not a given client is sampled. With a budget cap a round
-        that would overspend raises PrivacyBudgetError before anything runs.
+        for every round whether or not a given client is sampled, and written ahead to the
+        run's ledger file (:meth:`commit`). With a budget cap a round that would overspend
+        raises PrivacyBudgetError before anything runs.
         """
         if self.dpsgd is None or self.interaction is None:
             return
@@ -207,17 +235,7 @@ class PrivateAggregator:
             )
             for _ in range(self.releases_per_round)
         ]
-        cfg = self.interaction
-        after = PrivacyLedger([*self.ledger.events, *events])
-        eps = after.epsilon(cfg.delta, cfg.accountant)
-        if cfg.epsilon is not None and eps > cfg.epsilon:
-            raise PrivacyBudgetError(
-                f"round {round_index} would raise interaction-level epsilon to {eps:.4g} above "
-                f"the target {cfg.epsilon:.4g} (delta={cfg.delta!r}); stop training or raise "
-                "the budget"
-            )
-        self.ledger = after
-        self._interaction_epsilon = eps
+        self._interaction_epsilon = self.commit(*events)
 
     def _generator(self, purpose: str, round_index: int) -> torch.Generator | None:
         if self.secure:
@@ -249,8 +267,9 @@ class PrivateAggregator:
         else:
             central = CentralGaussian(clip=self.dp.clip, noise_multiplier=self.noise_multiplier)
             event = central.event(round_index, sample_rate=self.sample_rate)
-        # Refuse before anything is released: a round that would overspend never runs.
-        self._spend(event)
+        # Account before release: the event is on disk before the noised sum exists, and a
+        # round that would overspend never runs.
+        self.commit(event)
         total = updates.weighted_sum(factors) if m else torch.zeros(self.dim)
         if self.dp.placement == "distributed" and m:
             shares = mech.client_share(
@@ -279,18 +298,88 @@ class PrivateAggregator:
             return max(self.expected_cohort, 1.0)
         return float(max(m, 1))
 
-    def _spend(self, event: Any) -> None:
-        assert self.dp is not None
-        if self.dp.epsilon is None:
-            self.ledger.record(event)
-        else:
-            self.ledger.spend(
-                event,
-                target_epsilon=self.dp.epsilon,
-                delta=self.dp.delta,
-                accountant=self.dp.accountant,
+    def commit(self, *events: Any) -> float:
+        """Account releases before they happen: check the budget, record, write ahead.
+
+        The events join the ledger (in round order: a round re-run after a resume is recorded
+        again next to its first release, see :meth:`attach`) and, when a run directory is
+        attached, the whole ledger is written to its ``privacy_ledger.json`` and fsynced
+        before this returns, so no release the events cover can leave the aggregator before
+        it is on disk; a crash at any later point leaves a ledger that counts it.
+
+        Returns:
+            The epsilon after recording.
+
+        Raises:
+            PrivacyBudgetError: the events would take epsilon above the target; nothing is
+                recorded and the caller must not release.
+        """
+        cfg = self.interaction if self.interaction is not None else self.dp
+        assert cfg is not None
+        after = PrivacyLedger(sorted([*self.ledger.events, *events], key=lambda e: e.round))
+        eps = after.epsilon(cfg.delta, cfg.accountant)
+        if cfg.epsilon is not None and eps > cfg.epsilon:
+            unit = "interaction-level " if self.interaction is not None else ""
+            raise PrivacyBudgetError(
+                f"round {events[0].round} would raise {unit}epsilon to {eps:.4g} above the "
+                f"target {cfg.epsilon:.4g} (delta={cfg.delta!r}); stop training or raise the "
+                "budget"
             )
-        self._last["epsilon"] = self.ledger.epsilon(self.dp.delta, self.dp.accountant)
+        self.ledger = after
+        self._last["epsilon"] = eps
+        self._persist()
+        return eps
+
+    def withdraw(self, event: Any) -> None:
+        """Take back an event committed for a round that then aborted before anything was
+        released (secure aggregation recovered no sum), and rewrite the ledger file."""
+        events = list(self.ledger.events)
+        for i in range(len(events) - 1, -1, -1):
+            if events[i] == event:
+                del events[i]
+                break
+        else:
+            raise ValueError("withdraw: the event was never committed")
+        self.ledger = PrivacyLedger(events)
+        cfg = self.interaction if self.interaction is not None else self.dp
+        assert cfg is not None
+        self._last["epsilon"] = self.ledger.epsilon(cfg.delta, cfg.accountant)
+        self._persist()
+
+    def attach(self, run_dir: Path, *, resume: bool) -> None:
+        """Write the ledger ahead of every release into ``run_dir/privacy_ledger.json``.
+
+        On resume the ledger file, not the checkpoint, is the record: it holds every release
+        made, including those of rounds after the last checkpoint that the resumed run will
+        make again (with fresh noise: every such release is counted again, docs/privacy.md,
+        "Resume"). The checkpoint's events must all be in it.
+
+        Raises:
+            IntegrityError: a DP run resumed without a readable ledger file, or with one that
+                lacks events its checkpoint recorded.
+        """
+        self._journal = Path(run_dir) / runs.LEDGER_FILE
+        if resume and (self.dp is not None or self.interaction is not None):
+            recorded = _read_ledger_file(self._journal)
+            missing = Counter(self.ledger.events)
+            missing.subtract(recorded.events)
+            if any(n > 0 for n in missing.values()):
+                raise IntegrityError(
+                    f"{self._journal} holds fewer privacy events than the checkpoint "
+                    f"({len(recorded)} < {len(self.ledger)}); the ledger file must record every "
+                    "release; restore it from a backup or start a new run"
+                )
+            self.ledger = recorded
+            if self.interaction is not None:
+                self._interaction_epsilon = recorded.epsilon(
+                    self.interaction.delta, self.interaction.accountant
+                )
+        self._persist()
+
+    def _persist(self) -> None:
+        if self._journal is None:
+            return
+        _write_durably(self._journal, self.ledger_dicts())
 
     def _secure_round(
         self, updates: ClientUpdates, factors: torch.Tensor, round_index: int, denominator: float
@@ -355,16 +444,24 @@ class PrivateAggregator:
         public_seed = derive_seed(self.seed, "secagg-public", round_index).to_bytes(8, "little") * 2
         if self.secure:
             public_seed = secrets.token_bytes(16)
-        if ddg is not None and dropouts is not None:
-            # The server knows who sent a masked input before it asks for unmasking shares;
-            # with fewer than the survivors the noise is sized for it must not unmask.
-            silent = dropouts.advertise | dropouts.share | dropouts.masked_input
-            if m - len(silent) < ddg.plan.min_survivors:
-                self._last["aborted"] = (
-                    f"{m - len(silent)} masked inputs, fewer than the "
-                    f"{ddg.plan.min_survivors} the noise shares are sized for"
-                )
-                return None
+        # The server knows who sent a masked input before it asks for unmasking shares: the
+        # inputs in the sum are every participant but those silent before that stage.
+        silent = (
+            dropouts.advertise | dropouts.share | dropouts.masked_input
+            if dropouts is not None
+            else frozenset()
+        )
+        if ddg is not None and m - len(silent) < ddg.plan.min_survivors:
+            # With fewer than the survivors the noise is sized for it must not unmask.
+            self._last["aborted"] = (
+                f"{m - len(silent)} masked inputs, fewer than the "
+                f"{ddg.plan.min_survivors} the noise shares are sized for"
+            )
+            return None
+        # Account before unmasking (write-ahead): a round the budget refuses is never unmasked.
+        event = self._secure_event(round_index, m - len(silent))
+        if event is not None:
+            self.commit(event)
         try:
             result = secure_sum(
                 ring,
@@ -374,14 +471,25 @@ class PrivateAggregator:
                 dropouts=dropouts,
             )
         except RoundAborted as exc:
+            if event is not None:
+                self.withdraw(event)  # nothing was unmasked, nothing released
             self._last["aborted"] = str(exc)
             return None
         survivors = int(len(result.survivors))
-        if self.dp is not None and ddg is not None:
-            self._spend(
-                ddg.event(round_index, sample_rate=self.sample_rate, noise_contributors=survivors)
-            )
+        if event is not None and survivors != m - len(silent):
+            # A client aborted mid-round (it looks like a dropout): record the release that
+            # happened, with the noise that really reached the sum, before it leaves.
+            self.withdraw(event)
+            self._record_anyway(self._secure_event(round_index, survivors))
         total = torch.from_numpy(codec.decode_sum(result.sum)).to(torch.float32)
+        if self.dp is not None and ddg is None:
+            # Central noise with secure aggregation: the (trusted) aggregator unmasks the
+            # clear sum and noises it before it leaves; the event was committed above.
+            assert self.noise_multiplier is not None
+            central = CentralGaussian(clip=self.dp.clip, noise_multiplier=self.noise_multiplier)
+            total = total + central.noise_for_sum(
+                self.dim, generator=self._generator("dp-noise", round_index), secure=self.secure
+            )
         self._last.update(
             {
                 "secagg_seconds": time.perf_counter() - t0,
@@ -396,6 +504,28 @@ class PrivateAggregator:
             noise_std=self._noise_std(),
         )
 
+    def _secure_event(self, round_index: int, survivors: int) -> Any:
+        """The privacy event of a secure round whose sum holds ``survivors`` inputs (None
+        without user-level DP)."""
+        if self.dp is None:
+            return None
+        if self._ddg is not None:
+            return self._ddg.event(
+                round_index, sample_rate=self.sample_rate, noise_contributors=survivors
+            )
+        assert self.noise_multiplier is not None
+        central = CentralGaussian(clip=self.dp.clip, noise_multiplier=self.noise_multiplier)
+        return central.event(round_index, sample_rate=self.sample_rate)
+
+    def _record_anyway(self, event: Any) -> None:
+        """Record a release that has happened, whatever the budget says (accounting must
+        never under-count), and write it ahead of the aggregate leaving."""
+        cfg = self.dp
+        assert cfg is not None
+        self.ledger = PrivacyLedger(sorted([*self.ledger.events, event], key=lambda e: e.round))
+        self._last["epsilon"] = self.ledger.epsilon(cfg.delta, cfg.accountant)
+        self._persist()
+
     # ------------------------------------------------------------------ reporting
     def round_record(self) -> dict[str, Any]:
         out = dict(self._last)
@@ -407,6 +537,7 @@ class PrivateAggregator:
         out: dict[str, Any] = {"secagg": self.secagg, "clip": self.clip}
         if self.interaction is not None and self.dpsgd is not None:
             out.update(privacy_summary(self.interaction, self.ledger))
+            out.update(self._randomness(out.get("epsilon")))
             out["noise_multiplier"] = self.dpsgd.noise_multiplier
             out["placement"] = "local"
             out["example_clip"] = self.dpsgd.example_clip
@@ -422,6 +553,11 @@ class PrivateAggregator:
             )
             return out
         out.update(privacy_summary(self.dp, self.ledger))
+        # Rounds with a release, and releases (more than rounds when a resumed run released
+        # re-run rounds again, each counted).
+        out["rounds"] = len({e.round for e in self.ledger.events})
+        out["releases"] = len(self.ledger)
+        out.update(self._randomness(out.get("epsilon")))
         out["noise_multiplier"] = self.noise_multiplier
         out["placement"] = self.dp.placement
         if self.placement_note:
@@ -429,6 +565,49 @@ class PrivateAggregator:
         if self._ddg is not None:
             out["min_survivors"] = self._ddg.plan.min_survivors
         return out
+
+    def _randomness(self, epsilon: float | None) -> dict[str, Any]:
+        """Where a DP run's noise and cohorts came from, and what that means for the claim.
+
+        ``randomness`` is ``"os"`` or ``"replay"``; a replay run adds ``replay_warning``
+        (:data:`REPLAY_WARNING`). ``amplification`` says whether amplification by sampling is
+        claimed: only for Poisson cohorts (user level), and for a replay run only with a
+        label, since its cohorts are as public as its seed. ``epsilon_unamplified`` is the
+        same ledger at sample rate 1: what the guarantee is against anyone who knows the
+        cohorts (the server that samples them; anyone with the seed of a replay run also
+        knows the noise, against whom nothing holds).
+        """
+        out: dict[str, Any] = {"randomness": "replay" if self.replay else "os"}
+        if self.replay:
+            eps = "(none spent)" if epsilon is None else f"{epsilon:.4g}"
+            out["replay_warning"] = REPLAY_WARNING.format(seed=self.seed, epsilon=eps)
+        rates = {e.sample_rate for e in self.ledger.events} or {self.sample_rate}
+        if self.interaction is not None or max(rates) >= 1.0:
+            out["amplification"] = "none: every round is accounted at sample rate 1"
+            return out
+        q = ", ".join(f"{r:g}" for r in sorted(rates))
+        if self.replay:
+            out["amplification"] = (
+                f"LABELLED: Poisson cohorts at rate {q} were derived from the seed; the "
+                "amplified epsilon holds only against an observer who knows neither the seed "
+                "nor the cohorts, otherwise epsilon_unamplified"
+            )
+        else:
+            out["amplification"] = (
+                f"claimed: Poisson cohorts at rate {q} drawn from OS randomness; it holds "
+                "against observers who do not learn the cohorts, not against the server that "
+                "samples them (epsilon_unamplified)"
+            )
+        out["epsilon_unamplified"] = self._unamplified_epsilon()
+        return out
+
+    def _unamplified_epsilon(self) -> float | None:
+        cfg = self.dp if self.dp is not None else self.interaction
+        if cfg is None or not self.ledger.events:
+            return None
+        flat = PrivacyLedger(dataclasses.replace(e, sample_rate=1.0) for e in self.ledger.events)
+        eps = flat.epsilon(cfg.delta, cfg.accountant)
+        return float(eps) if math.isfinite(eps) else None
 
     def ledger_dicts(self) -> dict[str, Any]:
         return {"summary": self.summary(), "events": self.ledger.to_dicts()}
@@ -443,6 +622,38 @@ class PrivateAggregator:
                 self._interaction_epsilon = self.ledger.epsilon(
                     self.interaction.delta, self.interaction.accountant
                 )
+
+
+def _write_durably(path: Path, obj: Any) -> None:
+    """Replace ``path`` atomically with JSON and make the replacement durable: the file is
+    fsynced before the rename (:func:`securefed.runs.write_json`) and its directory after, so a
+    power cut cannot bring back the previous ledger."""
+    runs.write_json(path, obj)
+    try:
+        fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory handles
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_ledger_file(path: Path) -> PrivacyLedger:
+    """The events of a run's ``privacy_ledger.json`` (IntegrityError when missing or bad)."""
+    try:
+        raw = json.loads(path.read_text())
+        return PrivacyLedger.from_dicts(raw["events"])
+    except FileNotFoundError:
+        raise IntegrityError(
+            f"{path} is missing: a DP run resumes only with the ledger that records every "
+            "release it made; restore the file or start a new run"
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError, ConfigError) as exc:
+        raise IntegrityError(
+            f"cannot read the privacy ledger {path} ({type(exc).__name__}); restore the file "
+            "from a backup or start a new run"
+        ) from None
 
 
 def interaction_steps_per_round(config: TrainConfig) -> int:
@@ -481,7 +692,7 @@ def interaction_dpsgd(config: TrainConfig, split: Split) -> DPSGDConfig:
             steps=steps,
             accountant=p.accountant or "prv",
         )
-    return DPSGDConfig(noise_multiplier=sigma, example_clip=clip, secure=p.secure)
+    return DPSGDConfig(noise_multiplier=sigma, example_clip=clip, secure=p.os_randomness)
 
 
 def account(
@@ -512,11 +723,17 @@ def account(
     """
     from protocols.dp import compute_epsilon
     from protocols.dp.accounting import check_accountant
+    from securefed.config import MIN_NOISE_MULTIPLIER
 
     if (epsilon is None) == (noise_multiplier is None):
         raise ConfigError("give exactly one of --epsilon and --noise-multiplier")
-    if not isinstance(rounds, int) or rounds < 1:
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ConfigError(f"rounds must be a positive integer, got {rounds!r}")
+    if noise_multiplier is not None and 0 < noise_multiplier < MIN_NOISE_MULTIPLIER:
+        raise ConfigError(
+            f"noise multiplier must be >= 2**-500 (a smaller one underflows in the "
+            f"accountant; below ~0.3 it promises nothing anyway), got {noise_multiplier!r}"
+        )
     if privacy_unit == "interaction":
         return _account_interaction(
             epsilon=epsilon,
@@ -581,8 +798,6 @@ def _account_interaction(
     sam: bool,
 ) -> dict[str, Any]:
     """:func:`account` for the interaction unit (client-side DP-SGD, sample rate 1)."""
-    import dataclasses
-
     from protocols.dp.accounting import check_delta
     from protocols.dp.dpsgd import dpsgd_epsilon
     from securefed.models.registry import get_spec

@@ -13,7 +13,10 @@ that mean nothing (listed, with the reason, in the report)::
 Every cell trains through :func:`securefed.train` into ``out/cells/<model>-<defense>-eps<e>-s
 <seed>/`` and, unless disabled, is audited by :func:`attacks.audit.audit` (a seeded replay of
 the run with canaries, into the cell's ``audit/`` folder), so the utility columns come from the
-clean run and the attack columns from the audit.
+clean run and the attack columns from the audit. DP cells are replay runs
+(``PrivacyConfig.replay``): their noise and cohorts are derived from the seed, which is what
+makes a sweep reproducible and auditable, and what makes a report an experiment, not a way to
+train a model for release.
 
 Every row stands next to its yardsticks, from the same split and seed: the random and MostPop
 baselines and, for a DP row, DP-MostPop at the row's epsilon (:mod:`securefed.baselines`; read
@@ -273,6 +276,9 @@ class Cell:
             delta=config.delta,
             noise=("distributed" if secagg else "central") if dp else None,
             secagg=secagg,
+            # A report is an experiment: its DP cells replay their noise and cohorts from the
+            # seed, so a sweep resumes to the same numbers and the audit re-simulates the cell.
+            replay=dp,
         )
         return TrainConfig.from_dict({**raw, "privacy": _privacy_dict(privacy)})
 

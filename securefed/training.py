@@ -3,11 +3,15 @@
 A round reads top to bottom: sample cohort -> local training of all participants (batched)
 -> aggregate (the privacy seam) -> server model step -> evaluation -> metrics line ->
 checkpoint. Every randomized step takes a generator derived from the run seed and the round,
-so a resumed run draws exactly what an uninterrupted one would.
+so a resumed run draws exactly what an uninterrupted one would, except the randomness a DP
+claim relies on: a DP run draws its noise, cohorts and secure-aggregation seed from the OS
+unless it replays (``PrivacyConfig.replay``; :mod:`securefed.privacy`).
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,11 +29,11 @@ from securefed.data.registry import load_dataset
 from securefed.data.split import leave_one_out
 from securefed.data.synthetic import make_synthetic
 from securefed.data.types import LoadReport, Split
-from securefed.errors import ConfigError, PrivacyBudgetError
+from securefed.errors import ConfigError, IntegrityError, PrivacyBudgetError
 from securefed.evaluation import evaluate_splits
 from securefed.federation.aggregation import Aggregator, PlainAggregator
 from securefed.federation.base import Recommender
-from securefed.federation.cohort import sample_cohort
+from securefed.federation.cohort import round_cohort
 from securefed.models.registry import model_names
 
 #: Every registered model name (``securefed.models.registry``).
@@ -302,6 +306,7 @@ def train(
             )
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda was given but torch sees no GPU here; use --device cpu")
+    check_run_dir_writable(run_dir)  # before the data loads: a bad --out fails in a second
 
     if split is None:
         split = load_split(config, download_progress=download_progress)
@@ -326,20 +331,39 @@ def train(
     start_round = 0
     elapsed_before = 0.0
     metrics: list[dict[str, Any]] = []
+    # Every release is written to the run's ledger file before it leaves the aggregator; a
+    # resumed run continues that file, which counts the rounds released after the checkpoint
+    # (they are released again, and counted again: docs/privacy.md, "Resume").
+    attach = getattr(aggregator, "attach", None)
     if resume is not None and (run_dir / runs.CHECKPOINT_FILE).exists():
         ckpt = runs.load_checkpoint(run_dir)
-        model.load_state_dict(ckpt["model"])
-        aggregator.load_state_dict(ckpt.get("aggregator", {}))
+        # A corrupt best model is refused now, not after the resumed rounds have run.
+        runs.load_state(run_dir / runs.BEST_FILE)
+        try:
+            model.load_state_dict(ckpt["model"])
+            aggregator.load_state_dict(ckpt.get("aggregator", {}))
+        except (RuntimeError, KeyError, ValueError, TypeError, AttributeError) as exc:
+            raise IntegrityError(
+                f"{run_dir / runs.CHECKPOINT_FILE} does not fit this run's model and privacy "
+                f"settings ({type(exc).__name__}); resume the run it was written by, or start "
+                "a new run"
+            ) from None
+        if attach is not None:
+            attach(run_dir, resume=True)
         start_round = int(ckpt["round"])
         elapsed_before = float(ckpt.get("seconds", 0.0))
         metrics = runs.read_metrics(run_dir, upto_round=start_round)
         runs.rewrite_metrics(run_dir, metrics)
     elif resume is not None:
+        if attach is not None:
+            attach(run_dir, resume=True)
         runs.rewrite_metrics(run_dir, [])
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
         runs.atomic_write_text(run_dir / runs.CONFIG_FILE, runs.dumps_toml(config.to_dict()))
         runs.write_json(run_dir / "data.json", _data_record(split.report, split))
+        if attach is not None:
+            attach(run_dir, resume=False)
 
     stopped: str | None = None
     train_seconds = sum(m.get("train_seconds", 0.0) for m in metrics)
@@ -359,8 +383,12 @@ def train(
             participants, agg = torch.zeros(0, dtype=torch.long), None
             t1 = time.perf_counter()
         else:
-            participants = sample_cohort(
-                cohort, split.n_users, torch_generator(config.seed, "cohort", r)
+            participants = round_cohort(
+                cohort,
+                split.n_users,
+                seed=config.seed,
+                round_index=r,
+                secure=config.privacy.os_randomness,
             )
             global_before = public_state(model) if observer is not None else {}
             updates, stats = model.client_round(
@@ -415,6 +443,34 @@ def train(
     return TrainResult(run_dir=run_dir, summary=summary, metrics=metrics, split=split, model=model)
 
 
+def check_run_dir_writable(run_dir: Path) -> None:
+    """Refuse a run directory that cannot be created or written, changing nothing.
+
+    Probes the nearest existing folder on the way to ``run_dir`` with a temporary file (removed
+    at once): permission bits alone would pass for root on a read-only file system.
+
+    Raises:
+        ConfigError: one line naming the path and what to do.
+    """
+    probe = run_dir
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(
+            f"cannot create the run directory {run_dir}: {probe} is a file, not a folder; "
+            "choose another --out"
+        )
+    try:
+        fd, tmp = tempfile.mkstemp(dir=probe, prefix=".securefed-write-test.")
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write the run directory {run_dir}: {probe} is not writable "
+            f"({exc.strerror or type(exc).__name__}); choose another --out"
+        ) from None
+    os.close(fd)
+    os.unlink(tmp)
+
+
 def _complete_selected_round(
     config: TrainConfig, split: Split, metrics: list[dict[str, Any]], run_dir: Path
 ) -> None:
@@ -423,7 +479,7 @@ def _complete_selected_round(
     if best is None or "test_full_hr@10" in best:
         return
     saved = runs.load_state(run_dir / runs.BEST_FILE)
-    if saved is None or saved["round"] != best["round"]:
+    if saved is None or saved.get("round") != best["round"] or "model" not in saved:
         return
     model = build_model(config, split)
     model.load_state_dict(saved["model"])
@@ -478,6 +534,7 @@ def _data_record(report: LoadReport, split: Split) -> dict[str, Any]:
 
 __all__ = [
     "MODELS",
+    "check_run_dir_writable",
     "PrivacyConfig",
     "RoundObserver",
     "RoundRecord",

@@ -223,7 +223,12 @@ def test_structured_upload_is_the_dense_gradient_with_zero_untouched_rows():
 
 
 @pytest.mark.parametrize(
-    "privacy", [{"secagg": True}, {"noise_multiplier": 1e-6, "clip": 0.05, "accountant": "rdp"}]
+    "privacy",
+    [
+        {"secagg": True},
+        # Replay: both aggregators draw the same noise, so their totals are comparable.
+        {"noise_multiplier": 1e-6, "clip": 0.05, "accountant": "rdp", "replay": True},
+    ],
 )
 def test_privacy_seam_treats_the_structured_upload_as_its_dense_form(privacy):
     """Secure aggregation (clip inactive: bit-identical ring sums) and DP clipping (active)."""

@@ -32,7 +32,8 @@ def _cfg(**privacy) -> TrainConfig:
         synthetic_items=400,
         rounds=2,
         checkpoint_every=1,
-        privacy=PrivacyConfig(secagg=True, epsilon=8.0, **privacy),
+        # Replay: the deployment is compared with the seeded in-process simulation.
+        privacy=PrivacyConfig(secagg=True, epsilon=8.0, replay=True, **privacy),
     )
 
 

@@ -176,7 +176,8 @@ def test_account_command_without_users_and_with_tiny_sigma():
     [
         (["--epsilon", "-1"], "epsilon must be > 0"),
         (["--epsilon", "2", "--delta", "0.5"], "delta must be below 1/n_users"),
-        (["--epsilon", "2", "--secure", "--seed", "3"], "refuses a user seed"),
+        (["--epsilon", "2", "--no-secure"], "use --replay-from-seed"),
+        (["--replay-from-seed"], "has no DP"),
         (["--epsilon", "2", "--clip", "0"], "clip must be"),
     ],
 )

@@ -145,3 +145,34 @@ def test_save_refuses_state_that_weights_only_loading_would_refuse(tmp_path):
     assert _snapshot(run_dir) == before
     assert not any(p.name.endswith(".tmp") for p in run_dir.iterdir())
     assert runs.load_checkpoint(run_dir)["round"] == 4
+
+
+@pytest.mark.parametrize("damage", ["best-truncated", "checkpoint-other-model", "no-model"])
+def test_resume_with_a_damaged_run_directory_is_one_line_and_changes_nothing(tmp_path, damage):
+    from typer.testing import CliRunner
+
+    from securefed.cli import app
+
+    runner = CliRunner()
+    run_dir = tmp_path / "run"
+    argv = ["--model", "fedrap", "--synthetic-users", "60", "--synthetic-items", "400"]
+    res = runner.invoke(app, ["train", *argv, "--rounds", "2", "--out", str(run_dir)])
+    assert res.exit_code == 0, res.output
+    if damage == "best-truncated":
+        # Saved only when the best round was evaluated sampled-only: a torn write of it.
+        runs.save_state(run_dir / runs.BEST_FILE, {"round": 1, "model": {"C": torch.ones(4)}})
+        path = run_dir / runs.BEST_FILE
+        path.write_bytes(path.read_bytes()[:100])
+    else:
+        state = runs.load_checkpoint(run_dir)
+        if damage == "no-model":
+            del state["model"]
+        else:
+            state["model"] = {"V": torch.zeros(3, 2)}  # another model's parameters
+        runs.save_checkpoint(run_dir, state)
+    before = _snapshot(run_dir)
+    res = runner.invoke(app, ["train", "--resume", str(run_dir), "--rounds", "4"])
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    assert len([line for line in res.output.splitlines() if line.strip()]) == 1, res.output
+    assert _snapshot(run_dir) == before

@@ -102,8 +102,23 @@ def _read_columns(
     return frame
 
 
+#: Ids read as floats (a decimal point or an exponent somewhere in the column) must stay
+#: below 2**53 in magnitude, where every integer is exact and distinct ids stay distinct.
+_EXACT_FLOAT_INT = 2.0**53
+
+
 def _integer_column(values: pd.Series, *, path: Path, column: str, offset: int = 1) -> np.ndarray:
+    """Integer ids of a column, exact: a value that is not an integer, or that an int64 (or,
+    written as a float, a float64) cannot hold exactly, is one DataError naming its line."""
     numeric = pd.to_numeric(values, errors="coerce")
+    if pd.api.types.is_integer_dtype(numeric.dtype):
+        ints = numeric.to_numpy()
+        if ints.dtype == np.uint64:  # above the int64 range
+            too_big = ints > np.iinfo(np.int64).max
+            row = int(np.nonzero(too_big)[0][0]) if too_big.any() else -1
+            if row >= 0:
+                raise DataError(_id_range_error(path, row + offset, column, values.iloc[row]))
+        return ints.astype(np.int64)
     arr = numeric.to_numpy(dtype=np.float64, na_value=np.nan)
     bad = ~np.isfinite(arr) | (arr != np.round(arr))
     if bad.any():
@@ -112,7 +127,19 @@ def _integer_column(values: pd.Series, *, path: Path, column: str, offset: int =
             f"{path} line {row + offset}: {column} '{values.iloc[row]}' is not an integer; "
             f"{column}s must be integer ids"
         )
+    large = np.abs(arr) >= _EXACT_FLOAT_INT
+    if large.any():
+        row = int(np.nonzero(large)[0][0])
+        raise DataError(_id_range_error(path, row + offset, column, values.iloc[row]))
     return arr.astype(np.int64)
+
+
+def _id_range_error(path: Path, line: int, column: str, value: object) -> str:
+    return (
+        f"{path} line {line}: {column} '{value}' is out of range; {column}s must be integers "
+        "of magnitude below 2**53 (9007199254740992), or plain integers below 2**63 when "
+        "the column has no decimal points or exponents; renumber the ids"
+    )
 
 
 def _float_column(values: pd.Series, *, path: Path, column: str, offset: int = 1) -> np.ndarray:
@@ -401,6 +428,57 @@ def load_filmtrust(path: str | Path, *, min_interactions: int = 3) -> Interactio
     )
 
 
+def _timestamp_column(ts: pd.Series, *, path: Path, offset: int) -> np.ndarray:
+    """Seconds since the epoch from a column of numbers or of ISO 8601 date-times (one format
+    for the whole column); anything else is one DataError naming the first bad line."""
+    numeric = pd.to_numeric(ts, errors="coerce")
+    is_number = numeric.notna().to_numpy()
+    if is_number.all():
+        seconds = numeric.to_numpy(dtype=np.float64)
+        bad = ~np.isfinite(seconds)
+        if bad.any():
+            row = int(np.nonzero(bad)[0][0])
+            raise DataError(
+                f"{path} line {row + offset}: timestamp '{ts.iloc[row]}' is not a finite number"
+            )
+        return seconds
+    if is_number.any():
+        row = int(np.nonzero(~is_number)[0][0])
+        first = int(np.nonzero(is_number)[0][0])
+        raise DataError(
+            f"{path} line {row + offset}: timestamp {ts.iloc[row]!r} is not a number, but line "
+            f"{first + offset} holds one ({ts.iloc[first]!r}); give every timestamp as seconds "
+            "or every one as an ISO 8601 date-time"
+        )
+    try:
+        parsed = pd.to_datetime(ts, utc=True, format="ISO8601")
+        # Microseconds since the epoch, whatever unit pandas parsed to (pandas 3 keeps
+        # dates past 2262 at microsecond resolution; nanoseconds would overflow).
+        micros = parsed.dt.tz_localize(None).to_numpy().astype("datetime64[us]").astype(np.int64)
+        return micros.astype(np.float64) / 1e6
+    except (ValueError, TypeError, OverflowError):  # OutOfBoundsDatetime is a ValueError
+        pass
+    bad_row = next((i for i, value in enumerate(ts) if not _is_datetime(value)), None)
+    if bad_row is None:
+        raise DataError(
+            f"{path}: the timestamps parse one by one but not as one column (mixed formats or "
+            "time zones?); give every timestamp in one ISO 8601 form, or as seconds"
+        )
+    raise DataError(
+        f"{path} line {bad_row + offset}: timestamp {ts.iloc[bad_row]!r} is neither a number "
+        "nor an ISO 8601 date-time this pandas can represent"
+    )
+
+
+def _is_datetime(value: object) -> bool:
+    """Whether one value parses as an ISO 8601 date-time in pandas' nanosecond range."""
+    try:
+        pd.to_datetime(value, utc=True, format="ISO8601")
+    except (ValueError, TypeError, OverflowError):
+        return False
+    return True
+
+
 def load_table(path: str | Path, *, min_interactions: int = 3) -> Interactions:
     """Load a CSV or Parquet table with columns ``user``, ``item`` [, ``rating``, ``timestamp``].
 
@@ -449,20 +527,7 @@ def load_table(path: str | Path, *, min_interactions: int = 3) -> Interactions:
 
     timestamps = None
     if "timestamp" in columns:
-        ts = frame[columns["timestamp"]]
-        numeric = pd.to_numeric(ts, errors="coerce")
-        if numeric.notna().all():
-            timestamps = numeric.to_numpy(dtype=np.float64)
-        else:
-            try:
-                parsed = pd.to_datetime(ts, utc=True, format="ISO8601")
-            except (ValueError, TypeError):
-                row = int(np.nonzero(numeric.isna().to_numpy())[0][0])
-                raise DataError(
-                    f"{path} line {row + offset}: timestamp {ts.iloc[row]!r} is neither a number "
-                    "nor an ISO 8601 date-time"
-                ) from None
-            timestamps = (parsed - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy()
+        timestamps = _timestamp_column(frame[columns["timestamp"]], path=path, offset=offset)
     return _build(
         name=path.stem,
         source=path,

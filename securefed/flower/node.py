@@ -160,8 +160,10 @@ class NodeRuntime:
 
     @property
     def replay(self) -> bool:
-        """Replay the run's seeded streams (exactly ``securefed.train``); off with --secure."""
-        return not self.config.privacy.secure
+        """Replay the run's seeded streams (exactly ``securefed.train``): in a replay run or a
+        run without DP. A DP run draws its noise from the OS (the default) and trains, rounds
+        and noises this node's users only."""
+        return not self.config.privacy.os_randomness
 
     def train(
         self, task: TrainTask, arrays: dict[str, np.ndarray], scalars: dict[str, float]
@@ -182,9 +184,10 @@ class NodeRuntime:
         models.load_global(self.config.model, self.model, arrays, scalars)
         if self.replay:
             gen = torch_generator(self.config.seed, "train", task.round_index)
-        else:  # a device's own stream; nothing to reproduce
-            gen = torch.Generator()
-            gen.seed()
+        else:  # this partition's own seeded stream (no DP claim relies on it)
+            gen = torch_generator(
+                self.config.seed, "train", task.round_index, "partition", self.partition_id
+            )
         updates, positions, stats = models.train_own(
             self.config.model, self.model, cohort, own, task.round_index, gen, replay=self.replay
         )

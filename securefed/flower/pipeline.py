@@ -6,24 +6,26 @@ function (``_secure_round``). A deployment runs the same steps on two sides of a
     node:   norms -> clip factor -> (DP) conditional rounding + discrete Gaussian share
             -> fixed-point ring encoding            (:func:`encode_updates`)
             -> SecAggClient stage machine per user   (node.py)
-    server: SecAggServer stages -> unmask -> decode -> ledger event -> Aggregate
-                                                     (:func:`finish_round`)
+    server: SecAggServer stages -> ledger event, written ahead (:func:`commit_before_unmask`)
+            -> unmask -> decode -> Aggregate         (:func:`finish_round`)
 
 Both sides derive the round's public parameters with :func:`round_parameters` from the same
 resolved :class:`~securefed.training.TrainConfig` and cohort size, exactly as
 ``PrivateAggregator._secure_round`` does, so the ring encoding, the modulus, ``k`` and ``t``
 agree bit for bit with the in-process simulation.
 
-Replay of the seeded streams. Without ``--secure`` the in-process simulation draws the
+Replay of the seeded streams. With ``--replay-from-seed`` (and in runs without DP) the
+in-process simulation draws the
 stochastic rounding and the noise shares of *all* participants from one generator per round
 (``derive(seed, "dp-noise", round)``). A node that holds some of those participants reproduces
 its rows by replaying the whole draw with zero rows in place of the other participants' updates
 (``positions`` below): it learns nothing about them (their rows are zeros it made up), it only
 spends the same random numbers. That makes a Flower run with a seed produce the same global
-model as ``securefed.train`` with that seed, which is what the equivalence test checks. With
-``--secure`` every draw comes from the OS and the node encodes only its own rows.
+model as ``securefed.train`` with that seed, which is what the equivalence test checks. A DP
+run without replay (the default) draws every DP random number from the OS and the node encodes
+only its own rows.
 
-This module reads a few private members of ``PrivateAggregator`` (``_ddg``, ``_spend``,
+This module reads a few private members of ``PrivateAggregator`` (``_ddg``,
 ``_denominator``, ``_last``); they are the seam a future public split of ``_secure_round``
 should expose.
 """
@@ -33,7 +35,7 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -90,7 +92,8 @@ def round_parameters(agg: PrivateAggregator, m: int) -> RoundParameters:
 
 
 def public_seed(agg: PrivateAggregator, round_index: int) -> bytes:
-    """The round's public seed: derived from the run seed, or fresh OS bytes with --secure."""
+    """The round's public seed: fresh OS bytes in a DP run, derived from the run seed in a
+    replay run or a run without DP."""
     if agg.secure:
         return secrets.token_bytes(16)
     return derive_seed(agg.seed, "secagg-public", round_index).to_bytes(8, "little") * 2
@@ -126,7 +129,7 @@ def encode_updates(
         params: From :func:`round_parameters` with the round's cohort size.
         positions: Row of each of ``updates`` in the in-process batch of ``m`` rows, to replay
             the seeded draws exactly (see the module docstring); ``None`` draws for own rows
-            only (always the case with ``--secure``).
+            only (always the case when the DP noise comes from the OS).
 
     Returns:
         ``(ring [k, dim] uint64, number of clipped rows)``.
@@ -138,7 +141,10 @@ def encode_updates(
     ddg = agg._ddg
     secure = agg.secure
     if secure and positions is not None:
-        raise ProtocolError("--secure draws every random number from the OS; nothing to replay")
+        raise ProtocolError(
+            "this DP run draws its noise from the OS; nothing to replay (replay positions are "
+            "for --replay-from-seed runs)"
+        )
     noise_gen = None if secure else torch_generator(agg.seed, "dp-noise", round_index)
     round_gen = None if secure else torch_generator(agg.seed, "dp-round", round_index)
     rng = numpy_generator(agg.seed, "secagg-encode", round_index)
@@ -178,16 +184,12 @@ def finish_round(
     clipped: int,
     participants: int,
 ) -> Aggregate:
-    """The server's half after unmasking: ledger event, decode, the round's record.
-
-    Raises:
-        PrivacyBudgetError: the release would overspend the budget cap (nothing is applied).
-    """
+    """The server's half after unmasking: decode and the round's record. The release was
+    accounted before unmasking (:func:`commit_before_unmask`)."""
+    epsilon = agg._last.get("epsilon")
     agg._last = {"clipped_fraction": clipped / participants if participants else 0.0}
-    if agg.dp is not None and agg._ddg is not None:
-        agg._spend(
-            agg._ddg.event(round_index, sample_rate=agg.sample_rate, noise_contributors=survivors)
-        )
+    if epsilon is not None:
+        agg._last["epsilon"] = epsilon
     total = torch.from_numpy(params.codec.decode_sum(ring_sum)).to(torch.float32)
     agg._last.update(
         {
@@ -202,6 +204,23 @@ def finish_round(
         denominator=agg._denominator(survivors),
         noise_std=agg._noise_std(),
     )
+
+
+def commit_before_unmask(agg: PrivateAggregator, *, round_index: int, survivors: int) -> Any:
+    """Account a secure round once the server knows whose masked inputs it holds, before it
+    asks for a single unmasking share (write-ahead; :meth:`PrivateAggregator.commit`).
+
+    Returns:
+        The committed event (``None`` without user-level DP), to withdraw if unmasking aborts.
+
+    Raises:
+        PrivacyBudgetError: the round would overspend; the server must not unmask.
+    """
+    if agg.dp is None or agg._ddg is None:
+        return None
+    event = agg._ddg.event(round_index, sample_rate=agg.sample_rate, noise_contributors=survivors)
+    agg.commit(event)
+    return event
 
 
 def record_abort(agg: PrivateAggregator, reason: str, *, clipped: int, participants: int) -> None:

@@ -3,12 +3,15 @@
 :class:`FederatedServer` drives the rounds over any :class:`Transport` (Flower's ``Grid`` in
 the ``ServerApp``; a direct call in tests). A round reads top to bottom::
 
-    sample cohort (same generator as securefed.train)
+    sample cohort (as securefed.train: from the OS in a DP run, else from the seed)
       -> train:    nodes train their participants, clip, noise, encode, ADVERTISE
       -> share:    KEYS -> SHARES             (SecAggServer.receive_shares / finish_shares)
       -> masked:   FORWARD -> MASKED_INPUT    (streamed into the running sum)
+      -> ledger:   the round's privacy event, written ahead to privacy_ledger.json (fsync);
+                   a round the budget refuses, or with fewer inputs than the noise is
+                   sized for, is never unmasked
       -> unmask:   UNMASK_REQUEST -> UNMASK_SHARES -> finish_unmask (survivors' sum)
-      -> decode, ledger event, model.apply_aggregate, end_round
+      -> decode, model.apply_aggregate, end_round
       -> evaluate: nodes return HR/NDCG sums over their users
       -> metrics line, checkpoint, ledger (the same run directory as securefed.train)
 
@@ -35,19 +38,20 @@ from typing import Any, Protocol
 import torch
 
 from protocols.secagg import RoundAborted, SecAggServer
-from protocols.seeding import torch_generator
 from securefed import runs
 from securefed.errors import ConfigError, IntegrityError, PrivacyBudgetError, ProtocolError
-from securefed.federation.cohort import sample_cohort
+from securefed.federation.cohort import round_cohort
 from securefed.flower import models
 from securefed.flower.messages import PROTOCOL, SCALAR, Payload, pack_sids, unpack_sids
 from securefed.flower.node import partition_users
 from securefed.flower.pipeline import (
+    commit_before_unmask,
     finish_round,
     public_seed,
     record_abort,
     round_parameters,
 )
+from securefed.privacy import PrivateAggregator
 from securefed.training import (
     RoundRecord,
     TrainConfig,
@@ -196,6 +200,8 @@ class FederatedServer:
         split = load_split(config)
         model = build_model(config, split)
         agg = build_aggregator(config, split, model)
+        # A Flower run always aggregates securely (check_config), hence privately.
+        assert isinstance(agg, PrivateAggregator)
         cohort_spec = config.cohort(split.n_users)
         if cohort_spec.kind == "fixed" and cohort_spec.size > split.n_users:
             raise ConfigError(
@@ -208,6 +214,7 @@ class FederatedServer:
                 owner[u] = node
         self.run_dir.mkdir(parents=True, exist_ok=True)
         runs.atomic_write_text(self.run_dir / runs.CONFIG_FILE, self.config_toml)
+        agg.attach(self.run_dir, resume=False)
         runs.write_json(self.run_dir / "data.json", _data_record(split.report, split))
         runs.write_json(
             self.run_dir / "flower.json",
@@ -224,8 +231,17 @@ class FederatedServer:
         train_seconds = 0.0
         for r in range(config.rounds):
             t0 = time.perf_counter()
-            participants = sample_cohort(
-                cohort_spec, split.n_users, torch_generator(config.seed, "cohort", r)
+            try:  # client-side DP (interaction unit) is accounted before anyone trains
+                agg.begin_round(r)
+            except PrivacyBudgetError as exc:
+                stopped = str(exc)
+                break
+            participants = round_cohort(
+                cohort_spec,
+                split.n_users,
+                seed=config.seed,
+                round_index=r,
+                secure=config.privacy.os_randomness,
             )
             try:
                 agg_result, stats = self._round(r, participants, owner, model, agg)
@@ -243,7 +259,7 @@ class FederatedServer:
                 "contributors": agg_result.contributors if agg_result is not None else 0,
                 "train_seconds": t1 - t0,
             }
-            record.update(agg.round_record())  # type: ignore[attr-defined]
+            record.update(agg.round_record())
             if (r + 1) % config.eval_every == 0 or r + 1 == config.rounds:
                 full = (r + 1) % config.resolved_full_eval_every() == 0 or r + 1 == config.rounds
                 record.update(self._evaluate(model, holders, full=full))
@@ -338,10 +354,27 @@ class FederatedServer:
                 replies = self._send(stage, r, outbox, node_of_sid, timeout)
                 inbox = self._collect(receive, replies, node_of_sid, transcript, stage)
                 outbox = finish()
+        except RoundAborted as exc:
+            record_abort(agg, str(exc), clipped=clipped, participants=m)
+            return None, stats
+        ddg = agg._ddg
+        if ddg is not None and len(server.u3) < ddg.plan.min_survivors:
+            # The noise shares are sized for at least that many inputs: never unmask fewer.
+            reason = (
+                f"{len(server.u3)} masked inputs, fewer than the {ddg.plan.min_survivors} the "
+                "noise shares are sized for"
+            )
+            record_abort(agg, reason, clipped=clipped, participants=m)
+            return None, stats
+        # Account before unmasking: a round the budget refuses is never unmasked.
+        event = commit_before_unmask(agg, round_index=r, survivors=len(server.u3))
+        try:
             replies = self._send("unmask", r, outbox, node_of_sid, timeout)
             self._collect(server.receive_unmask_shares, replies, node_of_sid, transcript, "unmask")
             total = server.finish_unmask()
         except RoundAborted as exc:
+            if event is not None:
+                agg.withdraw(event)  # too few shares: nothing was unmasked or released
             record_abort(agg, str(exc), clipped=clipped, participants=m)
             return None, stats
         del inbox

@@ -1,0 +1,118 @@
+"""Issue 15 point 9: user mistakes at the edges are one clear line and exit 2, never a
+traceback, and leave nothing half written."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from securefed.cli import app
+from securefed.config import PrivacyConfig
+from securefed.errors import ConfigError, DataError
+
+SMALL = ["--synthetic-users", "60", "--synthetic-items", "400", "--rounds", "1"]
+runner = CliRunner()
+
+
+def _one_clear_line(res) -> None:
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    assert len([line for line in res.output.splitlines() if line.strip()]) <= 2, res.output
+
+
+def test_account_with_a_trillion_rounds_answers_instead_of_running_out_of_memory():
+    res = runner.invoke(
+        app,
+        ["account", "--noise-multiplier", "1", "--rounds", "1e12", "--client-fraction", "1e-6"],
+    )
+    assert res.exit_code == 0, res.output
+    assert "1000000000000 rounds" in res.output
+
+
+@pytest.mark.parametrize("rounds", ["abc", "1.5", "0", "-3", "inf", "nan", "1e-3"])
+def test_account_rejects_rounds_that_are_not_positive_integers(rounds):
+    res = runner.invoke(app, ["account", "--epsilon", "1", "--rounds", rounds])
+    _one_clear_line(res)
+    assert "--rounds must be a positive integer" in res.output
+
+
+@pytest.mark.parametrize("sigma", ["1e-300", "inf"])
+def test_noise_multiplier_that_would_break_the_accountant_is_refused(sigma):
+    res = runner.invoke(app, ["account", "--noise-multiplier", sigma, "--rounds", "10"])
+    _one_clear_line(res)
+    assert "noise multiplier" in res.output
+    with pytest.raises(ConfigError, match="noise multiplier"):
+        PrivacyConfig(noise_multiplier=float(sigma))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through permission bits")
+def test_unwritable_out_fails_before_the_data_loads_and_creates_nothing(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        res = runner.invoke(app, ["train", *SMALL, "--out", str(locked / "run")])
+        _one_clear_line(res)
+        assert "not writable" in res.output and "--out" in res.output
+        assert not (locked / "run").exists()
+    finally:
+        locked.chmod(stat.S_IRWXU)
+
+
+def test_out_under_a_file_is_one_line_and_creates_nothing(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    res = runner.invoke(app, ["train", *SMALL, "--out", str(blocker / "run")])
+    _one_clear_line(res)
+    assert "is a file, not a folder" in res.output
+    assert blocker.read_text() == "x"
+
+
+def _table(tmp_path: Path, rows: list[str]) -> Path:
+    path = tmp_path / "log.csv"
+    path.write_text("user,item,timestamp\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def _rows(n_users: int = 4, n_items: int = 6) -> list[str]:
+    return [f"{u},{i},{1000 + u * 10 + i}" for u in range(n_users) for i in range(n_items)]
+
+
+def test_one_non_numeric_timestamp_names_its_line(tmp_path):
+    rows = _rows()
+    rows[5] = "0,5,yesterday"
+    path = _table(tmp_path, rows)
+    res = runner.invoke(app, ["train", "--dataset", str(path), "--out", str(tmp_path / "r")])
+    _one_clear_line(res)
+    assert "line 7" in res.output and "yesterday" in res.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_an_impossible_date_time_names_its_line_and_far_dates_load(tmp_path):
+    from securefed.data.loaders import load_table
+
+    rows = [f"{u},{i},2020-01-0{1 + i}T00:00:00" for u in range(4) for i in range(6)]
+    rows[3] = "0,3,2020-13-45T00:00:00"
+    with pytest.raises(DataError, match="line 5.*2020-13-45"):
+        load_table(_table(tmp_path, rows))
+    rows[3] = "0,3,2262-06-01T00:00:00"  # past the nanosecond range of datetime64[ns]
+    try:
+        data = load_table(_table(tmp_path, rows))
+    except DataError as exc:  # a pandas that parses only to nanoseconds: one clear line
+        assert "line 5" in str(exc)
+    else:
+        assert data.timestamps is not None and float(data.timestamps.max()) > 9.2e9
+
+
+@pytest.mark.parametrize("user", ["1e29", "100000000000000000000000000000", "-1e20"])
+def test_user_ids_no_int64_holds_exactly_are_refused(tmp_path, user):
+    from securefed.data.loaders import load_table
+
+    rows = _rows()
+    rows[2] = f"{user},2,1002"
+    with pytest.raises(DataError, match="line 4.*out of range"):
+        load_table(_table(tmp_path, rows))

@@ -1,0 +1,165 @@
+"""Resume never releases a round the ledger does not count.
+
+The attack these tests stand for (issue 15, finding 4): a run that crashed between
+checkpoints and was resumed redrew fresh noise for the re-run rounds: 8 releases, 6 ledger
+events, epsilon reported under the target. securefed counts every release again
+(docs/privacy.md, "Resume"): the ledger file, written ahead of every release, holds the rounds
+released after the last checkpoint, and the resumed run appends its re-releases to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from protocols.dp import PrivacyEvent, PrivacyLedger
+from securefed import runs
+from securefed.errors import IntegrityError
+from securefed.privacy import PrivateAggregator
+from securefed.training import PrivacyConfig, TrainConfig, train
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = dict(model="fedals", synthetic_users=60, synthetic_items=400, checkpoint_every=2)
+
+
+class Stop(Exception):
+    pass
+
+
+@pytest.fixture
+def releases(monkeypatch):
+    """Every event a release was made under (the aggregator returned an aggregate)."""
+    made: list[PrivacyEvent] = []
+    original = PrivateAggregator.__call__
+
+    def spy(self, updates, round_index):
+        before = len(self.ledger)
+        out = original(self, updates, round_index)
+        if out is not None:
+            assert len(self.ledger) == before + 1
+            made.append([e for e in self.ledger.events if e.round == round_index][-1])
+        return out
+
+    monkeypatch.setattr(PrivateAggregator, "__call__", spy)
+    return made
+
+
+def _ledger(run_dir) -> dict:
+    return json.loads((run_dir / runs.LEDGER_FILE).read_text())
+
+
+def _epsilon_of(events, cfg: TrainConfig) -> float:
+    delta = cfg.privacy.delta
+    return PrivacyLedger(sorted(events, key=lambda e: e.round)).epsilon(delta, "prv")
+
+
+def test_exception_after_release_then_resume_counts_every_release(tmp_path, releases):
+    cfg = TrainConfig(rounds=5, privacy=PrivacyConfig(noise_multiplier=2.0), **SMALL)
+    run = tmp_path / "cut"
+
+    def crash_after_round_3(record):
+        if record.round == 3:  # released round 3; the last checkpoint holds round 2
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(cfg, out=run, progress=crash_after_round_3)
+    assert len(releases) == 3 and len(_ledger(run)["events"]) == 3
+    resumed = train(resume=run)
+    # Rounds 3, 4, 5 were (re-)run: round 3 was released twice, with fresh noise each time.
+    assert [e.round for e in releases] == [0, 1, 2, 2, 3, 4]
+    events = _ledger(run)["events"]
+    assert len(events) == len(releases) == resumed.summary["releases"] == 6
+    assert resumed.summary["rounds"] == 5
+    made = _epsilon_of(releases, cfg)
+    assert resumed.summary["epsilon"] >= made - 1e-9
+    # ... and strictly more than an uninterrupted run's five releases.
+    assert resumed.summary["epsilon"] > _epsilon_of(releases[:5], cfg)
+
+
+def test_resume_under_a_budget_stops_instead_of_overspending(tmp_path, releases):
+    cfg = TrainConfig(rounds=4, privacy=PrivacyConfig(epsilon=2.0), **SMALL)
+    run = tmp_path / "cut"
+
+    def crash_after_round_3(record):
+        if record.round == 3:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(cfg, out=run, progress=crash_after_round_3)
+    resumed = train(resume=run)
+    # The calibrated noise covers 4 releases; the crash spent 3 and the checkpoint kept 2, so
+    # the resumed run may release once more and then stops.
+    assert len(releases) == 4 and "would raise epsilon" in resumed.summary["stopped"]
+    assert len(_ledger(run)["events"]) == 4
+    assert _epsilon_of(releases, cfg) <= resumed.summary["epsilon"] <= 2.0
+
+
+_KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    from securefed.training import PrivacyConfig, TrainConfig, train
+
+    def observer(view):
+        # Called after the round's aggregate was released and applied, before its checkpoint.
+        if view.round_index == int(sys.argv[2]):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    privacy = PrivacyConfig(noise_multiplier=2.0, secagg=True)
+    cfg = TrainConfig(model="fedals", synthetic_users=60, synthetic_items=400, rounds=5,
+                      checkpoint_every=2, privacy=privacy)
+    train(cfg, out=sys.argv[1], observer=observer)
+    """
+)
+
+
+def test_kill_9_after_a_release_then_resume_counts_every_release(tmp_path, releases):
+    run = tmp_path / "killed"
+    script = tmp_path / "killer.py"
+    script.write_text(_KILLER)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(run), "2"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        timeout=600,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    # Rounds 0, 1, 2 were released by the killed process; the checkpoint holds round 2.
+    killed = 3
+    assert len(_ledger(run)["events"]) == killed
+    assert runs.load_checkpoint(run)["round"] == 2
+    resumed = train(resume=run)
+    assert [e.round for e in releases] == [2, 3, 4]
+    events = _ledger(run)["events"]
+    assert len(events) == killed + len(releases) == resumed.summary["releases"] == 6
+    every = [PrivacyEvent.from_dict(e) for e in events]
+    assert resumed.summary["epsilon"] >= PrivacyLedger(every).epsilon(1e-5, "rdp") - 1e-9
+
+
+def test_resume_refuses_a_ledger_file_that_lost_events(tmp_path):
+    cfg = TrainConfig(rounds=2, privacy=PrivacyConfig(noise_multiplier=2.0), **SMALL)
+    run = tmp_path / "r"
+
+    def stop_at_2(record):
+        if record.round == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(cfg, out=run, progress=stop_at_2)
+    ledger = _ledger(run)
+    (run / runs.LEDGER_FILE).write_text(json.dumps({**ledger, "events": ledger["events"][:1]}))
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    with pytest.raises(IntegrityError, match="fewer privacy events than the checkpoint"):
+        train(resume=run)
+    (run / runs.LEDGER_FILE).unlink()
+    with pytest.raises(IntegrityError, match="missing"):
+        train(resume=run)
+    after = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    before.pop(runs.LEDGER_FILE)
+    assert after == before  # nothing half-written
