@@ -5,6 +5,8 @@ imports the other's module for them."""
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,5 +124,41 @@ class AttackResult:
     #: training or replay is in ``audit.json``'s ``seconds.train``).
     seconds: float = 0.0
 
+    @property
+    def verdict(self) -> str:
+        """How the attack compares with chance, from its AUC interval (:func:`auc_verdict`)."""
+        return auc_verdict(self.metrics, self.ci95, self.baseline)
+
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        out["verdict"] = self.verdict
+        return out
+
+
+def auc_verdict(
+    metrics: Mapping[str, Any], ci95: Mapping[str, Any], baseline: Mapping[str, Any]
+) -> str:
+    """``"above chance"``, ``"chance level"`` or ``"BELOW CHANCE"`` from the AUC's 95 % interval
+    against the random baseline's AUC (1/2); ``""`` without an AUC.
+
+    Below chance means the attack's scores rank members *below* non-members more often than
+    not: it learned the signal with the wrong sign (its mirror would score ``1 - AUC``), so
+    it is a broken attack, not evidence of privacy.
+    """
+    auc = metrics.get("auc")
+    lo_hi = ci95.get("auc")
+    base = baseline.get("auc", 0.5)
+    if not isinstance(auc, int | float) or not math.isfinite(auc):
+        return ""
+    lo, hi = (
+        (float(lo_hi[0]), float(lo_hi[1]))
+        if isinstance(lo_hi, list | tuple) and len(lo_hi) == 2
+        else (float(auc), float(auc))
+    )
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        lo = hi = float(auc)
+    if lo > base:
+        return "above chance"
+    if hi < base:
+        return "BELOW CHANCE"
+    return "chance level"

@@ -159,7 +159,16 @@ def _num(value: Any) -> str:
     return str(value)
 
 
+def _with_base(value: Any, base: Any) -> str:
+    """A metric next to what a random guesser scores (``0.982 (0.981)``)."""
+    if value is None:
+        return "-"
+    return f"{_num(value)} ({_num(base)})" if base is not None else _num(value)
+
+
 def _print(result: Any) -> None:
+    from attacks.results import auc_verdict
+
     rep = result.report
     title = (
         f"attacks on {rep['model']} / {rep['dataset']} "
@@ -171,10 +180,10 @@ def _print(result: Any) -> None:
         "attack",
         "threat model",
         "AUC [95% CI]",
-        "TPR@1%FPR",
-        "F1",
+        "vs chance (AUC 0.5)",
+        "TPR@1%FPR (random)",
+        "F1 (random)",
         "extra",
-        "baseline AUC",
     ):
         table.add_column(
             col, justify="left" if col in ("attack", "threat model", "extra") else "right"
@@ -194,15 +203,19 @@ def _print(result: Any) -> None:
         elif "uncalibrated_auc" in m:
             extra = f"uncalibrated AUC {_num(m['uncalibrated_auc'])}"
         elif "macro_f1" in m:
-            extra = f"macro-F1 {_num(m['macro_f1'])} (majority {_num(base.get('macro_f1'))})"
+            extra = "F1 is macro-F1; its reference predicts the majority class"
+        verdict = a.get("verdict") or auc_verdict(m, ci, base)
+        if verdict == "BELOW CHANCE":
+            verdict = "[bold red]BELOW CHANCE[/]: a broken attack, not evidence of privacy"
+        f1_key = "f1" if "f1" in m else "macro_f1"
         table.add_row(
             a["name"],
             a["threat_model"],
             auc,
-            _num(m.get("tpr@1%fpr")),
-            _num(m.get("f1", m.get("macro_f1"))),
+            verdict,
+            _with_base(m.get("tpr@1%fpr"), base.get("tpr@1%fpr")),
+            _with_base(m.get(f1_key), base.get(f1_key)),
             extra,
-            _num(base.get("auc")),
         )
     out.print(table)
     block = rep.get("audit")

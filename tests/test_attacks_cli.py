@@ -59,6 +59,9 @@ def test_cli_end_to_end(tmp_path) -> None:
         lo, hi = a["ci95"]["auc"]
         assert lo <= a["metrics"]["auc"] <= hi
         assert a["baseline"]["auc"] == 0.5
+        assert a["verdict"] in ("above chance", "chance level", "BELOW CHANCE")
+        assert (a["verdict"] == "above chance") == (lo > 0.5)
+    assert "vs chance" in res.output and "(random)" in res.output
     assert set(rep["audit"]) >= {"epsilon_lower_bound", "confidence", "method"}
     assert rep["recorded_bytes"] > 0
     assert rep["seconds"]["train"] > 0

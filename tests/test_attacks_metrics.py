@@ -52,6 +52,33 @@ def test_membership_report_interval_and_null() -> None:
     assert ci2["auc"][0] > 0.9
 
 
+@pytest.mark.parametrize("noise", [0.02, 0.1, 0.3])
+def test_membership_report_intervals_hold_their_point_estimates(noise) -> None:
+    """Near-perfect attacks, where binning the resamples' scores once printed an AUC of 1.000
+    with the interval [0.997, 0.998]: every statistic's interval holds its point."""
+    rng = np.random.default_rng(2)
+    labels = rng.random((200, 400)) < 0.05
+    scores = labels + rng.normal(0, noise, labels.shape)
+    m, ci, _ = membership_report(scores, labels, rng=np.random.default_rng(3), n_boot=100)
+    for key in ("auc", "tpr@1%fpr", "tpr@0.1%fpr", "f1"):
+        lo, hi = ci[key]
+        assert lo - 1e-12 <= m[key] <= hi + 1e-12, (key, m[key], ci[key])
+        assert 0.0 <= lo <= hi <= 1.0
+
+
+def test_auc_verdict_flags_below_chance_and_reads_the_interval() -> None:
+    from attacks.results import AttackResult, auc_verdict
+
+    base = {"auc": 0.5}
+    assert auc_verdict({"auc": 0.441}, {"auc": [0.41, 0.47]}, base) == "BELOW CHANCE"
+    assert auc_verdict({"auc": 0.48}, {"auc": [0.44, 0.52]}, base) == "chance level"
+    assert auc_verdict({"auc": 0.9}, {"auc": [0.88, 0.92]}, base) == "above chance"
+    assert auc_verdict({"auc": 0.6}, {"auc": [float("nan")] * 2}, base) == "above chance"
+    assert auc_verdict({}, {}, base) == ""
+    row = AttackResult("union", "server", {"auc": 0.441}, {"auc": [0.41, 0.47]}, base)
+    assert row.as_dict()["verdict"] == "BELOW CHANCE"
+
+
 def _randomized_response(
     eps: float, m: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:

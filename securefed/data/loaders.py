@@ -434,14 +434,7 @@ def _timestamp_column(ts: pd.Series, *, path: Path, offset: int) -> np.ndarray:
     numeric = pd.to_numeric(ts, errors="coerce")
     is_number = numeric.notna().to_numpy()
     if is_number.all():
-        seconds = numeric.to_numpy(dtype=np.float64)
-        bad = ~np.isfinite(seconds)
-        if bad.any():
-            row = int(np.nonzero(bad)[0][0])
-            raise DataError(
-                f"{path} line {row + offset}: timestamp '{ts.iloc[row]}' is not a finite number"
-            )
-        return seconds
+        return _float_column(ts, path=path, column="timestamp", offset=offset)
     if is_number.any():
         row = int(np.nonzero(~is_number)[0][0])
         first = int(np.nonzero(is_number)[0][0])
