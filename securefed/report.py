@@ -68,6 +68,7 @@ __all__ = [
     "SkippedCell",
     "SweepEvent",
     "build_report",
+    "check_report_dependencies",
     "collect_results",
     "plan_cells",
     "run_report",
@@ -522,6 +523,30 @@ def _sweep(
             raise
 
 
+#: The packages a report writes its outputs with (results.parquet, the figures).
+REPORT_PACKAGES = {"pyarrow": "results.parquet", "matplotlib": "the figures"}
+
+
+def check_report_dependencies() -> None:
+    """Refuse a report whose outputs could not be written, before any work starts.
+
+    Both are dependencies of securefed since the report is one of its main outputs; this
+    catches an environment that removed them (or installed with ``--no-deps``).
+
+    Raises:
+        ConfigError: one line naming what is missing and the command that installs it.
+    """
+    import importlib.util
+
+    missing = [name for name in REPORT_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        what = ", ".join(f"{m} (for {REPORT_PACKAGES[m]})" for m in missing)
+        raise ConfigError(
+            f"a report needs {what}, which this environment lacks; pip install "
+            f"{' '.join(missing)} (or pip install -e . again), then rerun"
+        )
+
+
 def run_report(
     config: ReportConfig, *, out: str | Path, progress: ProgressFn | None = None
 ) -> ReportResult:
@@ -540,6 +565,7 @@ def run_report(
         ConfigError: A cell directory in ``out`` was run with other settings.
         DataError: The dataset is missing or malformed.
     """
+    check_report_dependencies()  # before the first cell trains, not after the last
     out = Path(out)
     notes: list[str] = []
     config = _cheap_references(config, notes)
@@ -867,6 +893,7 @@ def build_report(
         out: Report directory to write (created).
         min_hr: Utility floor of the summary (see :class:`ReportConfig`).
     """
+    check_report_dependencies()
     skipped: list[SkippedCell] = []
     notes: list[str] = []
     for d in dirs:  # skipped combinations recorded by an earlier sweep stay in the report
@@ -913,7 +940,7 @@ def _build(
         frame.to_parquet(parquet, index=False)
     except ImportError as exc:
         raise ConfigError(
-            f"writing results.parquet needs pyarrow ({exc}); pip install 'securefed[report]'"
+            f"writing results.parquet needs pyarrow ({exc}); pip install pyarrow"
         ) from None
     for _, row in frame[frame["audit_error"].fillna("") != ""].iterrows():
         notes.append(

@@ -540,3 +540,19 @@ def test_a_reference_too_costly_for_the_catalogue_is_left_out_with_a_note(tmp_pa
     assert sorted(result.results["cell"]) == ["ials-centralized-s0", "mostpop-none-epsinf-s0"]
     assert any(n.startswith("The ease reference was left out") for n in result.notes)
     assert "The ease reference was left out" in result.markdown.read_text()
+
+
+def test_a_missing_report_dependency_is_refused_before_any_cell_trains(tmp_path, monkeypatch):
+    import importlib.util
+
+    from securefed import report as report_mod
+    from securefed.errors import ConfigError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "pyarrow" else real(name, *a)
+    )
+    cfg = report_mod.ReportConfig(models=("mostpop",), epsilons=(math.inf,), defenses=("none",))
+    with pytest.raises(ConfigError, match="pyarrow \\(for results.parquet\\).*pip install pyarrow"):
+        report_mod.run_report(cfg, out=tmp_path / "r")
+    assert not (tmp_path / "r").exists()
