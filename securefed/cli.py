@@ -3,17 +3,24 @@
 Every command turns its flags into the library's typed configs, calls the library, and
 renders progress and results with rich. A :class:`~securefed.errors.SecureFedError` (a user
 mistake, bad data, an exhausted budget) becomes one clear line on stderr and exit code 2;
-anything else keeps its traceback, because it is a bug.
+Ctrl-C one line and exit code 130; a training run that diverged (NaN or infinite loss or
+parameters) its summary and exit code 1; anything else keeps its traceback, because it is a
+bug.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from types import FrameType
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -24,6 +31,7 @@ from rich.progress import (
 )
 
 from securefed.cli_common import (
+    EXIT_RUN_FAILED,
     MODEL_HELP,
     Delta,
     LocalEpochs,
@@ -37,6 +45,9 @@ from securefed.cli_common import (
     parse_params,
 )
 
+if TYPE_CHECKING:
+    from securefed.training import RoundRecord, RunStart
+
 app = typer.Typer(
     name="securefed",
     help="Privacy-hardened federated recommendation: train, account, audit, report.",
@@ -46,8 +57,32 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    """``--version``: the installed distribution's version (importlib.metadata)."""
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        text = version("securefed")
+    except PackageNotFoundError:
+        text = "unknown (not installed; run pip install -e . in the clone)"
+    out.print(f"securefed {text}", highlight=False)
+    raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print the installed version and exit.",
+            is_eager=True,
+            callback=_print_version,
+        ),
+    ] = False,
+) -> None:
     """Privacy-hardened federated recommendation: train, account, audit, report."""
 
 
@@ -281,40 +316,163 @@ def _check_secure_flag(secure: bool | None, replay: bool | None) -> None:
 def _run_with_progress(
     cfg: Any, out_dir: Path | None, resume: Path | None, run_train: Callable[..., Any]
 ) -> None:
-    from securefed.training import RoundRecord
+    """Train with the data summary and per-round progress on stderr, then the summary.
 
-    columns = (
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[status]}"),
-    )
-    with Progress(*columns, console=err, transient=False) as progress:
-        task = progress.add_task("rounds", total=None, status="loading data")
-        downloads: dict[str, Any] = {}
+    Progress is a rich bar on a terminal and one plain line per round when stderr is not one
+    (redirected to a file or a pipe). The first Ctrl-C during the rounds lets the round in
+    progress finish, checkpoints it and exits 130 with the resume command; a second one stops
+    at once (a resume then re-runs the rounds after the last checkpoint). A run that diverged
+    (NaN or infinite loss or parameters) prints its summary and exits 1: it ran and failed,
+    which is not a refused command (exit 2).
+    """
+    display = _RoundDisplay(plain=not err.is_terminal)
+    stop = _StopAfterRound()
 
-        def on_download(description: str, done: int, total: int | None) -> None:
-            if description not in downloads:
-                downloads[description] = progress.add_task(description, total=total, status="")
-            progress.update(downloads[description], completed=done, total=total)
+    def on_start(start: RunStart) -> None:
+        display.start(start)
+        stop.rounds_running = True
 
-        def on_round(rec: RoundRecord) -> None:
-            v = rec.values
-            status = f"loss {v['loss']:.4f}"
-            if "val_hr@10" in v:
-                status += f"  val HR@10 {v['val_hr@10']:.4f}"
-            if v.get("epsilon") is not None:
-                status += f"  eps {v['epsilon']:.3f}"
-            progress.update(task, completed=rec.round, status=status)
+    def on_round(rec: RoundRecord) -> None:
+        display.round(rec)
+        if stop.requested and rec.round != rec.rounds_planned:
+            raise KeyboardInterrupt
 
-        total = None if cfg is None else cfg.rounds
-        progress.update(task, total=total)
+    with stop.installed(), display:
         result = run_train(
-            cfg, out=out_dir, resume=resume, progress=on_round, download_progress=on_download
+            cfg,
+            out=out_dir,
+            resume=resume,
+            progress=on_round,
+            download_progress=display.download,
+            on_start=on_start,
         )
     _print_summary(result)
+    if result.summary.get("diverged_round") is not None:
+        raise typer.Exit(code=EXIT_RUN_FAILED)
+
+
+class _StopAfterRound:
+    """SIGINT while the rounds run: the first asks to stop after the round in progress, a
+    second (or one before the rounds start) interrupts at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.rounds_running = False
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested or not self.rounds_running:
+            raise KeyboardInterrupt
+        self.requested = True
+        err.print(
+            "[yellow]Ctrl-C:[/] stopping after this round, which is then checkpointed; "
+            "press Ctrl-C again to stop now",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signal handlers can only be installed from the main thread
+            return
+        previous = signal.signal(signal.SIGINT, self._handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+class _RoundDisplay:
+    """The data summary and per-round progress on stderr: a rich bar on a terminal, plain
+    lines otherwise (a bar redrawn in place shows nothing in a log file until the end)."""
+
+    def __init__(self, *, plain: bool) -> None:
+        self.plain = plain
+        self.rounds: int | None = None
+        self.downloads: dict[str, Any] = {}
+        self.bar: Progress | None = None
+        self.task: Any = None
+
+    def __enter__(self) -> _RoundDisplay:
+        if not self.plain:
+            self.bar = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[status]}"),
+                console=err,
+                transient=False,
+            )
+            self.bar.__enter__()
+            self.task = self.bar.add_task("rounds", total=None, status="loading data")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+
+    def _line(self, text: str) -> None:
+        err.print(text, highlight=False, soft_wrap=True, markup=False)
+
+    def download(self, description: str, done: int, total: int | None) -> None:
+        if self.bar is None:
+            if description not in self.downloads:
+                self.downloads[description] = True
+                size = f" ({total / 1e6:.1f} MB)" if total else ""
+                self._line(f"downloading {description}{size}")
+            return
+        if description not in self.downloads:
+            self.downloads[description] = self.bar.add_task(description, total=total, status="")
+        self.bar.update(self.downloads[description], completed=done, total=total)
+
+    def start(self, start: RunStart) -> None:
+        self.rounds = start.rounds
+        for line in data_summary(start.data):
+            self._line(line)
+        if start.resumed:
+            self._line(
+                f"resuming {start.run_dir} after round {start.start_round} of {start.rounds}"
+            )
+        if self.bar is not None:
+            self.bar.update(self.task, total=start.rounds, completed=start.start_round, status="")
+
+    def round(self, rec: RoundRecord) -> None:
+        v = rec.values
+        loss = v["loss"]
+        status = f"loss {loss:.4f}" if abs(loss) < 1e4 else f"loss {loss:.4g}"
+        if "val_hr@10" in v:
+            status += f"  val HR@10 {v['val_hr@10']:.4f}"
+        if v.get("epsilon") is not None:
+            status += f"  eps {v['epsilon']:.3f}"
+        total = rec.rounds_planned or self.rounds
+        if self.bar is not None:
+            self.bar.update(self.task, completed=rec.round, total=total, status=status)
+        else:
+            seconds = v.get("train_seconds", 0.0) + v.get("eval_seconds", 0.0)
+            self._line(f"round {rec.round}/{total or '?'}  {status}  ({seconds:.1f} s)")
+        if rec.warning:
+            err.print(
+                f"[bold yellow]warning:[/] {escape(rec.warning)}", highlight=False, soft_wrap=True
+            )
+
+
+def data_summary(data: dict[str, Any]) -> list[str]:
+    """One or two lines on what the run trains on, from its ``data.json`` record."""
+    lines = [
+        f"data: {data['name']}: {data['users']:,} users, {data['items']:,} items, "
+        f"{data.get('interactions', data['train_interactions']):,} interactions kept"
+    ]
+    least = data.get("min_interactions")
+    dropped = f"{data['dropped_users']:,} users dropped"
+    if least is not None:
+        dropped += f" (fewer than {least} interactions"
+        if data["dropped_users"]:
+            dropped += f": {data['dropped_interactions']:,} interactions"
+        dropped += ")"
+    lines.append(f"      {dropped}, {data['duplicate_rows']:,} duplicate rows removed")
+    return lines
 
 
 @app.command()

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from securefed.errors import SecureFedError
@@ -50,20 +51,36 @@ def parse_params(items: list[str]) -> dict[str, Any]:
     return out
 
 
+#: Exit codes: 2 a refused command (a SecureFedError: bad flags, data or budget; one line),
+#: 1 a run that went ahead and failed (it diverged: its directory keeps what it did), 130 Ctrl-C
+#: (128 + SIGINT, the shell's convention). A traceback (a bug) exits 1 as well.
+EXIT_USER_ERROR = 2
+EXIT_RUN_FAILED = 1
+EXIT_INTERRUPTED = 130
+
+
 def _fail(message: str) -> typer.Exit:
     err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    return typer.Exit(code=2)
+    return typer.Exit(code=EXIT_USER_ERROR)
+
+
+def _interrupted(message: str) -> typer.Exit:
+    """One line on stderr and exit code 130 for Ctrl-C."""
+    err.print(f"[bold yellow]{escape(message)}[/]", highlight=False, soft_wrap=True)
+    return typer.Exit(code=EXIT_INTERRUPTED)
 
 
 @contextmanager
 def _user_errors() -> Iterator[None]:
-    """Turn securefed's own errors into one line and exit code 2."""
+    """Turn securefed's own errors into one line and exit code 2, and Ctrl-C into one line
+    and exit code 130 (a training run's interrupt says where the run stands and how to
+    resume it: :class:`securefed.training.RunInterrupted`)."""
     try:
         yield
     except SecureFedError as exc:
         raise _fail(str(exc)) from None
-    except KeyboardInterrupt:
-        raise _fail("interrupted; resume with --resume RUN_DIR") from None
+    except KeyboardInterrupt as exc:
+        raise _interrupted(str(exc) or "interrupted (Ctrl-C)") from None
 
 
 def _print_summary(result: Any) -> None:

@@ -16,6 +16,7 @@ from securefed.cli_common import (
     SyntheticItems,
     SyntheticUsers,
     _fail,
+    _interrupted,
     _user_errors,
     err,
     out,
@@ -137,7 +138,7 @@ def report(
             try:
                 result = _run_with_bar(config, out_dir or Path("report"), run_report)
             except KeyboardInterrupt:
-                raise _fail(
+                raise _interrupted(
                     "interrupted; run the same command again to resume the sweep "
                     "(finished cells are reused)"
                 ) from None

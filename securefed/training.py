@@ -10,10 +10,11 @@ unless it replays (``PrivacyConfig.replay``; :mod:`securefed.privacy`).
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,13 +43,70 @@ MODELS: tuple[str, ...] = model_names()
 
 @dataclass(frozen=True)
 class RoundRecord:
-    """One line of ``metrics.jsonl``, handed to the progress callback as well."""
+    """One line of ``metrics.jsonl``, handed to the progress callback as well.
+
+    ``rounds_planned`` is the run's total (a resumed run's too); ``warning`` is a one-line
+    warning that fired in this round (a loss growing without bound), for the caller to show.
+    """
 
     values: dict[str, Any]
+    rounds_planned: int | None = None
+    warning: str | None = None
 
     @property
     def round(self) -> int:
         return int(self.values["round"])
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """Handed to ``train(on_start=...)`` once, after the data is loaded and the run directory
+    is set up, before the first round: what the run trains on and where it stands.
+
+    ``data`` is the run's ``data.json`` record (users, items, interactions kept, users dropped
+    for having fewer than ``min_interactions`` interactions, duplicate rows removed, ...).
+    ``start_round`` is the number of rounds a resumed run keeps (0 for a new run).
+    """
+
+    run_dir: Path
+    rounds: int
+    start_round: int
+    resumed: bool
+    data: dict[str, Any]
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C (a ``KeyboardInterrupt``) during :func:`train`, once the run directory exists.
+
+    Still a ``KeyboardInterrupt``, so code that catches that keeps working. Raised from the
+    original interrupt; its message says where the run stands and how to continue it.
+
+    Attributes:
+        run_dir: The run directory; ``train(resume=run_dir)`` continues it.
+        rounds: The run's planned rounds.
+        rounds_kept: Rounds its checkpoint holds: a resume continues from round
+            ``rounds_kept + 1`` (None when the interrupt came before that was known).
+        interrupted_round: The round that was running, or None when the interrupt came
+            between rounds.
+        checkpoint_written: Whether a checkpoint was written because of the interrupt.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_dir: Path,
+        rounds: int,
+        rounds_kept: int | None,
+        interrupted_round: int | None,
+        checkpoint_written: bool,
+    ) -> None:
+        super().__init__(message)
+        self.run_dir = run_dir
+        self.rounds = rounds
+        self.rounds_kept = rounds_kept
+        self.interrupted_round = interrupted_round
+        self.checkpoint_written = checkpoint_written
 
 
 @dataclass(frozen=True)
@@ -63,6 +121,10 @@ class TrainResult:
 
 
 ProgressFn = Callable[[RoundRecord], None]
+StartFn = Callable[[RunStart], None]
+
+#: A loss whose magnitude passes this many times the first round's is warned about (once).
+LOSS_GROWTH_WARNING = 1e6
 
 
 @dataclass(frozen=True)
@@ -264,8 +326,15 @@ def train(
     download_progress: Any = None,
     split: Split | None = None,
     observer: RoundObserver | None = None,
+    on_start: StartFn | None = None,
 ) -> TrainResult:
     """Train a federated recommender and write a run directory.
+
+    A run whose training loss (in a round where clients trained) or model parameters become
+    NaN or infinite stops at once: that round is neither logged nor checkpointed, so the last
+    finite checkpoint is kept, and ``summary["stopped"]`` and ``summary["diverged_round"]``
+    say which round and why. A loss whose magnitude passes :data:`LOSS_GROWTH_WARNING` times
+    the first round's is warned about once (``RoundRecord.warning``, ``summary["warnings"]``).
 
     Args:
         config: The run's configuration (defaults: FedRAP on synthetic data). Ignored with
@@ -273,10 +342,13 @@ def train(
         out: Run directory to create (default ``runs/<timestamp>-<model>-<dataset>/``); it
             must not hold another run.
         resume: An interrupted run directory to continue from its last checkpoint.
-        progress: Called after every round with that round's metrics.
+        progress: Called after every round with that round's metrics. A
+            ``KeyboardInterrupt`` raised from it stops the run between rounds (see Raises).
         download_progress: Passed to the dataset downloader (see ``load_dataset``).
         split: A pre-built split to train on (skips loading; for notebooks and tests).
         observer: Called after every round with a :class:`RoundView` (attacks, audits).
+        on_start: Called once before the first round with a :class:`RunStart` (the data
+            summary, the run directory, the rounds a resumed run keeps).
 
     Returns:
         The run directory, its summary (also in ``summary.json``) and per-round metrics.
@@ -284,6 +356,12 @@ def train(
     Raises:
         ConfigError: Invalid settings, or ``out`` already holds a run.
         DataError: The dataset is missing or malformed.
+        RunInterrupted: Ctrl-C once the run directory exists. An interrupt between rounds
+            (from ``progress``) writes a checkpoint of the last completed round when it is
+            newer than the last checkpoint; one inside a round writes nothing more (never
+            half a round), and a resume re-runs the rounds after the last checkpoint (a DP
+            run counts their releases again). An interrupt while a new run's data loads
+            is a plain ``KeyboardInterrupt`` (nothing was written).
         PrivacyBudgetError: Never escapes; a run that would overspend stops cleanly and
             records ``stopped`` in its summary.
     """
@@ -308,6 +386,81 @@ def train(
         raise ConfigError("--device cuda was given but torch sees no GPU here; use --device cpu")
     check_run_dir_writable(run_dir)  # before the data loads: a bad --out fails in a second
 
+    where = _Position(run_dir=run_dir, rounds=config.rounds, exists=resume is not None)
+    try:
+        return _train(
+            config,
+            run_dir,
+            resume=resume,
+            where=where,
+            started=started,
+            progress=progress,
+            download_progress=download_progress,
+            split=split,
+            observer=observer,
+            on_start=on_start,
+        )
+    except KeyboardInterrupt as exc:
+        if not where.exists:
+            raise
+        raise where.interrupted() from exc
+
+
+@dataclass
+class _Position:
+    """Where a run stands, for the message of an interrupt: what its directory holds and
+    which round was running."""
+
+    run_dir: Path
+    rounds: int
+    exists: bool  # config.toml is written: a resume can continue the run
+    kept: int | None = None  # rounds the checkpoint holds (0: none; None: not read yet)
+    running: int | None = None  # the round in progress (1-based), None between rounds
+    checkpoint_written: bool = False
+    releases: bool = False  # a DP run: re-run rounds are released (and counted) again
+
+    def interrupted(self) -> RunInterrupted:
+        hint = f"resume with --resume {self.run_dir}"
+        if self.kept is None:
+            text = f"interrupted while the run was being set up; {hint}"
+        else:
+            if self.running is None:
+                text = f"interrupted after round {self.kept} of {self.rounds}"
+                if self.checkpoint_written:
+                    text += " (checkpoint written)"
+            else:
+                text = f"interrupted during round {self.running} of {self.rounds}"
+            text += f"; {hint} (continues from round {self.kept + 1})"
+            if self.running is not None and self.releases:
+                text += "; rounds released since the checkpoint are released and counted again"
+        return RunInterrupted(
+            text,
+            run_dir=self.run_dir,
+            rounds=self.rounds,
+            rounds_kept=self.kept,
+            interrupted_round=self.running,
+            checkpoint_written=self.checkpoint_written,
+        )
+
+
+class _NonFinite(Exception):
+    """A round's loss or parameters are NaN or infinite (caught by the round loop)."""
+
+
+def _train(
+    config: TrainConfig,
+    run_dir: Path,
+    *,
+    resume: str | Path | None,
+    where: _Position,
+    started: float,
+    progress: ProgressFn | None,
+    download_progress: Any,
+    split: Split | None,
+    observer: RoundObserver | None,
+    on_start: StartFn | None,
+) -> TrainResult:
+    """The body of :func:`train` once the run directory is known; updates ``where``."""
     if split is None:
         split = load_split(config, download_progress=download_progress)
     if split.null_positives is not None and not config.privacy.interaction_dp:
@@ -331,6 +484,7 @@ def train(
     start_round = 0
     elapsed_before = 0.0
     metrics: list[dict[str, Any]] = []
+    data = _data_record(split.report, split, config)
     # Every release is written to the run's ledger file before it leaves the aggregator; a
     # resumed run continues that file, which counts the rounds released after the checkpoint
     # (they are released again, and counted again: docs/privacy.md, "Resume").
@@ -361,86 +515,186 @@ def train(
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
         runs.atomic_write_text(run_dir / runs.CONFIG_FILE, runs.dumps_toml(config.to_dict()))
-        runs.write_json(run_dir / "data.json", _data_record(split.report, split))
+        where.exists = True
+        runs.write_json(run_dir / "data.json", data)
         if attach is not None:
             attach(run_dir, resume=False)
+    where.kept = start_round
+    where.releases = config.privacy.dp
+    if on_start is not None:
+        on_start(
+            RunStart(
+                run_dir=run_dir,
+                rounds=config.rounds,
+                start_round=start_round,
+                resumed=resume is not None,
+                data=data,
+            )
+        )
 
     stopped: str | None = None
+    diverged_round: int | None = None
+    warnings: list[str] = []
+    first_loss = next(
+        (abs(m["loss"]) for m in metrics if math.isfinite(m.get("loss", math.nan))), None
+    )
     train_seconds = sum(m.get("train_seconds", 0.0) for m in metrics)
     best = _selected_round(metrics)
     begin_round = getattr(aggregator, "begin_round", None)
-    for r in range(start_round, config.rounds):
-        t0 = time.perf_counter()
-        if begin_round is not None:
-            try:  # client-side DP (interaction unit) is accounted before anyone trains
-                begin_round(r)
-            except PrivacyBudgetError as exc:
-                stopped = str(exc)
-                break
-        if not federated:
-            # A centralized reference: the server fits on every interaction; no uploads.
-            stats = model.fit_round(r, torch_generator(config.seed, "train", r))  # type: ignore[attr-defined]
-            participants, agg = torch.zeros(0, dtype=torch.long), None
-            t1 = time.perf_counter()
-        else:
-            participants = round_cohort(
-                cohort,
-                split.n_users,
-                seed=config.seed,
-                round_index=r,
-                secure=config.privacy.os_randomness,
-            )
-            global_before = public_state(model) if observer is not None else {}
-            updates, stats = model.client_round(
-                participants, r, torch_generator(config.seed, "train", r)
-            )
+    try:
+        for r in range(start_round, config.rounds):
+            where.running = r + 1
+            t0 = time.perf_counter()
+            if begin_round is not None:
+                try:  # client-side DP (interaction unit) is accounted before anyone trains
+                    begin_round(r)
+                except PrivacyBudgetError as exc:
+                    stopped = str(exc)
+                    break
             try:
-                agg = aggregator(updates, r)
-            except PrivacyBudgetError as exc:
-                stopped = str(exc)
-                break
-            if agg is not None:
-                model.apply_aggregate(agg, r)
-            model.end_round(r)
-            t1 = time.perf_counter()
-            if observer is not None:
-                observer(RoundView(r, participants, updates, agg, model, config, global_before))
-        record: dict[str, Any] = {
-            "round": r + 1,
-            "loss": stats.loss,
-            "participants": int(participants.shape[0]),
-            "contributors": agg.contributors if agg is not None else 0,
-            "train_seconds": t1 - t0,
-        }
-        record.update(_round_privacy(aggregator))
-        if (r + 1) % config.eval_every == 0 or r + 1 == config.rounds:
-            full = (r + 1) % config.resolved_full_eval_every() == 0 or r + 1 == config.rounds
-            record.update(_evaluate_round(model, split, full=full))
-            record["eval_seconds"] = time.perf_counter() - t1
-            if _is_better(record, best):
-                best = record
-                if not full:  # keep the model so the selected round gets full-ranking metrics
-                    runs.save_state(
-                        run_dir / runs.BEST_FILE, {"round": r + 1, "model": model.state_dict()}
+                if not federated:
+                    # A centralized reference: the server fits on every interaction; no uploads.
+                    stats = model.fit_round(r, torch_generator(config.seed, "train", r))  # type: ignore[attr-defined]
+                    _check_finite(stats, model.state_dict(), "model")
+                    participants, agg = torch.zeros(0, dtype=torch.long), None
+                    t1 = time.perf_counter()
+                else:
+                    participants = round_cohort(
+                        cohort,
+                        split.n_users,
+                        seed=config.seed,
+                        round_index=r,
+                        secure=config.privacy.os_randomness,
                     )
-        train_seconds += t1 - t0
-        metrics.append(record)
-        runs.append_metrics(run_dir, record)
-        if (r + 1) % config.checkpoint_every == 0 or r + 1 == config.rounds:
+                    global_before = public_state(model) if observer is not None else {}
+                    updates, stats = model.client_round(
+                        participants, r, torch_generator(config.seed, "train", r)
+                    )
+                    _check_finite(stats)  # before anything is released
+                    try:
+                        agg = aggregator(updates, r)
+                    except PrivacyBudgetError as exc:
+                        stopped = str(exc)
+                        break
+                    if agg is not None:
+                        model.apply_aggregate(agg, r)
+                    model.end_round(r)
+                    _check_finite(stats, model.global_parameters(), "shared model")
+                    t1 = time.perf_counter()
+                    if observer is not None:
+                        observer(
+                            RoundView(r, participants, updates, agg, model, config, global_before)
+                        )
+                record: dict[str, Any] = {
+                    "round": r + 1,
+                    "loss": stats.loss,
+                    "participants": int(participants.shape[0]),
+                    "contributors": agg.contributors if agg is not None else 0,
+                    "train_seconds": t1 - t0,
+                }
+                record.update(_round_privacy(aggregator))
+                final = r + 1 == config.rounds
+                if (r + 1) % config.eval_every == 0 or final:
+                    full = (r + 1) % config.resolved_full_eval_every() == 0 or final
+                    record.update(_evaluate_round(model, split, full=full))
+                    record["eval_seconds"] = time.perf_counter() - t1
+                    if _is_better(record, best):
+                        best = record
+                        if not full:  # keep the model so the selected round gets full metrics
+                            best_state = model.state_dict()
+                            _check_finite(stats, best_state, "model")
+                            runs.save_state(
+                                run_dir / runs.BEST_FILE, {"round": r + 1, "model": best_state}
+                            )
+                checkpoint = (r + 1) % config.checkpoint_every == 0 or final
+                state = model.state_dict() if checkpoint else None
+                if state is not None:
+                    _check_finite(stats, state, "model")
+            except _NonFinite as exc:
+                diverged_round = r + 1
+                stopped = f"diverged in round {r + 1}: {exc}; " + (
+                    f"the last finite checkpoint (round {where.kept}) is kept"
+                    if where.kept
+                    else "no checkpoint had been written"
+                )
+                break
+            train_seconds += t1 - t0
+            metrics.append(record)
+            runs.append_metrics(run_dir, record)
+            where.running = None  # round r + 1 is complete: its metrics line is written
+            warning = None
+            if first_loss is None and math.isfinite(stats.loss) and stats.samples > 0:
+                first_loss = abs(stats.loss)
+            if not warnings and first_loss and abs(stats.loss) > LOSS_GROWTH_WARNING * first_loss:
+                warning = (
+                    f"round {r + 1}: the training loss {stats.loss:.4g} is more than "
+                    f"{LOSS_GROWTH_WARNING:g} times the first round's in magnitude; the model "
+                    "is diverging (metrics of later rounds are unlikely to recover)"
+                )
+                warnings.append(warning)
+            if state is not None:
+                _checkpoint(
+                    run_dir,
+                    model,
+                    aggregator,
+                    r + 1,
+                    elapsed_before + time.perf_counter() - started,
+                    state=state,
+                )
+                where.kept = r + 1
+            if progress is not None:
+                progress(RoundRecord(record, rounds_planned=config.rounds, warning=warning))
+    except KeyboardInterrupt:
+        done = metrics[-1]["round"] if metrics else 0
+        if where.running is None and done > (where.kept or 0):
+            # Between rounds: model, aggregator, metrics and ledger all describe round `done`.
             _checkpoint(
-                run_dir, model, aggregator, r + 1, elapsed_before + time.perf_counter() - started
+                run_dir, model, aggregator, done, elapsed_before + time.perf_counter() - started
             )
-        if progress is not None:
-            progress(RoundRecord(record))
+            where.kept = done
+            where.checkpoint_written = True
+        raise
 
     seconds = elapsed_before + time.perf_counter() - started
-    if stopped is not None and metrics:
+    if stopped is not None and metrics and diverged_round is None:
         _checkpoint(run_dir, model, aggregator, metrics[-1]["round"], seconds)
     _complete_selected_round(config, split, metrics, run_dir)
     summary = _summary(config, split, metrics, seconds, aggregator, stopped)
     summary["train_seconds"] = round(train_seconds, 3)
+    if diverged_round is not None:
+        summary["diverged_round"] = diverged_round
+    if warnings:
+        summary["warnings"] = warnings
     runs.write_json(run_dir / runs.SUMMARY_FILE, summary)
     return TrainResult(run_dir=run_dir, summary=summary, metrics=metrics, split=split, model=model)
+
+
+def _check_finite(stats: Any, tensors: Mapping[str, Any] | None = None, what: str = "") -> None:
+    """Raise :class:`_NonFinite` naming the cause when the round's training loss (in a round
+    where clients trained: an empty round's loss is NaN by design) or a float tensor in
+    ``tensors`` (nested mappings included) is NaN or infinite."""
+    if stats.samples > 0 and not math.isfinite(stats.loss):
+        raise _NonFinite(f"the training loss is {stats.loss}")
+    if tensors is not None:
+        bad = _non_finite_names(tensors)
+        if bad:
+            raise _NonFinite(f"the {what} holds NaN or infinite values ({', '.join(bad[:3])})")
+
+
+def _non_finite_names(tensors: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Names of the float tensors holding a NaN or an infinity. ``aminmax`` propagates NaN
+    and shows an infinity as the min or max: one pass without a temporary (``isfinite().all()``
+    is ~16x slower on FedRAP's 50M-float private state)."""
+    names: list[str] = []
+    for key, value in tensors.items():
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point() and value.numel():
+                low, high = torch.aminmax(value.detach())
+                if not (math.isfinite(float(low)) and math.isfinite(float(high))):
+                    names.append(f"{prefix}{key}")
+        elif isinstance(value, Mapping):
+            names += _non_finite_names(value, f"{prefix}{key}.")
+    return names
 
 
 def check_run_dir_writable(run_dir: Path) -> None:
@@ -500,13 +754,21 @@ def _round_privacy(aggregator: Aggregator) -> dict[str, Any]:
 
 
 def _checkpoint(
-    run_dir: Path, model: Recommender, aggregator: Aggregator, rounds_done: int, seconds: float
+    run_dir: Path,
+    model: Recommender,
+    aggregator: Aggregator,
+    rounds_done: int,
+    seconds: float,
+    *,
+    state: dict[str, Any] | None = None,
 ) -> None:
+    """Write the checkpoint of ``rounds_done`` completed rounds (``state``: the model's
+    ``state_dict()`` when the caller already holds it)."""
     runs.save_checkpoint(
         run_dir,
         {
             "round": rounds_done,
-            "model": model.state_dict(),
+            "model": model.state_dict() if state is None else state,
             "aggregator": aggregator.state_dict(),
             "seconds": seconds,
         },
@@ -516,11 +778,14 @@ def _checkpoint(
         runs.write_json(run_dir / runs.LEDGER_FILE, ledger())
 
 
-def _data_record(report: LoadReport, split: Split) -> dict[str, Any]:
-    return {
+def _data_record(
+    report: LoadReport, split: Split, config: TrainConfig | None = None
+) -> dict[str, Any]:
+    record = {
         "name": split.name,
         "users": split.n_users,
         "items": split.n_items,
+        "interactions": int(split.history_indptr[-1]),
         "train_interactions": split.n_train,
         "source": report.source,
         "raw_rows": report.raw_rows,
@@ -530,6 +795,9 @@ def _data_record(report: LoadReport, split: Split) -> dict[str, Any]:
         "synthetic": report.synthetic,
         "notes": list(report.notes),
     }
+    if config is not None:
+        record["min_interactions"] = config.resolved_min_interactions()
+    return record
 
 
 __all__ = [
@@ -539,6 +807,8 @@ __all__ = [
     "RoundObserver",
     "RoundRecord",
     "RoundView",
+    "RunInterrupted",
+    "RunStart",
     "public_state",
     "TrainConfig",
     "TrainResult",
