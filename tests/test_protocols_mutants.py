@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from test_secagg_breaks import masked_round  # tests/ is on sys.path under pytest
 
 from protocols.dp.accounting import gaussian_epsilon, rdp_orders, rdp_to_epsilon
 from protocols.dp.ledger import PrivacyEvent, PrivacyLedger
@@ -60,16 +61,7 @@ def _exact(message: str) -> str:
 
 def _masked_clients(dropped: frozenset[int] = frozenset({5})):
     """Clients after masking (the dropped ones never masked)."""
-    clients = [SecAggClient(i, **KW) for i in range(N)]
-    server = SecAggServer(**KW)
-    for i, c in enumerate(clients):
-        server.receive_advertise(i, c.advertise())
-    for i, m in server.finish_advertise().items():
-        server.receive_shares(i, clients[i].share_keys(m))
-    for i, m in server.finish_shares().items():
-        if i not in dropped:
-            server.receive_masked_input(i, clients[i].masked_input(m, np.zeros(D, np.uint64)))
-    return clients, server
+    return masked_round(KW, dropped)
 
 
 def _peer_keys(ids):

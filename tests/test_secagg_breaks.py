@@ -173,9 +173,11 @@ def test_server_rejects_a_client_counting_itself_twice_towards_t():
 # -- break: the client's survivor/dropped overlap check removed --------------------------------
 
 
-def _masked_clients(dropped: frozenset[int] = frozenset({5})):
-    kw = {"config": CFG, "round_index": 1, "public_seed": SEED, "dim": D}
-    clients = [SecAggClient(i, **kw) for i in range(N)]
+def masked_round(kw: dict, dropped: frozenset[int] = frozenset({5})):
+    """Clients and server of one round after the masking stage (the ``dropped`` never masked;
+    zero inputs). ``kw`` holds SecAggClient's and SecAggServer's keyword arguments."""
+    n, dim = kw["config"].n_clients, kw["dim"]
+    clients = [SecAggClient(i, **kw) for i in range(n)]
     server = SecAggServer(**kw)
     for i, c in enumerate(clients):
         server.receive_advertise(i, c.advertise())
@@ -183,7 +185,12 @@ def _masked_clients(dropped: frozenset[int] = frozenset({5})):
         server.receive_shares(i, clients[i].share_keys(m))
     for i, m in server.finish_shares().items():
         if i not in dropped:
-            server.receive_masked_input(i, clients[i].masked_input(m, np.zeros(D, np.uint64)))
+            server.receive_masked_input(i, clients[i].masked_input(m, np.zeros(dim, np.uint64)))
+    return clients, server
+
+
+def _masked_clients():
+    clients, _ = masked_round({"config": CFG, "round_index": 1, "public_seed": SEED, "dim": D})
     return clients
 
 
