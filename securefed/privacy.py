@@ -298,8 +298,11 @@ class PrivateAggregator:
             return max(self.expected_cohort, 1.0)
         return float(max(m, 1))
 
-    def commit(self, *events: Any) -> float:
+    def commit(self, *events: Any, check_budget: bool = True) -> float:
         """Account releases before they happen: check the budget, record, write ahead.
+
+        ``check_budget=False`` records a release that has already happened whatever the
+        budget says (accounting must never under-count).
 
         The events join the ledger (in round order: a round re-run after a resume is recorded
         again next to its first release, see :meth:`attach`) and, when a run directory is
@@ -318,7 +321,7 @@ class PrivateAggregator:
         assert cfg is not None
         after = PrivacyLedger(sorted([*self.ledger.events, *events], key=lambda e: e.round))
         eps = after.epsilon(cfg.delta, cfg.accountant)
-        if cfg.epsilon is not None and eps > cfg.epsilon:
+        if check_budget and cfg.epsilon is not None and eps > cfg.epsilon:
             unit = "interaction-level " if self.interaction is not None else ""
             raise PrivacyBudgetError(
                 f"round {events[0].round} would raise {unit}epsilon to {eps:.4g} above the "
@@ -480,7 +483,7 @@ class PrivateAggregator:
             # A client aborted mid-round (it looks like a dropout): record the release that
             # happened, with the noise that really reached the sum, before it leaves.
             self.withdraw(event)
-            self._record_anyway(self._secure_event(round_index, survivors))
+            self.commit(self._secure_event(round_index, survivors), check_budget=False)
         total = torch.from_numpy(codec.decode_sum(result.sum)).to(torch.float32)
         if self.dp is not None and ddg is None:
             # Central noise with secure aggregation: the (trusted) aggregator unmasks the
@@ -516,15 +519,6 @@ class PrivateAggregator:
         assert self.noise_multiplier is not None
         central = CentralGaussian(clip=self.dp.clip, noise_multiplier=self.noise_multiplier)
         return central.event(round_index, sample_rate=self.sample_rate)
-
-    def _record_anyway(self, event: Any) -> None:
-        """Record a release that has happened, whatever the budget says (accounting must
-        never under-count), and write it ahead of the aggregate leaving."""
-        cfg = self.dp
-        assert cfg is not None
-        self.ledger = PrivacyLedger(sorted([*self.ledger.events, event], key=lambda e: e.round))
-        self._last["epsilon"] = self.ledger.epsilon(cfg.delta, cfg.accountant)
-        self._persist()
 
     # ------------------------------------------------------------------ reporting
     def round_record(self) -> dict[str, Any]:
