@@ -10,19 +10,22 @@ follow below.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 
 import numpy as np
 import pytest
+import torch
 from scipy.stats import hypergeom
 
 from protocols.dp.accounting import calibrate_noise_multiplier
 from protocols.dp.config import DPConfig, interaction_sample_rate, privacy_summary
-from protocols.dp.ledger import PrivacyLedger
+from protocols.dp.ledger import PrivacyEvent, PrivacyLedger
 from protocols.dp.mechanisms import CentralGaussian
 from protocols.errors import ConfigError
 from protocols.secagg.config import SecAggConfig, choose_graph_parameters, neighbour_table
+from protocols.seeding import derive_seed, numpy_generator, torch_generator
 
 
 def _exact(message: str) -> str:
@@ -477,3 +480,186 @@ def test_neighbour_table_is_a_symmetric_harary_graph_and_read_only() -> None:
     assert not full.flags.writeable
     with pytest.raises(ValueError):
         full[0, 0] = 3
+
+
+# --- protocols/seeding.py ---------------------------------------------------------------
+
+
+def _sha256_seed(root: int, *path: str | int) -> int:
+    """The documented derivation, written out: SHA-256 over a label, the root and the path."""
+    data = b"securefed-seed-v1" + root.to_bytes(16, "little")
+    for part in path:
+        token = repr(part).encode()
+        data += len(token).to_bytes(4, "little") + token
+    return int.from_bytes(hashlib.sha256(data).digest()[:8], "little") % 2**63
+
+
+def test_derive_seed_is_the_documented_sha256_derivation() -> None:
+    for root, path in [
+        (0, ()),
+        (0, ("negatives",)),
+        (7, ("noise", 3)),
+        (2**64 + 5, ("negatives", 12, "client", 40)),
+        (123, ("a" * 300,)),
+    ]:
+        seed = derive_seed(root, *path)
+        assert seed == _sha256_seed(root, *path)
+        assert 0 <= seed < 2**63 and type(seed) is int
+    # the path is length-prefixed and typed: no two paths collide by concatenation
+    assert derive_seed(1, "ab", "c") != derive_seed(1, "a", "bc")
+    assert derive_seed(1, 3) != derive_seed(1, "3")
+    assert derive_seed(1, "x") != derive_seed(2, "x")
+
+
+def test_derive_seed_refuses_a_negative_root_and_accepts_zero() -> None:
+    with pytest.raises(ValueError, match=_exact("root seed must be non-negative, got -1")):
+        derive_seed(-1, "x")
+    assert derive_seed(0, "x") == _sha256_seed(0, "x")
+
+
+def test_generators_are_seeded_by_the_derived_seed() -> None:
+    want_np = np.random.default_rng(_sha256_seed(9, "plan", 2)).integers(0, 2**62, size=4)
+    assert (numpy_generator(9, "plan", 2).integers(0, 2**62, size=4) == want_np).all()
+    g = torch_generator(9, "plan", 2)
+    assert g.initial_seed() == _sha256_seed(9, "plan", 2)
+    assert g.device == torch.device("cpu")
+    ref = torch.Generator().manual_seed(_sha256_seed(9, "plan", 2))
+    assert torch.equal(torch.rand(5, generator=g), torch.rand(5, generator=ref))
+
+
+# --- protocols/dp/ledger.py: PrivacyEvent validation --------------------------------------
+
+_DISCRETE = {
+    "round": 0,
+    "mechanism": "distributed_discrete_gaussian",
+    "noise_multiplier": 1.0,
+    "sample_rate": 1.0,
+    "clip": 1.0,
+    "noise_contributors": 5,
+    "min_survivors": 4,
+    "placement": "distributed",
+    "share_sigma": 3.0,
+    "l2_sensitivity": 10.0,
+    "l1_sensitivity": 30.0,
+    "dim": 9,
+}
+_CENTRAL = {
+    "round": 0,
+    "mechanism": "gaussian",
+    "noise_multiplier": 1.0,
+    "sample_rate": 1.0,
+    "clip": 1.0,
+    "noise_contributors": 1,
+    "min_survivors": 1,
+    "placement": "central",
+}
+
+
+@pytest.mark.parametrize(
+    ("base", "change", "message"),
+    [
+        (
+            _DISCRETE,
+            {"dim": None},
+            "a distributed_discrete_gaussian event needs share_sigma, "
+            "l2_sensitivity, l1_sensitivity and dim",
+        ),
+        (
+            _DISCRETE,
+            {"share_sigma": None},
+            "a distributed_discrete_gaussian event needs "
+            "share_sigma, l2_sensitivity, l1_sensitivity and dim",
+        ),
+        (_DISCRETE, {"share_sigma": 0.0}, "share_sigma must be a finite number > 0, got 0.0"),
+        (_DISCRETE, {"share_sigma": math.inf}, "share_sigma must be a finite number > 0, got inf"),
+        (_DISCRETE, {"share_sigma": True}, "share_sigma must be a finite number > 0, got True"),
+        (
+            _DISCRETE,
+            {"l2_sensitivity": -1.0},
+            "l2_sensitivity must be a finite number > 0, got -1.0",
+        ),
+        (_DISCRETE, {"l2_sensitivity": "1"}, "l2_sensitivity must be a finite number > 0, got '1'"),
+        (_DISCRETE, {"l1_sensitivity": 0}, "l1_sensitivity must be a finite number > 0, got 0"),
+        (
+            _DISCRETE,
+            {"l1_sensitivity": math.nan},
+            "l1_sensitivity must be a finite number > 0, got nan",
+        ),
+        (_DISCRETE, {"share_sigma": 0.49}, "share_sigma must be >= 0.5 integer units, got 0.49"),
+        (_DISCRETE, {"dim": 0}, "dim must be an integer >= 1, got 0"),
+        (_DISCRETE, {"dim": 2.0}, "dim must be an integer >= 1, got 2.0"),
+        (
+            _DISCRETE,
+            {"placement": "central"},
+            "mechanism 'distributed_discrete_gaussian' does not match placement 'central'",
+        ),
+        (
+            _CENTRAL,
+            {"dim": 3},
+            "share_sigma, l2_sensitivity, l1_sensitivity and dim belong to discrete events",
+        ),
+        (
+            _CENTRAL,
+            {"l1_sensitivity": 3.0},
+            "share_sigma, l2_sensitivity, l1_sensitivity and dim belong to discrete events",
+        ),
+        (
+            _CENTRAL,
+            {"min_survivors": 2},
+            "central or local noise has exactly one contributor; "
+            "got noise_contributors=1, min_survivors=2",
+        ),
+        (
+            _CENTRAL,
+            {"noise_contributors": 2},
+            "central or local noise has exactly one "
+            "contributor; got noise_contributors=2, min_survivors=1",
+        ),
+        (
+            _CENTRAL,
+            {"placement": "distributed"},
+            "mechanism 'gaussian' does not match placement 'distributed'",
+        ),
+        (
+            _CENTRAL,
+            {"placement": "local"},
+            "local placement (client-side DP-SGD) goes with "
+            "privacy_unit='interaction' and only with it; got placement 'local', unit 'user'",
+        ),
+        (
+            _CENTRAL,
+            {"privacy_unit": "interaction"},
+            "local placement (client-side DP-SGD) goes "
+            "with privacy_unit='interaction' and only with it; got placement 'central', unit "
+            "'interaction'",
+        ),
+        (
+            _CENTRAL,
+            {"placement": "server"},
+            "placement must be 'central', 'distributed' or 'local', got 'server'",
+        ),
+        (
+            _CENTRAL,
+            {"privacy_unit": "item"},
+            "privacy_unit must be one of ('user', 'interaction'), got 'item'",
+        ),
+        (_CENTRAL, {"round": True}, "round must be an integer >= 0, got True"),
+        (_CENTRAL, {"clip": math.inf}, "clip must be a finite number > 0, got inf"),
+        (_CENTRAL, {"noise_contributors": 0}, "noise_contributors must be an integer >= 1, got 0"),
+    ],
+)
+def test_privacy_event_messages_are_exact(base: dict, change: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=_exact(message)):
+        PrivacyEvent(**{**base, **change})
+
+
+def test_privacy_event_accepts_the_boundaries_and_normalises_types() -> None:
+    ev = PrivacyEvent(**{**_DISCRETE, "share_sigma": 0.5, "dim": np.int64(1), "round": 0})
+    assert ev.share_sigma == 0.5 and ev.dim == 1 and type(ev.dim) is int
+    ev = PrivacyEvent(
+        **{**_DISCRETE, "share_sigma": np.float32(2.0), "l1_sensitivity": 4, "round": np.int32(3)}
+    )
+    assert type(ev.share_sigma) is float and type(ev.l1_sensitivity) is float
+    assert type(ev.round) is int and ev.round == 3
+    local = PrivacyEvent(**{**_CENTRAL, "placement": "local", "privacy_unit": "interaction"})
+    assert local.effective_noise_multiplier == 1.0
