@@ -321,6 +321,8 @@ def test_secagg_config_messages_are_exact(kwargs: dict, message: str) -> None:
 
 
 def test_secagg_config_boundaries_are_accepted() -> None:
+    pair = SecAggConfig(n_clients=2, neighbours=2, dropout_tolerance=0.0)
+    assert (pair.k, pair.t, pair.complete_graph) == (1, 1, True)  # the smallest cohort
     big = SecAggConfig(n_clients=2**31 - 1, neighbours=2, threshold=2)
     assert (big.k, big.t, big.complete_graph) == (2, 2, False)
     for bits in (1, 64):
@@ -350,6 +352,9 @@ def test_secagg_config_degree_is_made_even_and_capped_at_the_complete_graph() ->
     assert kt(8) == (8, 5, False)  # n - 2: not complete
     assert kt(9) == (9, 5, True)  # n - 1 (odd) is the complete graph, kept as is
     assert kt(30) == (9, 5, True)  # capped at n - 1
+    # n - 2 odd (n = 11): one more is the complete graph, never an odd Harary degree
+    odd = SecAggConfig(n_clients=11, neighbours=9, dropout_tolerance=0.0)
+    assert (odd.k, odd.complete_graph) == (10, True)
 
 
 def test_explicit_degree_threshold_is_the_secure_majority_when_it_is_correct() -> None:
@@ -426,6 +431,8 @@ def test_chooser_matches_a_brute_force_search_over_degrees_and_thresholds() -> N
         (1000, 0.1, 0.01, 30, 10),
         (120, 0.1, 0.05, 20, 10),
         (30, 0.05, 0.0, 40, 20),
+        (300, 0.05, 0.05, 20, 20),  # (20, 11); at the default 40 bits (22, 13)
+        (300, 0.05, 0.05, 60, 20),  # (26, 16)
     ]:
         want = None
         for k in [*range(2, n - 1, 2), n - 1]:
