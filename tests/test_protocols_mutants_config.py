@@ -24,7 +24,12 @@ from protocols.dp.config import DPConfig, interaction_sample_rate, privacy_summa
 from protocols.dp.ledger import PrivacyEvent, PrivacyLedger
 from protocols.dp.mechanisms import CentralGaussian
 from protocols.errors import ConfigError
-from protocols.secagg.config import SecAggConfig, choose_graph_parameters, neighbour_table
+from protocols.secagg.config import (
+    SecAggConfig,
+    _hyp_tail_ge,
+    choose_graph_parameters,
+    neighbour_table,
+)
 from protocols.seeding import derive_seed, numpy_generator, torch_generator
 
 
@@ -389,6 +394,9 @@ def _log2_or_inf(p: float) -> float:
         (40, 6, 4, 0.05, 0.0),  # 2 removed < k: no partial sum possible
         (12, 10, 6, 0.1, 0.1),  # k = n - 2: the connectivity bound still applies
         (12, 11, 6, 0.1, 0.1),  # the complete graph is always connected
+        (12, 11, 6, 0.5, 0.5),  # ... even when every client is removed
+        (12, 10, 6, 0.5, 0.4),  # k = n - 2 with 11 removed: clamped at 1
+        (20, 6, 4, 0.3, 0.6),  # share secrecy clamped at 1
     ],
 )
 def test_guarantee_matches_hypergeometric_tails(
@@ -407,6 +415,22 @@ def test_guarantee_matches_hypergeometric_tails(
     assert g.correctness_log2 == pytest.approx(_log2_or_inf(correct), rel=1e-9, abs=1e-12)
     assert g.share_secrecy_log2 == pytest.approx(_log2_or_inf(secret), rel=1e-9, abs=1e-12)
     assert g.connectivity_log2 == pytest.approx(_log2_or_inf(connect), rel=1e-9, abs=1e-12)
+
+
+def test_hypergeometric_tail_matches_scipy_including_the_edges() -> None:
+    for pop, marked, draws, at_least in [
+        (19, 6, 6, 3),
+        (59, 6, 8, 4),
+        (10, 3, 4, 0),  # at_least <= 0: certain
+        (10, 3, 4, -2),
+        (10, 3, 4, 4),  # more than the marked: impossible
+        (10, 12, 4, 4),  # more marked than the population: all of it
+        (10, 10, 4, 4),
+    ]:
+        want = float(hypergeom.sf(at_least - 1, pop, min(marked, pop), draws))
+        got = _hyp_tail_ge(pop, marked, draws, at_least)
+        assert got == pytest.approx(want, rel=1e-12, abs=1e-15), (pop, marked, draws, at_least)
+    assert _hyp_tail_ge(10, 3, 4, 0) == 1.0 and _hyp_tail_ge(10, 3, 4, 4) == 0.0
 
 
 def test_guarantee_values_of_one_config_by_hand() -> None:
