@@ -457,6 +457,10 @@ def test_chooser_matches_a_brute_force_search_over_degrees_and_thresholds() -> N
         (30, 0.05, 0.0, 40, 20),
         (300, 0.05, 0.05, 20, 20),  # (20, 11); at the default 40 bits (22, 13)
         (300, 0.05, 0.05, 60, 20),  # (26, 16)
+        # small cohorts where the population of the tails (n - 1 others) decides t or k
+        (11, 0.0, 0.2, 2, 2),  # (4, 4)
+        (11, 0.0, 0.2, 1, 1),  # (4, 3)
+        (16, 0.2, 0.0, 1, 1),  # (10, 6)
     ]:
         want = None
         for k in [*range(2, n - 1, 2), n - 1]:
