@@ -698,3 +698,18 @@ def test_privacy_event_accepts_the_boundaries_and_normalises_types() -> None:
     assert type(ev.round) is int and ev.round == 3
     local = PrivacyEvent(**{**_CENTRAL, "placement": "local", "privacy_unit": "interaction"})
     assert local.effective_noise_multiplier == 1.0
+
+
+def test_ledger_order_message_names_the_last_recorded_round() -> None:
+    ledger = PrivacyLedger([PrivacyEvent(**{**_CENTRAL, "round": r}) for r in (0, 3, 5)])
+    with pytest.raises(
+        ConfigError,
+        match=_exact(
+            "privacy event round 4 is before the last recorded round 5; events must be "
+            "recorded in round order"
+        ),
+    ):
+        ledger.record(PrivacyEvent(**{**_CENTRAL, "round": 4}))
+    assert len(ledger) == 3
+    ledger.record(PrivacyEvent(**{**_CENTRAL, "round": 5}))  # the same round again is fine
+    assert [e.round for e in ledger.events] == [0, 3, 5, 5]
