@@ -19,7 +19,7 @@ def derive_seed(root: int, *path: str | int) -> int:
     """Derive a 63-bit seed from ``root`` and a purpose path with SHA-256.
 
     Args:
-        root: The run's root seed (any non-negative integer).
+        root: The run's root seed, an integer in ``[0, 2**128)`` (it is hashed as 16 bytes).
         *path: Purpose labels and indices, e.g. ``("noise", round_index)``.
 
     Returns:
@@ -27,6 +27,8 @@ def derive_seed(root: int, *path: str | int) -> int:
     """
     if root < 0:
         raise ValueError(f"root seed must be non-negative, got {root!r}")
+    if root >= 1 << 128:
+        raise ValueError(f"root seed must be below 2**128, got {root!r}")
     h = hashlib.sha256()
     h.update(b"securefed-seed-v1")
     h.update(int(root).to_bytes(16, "little", signed=False))

@@ -535,6 +535,8 @@ def test_derive_seed_is_the_documented_sha256_derivation() -> None:
         (0, ("negatives",)),
         (7, ("noise", 3)),
         (2**64 + 5, ("negatives", 12, "client", 40)),
+        (2**127 + 3, ("noise",)),  # the top bit of the 16 bytes, hashed unsigned
+        (2**128 - 1, ()),
         (123, ("a" * 300,)),
     ]:
         seed = derive_seed(root, *path)
@@ -546,10 +548,13 @@ def test_derive_seed_is_the_documented_sha256_derivation() -> None:
     assert derive_seed(1, "x") != derive_seed(2, "x")
 
 
-def test_derive_seed_refuses_a_negative_root_and_accepts_zero() -> None:
+def test_derive_seed_refuses_a_root_outside_0_to_2_pow_128() -> None:
     with pytest.raises(ValueError, match=_exact("root seed must be non-negative, got -1")):
         derive_seed(-1, "x")
     assert derive_seed(0, "x") == _sha256_seed(0, "x")
+    # a root that does not fit the 16 hashed bytes was an OverflowError traceback
+    with pytest.raises(ValueError, match=_exact(f"root seed must be below 2**128, got {2**128}")):
+        derive_seed(2**128, "x")
 
 
 def test_generators_are_seeded_by_the_derived_seed() -> None:
