@@ -718,3 +718,12 @@ def test_ledger_order_message_names_the_last_recorded_round() -> None:
     assert len(ledger) == 3
     ledger.record(PrivacyEvent(**{**_CENTRAL, "round": 5}))  # the same round again is fine
     assert [e.round for e in ledger.events] == [0, 3, 5, 5]
+
+
+def test_torch_generator_is_made_on_the_requested_device() -> None:
+    """A CUDA request gives a CUDA generator, or fails where CUDA is absent: never a CPU one."""
+    if torch.cuda.is_available():
+        assert torch_generator(3, "x", device="cuda").device.type == "cuda"
+    else:
+        with pytest.raises(RuntimeError):
+            torch_generator(3, "x", device="cuda")
