@@ -506,7 +506,10 @@ def test_neighbour_table_is_a_symmetric_harary_graph_and_read_only() -> None:
         assert list(row) == sorted(row) and i not in row and len(set(row)) == 4
         adj[i, row] = True
     assert (adj == adj.T).all()
-    # one cycle of the 11 clients: the k/2 = 2 nearest on either side
+    # a relabelled cycle with the k/2 = 2 nearest on either side: H(11, 4) has exactly 11
+    # triangles (i, i+1, i+2), a random 4-regular graph on 11 nodes almost never does
+    a = adj.astype(np.int64)
+    assert np.trace(a @ a @ a) // 6 == 11
     assert neighbour_table(session, 11, 4) is table  # cached, identical for every party
     other = neighbour_table(b"\x08" * 32, 11, 4)
     assert not np.array_equal(other, table)
