@@ -23,7 +23,8 @@ from protocols.dp.accounting import calibrate_noise_multiplier
 from protocols.dp.config import DPConfig, interaction_sample_rate, privacy_summary
 from protocols.dp.ledger import PrivacyEvent, PrivacyLedger
 from protocols.dp.mechanisms import CentralGaussian
-from protocols.errors import ConfigError
+from protocols.errors import ConfigError, IntegrityError
+from protocols.secagg import wire
 from protocols.secagg.config import (
     SecAggConfig,
     _hyp_tail_ge,
@@ -730,3 +731,78 @@ def test_torch_generator_is_made_on_the_requested_device() -> None:
     else:
         with pytest.raises(RuntimeError):
             torch_generator(3, "x", device="cuda")
+
+
+# --- protocols/secagg/wire.py -----------------------------------------------------------
+
+_ENV = wire.Envelope(session=bytes(range(32)), round_index=4)
+
+
+def test_envelope_opens_a_message_with_an_empty_body() -> None:
+    msg = _ENV.pack(wire.Kind.ADVERTISE, 3, wire.SERVER, b"")
+    assert len(msg) == wire.HEADER_BYTES
+    body = _ENV.open(msg, wire.Kind.ADVERTISE, sender=3, receiver=wire.SERVER)
+    assert len(body) == 0
+    with pytest.raises(IntegrityError):
+        _ENV.open(msg[:-1], wire.Kind.ADVERTISE, sender=3, receiver=wire.SERVER)
+
+
+def test_a_body_too_short_for_its_count_is_an_integrity_error() -> None:
+    """Two body bytes where a u32 count belongs: IntegrityError, not struct.error."""
+    msg = _ENV.pack(wire.Kind.KEYS, wire.SERVER, 1, b"\x00\x00")
+    with pytest.raises(IntegrityError):
+        wire.decode_keys(_ENV, msg, receiver=1, n_clients=4)
+
+
+def test_keys_of_every_client_are_accepted() -> None:
+    """A count equal to n_clients is the largest allowed, not one too many."""
+    keys = [(i, bytes([i]) * 32, bytes([i + 1]) * 32) for i in range(4)]
+    msg = wire.encode_keys(_ENV, 1, keys)
+    assert wire.decode_keys(_ENV, msg, receiver=1, n_clients=4) == keys
+    req = wire.encode_unmask_request(_ENV, 2, 4, [0, 1, 2, 3], [])
+    assert wire.decode_unmask_request(_ENV, req, receiver=2, n_clients=4) == (4, [0, 1, 2, 3], [])
+
+
+def test_encode_boxes_message_for_a_wrong_ciphertext_length() -> None:
+    with pytest.raises(ValueError, match=_exact("ciphertext has the wrong length")):
+        wire.encode_shares(_ENV, 0, [(1, bytes(wire.CIPHERTEXT_BYTES - 1))])
+
+
+def test_share_associated_data_takes_every_u64_round() -> None:
+    env = wire.Envelope(session=bytes(32), round_index=2**64 - 1)
+    ad = wire.share_associated_data(env, 2**31 - 1, 5)
+    assert ad == b"SAGG\x01" + bytes(32) + b"\xff" * 8 + bytes([0x7F, 0xFF, 0xFF, 0xFF, 0, 0, 0, 5])
+
+
+def test_share_plaintext_of_the_wrong_length_is_refused() -> None:
+    good = wire.pack_share_plaintext(2, 3, 7, 9)
+    assert len(good) == wire.SHARE_PLAINTEXT_BYTES
+    b, sk = wire.unpack_share_plaintext(good, sender=2, receiver=3)
+    assert int.from_bytes(b, "big") == 7 and int.from_bytes(sk, "big") == 9
+    for bad in (good + b"\x00", good[:-1]):
+        with pytest.raises(IntegrityError):
+            wire.unpack_share_plaintext(bad, sender=2, receiver=3)
+
+
+def test_ring_dtype_boundaries_and_message() -> None:
+    assert [wire.ring_dtype(b).itemsize for b in (1, 8, 9, 16, 17, 32, 33, 64)] == [
+        1,
+        1,
+        2,
+        2,
+        4,
+        4,
+        8,
+        8,
+    ]
+    with pytest.raises(ValueError, match=_exact("bits must be <= 64, got 65")):
+        wire.ring_dtype(65)
+
+
+def test_masked_input_with_other_bits_of_the_same_width_is_refused() -> None:
+    y = np.arange(5, dtype=np.uint64)
+    msg = wire.encode_masked_input(_ENV, 1, y, 20)
+    assert wire.decode_masked_input(_ENV, msg, sender=1, bits=20, dim=5).tolist() == y.tolist()
+    for bits in (24, 17):  # both 4-byte rings, like 20
+        with pytest.raises(IntegrityError):
+            wire.decode_masked_input(_ENV, msg, sender=1, bits=bits, dim=5)
