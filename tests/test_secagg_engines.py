@@ -82,7 +82,7 @@ def _objects_round(x, cfg, round_index, sched):
     return secrets, masked, (total, sorted(server.u3), sorted(server.dropped))
 
 
-def _batched(x, cfg, round_index, sched, secrets, chunk_bytes):
+def _batched(x, cfg, round_index, sched, secrets, chunk_bytes, workers=1):
     masked: dict[int, np.ndarray] = {}
 
     def observe(client, start, values):
@@ -99,6 +99,7 @@ def _batched(x, cfg, round_index, sched, secrets, chunk_bytes):
         secrets=secrets,
         observe=observe,
         chunk_bytes=chunk_bytes,
+        workers=workers,
     )
     return masked, out
 
@@ -116,7 +117,8 @@ def rounds(draw):
         **{name: {i for i, s in enumerate(stage) if s == j} for j, name in enumerate(STAGES)}
     )
     chunk_bytes = draw(st.sampled_from([16, 48, 1 << 17]))
-    return n, d, bits, k, t, sched, draw(st.integers(0, 2**16)), chunk_bytes
+    workers = draw(st.integers(1, 3))
+    return n, d, bits, k, t, sched, draw(st.integers(0, 2**16)), chunk_bytes, workers
 
 
 OUTCOMES: list[bool] = []
@@ -125,19 +127,21 @@ OUTCOMES: list[bool] = []
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rounds())
 def test_batched_engine_equals_the_client_and_server_objects(params):
-    """Same secrets: every masked input the server receives is bit-identical, and so are the
-    sum and the client sets; a round aborts in one engine exactly when it aborts in the other."""
-    n, d, bits, k, t, sched, seed, chunk_bytes = params
+    """Same secrets: every masked input the server receives is bit-identical (whatever the
+    chunking and the number of mask threads, each starting its AES-CTR streams mid-way), and
+    so are the sum and the client sets; a round aborts in one engine exactly when it aborts in
+    the other."""
+    n, d, bits, k, t, sched, seed, chunk_bytes, workers = params
     cfg = SecAggConfig(n_clients=n, neighbours=k, threshold=t, modulus_bits=bits)
     x = np.random.default_rng(seed).integers(0, 1 << bits, size=(n, d), dtype=np.uint64)
     secrets, masked, outcome = _objects_round(x, cfg, seed, sched)
     if isinstance(outcome, RoundAborted):
         OUTCOMES.append(False)
         with pytest.raises(RoundAborted):
-            _batched(x, cfg, seed, sched, secrets, chunk_bytes)
+            _batched(x, cfg, seed, sched, secrets, chunk_bytes, workers)
         return
     OUTCOMES.append(True)
-    got_masked, out = _batched(x, cfg, seed, sched, secrets, chunk_bytes)
+    got_masked, out = _batched(x, cfg, seed, sched, secrets, chunk_bytes, workers)
     total, survivors, dropped = outcome
     assert sorted(got_masked) == sorted(masked) == survivors
     for i, y in masked.items():
@@ -192,11 +196,14 @@ def test_engines_report_the_same_client_sets_and_traffic(sched):
     assert set(bat.seconds_per_stage) == set(STAGES)
 
 
-def test_secure_sum_refuses_an_unknown_engine():
+@pytest.mark.parametrize(
+    ("kwargs", "match"), [({"engine": "x"}, "engine"), ({"workers": 0}, "workers")]
+)
+def test_secure_sum_refuses_an_unknown_engine_or_no_workers(kwargs, match):
     cfg = SecAggConfig(n_clients=3, neighbours=2, modulus_bits=8, dropout_tolerance=0.0)
-    with pytest.raises(ConfigError, match="engine"):
+    with pytest.raises(ConfigError, match=match):
         secure_sum(
-            np.zeros((3, 2), np.uint64), config=cfg, round_index=0, public_seed=SEED, engine="x"
+            np.zeros((3, 2), np.uint64), config=cfg, round_index=0, public_seed=SEED, **kwargs
         )
 
 

@@ -30,15 +30,17 @@ AES-CTR stream open across chunks, so each keystream is produced exactly once.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from protocols.errors import IntegrityError
+from protocols.errors import ConfigError, IntegrityError
 from protocols.secagg import shamir, wire
 from protocols.secagg.config import SecAggConfig, neighbour_table
 from protocols.secagg.errors import RoundAborted, ShareVerificationFailed
@@ -54,7 +56,17 @@ from protocols.secagg.primitives import (
 
 STAGES = ("advertise", "share", "masked_input", "unmask")
 CHUNK_BYTES = 1 << 17  # 128 KiB of each live masked input per pass: ~k of them fit in L3
-_ZERO_IV = bytes(16)
+MAX_WORKERS = 4  # mask-expansion threads by default: at most this many, at most the cores
+
+
+def default_workers() -> int:
+    """Threads for mask expansion: the cores this process may run on, at most ``MAX_WORKERS``."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_WORKERS, cores))
+
 
 Observer = Callable[[int, int, np.ndarray], None]
 
@@ -142,6 +154,7 @@ def batched_round(
     secrets: Mapping[int, ClientSecrets] | None = None,
     observe: Observer | None = None,
     chunk_bytes: int = CHUNK_BYTES,
+    workers: int = 1,
 ) -> BatchedOutcome:
     """Run one round of SecAgg+ for all clients at once, each pair's work done once.
 
@@ -156,6 +169,7 @@ def batched_round(
         observe: Called as ``observe(client, start, values)`` with every chunk of every masked
             input the server receives (values reduced modulo ``2**bits``; the array is reused).
         chunk_bytes: Bytes of each live masked input per pass (tests use small chunks).
+        workers: Threads expanding masks, each over its own range of coordinates.
 
     Returns:
         The sum of the survivors' inputs and the transcript statistics.
@@ -165,6 +179,8 @@ def batched_round(
             shares of some secret; nothing is revealed.
         ShareVerificationFailed: a revealed share or reconstructed key fails verification.
     """
+    if not (isinstance(workers, int) and workers >= 1):
+        raise ConfigError(f"workers must be an int >= 1, got {workers!r}")
     n, dim = x.shape
     t = config.t
     session = session_id(public_seed, round_index)
@@ -254,6 +270,7 @@ def batched_round(
         self_total=self_total,
         observe=observe,
         chunk_bytes=chunk_bytes,
+        workers=workers,
     )
     timing["masked_input"] = time.perf_counter() - t0
 
@@ -336,13 +353,16 @@ def _mask_inputs(
     self_total: np.ndarray,
     observe: Observer | None,
     chunk_bytes: int,
+    workers: int,
 ) -> None:
     """Form every survivor's masked input; add it to ``total``, its self mask to ``self_total``.
 
     ``y_u = x_u + PRG(b_u) + sum_{v > u} PRG(s_uv) - sum_{v < u} PRG(s_uv)`` over the
     neighbours ``v`` that shared keys (``U2``), as :meth:`SecAggClient.masked_input`, in the
-    ring's word size. Each pair's agreement, key and keystream are computed once, when the
-    first of its survivors in the locality order comes up.
+    ring's word size. Each pair's agreement and key are computed once, when the first of its
+    survivors in the locality order comes up, and each keystream word once. With ``workers >
+    1`` the coordinates are split into that many contiguous ranges, each expanded by its own
+    thread from the range's first AES block on (AES-CTR and numpy release the GIL).
     """
     dim = x.shape[1]
     word = total.dtype
@@ -352,7 +372,7 @@ def _mask_inputs(
     # For each survivor in order, the pairs it expands: (peer, + for this client, peer is a
     # survivor whose masked input gets the opposite sign).
     schedule: list[tuple[int, list[tuple[int, bool, bool]]]] = []
-    streams = []
+    pair_keys: list[bytes] = []
     for u in order:
         todo = []
         for v in table[u].tolist():
@@ -360,66 +380,79 @@ def _mask_inputs(
                 continue
             lo, hi = (u, v) if u < v else (v, u)
             shared = keys[lo].s_sk.exchange(s_pub[hi])
-            key = pair_mask_key(shared, session=session, round_index=round_index, a=lo, b=hi)
-            streams.append(Cipher(algorithms.AES(key), modes.CTR(_ZERO_IV)).encryptor())
+            pair_keys.append(
+                pair_mask_key(shared, session=session, round_index=round_index, a=lo, b=hi)
+            )
             todo.append((v, u < v, bool(u3[v])))
         schedule.append((u, todo))
-    self_streams = [
-        Cipher(
-            algorithms.AES(
-                self_mask_key(keys[u].seed, session=session, round_index=round_index, client=u)
-            ),
-            modes.CTR(_ZERO_IV),
-        ).encryptor()
+    self_keys = [
+        self_mask_key(keys[u].seed, session=session, round_index=round_index, client=u)
         for u in order
     ]
     itemsize = word.itemsize
-    chunk = min(dim, max(16, chunk_bytes // itemsize // 16 * 16))  # whole AES blocks
-    zeros = bytes(chunk * itemsize)
-    buf = bytearray(chunk * itemsize + 16)  # update_into needs block_size - 1 spare bytes
-    pool: list[np.ndarray] = []
-    ring = word.type((1 << bits) - 1 if bits < 64 else 2**64 - 1)
-    reduced = np.empty(chunk, dtype=word)
-    for c0 in range(0, dim, chunk):
-        w = min(chunk, dim - c0)
-        src = memoryview(zeros)[: w * itemsize]
-        mask = np.frombuffer(buf, dtype=word, count=w)
-        live: dict[int, np.ndarray] = {}
-        xs = x[:, c0 : c0 + w]
-        tot = total[c0 : c0 + w]
-        selves = self_total[c0 : c0 + w]
+    per_block = 16 // itemsize  # words per AES block: ranges start on a block boundary
+    blocks = -(-dim // per_block)
+    cuts = [min(dim, blocks * i // workers * per_block) for i in range(workers + 1)]
+    ranges = [(a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
+    lock = threading.Lock()
 
-        def row(u: int, live: dict[int, np.ndarray] = live, xs: np.ndarray = xs) -> np.ndarray:
-            r = live.get(u)
-            if r is None:
-                r = pool.pop() if pool else np.empty(chunk, dtype=word)
-                r = r[: xs.shape[1]]
-                np.copyto(r, xs[u], casting="unsafe")  # x_u mod 2**(8 * itemsize)
-                live[u] = r
-            return r
+    def expand_range(lo: int, hi: int) -> None:
+        iv = (lo * itemsize // 16).to_bytes(16, "big")  # CTR counter block of word ``lo``
+        streams = [Cipher(algorithms.AES(k), modes.CTR(iv)).encryptor() for k in pair_keys]
+        own = [Cipher(algorithms.AES(k), modes.CTR(iv)).encryptor() for k in self_keys]
+        chunk = min(hi - lo, max(per_block, chunk_bytes // itemsize // per_block * per_block))
+        zeros = bytes(chunk * itemsize)
+        buf = bytearray(chunk * itemsize + 16)  # update_into needs block_size - 1 spare bytes
+        pool: list[np.ndarray] = []
+        ring = word.type((1 << bits) - 1 if bits < 64 else 2**64 - 1)
+        reduced = np.empty(chunk, dtype=word)
+        for c0 in range(lo, hi, chunk):
+            w = min(chunk, hi - c0)
+            src = memoryview(zeros)[: w * itemsize]
+            mask = np.frombuffer(buf, dtype=word, count=w)
+            live: dict[int, np.ndarray] = {}
+            xs = x[:, c0 : c0 + w]
+            tot = total[c0 : c0 + w]
+            selves = self_total[c0 : c0 + w]
 
-        s = 0
-        for (u, todo), own in zip(schedule, self_streams, strict=True):
-            ru = row(u)
-            for v, plus, v_live in todo:
-                streams[s].update_into(src, buf)
-                s += 1
-                if plus:
-                    np.add(ru, mask, out=ru)
-                    if v_live:
-                        rv = row(v)
-                        np.subtract(rv, mask, out=rv)
-                else:
-                    np.subtract(ru, mask, out=ru)
-                    if v_live:
-                        rv = row(v)
-                        np.add(rv, mask, out=rv)
-            own.update_into(src, buf)
-            np.add(ru, mask, out=ru)
-            np.add(selves, mask, out=selves)
-            np.add(tot, ru, out=tot)  # the server's streaming sum
-            if observe is not None:
-                np.bitwise_and(ru, ring, out=reduced[:w])
-                observe(u, c0, reduced[:w])
-            del live[u]
-            pool.append(ru.base if ru.base is not None else ru)
+            def row(u: int, live: dict[int, np.ndarray] = live, xs: np.ndarray = xs) -> np.ndarray:
+                r = live.get(u)
+                if r is None:
+                    r = (pool.pop() if pool else np.empty(chunk, dtype=word))[: xs.shape[1]]
+                    np.copyto(r, xs[u], casting="unsafe")  # x_u mod 2**(8 * itemsize)
+                    live[u] = r
+                return r
+
+            s = 0
+            for (u, todo), self_stream in zip(schedule, own, strict=True):
+                ru = row(u)
+                for v, plus, v_live in todo:
+                    streams[s].update_into(src, buf)
+                    s += 1
+                    if plus:
+                        np.add(ru, mask, out=ru)
+                        if v_live:
+                            rv = row(v)
+                            np.subtract(rv, mask, out=rv)
+                    else:
+                        np.subtract(ru, mask, out=ru)
+                        if v_live:
+                            rv = row(v)
+                            np.add(rv, mask, out=rv)
+                self_stream.update_into(src, buf)
+                np.add(ru, mask, out=ru)
+                np.add(selves, mask, out=selves)
+                np.add(tot, ru, out=tot)  # the server's streaming sum
+                if observe is not None:
+                    np.bitwise_and(ru, ring, out=reduced[:w])
+                    with lock:
+                        observe(u, c0, reduced[:w])
+                del live[u]
+                pool.append(ru.base if ru.base is not None else ru)
+
+    if len(ranges) == 1:
+        expand_range(*ranges[0])
+        return
+    with ThreadPoolExecutor(max_workers=len(ranges)) as threads:
+        for done in [threads.submit(expand_range, a, b) for a, b in ranges]:
+            done.result()

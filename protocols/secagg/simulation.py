@@ -24,7 +24,7 @@ from typing import Literal
 import numpy as np
 
 from protocols.errors import ConfigError
-from protocols.secagg.batched import batched_round
+from protocols.secagg.batched import batched_round, default_workers
 from protocols.secagg.client import SecAggClient, require_modulus
 from protocols.secagg.config import SecAggConfig
 from protocols.secagg.errors import ClientAborted
@@ -123,6 +123,7 @@ def secure_sum(
     public_seed: bytes,
     dropouts: DropoutSchedule | None = None,
     engine: Engine = "batched",
+    workers: int | None = None,
 ) -> SecureSumResult:
     """Securely sum ``ring_inputs`` over one simulated round of SecAgg / SecAgg+.
 
@@ -136,6 +137,8 @@ def secure_sum(
         dropouts: Clients that go silent, and when; ``None`` for none.
         engine: ``"batched"`` (each pair's work once) or ``"objects"`` (per-client stage
             machines and wire messages); see the module docstring.
+        workers: Threads expanding masks in the batched engine (``None``: the cores available,
+            at most ``batched.MAX_WORKERS``); the result does not depend on it.
 
     Returns:
         The sum of the survivors' inputs and the transcript statistics.
@@ -171,6 +174,7 @@ def secure_sum(
             round_index=round_index,
             public_seed=public_seed,
             silent={name: getattr(sched, name) for name in STAGES},
+            workers=default_workers() if workers is None else workers,
         )
         return SecureSumResult(
             sum=out.sum,
