@@ -135,8 +135,12 @@ class FixedPointCodec:
             raise ConfigError(
                 f"inputs must be finite with |x| <= clip={self.clip!r}; clip them before encoding"
             )
-        q = np.floor(x * self.scale + rng.random(x.shape))
-        return self._wrap(q.astype(np.int64))
+        q = np.multiply(x, self.scale, out=np.empty_like(x))  # one temporary, then in place
+        q += rng.random(x.shape)
+        np.floor(q, out=q)
+        out = q.astype(np.int64).view(np.uint64)  # two's complement: the ring's wrap
+        out &= self.mask
+        return out
 
     def to_ring(self, values: np.ndarray) -> np.ndarray:
         """Integers (e.g. discrete-Gaussian noise) into the ring; ``|v| <= extra_int_bound``."""

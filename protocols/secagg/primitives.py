@@ -17,10 +17,8 @@ import struct
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from protocols.errors import ConfigError, IntegrityError
 
@@ -28,6 +26,10 @@ _INFO_PREFIX = b"securefed/secagg/v1/"
 _ZERO_NONCE_CTR = bytes(16)
 _ZERO_NONCE_GCM = bytes(12)
 
+_HASH_BYTES = 32
+_BLOCK_BYTES = 64
+_IPAD = bytes(b ^ 0x36 for b in range(256))  # byte translation tables: key XOR ipad / opad
+_OPAD = bytes(b ^ 0x5C for b in range(256))
 MASK_KEY_BYTES = 16
 SHARE_KEY_BYTES = 16
 GCM_TAG_BYTES = 16
@@ -43,9 +45,31 @@ def session_id(public_seed: bytes, round_index: int) -> bytes:
     return h.digest()
 
 
+def _hmac_sha256(key: bytes, message: bytes) -> bytes:
+    """HMAC-SHA256 (RFC 2104) over ``hashlib.sha256``."""
+    if len(key) > _BLOCK_BYTES:
+        key = hashlib.sha256(key).digest()
+    key = key.ljust(_BLOCK_BYTES, b"\0")
+    inner = hashlib.sha256(key.translate(_IPAD) + message).digest()
+    return hashlib.sha256(key.translate(_OPAD) + inner).digest()
+
+
 def hkdf_sha256(ikm: bytes, *, salt: bytes, info: bytes, length: int) -> bytes:
-    """HKDF-SHA256 (RFC 5869) extract-and-expand via ``cryptography``."""
-    return HKDF(algorithm=hashes.SHA256(), length=length, salt=salt, info=info).derive(ikm)
+    """HKDF-SHA256 (RFC 5869) extract-and-expand.
+
+    Written out over ``hashlib.sha256`` (OpenSSL underneath): about twice as fast per call as
+    building ``cryptography``'s HKDF object (and than ``hmac.digest``), and a round derives two
+    keys per pair of neighbours. Checked against the RFC's test vectors and against
+    ``cryptography``'s HKDF in tests/test_secagg_crypto.py and tests/test_secagg_engines.py.
+    """
+    if not 0 < length <= 255 * _HASH_BYTES:
+        raise ConfigError(f"length must be in [1, {255 * _HASH_BYTES}], got {length!r}")
+    prk = _hmac_sha256(salt or bytes(_HASH_BYTES), ikm)  # extract
+    okm, block = b"", b""
+    for counter in range(1, -(-length // _HASH_BYTES) + 1):  # expand: T(1) | T(2) | ...
+        block = _hmac_sha256(prk, block + info + bytes([counter]))
+        okm += block
+    return okm[:length]
 
 
 def info(purpose: bytes, round_index: int, *ids: int) -> bytes:

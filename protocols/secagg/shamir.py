@@ -50,12 +50,14 @@ def split(secret: bytes, xs: Sequence[int], threshold: int) -> list[int]:
         for i in range(0, len(rand), _COEFF_BYTES)
     ]
     coeffs.append(int.from_bytes(secret, "big"))  # highest degree first, secret is f(0)
+    # Horner's rule without reducing between steps: the points are small integers, so the
+    # accumulator grows by log2(x) bits a step and one reduction per share is enough.
     out = []
     for x in xs:
         acc = 0
         for c in coeffs:
-            acc = (acc * x + c) % PRIME
-        out.append(acc)
+            acc = acc * x + c
+        out.append(acc % PRIME)
     return out
 
 
@@ -106,15 +108,18 @@ def reconstruct(xs: Sequence[int], ys: Sequence[int], *, threshold: int) -> byte
         raise IntegrityError()
     if any(not 0 <= y < PRIME for y in ys):
         raise IntegrityError()
-    base = list(xs[:threshold])
+    xs = [x % PRIME for x in xs]
+    base = xs[:threshold]
     # f(z) = sum_i y_i w_i prod_{j != i} (z - x_j) with w_i = 1 / prod_{j != i} (x_i - x_j).
+    # Share points are client ids + 1, so these products of differences are small integers
+    # and are reduced once, not after every factor.
     dens = []
     for i, xi in enumerate(base):
         den = 1
         for j, xj in enumerate(base):
             if i != j:
-                den = den * (xi - xj) % PRIME
-        dens.append(den)
+                den *= xi - xj
+        dens.append(den % PRIME)
     wy = [y * w % PRIME for y, w in zip(ys[:threshold], _batch_inverse(dens), strict=True)]
     for x, y in zip(xs[threshold:], ys[threshold:], strict=True):
         if _evaluate(base, wy, x) != y:
@@ -140,16 +145,16 @@ def _batch_inverse(values: Sequence[int]) -> list[int]:
 
 def _evaluate(xs: Sequence[int], wy: Sequence[int], z: int) -> int:
     """``sum_i wy_i prod_{j != i} (z - x_j) mod PRIME`` with prefix and suffix products."""
-    diffs = [(z - x) % PRIME for x in xs]
+    diffs = [z - x for x in xs]  # small for small points: products reduced once at the end
     suffix = [1] * (len(diffs) + 1)
     for i in range(len(diffs) - 1, -1, -1):
-        suffix[i] = suffix[i + 1] * diffs[i] % PRIME
+        suffix[i] = suffix[i + 1] * diffs[i]
     acc = 0
     prefix = 1
     for i, d in enumerate(diffs):
-        acc = (acc + wy[i] * prefix % PRIME * suffix[i + 1]) % PRIME
-        prefix = prefix * d % PRIME
-    return acc
+        acc += wy[i] * (prefix * suffix[i + 1])
+        prefix *= d
+    return acc % PRIME
 
 
 def share_to_bytes(y: int) -> bytes:

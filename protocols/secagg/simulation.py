@@ -1,10 +1,17 @@
-"""Run one whole round in-process: every client and the server as real stage machines.
+"""Run one whole round in-process.
 
-:func:`secure_sum` is what the training loop calls. It performs the real cryptography for
-every client (fresh X25519 key pairs, every key agreement, every Shamir share, every AES-GCM
-box, every mask expansion) and passes only encoded wire messages between the parties, the same
-bytes a networked deployment would carry. Batching is limited to sharing one mask buffer; the
-server consumes masked inputs as a stream, so memory stays O(dim + n * k).
+:func:`secure_sum` is what the training loop calls. It has two engines that give the same
+result for the same keys (tests/test_secagg_engines.py):
+
+* ``"batched"`` (the default, :mod:`protocols.secagg.batched`): all clients at once, the work
+  the two clients of a pair both do (their X25519 agreements, keys and the AES-CTR mask one
+  adds and the other subtracts) done once per pair, the wire messages counted but not built.
+  Every other piece of cryptography of every client and of the server is performed.
+* ``"objects"``: every client and the server as real stage machines
+  (:class:`SecAggClient`, :class:`SecAggServer`) exchanging encoded wire messages, the same
+  bytes a networked deployment would carry; each client does all of its own work.
+
+Both consume masked inputs as a stream, so memory stays ``O(dim * k + n * k)``.
 """
 
 from __future__ import annotations
@@ -12,10 +19,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
 from protocols.errors import ConfigError
+from protocols.secagg.batched import batched_round, default_workers
 from protocols.secagg.client import SecAggClient, require_modulus
 from protocols.secagg.config import SecAggConfig
 from protocols.secagg.errors import ClientAborted
@@ -24,6 +33,7 @@ from protocols.secagg.server import SecAggServer
 from protocols.secagg.wire import ring_dtype
 
 STAGES = ("advertise", "share", "masked_input", "unmask")
+Engine = Literal["batched", "objects"]
 
 
 def _ids(values: Iterable[int]) -> frozenset[int]:
@@ -112,6 +122,8 @@ def secure_sum(
     round_index: int,
     public_seed: bytes,
     dropouts: DropoutSchedule | None = None,
+    engine: Engine = "batched",
+    workers: int | None = None,
 ) -> SecureSumResult:
     """Securely sum ``ring_inputs`` over one simulated round of SecAgg / SecAgg+.
 
@@ -123,6 +135,10 @@ def secure_sum(
             and messages to this round.
         public_seed: Public per-round randomness (e.g. from the server's beacon).
         dropouts: Clients that go silent, and when; ``None`` for none.
+        engine: ``"batched"`` (each pair's work once) or ``"objects"`` (per-client stage
+            machines and wire messages); see the module docstring.
+        workers: Threads expanding masks in the batched engine (``None``: the cores available,
+            at most ``batched.MAX_WORKERS``); the result does not depend on it.
 
     Returns:
         The sum of the survivors' inputs and the transcript statistics.
@@ -146,8 +162,32 @@ def secure_sum(
     if any(not 0 <= c < config.n_clients for c in sched.all()):
         raise ConfigError(f"dropout ids must be in [0, {config.n_clients})")
 
+    if engine not in ("batched", "objects"):
+        raise ConfigError(f"engine must be 'batched' or 'objects', got {engine!r}")
     n, dim = x.shape
     start = time.perf_counter()
+    if engine == "batched":
+        out = batched_round(
+            x,
+            config=config,
+            bits=bits,
+            round_index=round_index,
+            public_seed=public_seed,
+            silent={name: getattr(sched, name) for name in STAGES},
+            workers=default_workers() if workers is None else workers,
+        )
+        return SecureSumResult(
+            sum=out.sum,
+            survivors=out.survivors,
+            dropped=out.dropped,
+            excluded=out.excluded,
+            neighbours=config.k,
+            threshold=config.t,
+            modulus_bits=bits,
+            bytes_per_stage=out.bytes_per_stage,
+            seconds_per_stage=out.seconds_per_stage,
+            seconds=time.perf_counter() - start,
+        )
     expander = MaskExpander(dim, ring_dtype(bits))
     kw = {"config": config, "round_index": round_index, "public_seed": public_seed, "dim": dim}
     clients = [SecAggClient(i, expander=expander, **kw) for i in range(n)]
