@@ -4,6 +4,8 @@ checkpoint once the cell is finished."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -113,3 +115,46 @@ def test_a_sparse_state_that_does_not_fit_is_refused():
     state["D_rows"] = state["D_rows"][:0]
     with pytest.raises(ValueError, match="D_rows"):
         build_model(cfg, split).load_state_dict(state)
+
+
+def test_an_audit_leaves_no_recording_and_no_checkpoint_unless_asked(tmp_path):
+    from typer.testing import CliRunner
+
+    from securefed.cli import app
+
+    out = tmp_path / "audit"
+    argv = ["audit", "--model", "fedrap", "--synthetic-users", "30", "--synthetic-items", "300"]
+    argv += ["--rounds", "2", "--local-epochs", "1", "--canaries", "10", "--out", str(out)]
+    res = CliRunner().invoke(app, [*argv, "--attacks", "row-change,union,released"])
+    assert res.exit_code == 0, res.output
+    assert "removed after scoring" in res.output
+    rep = json.loads((out / "audit.json").read_text())
+    assert rep["recorded_bytes"] > 0  # something was recorded, and then removed
+    left = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert not [p for p in left if "/audit/" in p or p.startswith(".") or p.endswith(".pt")]
+    assert {"audit.json", "scores.npz", "run/summary.json", "run/metrics.jsonl"} <= set(left)
+    assert not list(out.glob(".recording-*"))
+
+
+@pytest.mark.slow  # a whole report (figures, page); test_report checks finished cells too
+def test_a_report_keeps_a_cell_checkpoint_only_while_the_cell_trains(tmp_path):
+    import math
+
+    from securefed.report import ReportConfig, run_report
+
+    cfg = ReportConfig(
+        models=("fedrap",), dataset="synthetic", synthetic_users=30, synthetic_items=200,
+        rounds=2, epsilons=(math.inf,), defenses=("none",), seeds=1, audit=False, references=(),
+    )  # fmt: skip
+    cells = tmp_path / "r" / "cells"
+    while_training: list[bool] = []
+
+    def progress(ev):
+        if ev.kind == "round" and ev.round == 2:  # the last round's checkpoint is written
+            while_training.append((cells / ev.cell / runs.CHECKPOINT_FILE).exists())
+
+    run_report(cfg, out=tmp_path / "r", progress=progress)
+    assert while_training == [True]
+    (cell,) = cells.iterdir()
+    assert (cell / runs.SUMMARY_FILE).exists()
+    assert not list(cells.rglob("*.pt"))
