@@ -67,9 +67,10 @@ def audit(
         typer.Option(
             "--keep-recording",
             help="Keep what the observer recorded (OUT/run/audit/: per-round files and "
-            "accumulated statistics, tens of MB on MovieLens 100K) so `--run OUT/run` can "
-            "rescore it; by default it lives in a temporary folder inside OUT and is removed "
-            "after scoring. The audit's own training run never keeps its checkpoint.",
+            "accumulated statistics, about 25 MB for FedRAP on MovieLens 100K) so "
+            "`--run OUT/run` can rescore it; by default it lives in a temporary folder inside "
+            "OUT and is removed after scoring. The audit's own training run never keeps its "
+            "checkpoint.",
         ),
     ] = False,
     canaries: Annotated[
@@ -243,6 +244,5 @@ def _print(result: Any) -> None:
     mb = result.bytes_recorded / 2**20
     kept = "kept" if result.kept_recording else "removed after scoring; --keep-recording keeps it"
     out.print(
-        f"recorded {mb:.1f} MiB of observer data ({kept}); "
-        f"report: {result.out_dir / 'audit.json'}"
+        f"recorded {mb:.1f} MiB of observer data ({kept}); report: {result.out_dir / 'audit.json'}"
     )
