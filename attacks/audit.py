@@ -16,7 +16,10 @@ seed (``PrivacyConfig.replay``), so it can be re-simulated; a run trained with O
 
 Writes ``audit.json`` (schema in ``docs/attacks.md``), ``scores.npz`` (per attack the
 ``[users, items]`` scores with NaN for non-candidates, and the membership labels, so every
-ROC curve can be recomputed) and ``record/`` (what the observer streamed to disk).
+ROC curve can be recomputed) and the audit's training run (``run/`` or ``replay/``: config,
+metrics, summary; no checkpoint). What the observer streamed to disk is removed after scoring
+unless ``keep_recording`` keeps it (``<run>/audit/record/``, with the accumulated statistics
+that a later ``--run`` audit rescores without training).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +62,9 @@ AUDIT_FILE = "audit.json"
 SCORES_FILE = "scores.npz"
 _META = "audit_meta.json"
 _ACC = "accumulators.npz"
+#: Prefix of the temporary folder inside the output directory that holds a recording that is
+#: not kept (see :attr:`AuditConfig.keep_recording`).
+_SCRATCH = ".recording-"
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,8 @@ class AuditResult:
     report: dict[str, Any]
     attacks: list[AttackResult]
     bytes_recorded: int
+    #: Whether the recording stays on disk (``keep_recording``, or a ``run`` that held one).
+    kept_recording: bool = False
 
     @property
     def epsilon_lower_bound(self) -> float | None:
@@ -143,6 +152,11 @@ def audit(
 ) -> AuditResult:
     """Train (or load) a run, record what each observer sees, score the attacks and audit.
 
+    The recording lives in a temporary folder inside ``out`` (removed when the audit ends,
+    however it ends) unless :attr:`AuditConfig.keep_recording` keeps it under the audit's run
+    directory. The audit's own training run keeps its metrics, summary and ledger but not its
+    checkpoint: the audit never resumes it, and it can be re-simulated from its config.
+
     Args:
         config: An :class:`AuditConfig`, or a :class:`TrainConfig` to audit with every attack.
         out: Output directory (created; must not hold another audit).
@@ -157,12 +171,21 @@ def audit(
             DP run with OS randomness (the default) to re-simulate.
         DataError: The dataset or a recorded file is missing or malformed.
     """
+    cfg = config if isinstance(config, AuditConfig) else AuditConfig(train=config or TrainConfig())
+    out_dir = Path(out)
+    try:
+        return _audit(cfg, out_dir, progress)
+    finally:
+        # Ours, or left by an audit killed mid-way (only an audit in progress holds one).
+        for scratch in out_dir.glob(f"{_SCRATCH}*"):
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _audit(cfg: AuditConfig, out_dir: Path, progress: Any) -> AuditResult:
     from attacks.canaries import plant_canaries, plant_interaction_canaries
     from attacks.recorder import AttackRecorder, RecordPlan, load_accumulators, save_accumulators
     from attacks.threat import clip_bound, privacy_parameters, sum_noise_std, upload_channel
 
-    cfg = config if isinstance(config, AuditConfig) else AuditConfig(train=config or TrainConfig())
-    out_dir = Path(out)
     if (out_dir / AUDIT_FILE).exists():
         raise ConfigError(f"{out_dir} already holds an audit; choose another --out")
     run_dir = Path(cfg.run) if cfg.run is not None else None
@@ -253,36 +276,41 @@ def audit(
             imia_iterations=cfg.imia_iterations,
         )
         train_out = out_dir / "run" if run_dir is None else out_dir / "replay"
-        record_dir = train_out / "audit" / "record"
+        if cfg.keep_recording:
+            record_dir = train_out / "audit" / "record"
+        else:
+            record_dir = Path(tempfile.mkdtemp(dir=out_dir, prefix=_SCRATCH))
         recorder = AttackRecorder(plan, record_dir)
         started = time.perf_counter()
         result = train(train_cfg, out=train_out, split=split, observer=recorder, progress=progress)
         train_seconds = time.perf_counter() - started
+        (train_out / runs.CHECKPOINT_FILE).unlink(missing_ok=True)
         summary = result.summary
         if "released" in chosen:
             recorder.write_torch(RELEASED_FILE, public_state(result.model))
-        acc_path = train_out / "audit" / _ACC
-        bytes_recorded = recorder.bytes_written + save_accumulators(recorder, acc_path)
+        bytes_recorded = recorder.bytes_written
         acc = {k: v for k, v in vars(recorder.acc).items() if isinstance(v, np.ndarray)}
         union_by_k = dict(recorder.acc.union_by_k)
         targets = list(recorder.acc.targets)
-        runs.write_json(
-            train_out / "audit" / _META,
-            {
-                "attacks": chosen,
-                "union_by_k": {str(k): v for k, v in union_by_k.items()},
-                "targets": targets,
-                "bytes_recorded": bytes_recorded,
-                "observes": observes,
-                "canaries": None
-                if canaries is None
-                else {
-                    "users": canaries.users.tolist(),
-                    "items": canaries.items.tolist(),
-                    "included": canaries.included.tolist(),
+        if cfg.keep_recording:
+            bytes_recorded += save_accumulators(recorder, train_out / "audit" / _ACC)
+            runs.write_json(
+                train_out / "audit" / _META,
+                {
+                    "attacks": chosen,
+                    "union_by_k": {str(k): v for k, v in union_by_k.items()},
+                    "targets": targets,
+                    "bytes_recorded": bytes_recorded,
+                    "observes": observes,
+                    "canaries": None
+                    if canaries is None
+                    else {
+                        "users": canaries.users.tolist(),
+                        "items": canaries.items.tolist(),
+                        "included": canaries.included.tolist(),
+                    },
                 },
-            },
-        )
+            )
 
     from attacks.report import score_attacks
 
@@ -330,7 +358,11 @@ def audit(
     np.savez_compressed(out_dir / SCORES_FILE, **arrays)
     runs.write_json(out_dir / AUDIT_FILE, _jsonable(report))
     return AuditResult(
-        out_dir=out_dir, report=report, attacks=attack_results, bytes_recorded=bytes_recorded
+        out_dir=out_dir,
+        report=report,
+        attacks=attack_results,
+        bytes_recorded=bytes_recorded,
+        kept_recording=reuse or cfg.keep_recording,
     )
 
 

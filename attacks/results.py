@@ -55,6 +55,11 @@ class AuditConfig:
         known_fraction: Share of users whose attribute the attribute attacker knows.
         bootstrap: Bootstrap resamples of the 95 % intervals.
         confidence: Confidence of the epsilon lower bound.
+        keep_recording: Keep what the observer recorded (``record/``, ``accumulators.npz``
+            and ``audit_meta.json`` under the audit's run directory), so a later audit with
+            ``run`` set to that directory rescores it without training. Otherwise it is
+            written to a temporary folder inside the output directory and removed once the
+            attacks are scored.
     """
 
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -67,6 +72,7 @@ class AuditConfig:
     known_fraction: float = 0.5
     bootstrap: int = 200
     confidence: float = 0.95
+    keep_recording: bool = False
 
     def __post_init__(self) -> None:
         names = tuple(self.attacks)

@@ -28,7 +28,10 @@ interaction reaches, labelled as such in every table and figure.
 
 A sweep is resumable: a finished cell (its ``summary.json``, and ``audit/audit.json`` when
 audits are on) is reused; a cell interrupted mid-training continues from its checkpoint; an
-interrupted audit is redone.
+interrupted audit is redone. A cell keeps its checkpoint only while it trains: once its
+``summary.json`` is written the checkpoint is deleted (nothing resumes a trained cell), and the
+audit keeps neither its recording nor its replay's checkpoint, so a finished cell holds its
+config, metrics, summary, ledger and ``audit/`` results only (docs/benchmarks.md, "Disk").
 
 Then :func:`build_report` reads the cell directories (or any run / audit directories) into
 ``results.csv`` / ``results.parquet`` (one row per cell), draws the figures (PNG and SVG) and
@@ -436,8 +439,9 @@ def _run_cell(
             train(resume=cell_dir, progress=rounds_cb("train"))
         else:
             train(train_cfg, out=cell_dir, progress=rounds_cb("train"))
+    _drop_checkpoints(cell_dir)
     if audit and not _cell_finished(cell_dir, audit):
-        from attacks.audit import AuditConfig, remove_recording
+        from attacks.audit import AuditConfig
         from attacks.audit import audit as run_audit
 
         audit_dir = cell_dir / AUDIT_DIR
@@ -448,8 +452,17 @@ def _run_cell(
         except SecureFedError as exc:
             # The utility run stands on its own; the report names the cell and the reason.
             runs.write_json(audit_dir / AUDIT_FAILED, {"error": str(exc)})
-            return
-        remove_recording(audit_dir)
+
+
+def _drop_checkpoints(cell_dir: Path) -> None:
+    """Delete a trained cell's model files: its checkpoint serves only to resume training,
+    which a cell with a ``summary.json`` never does again (the report reads the metrics,
+    the summary and the audit). Also those of an audit written before audits dropped theirs."""
+    if not (cell_dir / runs.SUMMARY_FILE).exists():
+        return
+    for run_dir in (cell_dir, cell_dir / AUDIT_DIR / "replay", cell_dir / AUDIT_DIR / "run"):
+        for name in (runs.CHECKPOINT_FILE, runs.BEST_FILE):
+            (run_dir / name).unlink(missing_ok=True)
 
 
 def _cell_job(cell_dir: str, config: dict[str, Any], audit: bool, threads: int) -> str:
@@ -476,6 +489,8 @@ def _sweep(
         _check_cell_config(cell_dir, cfg)  # every conflict is reported before any run
         if not _cell_finished(cell_dir, audit and cell.audited):
             todo.append((cell, cell_dir, cfg))
+        else:
+            _drop_checkpoints(cell_dir)  # a finished cell of an earlier version's sweep
     total = len(cells)
     done = total - len(todo)
     emit(SweepEvent("plan", done, total))

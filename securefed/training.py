@@ -601,13 +601,13 @@ def _train(
                     if _is_better(record, best):
                         best = record
                         if not full:  # keep the model so the selected round gets full metrics
-                            best_state = model.state_dict()
+                            best_state = _saved_state(model)
                             _check_finite(stats, best_state, "model")
                             runs.save_state(
                                 run_dir / runs.BEST_FILE, {"round": r + 1, "model": best_state}
                             )
                 checkpoint = (r + 1) % config.checkpoint_every == 0 or final
-                state = model.state_dict() if checkpoint else None
+                state = _saved_state(model) if checkpoint else None
                 if state is not None:
                     _check_finite(stats, state, "model")
             except _NonFinite as exc:
@@ -666,6 +666,9 @@ def _train(
     if warnings:
         summary["warnings"] = warnings
     runs.write_json(run_dir / runs.SUMMARY_FILE, summary)
+    # The best model's one use, full metrics for the selected round, is spent: the checkpoint
+    # stays the run directory's only copy of the model (issue 18, "Disk").
+    (run_dir / runs.BEST_FILE).unlink(missing_ok=True)
     return TrainResult(run_dir=run_dir, summary=summary, metrics=metrics, split=split, model=model)
 
 
@@ -753,6 +756,13 @@ def _round_privacy(aggregator: Aggregator) -> dict[str, Any]:
     return dict(latest()) if latest is not None else {}
 
 
+def _saved_state(model: Recommender) -> dict[str, Any]:
+    """The model's state as a file stores it: its ``checkpoint_state()`` (a compact form its
+    ``load_state_dict`` reads back to the same bits) where it has one, else ``state_dict()``."""
+    compact = getattr(model, "checkpoint_state", None)
+    return dict(compact() if compact is not None else model.state_dict())
+
+
 def _checkpoint(
     run_dir: Path,
     model: Recommender,
@@ -763,12 +773,12 @@ def _checkpoint(
     state: dict[str, Any] | None = None,
 ) -> None:
     """Write the checkpoint of ``rounds_done`` completed rounds (``state``: the model's
-    ``state_dict()`` when the caller already holds it)."""
+    :func:`_saved_state` when the caller already holds it)."""
     runs.save_checkpoint(
         run_dir,
         {
             "round": rounds_done,
-            "model": model.state_dict() if state is None else state,
+            "model": _saved_state(model) if state is None else state,
             "aggregator": aggregator.state_dict(),
             "seconds": seconds,
         },

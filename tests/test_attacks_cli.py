@@ -34,10 +34,13 @@ SMALL = [
 def test_cli_end_to_end(tmp_path) -> None:
     out = tmp_path / "audit"
     res = runner.invoke(
-        app, ["--attacks", "row-change,intersection,union", "--out", str(out), *SMALL]
+        app,
+        ["--attacks", "row-change,intersection,union", "--keep-recording", "--out", str(out)]
+        + SMALL,
     )
     assert res.exit_code == 0, res.output
     assert "empirical epsilon" in res.output
+    assert "(kept)" in res.output and (out / "run" / "audit" / "record").is_dir()
     rep = json.loads((out / "audit.json").read_text())
     for key in (
         "model",

@@ -469,6 +469,7 @@ def test_interrupted_sweep_resumes_to_the_same_results(tmp_path):
     assert not (tmp_path / "cut" / "results.csv").exists()
     finished = [p for p in (tmp_path / "cut" / "cells").iterdir() if (p / "summary.json").exists()]
     assert len(finished) == 2
+    assert not [p for p in finished if (p / "checkpoint.pt").exists()]  # only while training
 
     events.clear()
     resumed = run_report(cfg, out=tmp_path / "cut", progress=events.append)
@@ -476,6 +477,7 @@ def test_interrupted_sweep_resumes_to_the_same_results(tmp_path):
     # four fedrecgel cells and the two centralized references (ials, ease)
     assert plan.kind == "plan" and (plan.done, plan.total) == (2, 6)
     assert sum(e.kind == "done" for e in events) == 4  # only the unfinished cells ran
+    assert not list((tmp_path / "cut" / "cells").rglob("*.pt"))
     a = pd.read_csv(whole.csv)[QUALITY]
     b = pd.read_csv(resumed.csv)[QUALITY]
     pd.testing.assert_frame_equal(a, b)

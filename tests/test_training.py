@@ -245,6 +245,9 @@ def test_selected_round_always_gets_full_ranking_metrics(tmp_path):
     assert selected["test_full_hr@10"] == res.summary["test_full_hr@10"]
     lines = [json.loads(x) for x in (tmp_path / "g" / "metrics.jsonl").read_text().splitlines()]
     assert "test_full_hr@10" in lines[res.summary["selected_round"] - 1]
+    # Its one use spent, the best model is removed: the checkpoint is the only model copy.
+    assert not (tmp_path / "g" / "best_model.pt").exists()
+    assert (tmp_path / "g" / "checkpoint.pt").exists()
 
 
 def test_resume_refuses_other_flags(tmp_path):

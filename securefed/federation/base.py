@@ -167,7 +167,12 @@ class Recommender(Protocol):
         ...
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume training exactly (global and private state)."""
+        """Everything needed to resume training exactly (global and private state).
+
+        A model may also define ``checkpoint_state()``: the same state in a smaller form
+        that its ``load_state_dict`` reads back to the same bits; checkpoints store that form
+        (FedRAP's sparse private views, :meth:`securefed.models.fedrap.FedRAP.checkpoint_state`).
+        """
         ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...

@@ -1,0 +1,160 @@
+"""Small footprints on disk (issue 18, point 3): compact FedRAP checkpoints that resume to the
+same bits, audits that keep their recordings only when asked, reports that drop a cell's
+checkpoint once the cell is finished."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from securefed import runs
+from securefed.models.fedrap import FedRAP, FedRAPConfig
+from securefed.training import TrainConfig, build_model, load_split, train
+
+# A catalogue much larger than what a user samples in a round (about 5 x 80 pairs), so the
+# rows touched in the first rounds are a minority and the checkpoint is the sparse form.
+SPARSE = dict(
+    model="fedrap",
+    synthetic_users=40,
+    synthetic_items=2000,
+    params=FedRAPConfig(local_epochs=2),
+)
+
+
+def _cfg(**kw) -> TrainConfig:
+    return TrainConfig(**{**SPARSE, **kw})
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int32)
+
+
+def _assert_same_state(a: FedRAP, b: FedRAP) -> None:
+    for key in ("C", "D", "w", "b", "_d_scale"):
+        assert torch.equal(_bits(getattr(a, key)), _bits(getattr(b, key))), key
+    assert (a.lr_args, a.lr_network) == (b.lr_args, b.lr_network)
+
+
+def test_resume_from_a_sparse_checkpoint_equals_the_uninterrupted_run_bit_for_bit(tmp_path):
+    full = train(_cfg(rounds=4), out=tmp_path / "full")
+
+    def stop_at_2(record):
+        if record.round == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(_cfg(rounds=4), out=tmp_path / "cut", progress=stop_at_2)
+    saved = runs.load_checkpoint(tmp_path / "cut")
+    assert saved["round"] == 2
+    assert "D_rows" in saved["model"] and "D" not in saved["model"]  # the new, sparse form
+    resumed = train(resume=tmp_path / "cut")
+    _assert_same_state(full.model, resumed.model)
+    keys = ("loss", "val_hr@10", "test_hr@10", "test_full_hr@10")
+    assert [[m[k] for k in keys] for m in resumed.metrics] == [
+        [m[k] for k in keys] for m in full.metrics
+    ]
+
+
+def test_a_sparse_checkpoint_stores_only_rows_training_wrote(tmp_path, monkeypatch):
+    touched: set[tuple[int, int]] = set()
+    plan_round = FedRAP.plan_round
+
+    def recording(self, participants, generator):
+        plan = plan_round(self, participants, generator)
+        users = plan.participants[plan.sample_user].tolist()
+        touched.update(zip(users, plan.sample_item.tolist(), strict=True))
+        return plan
+
+    monkeypatch.setattr(FedRAP, "plan_round", recording)
+    result = train(_cfg(rounds=2, checkpoint_every=1), out=tmp_path / "r")
+    state = runs.load_checkpoint(tmp_path / "r")["model"]
+    model = result.model
+    n_users, n_items, dim = model.D.shape
+    mask = torch.from_numpy(np.unpackbits(state["D_mask"].numpy(), count=n_users * n_items))
+    mask = mask.view(n_users, n_items)
+    stored = {(int(u), int(i)) for u, i in torch.nonzero(mask).tolist()}
+    # Exactly the rows whose bits left the initial view, and each one a row a plan touched.
+    fresh = build_model(_cfg(rounds=2), load_split(_cfg(rounds=2)))
+    differs = (_bits(model.D) != _bits(fresh.D)).any(dim=2)
+    assert stored == {(int(u), int(i)) for u, i in torch.nonzero(differs).tolist()}
+    assert stored <= touched
+    assert len(stored) < n_users * n_items // 2
+    assert state["D_rows"].shape == (len(stored), dim)
+    assert torch.equal(_bits(state["D_base"]), _bits(fresh.D[0]))
+    back = build_model(_cfg(rounds=2), result.split)
+    back.load_state_dict(state)
+    _assert_same_state(model, back)
+
+
+def test_a_mostly_rewritten_view_is_stored_dense_and_reads_back():
+    cfg = _cfg(synthetic_items=300, rounds=1)
+    split = load_split(cfg)
+    model = build_model(cfg, split)
+    initial = model.D.clone()
+    model.D[:, : split.n_items // 2 + 1] += 1.0  # more than half of every user's rows
+    state = model.checkpoint_state()
+    assert "D" in state and "D_rows" not in state
+    model.D.copy_(initial)
+    model.D[0, 0, 0] = float("nan")
+    sparse = model.checkpoint_state()
+    assert sparse["D_rows"].shape == (1, model.config.dim)
+    back = build_model(cfg, split)
+    back.load_state_dict(sparse)
+    assert torch.equal(_bits(back.D), _bits(model.D))
+
+
+def test_a_sparse_state_that_does_not_fit_is_refused():
+    cfg = _cfg(synthetic_items=300, rounds=1)
+    split = load_split(cfg)
+    model = build_model(cfg, split)
+    model.D[1, 2] += 1.0
+    state = dict(model.checkpoint_state())
+    state["D_rows"] = state["D_rows"][:0]
+    with pytest.raises(ValueError, match="D_rows"):
+        build_model(cfg, split).load_state_dict(state)
+
+
+def test_an_audit_leaves_no_recording_and_no_checkpoint_unless_asked(tmp_path):
+    from typer.testing import CliRunner
+
+    from securefed.cli import app
+
+    out = tmp_path / "audit"
+    argv = ["audit", "--model", "fedrap", "--synthetic-users", "30", "--synthetic-items", "300"]
+    argv += ["--rounds", "2", "--local-epochs", "1", "--canaries", "10", "--out", str(out)]
+    res = CliRunner().invoke(app, [*argv, "--attacks", "row-change,union,released"])
+    assert res.exit_code == 0, res.output
+    assert "removed after scoring" in res.output
+    rep = json.loads((out / "audit.json").read_text())
+    assert rep["recorded_bytes"] > 0  # something was recorded, and then removed
+    left = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert not [p for p in left if "/audit/" in p or p.startswith(".") or p.endswith(".pt")]
+    assert {"audit.json", "scores.npz", "run/summary.json", "run/metrics.jsonl"} <= set(left)
+    assert not list(out.glob(".recording-*"))
+
+
+@pytest.mark.slow  # a whole report (figures, page); test_report checks finished cells too
+def test_a_report_keeps_a_cell_checkpoint_only_while_the_cell_trains(tmp_path):
+    import math
+
+    from securefed.report import ReportConfig, run_report
+
+    cfg = ReportConfig(
+        models=("fedrap",), dataset="synthetic", synthetic_users=30, synthetic_items=200,
+        rounds=2, epsilons=(math.inf,), defenses=("none",), seeds=1, audit=False, references=(),
+    )  # fmt: skip
+    cells = tmp_path / "r" / "cells"
+    while_training: list[bool] = []
+
+    def progress(ev):
+        if ev.kind == "round" and ev.round == 2:  # the last round's checkpoint is written
+            while_training.append((cells / ev.cell / runs.CHECKPOINT_FILE).exists())
+
+    run_report(cfg, out=tmp_path / "r", progress=progress)
+    assert while_training == [True]
+    (cell,) = cells.iterdir()
+    assert (cell / runs.SUMMARY_FILE).exists()
+    assert not list(cells.rglob("*.pt"))
