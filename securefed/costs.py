@@ -664,21 +664,22 @@ def check_memory(config: TrainConfig, estimate: CostEstimate, available: int | N
     Args:
         config: The run's configuration (for the suggestion).
         estimate: Its estimate.
-        available: Bytes available (default: :func:`available_memory`; None there: no check).
+        available: Bytes available (default: the free GPU memory for a ``cuda`` device, else
+            :func:`available_memory`; None there: no check).
 
     Raises:
         InsufficientMemory: one line with the estimate, what is available, what dominates
             and the flag that would make the run fit.
     """
     if available is None:
-        available = available_memory()
+        available = _available_for(config.device)
     if available is None or estimate.peak_memory <= available:
         return
     part, size = _largest(estimate.memory, 1)[0]
     what = part
     if part == "state" and estimate.state:
-        name, _ = _largest(estimate.state, 1)[0]
-        what = f"the model state ({name} {format_bytes(estimate.state[name])})"
+        name, size = _largest(estimate.state, 1)[0]
+        what = f"the model state's {name}"
     elif part == "aggregation":
         what = "secure aggregation's [clients x d] inputs" if config.privacy.secagg else part
     elif part == "round":
@@ -690,6 +691,17 @@ def check_memory(config: TrainConfig, estimate: CostEstimate, available: int | N
         f"(mostly {what}: {format_bytes(size)}) but {format_bytes(available)} is available; "
         + _suggest(config, estimate, available)
     )
+
+
+def _available_for(device: str) -> int | None:
+    """Free memory where the model lives: the GPU's for ``cuda`` devices, else RAM."""
+    if device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            index = torch.device(device).index
+            return int(torch.cuda.mem_get_info(index if index is not None else 0)[0])
+    return available_memory()
 
 
 def _suggest(config: TrainConfig, estimate: CostEstimate, available: int) -> str:
