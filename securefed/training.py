@@ -354,9 +354,9 @@ def train(
         on_start: Called once before the first round with a :class:`RunStart` (the data
             summary, the run directory, the rounds a resumed run keeps).
         before_build: Called with the config and the loaded split before the model is built
-            and before a new run's directory is created (a cost check,
-            :func:`securefed.costs.check_memory`); an exception it raises stops the run with
-            nothing written.
+            and before a new run's directory is created (a cost check such as
+            :func:`securefed.costs.refuse_if_too_large`); an exception it raises stops the run
+            with nothing written.
 
     Returns:
         The run directory, its summary (also in ``summary.json``) and per-round metrics.
