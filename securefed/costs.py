@@ -97,7 +97,7 @@ _ALS_S = 2.0e-9  # per (interaction x dim^2 + user x dim^3) of an ALS sweep
 _SECAGG_S = 4.6e-9  # per word of mask expansion: clients x (k + 1) x d
 _KEY_AGREEMENT_S = 57e-6  # per client pair (X25519)
 _DDG_S = 3.5e-8  # distributed DP: rounding and discrete Gaussian per client coordinate
-_PROBE_REFERENCE_S = 0.005  # machine_speed()'s workload on the development machine
+_PROBE_REFERENCE_S = 0.010  # machine_speed()'s workload, set from runs on the loaded machine
 
 
 class InsufficientMemory(ConfigError):
@@ -400,7 +400,7 @@ def available_memory() -> int | None:
 def machine_speed(*, repeats: int = 5) -> float:
     """How much slower than the development machine this one runs a fixed workload now.
 
-    The workload (about 5 ms there) mixes the elementwise passes over large float arrays that
+    The workload (about 10 ms there) mixes the elementwise passes over large float arrays that
     dominate FedRAP's round with small matrix products, on one thread: with several threads
     a loaded machine's scheduling made the probe vary 20-fold between calls, on one thread
     3-fold. The fastest of ``repeats`` runs after a warm-up is compared with the development
