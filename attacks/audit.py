@@ -29,9 +29,10 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -55,6 +56,9 @@ from securefed.training import (
     public_state,
     train,
 )
+
+if TYPE_CHECKING:
+    from securefed.data.types import Split
 
 __all__ = ["ATTACKS", "AttackResult", "AuditConfig", "AuditResult", "audit"]
 
@@ -149,6 +153,7 @@ def audit(
     *,
     out: str | Path,
     progress: Any = None,
+    before_train: Callable[[TrainConfig, Split], None] | None = None,
 ) -> AuditResult:
     """Train (or load) a run, record what each observer sees, score the attacks and audit.
 
@@ -161,6 +166,9 @@ def audit(
         config: An :class:`AuditConfig`, or a :class:`TrainConfig` to audit with every attack.
         out: Output directory (created; must not hold another audit).
         progress: Passed to :func:`securefed.train` (called after every round).
+        before_train: Called with the replay's config and split (canaries planted) before
+            any model is built, when the audit trains (a cost estimate and memory check:
+            :mod:`securefed.costs`); an exception it raises stops the audit.
 
     Returns:
         The report (also written to ``out/audit.json``), per-attack results and the bytes
@@ -253,6 +261,8 @@ def _audit(cfg: AuditConfig, out_dir: Path, progress: Any) -> AuditResult:
             "aggregate": _aggregate_note(train_cfg, noise_std),
             "release": RELEASE_NOTE,
         }
+        if before_train is not None:
+            before_train(train_cfg, split)
         initial = build_model(train_cfg, split)
         hooks = train_cfg.spec.observer
         private = (

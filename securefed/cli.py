@@ -319,21 +319,31 @@ def _run_with_progress(
     """Train with the data summary and per-round progress on stderr, then the summary.
 
     Progress is a rich bar on a terminal and one plain line per round when stderr is not one
-    (redirected to a file or a pipe). The first Ctrl-C during the rounds lets the round in
+    (redirected to a file or a pipe). The cost estimate (memory, disk, time) is printed before
+    the first round and again after round 1, and recorded in ``estimate.json``; a run whose
+    memory estimate exceeds what is available is refused before the model is built
+    (:mod:`securefed.cli_costs`). The first Ctrl-C during the rounds lets the round in
     progress finish, checkpoints it and exits 130 with the resume command; a second one stops
     at once (a resume then re-runs the rounds after the last checkpoint). A run that diverged
     (NaN or infinite loss or parameters) prints its summary and exits 1: it ran and failed,
     which is not a refused command (exit 2).
     """
+    from securefed.cli_costs import RunCosts
+
     display = _RoundDisplay(plain=not err.is_terminal)
     stop = _StopAfterRound()
+    costs = RunCosts(display._line)
+    if cfg is not None:
+        costs.check_before_load(cfg)  # synthetic data: refused before it is generated
 
     def on_start(start: RunStart) -> None:
         display.start(start)
+        costs.start(start)
         stop.rounds_running = True
 
     def on_round(rec: RoundRecord) -> None:
         display.round(rec)
+        costs.round(rec)
         if stop.requested and rec.round != rec.rounds_planned:
             raise KeyboardInterrupt
 
@@ -345,7 +355,9 @@ def _run_with_progress(
             progress=on_round,
             download_progress=display.download,
             on_start=on_start,
+            before_build=costs.before_build,
         )
+    costs.finish(result)
     _print_summary(result)
     if result.summary.get("diverged_round") is not None:
         raise typer.Exit(code=EXIT_RUN_FAILED)

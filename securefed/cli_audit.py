@@ -161,9 +161,50 @@ def audit(
             released_iterations=released_iterations,
             keep_recording=keep_recording,
         )
-        with err.status("training and recording what each observer sees ..."):
-            result = run_audit(cfg, out=out_dir)
+        before_train, progress = _announce()
+        if err.is_terminal:
+            with err.status("training and recording what each observer sees ..."):
+                result = run_audit(cfg, out=out_dir, before_train=before_train)
+        else:
+            result = run_audit(cfg, out=out_dir, progress=progress, before_train=before_train)
     _print(result)
+
+
+def _announce() -> tuple[Any, Any]:
+    """``before_train``: the replay training's estimate (one line) or a refusal when it cannot
+    fit; ``progress``: a plain line per round (for stderr that is not a terminal)."""
+
+    def before_train(train_cfg: Any, split: Any) -> None:
+        from securefed.costs import (
+            AUDIT_COST_FACTOR,
+            RunShape,
+            check_memory,
+            estimate_run,
+            format_bytes,
+            format_seconds,
+        )
+
+        est = estimate_run(train_cfg, RunShape.of(split))
+        check_memory(train_cfg, est)
+        err.print(
+            f"estimate: the audit's replay training {format_seconds(est.seconds)} (peak memory "
+            f"{format_bytes(est.peak_memory)}, disk {format_bytes(est.disk_bytes)} plus the "
+            f"observers' recording), about {format_seconds(est.seconds * AUDIT_COST_FACTOR)} "
+            f"with the attacks ({est.basis})",
+            highlight=False,
+            soft_wrap=True,
+            markup=False,
+        )
+
+    def on_round(rec: Any) -> None:
+        seconds = rec.values.get("train_seconds", 0.0) + rec.values.get("eval_seconds", 0.0)
+        err.print(
+            f"audit replay round {rec.round}/{rec.rounds_planned or '?'} ({seconds:.1f} s)",
+            highlight=False,
+            markup=False,
+        )
+
+    return before_train, on_round
 
 
 def _num(value: Any) -> str:

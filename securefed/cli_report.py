@@ -154,6 +154,8 @@ def report(
 
 
 def _run_with_bar(config: Any, target: Path, run_report: Any) -> Any:
+    if not err.is_terminal:
+        return run_report(config, out=target, progress=_PlainCells())
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -178,6 +180,8 @@ def _run_with_bar(config: Any, target: Path, run_report: Any) -> Any:
         def on_event(ev: Any) -> None:
             nonlocal task
             if ev.kind == "plan":
+                if ev.estimate is not None and ev.estimate.cells:
+                    progress.console.print(ev.estimate.line(), highlight=False, soft_wrap=True)
                 # Reused cells start the bar without a time sample, so the ETA is honest.
                 status = f"{ev.done} reused" if ev.done else ""
                 task = progress.add_task("cells", total=ev.total, completed=ev.done, status=status)
@@ -189,3 +193,39 @@ def _run_with_bar(config: Any, target: Path, run_report: Any) -> Any:
                 progress.update(task, completed=ev.done, status=f"{ev.cell} done")
 
         return run_report(config, out=target, progress=on_event)
+
+
+class _PlainCells:
+    """Sweep progress as plain lines on stderr (a redirected report): the estimate first,
+    then one line per finished cell with the time left, re-estimated from the finished
+    cells' measured time against their estimate."""
+
+    def __init__(self) -> None:
+        self.estimate: Any = None
+        self.spent = 0.0  # measured seconds of the cells finished in this sweep
+        self.expected = 0.0  # their estimated seconds
+        self.left = 0.0
+
+    def _line(self, text: str) -> None:
+        err.print(text, highlight=False, soft_wrap=True, markup=False)
+
+    def __call__(self, ev: Any) -> None:
+        from securefed.costs import format_seconds
+
+        if ev.kind == "plan":
+            reused = f", {ev.done} reused from an earlier sweep" if ev.done else ""
+            self._line(f"report: {ev.total} cells{reused}")
+            self.estimate = ev.estimate
+            if ev.estimate is not None and ev.estimate.cells:
+                self._line(ev.estimate.line())
+                self.left = sum(ev.estimate.cells.values())
+        elif ev.kind == "done":
+            est = self.estimate.cells.get(ev.cell, 0.0) if self.estimate is not None else 0.0
+            self.spent += ev.seconds
+            self.expected += est
+            self.left = max(self.left - est, 0.0)
+            text = f"cell {ev.done}/{ev.total} {ev.cell} done in {format_seconds(ev.seconds)}"
+            if self.left > 0 and self.expected > 0:
+                left = self.left * self.spent / self.expected / self.estimate.jobs
+                text += f" (about {format_seconds(left)} left)"
+            self._line(text)

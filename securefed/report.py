@@ -350,7 +350,8 @@ class SweepEvent:
     ``kind`` is ``"plan"`` (once: ``total`` cells, ``done`` of them already finished),
     ``"start"`` (a cell begins; ``stage`` is ``train`` or ``audit``), ``"round"`` (a training
     or audit round finished; only when ``jobs == 1``), or ``"done"`` (a cell finished;
-    ``reused`` when it came from an earlier sweep).
+    ``reused`` when it came from an earlier sweep). The ``"plan"`` event carries the
+    :class:`SweepEstimate` of the cells left to run.
     """
 
     kind: Literal["plan", "start", "round", "done"]
@@ -362,9 +363,98 @@ class SweepEvent:
     rounds: int | None = None
     reused: bool = False
     seconds: float = 0.0
+    estimate: SweepEstimate | None = None
 
 
 ProgressFn = Callable[[SweepEvent], None]
+
+
+@dataclass(frozen=True)
+class SweepEstimate:
+    """The estimated cost of the cells a sweep still has to run (:mod:`securefed.costs`).
+
+    Attributes:
+        cells: Cell name -> estimated seconds (training, plus the audit when it runs).
+        seconds: All of them, divided among ``jobs`` parallel processes.
+        disk_bytes: What the cells' directories keep (each run's checkpoint and, for audited
+            cells, the replay run's; recordings are removed after scoring).
+        peak_memory: The largest cell's estimated peak, times the parallel jobs.
+        speed: The machine probe's factor the times were scaled by.
+        jobs: Cells run in parallel.
+    """
+
+    cells: dict[str, float]
+    seconds: float
+    disk_bytes: int
+    peak_memory: int
+    speed: float
+    jobs: int = 1
+
+    def line(self) -> str:
+        """One line: cells, time, disk, memory."""
+        from securefed.costs import format_bytes, format_seconds
+
+        n = len(self.cells)
+        return (
+            f"estimate: {n} cell{'s' if n != 1 else ''} to run, about "
+            f"{format_seconds(self.seconds)}, {format_bytes(self.disk_bytes)} of disk, peak "
+            f"memory {format_bytes(self.peak_memory)} (rough: machine probe x{self.speed:.1f}; "
+            "the time left is re-estimated as cells finish)"
+        )
+
+
+def estimate_sweep(
+    config: ReportConfig,
+    todo: Sequence[tuple[str, TrainConfig, bool]],
+    *,
+    speed: float | None = None,
+    check: bool = True,
+) -> SweepEstimate:
+    """Estimate the cells ``todo`` (name, training config, audited) of a sweep.
+
+    Loads the dataset once for its shape. With ``check``, a sweep whose largest cell (times
+    the parallel jobs) cannot fit in the available memory is refused before any cell runs.
+
+    Raises:
+        InsufficientMemory: One line: the estimate, what is available and what would fit.
+    """
+    from securefed.costs import (
+        AUDIT_COST_FACTOR,
+        RunShape,
+        check_memory,
+        estimate_run,
+        machine_speed,
+    )
+    from securefed.training import load_split
+
+    cells: dict[str, float] = {}
+    disk = 0
+    peak = 0
+    if not todo:
+        return SweepEstimate(cells, 0.0, 0, 0, 1.0)
+    speed = machine_speed() if speed is None else speed
+    shape = RunShape.of(load_split(todo[0][1]))
+    worst = None
+    for name, cfg, audited in todo:
+        est = estimate_run(cfg, shape, speed=speed)
+        factor = AUDIT_COST_FACTOR if audited else 1.0
+        cells[name] = est.seconds * factor
+        disk += est.disk_bytes * (2 if audited else 1)
+        if worst is None or est.peak_memory > worst[1].peak_memory:
+            worst = (cfg, est)
+        peak = max(peak, est.peak_memory)
+    jobs = min(config.jobs, len(todo))
+    if check and worst is not None:
+        cfg, est = worst
+        check_memory(cfg, dataclasses.replace(est, peak_memory=est.peak_memory * jobs))
+    return SweepEstimate(
+        cells=cells,
+        seconds=sum(cells.values()) / jobs,
+        disk_bytes=disk,
+        peak_memory=peak * jobs,
+        speed=speed,
+        jobs=jobs,
+    )
 
 
 @dataclass(frozen=True)
@@ -493,7 +583,10 @@ def _sweep(
             _drop_checkpoints(cell_dir)  # a finished cell of an earlier version's sweep
     total = len(cells)
     done = total - len(todo)
-    emit(SweepEvent("plan", done, total))
+    estimate = estimate_sweep(
+        config, [(cell.name, cfg, audit and cell.audited) for cell, _, cfg in todo]
+    )
+    emit(SweepEvent("plan", done, total, estimate=estimate))
     if config.jobs == 1 or len(todo) <= 1:
         for cell, cell_dir, cfg in todo:
             emit(SweepEvent("start", done, total, cell.name, stage="train"))
@@ -578,6 +671,8 @@ def run_report(
 
     Raises:
         ConfigError: A cell directory in ``out`` was run with other settings.
+        InsufficientMemory: The largest cell (times ``jobs``) cannot fit in the available
+            memory (:func:`estimate_sweep`); nothing was trained.
         DataError: The dataset is missing or malformed.
     """
     check_report_dependencies()  # before the first cell trains, not after the last

@@ -66,6 +66,7 @@ class RunStart:
     ``data`` is the run's ``data.json`` record (users, items, interactions kept, users dropped
     for having fewer than ``min_interactions`` interactions, duplicate rows removed, ...).
     ``start_round`` is the number of rounds a resumed run keeps (0 for a new run).
+    ``model`` is the built recommender (to size its state; read only).
     """
 
     run_dir: Path
@@ -73,6 +74,7 @@ class RunStart:
     start_round: int
     resumed: bool
     data: dict[str, Any]
+    model: Recommender | None = None
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -122,6 +124,7 @@ class TrainResult:
 
 ProgressFn = Callable[[RoundRecord], None]
 StartFn = Callable[[RunStart], None]
+BuildFn = Callable[[TrainConfig, Split], None]
 
 #: A loss whose magnitude passes this many times the first round's is warned about (once).
 LOSS_GROWTH_WARNING = 1e6
@@ -327,6 +330,7 @@ def train(
     split: Split | None = None,
     observer: RoundObserver | None = None,
     on_start: StartFn | None = None,
+    before_build: BuildFn | None = None,
 ) -> TrainResult:
     """Train a federated recommender and write a run directory.
 
@@ -349,6 +353,10 @@ def train(
         observer: Called after every round with a :class:`RoundView` (attacks, audits).
         on_start: Called once before the first round with a :class:`RunStart` (the data
             summary, the run directory, the rounds a resumed run keeps).
+        before_build: Called with the config and the loaded split before the model is built
+            and before a new run's directory is created (a cost check such as
+            :func:`securefed.costs.refuse_if_too_large`); an exception it raises stops the run
+            with nothing written.
 
     Returns:
         The run directory, its summary (also in ``summary.json``) and per-round metrics.
@@ -399,6 +407,7 @@ def train(
             split=split,
             observer=observer,
             on_start=on_start,
+            before_build=before_build,
         )
     except KeyboardInterrupt as exc:
         if not where.exists:
@@ -459,6 +468,7 @@ def _train(
     split: Split | None,
     observer: RoundObserver | None,
     on_start: StartFn | None,
+    before_build: BuildFn | None = None,
 ) -> TrainResult:
     """The body of :func:`train` once the run directory is known; updates ``where``."""
     if split is None:
@@ -473,6 +483,8 @@ def _train(
         raise ConfigError(
             f"{config.model} is a centralized reference: it has no uploads to observe"
         )
+    if before_build is not None:
+        before_build(config, split)
     model = build_model(config, split)
     aggregator = build_aggregator(config, split, model)
     cohort = config.cohort(split.n_users)
@@ -529,6 +541,7 @@ def _train(
                 start_round=start_round,
                 resumed=resume is not None,
                 data=data,
+                model=model,
             )
         )
 

@@ -1,0 +1,168 @@
+"""Stated costs on the command line: the estimate before a run, its update after round 1, the
+refusal of a run that cannot fit, and the measured numbers beside the estimate.
+
+A thin layer over :mod:`securefed.costs` for ``securefed train`` (and the audit's replay
+training); the numbers and the refusal are the library's, the lines and ``estimate.json`` are
+written here.
+"""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from securefed.costs import (
+    CostEstimate,
+    RunShape,
+    available_memory,
+    check_memory,
+    estimate_run,
+    format_seconds,
+    machine_speed,
+    state_bytes_of,
+)
+
+if TYPE_CHECKING:
+    from securefed.config import TrainConfig
+    from securefed.data.types import Split
+    from securefed.training import RoundRecord, RunStart, TrainResult
+
+#: The run directory's record of the estimate (and, once the run ends, what was measured).
+ESTIMATE_FILE = "estimate.json"
+
+
+class RunCosts:
+    """The estimate of one training run as it goes: checked before the model is built,
+    printed and recorded when the run starts, updated after its first rounds, compared with
+    what was measured at the end.
+
+    ``line`` prints one line on stderr (the caller's plain or rich output).
+    """
+
+    def __init__(self, line: Callable[[str], None]) -> None:
+        self.line = line
+        self.speed: float | None = None
+        self.config: TrainConfig | None = None
+        self.estimate: CostEstimate | None = None
+        self.run_dir: Path | None = None
+        self.record: dict[str, Any] = {}
+        self.rounds: list[dict[str, Any]] = []
+        self.start_round = 0
+        self.updates = 0
+
+    def check_before_load(self, config: TrainConfig) -> None:
+        """A synthetic dataset's generator holds dense ``users x items`` arrays: refuse one
+        that cannot fit before generating it (the shape is known from the config)."""
+        if config.dataset != "synthetic":
+            return
+        users, items = config.synthetic_users, config.synthetic_items
+        shape = RunShape(
+            users=users,
+            items=items,
+            train_interactions=users * min(106, max(items // 2, 3)),
+            synthetic=True,
+        )
+        self.speed = machine_speed()
+        check_memory(config, estimate_run(config, shape, speed=self.speed))
+
+    def before_build(self, config: TrainConfig, split: Split) -> None:
+        """``train(before_build=...)``: estimate from the loaded split and refuse a run whose
+        peak memory exceeds what is available (nothing has been allocated or written yet)."""
+        if self.speed is None:
+            self.speed = machine_speed()
+        self.config = config
+        estimate = estimate_run(config, RunShape.of(split), speed=self.speed)
+        check_memory(config, estimate)
+        self.estimate = estimate
+
+    def start(self, start: RunStart) -> None:
+        """Print the estimate (disk from the built model's real state) and record it."""
+        if self.config is None or self.estimate is None:
+            return
+        state = state_bytes_of(start.model.state_dict()) if start.model is not None else None
+        self.start_round = start.start_round
+        self.estimate = estimate_run(
+            self.config,
+            self.estimate.shape,
+            start_round=start.start_round,
+            speed=self.speed,
+            state=state,
+        )
+        self.run_dir = start.run_dir
+        self.line(self.estimate.summary_line())
+        self.line(self.estimate.detail_line())
+        self.record = {
+            "before_run": self.estimate.to_dict(),
+            "available_memory": available_memory(),
+        }
+        self._write()
+
+    def round(self, rec: RoundRecord) -> None:
+        """After round 1 (and round 2 when round 1 carried one-off costs): the time left,
+        re-estimated from the measured rounds."""
+        if self.estimate is None:
+            return
+        self.rounds.append(dict(rec.values))
+        n = len(self.rounds)
+        if n > 2 or rec.round == rec.rounds_planned:
+            return
+        done = self.start_round + n
+        updated = self.estimate.after_rounds(self.rounds, done=done)
+        compiled = self.estimate.setup_seconds > 0 and self.start_round == 0
+        if n == 2:
+            first = self.rounds[0].get("train_seconds", 0.0)
+            # Round 1 was a warm-up (torch.compile, first allocations): say so once more.
+            if not compiled and first < 1.5 * updated.round_seconds:
+                return
+        self.line(
+            f"estimate after round {rec.round}: {format_seconds(updated.seconds)} left "
+            f"({updated.rounds} rounds x {format_seconds(updated.round_seconds)} training"
+            + (
+                f" + {updated.evaluations} evaluations x {format_seconds(_eval_mean(updated))}"
+                if updated.evaluations
+                else ""
+            )
+            + ")"
+            + (
+                "; round 1 included torch.compile, so this is high: re-estimated after round 2"
+                if compiled and n == 1
+                else ""
+            )
+        )
+        self.record[f"after_round_{rec.round}"] = updated.to_dict()
+        self._write()
+
+    def finish(self, result: TrainResult) -> None:
+        """Record what the run measured beside the estimate (peak RSS, seconds, disk)."""
+        if self.estimate is None or self.run_dir is None:
+            return
+        from securefed import runs
+
+        ckpt = result.run_dir / runs.CHECKPOINT_FILE
+        self.record["measured"] = {
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "seconds": result.summary.get("seconds"),
+            "train_seconds": result.summary.get("train_seconds"),
+            "rounds": result.summary.get("rounds"),
+            "checkpoint_bytes": ckpt.stat().st_size if ckpt.exists() else 0,
+            "run_dir_bytes": sum(
+                p.stat().st_size for p in result.run_dir.rglob("*") if p.is_file()
+            ),
+        }
+        self._write()
+
+    def _write(self) -> None:
+        if self.run_dir is None or not self.run_dir.exists():
+            return
+        from securefed import runs
+
+        runs.write_json(self.run_dir / ESTIMATE_FILE, self.record)
+
+
+def _eval_mean(e: CostEstimate) -> float:
+    if not e.evaluations:
+        return 0.0
+    sampled = e.evaluations - e.full_evaluations
+    return (sampled * e.eval_seconds + e.full_evaluations * e.full_eval_seconds) / e.evaluations

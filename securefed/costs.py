@@ -1,0 +1,749 @@
+"""What a run will cost before it starts: peak memory, disk and time (issue 17, issue 18).
+
+Memory and disk come from formulas of the tensors a run allocates, from the dataset's shape,
+the model and its hyperparameters, the cohort and the defenses:
+
+* the model's **persistent state** (:func:`state_bytes`: exactly the tensors its
+  ``state_dict()`` holds, e.g. FedRAP's ``users x items x dim`` private views ``D``);
+* the **round working set** (the per-(client, item) pair buffers of local training, the
+  dense ``[cohort, d]`` rows that secure aggregation and distributed DP materialise);
+* **evaluation** (a block of users scored against every item) and, for synthetic data, the
+  generator's dense ``users x items`` logits;
+* the **process** itself (Python, torch, securefed: measured, :data:`PROCESS_BYTES`).
+
+Disk is the checkpoint (the model's state as it is written, one copy kept, a second while it is
+replaced atomically) times the number of checkpoints written; once the model exists,
+:func:`state_bytes_of` reads the size from the live ``state_dict()``, so a model that stores its
+state more compactly is estimated as it writes it.
+
+Time is calibrated on the machine: a ~0.1 s probe (:func:`machine_speed`) scales per-model rates
+measured on the development machine; :meth:`CostEstimate.after_rounds` replaces the rate by the
+measured rounds once the first ones ran (round 1 of FedRAP includes ``torch.compile``, so from
+round 2 on the warm rounds are used). ``docs/benchmarks.md`` ("Estimates before a run") compares
+the estimates with measured runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from securefed.errors import ConfigError
+
+if TYPE_CHECKING:
+    from securefed.config import TrainConfig
+    from securefed.data.types import Split
+
+__all__ = [
+    "AUDIT_COST_FACTOR",
+    "PROCESS_BYTES",
+    "CostEstimate",
+    "InsufficientMemory",
+    "RunShape",
+    "available_memory",
+    "check_memory",
+    "estimate_run",
+    "format_bytes",
+    "format_seconds",
+    "machine_speed",
+    "refuse_if_too_large",
+    "state_bytes",
+    "state_bytes_of",
+]
+
+#: Resident memory of a process that imported torch and securefed and loaded a small split,
+#: measured on the development machine (405 MB after the imports, 431 MB with MovieLens 100K).
+PROCESS_BYTES = 420 * 2**20
+#: Extra resident memory of a process that ran ``torch.compile`` (inductor, its C++ build and
+#: the compiled kernel): fitted from FedRAP's peak RSS on MovieLens 100K and 1M sizes.
+COMPILE_BYTES = 380 * 2**20
+#: Bytes of a checkpoint beyond its tensors (the zip layout, pickled names and scalars).
+CHECKPOINT_OVERHEAD = 16 * 1024
+#: An audit's cost relative to the training it replays: the audit trains a seeded replay
+#: with the attacks' recorder attached, then scores the attacks (a rough factor).
+AUDIT_COST_FACTOR = 2.0
+#: Users scored at once by :func:`securefed.evaluation.evaluate_splits`.
+EVAL_BLOCK = 256
+#: Bytes FedRAP allocates per touched (user, item) pair and embedding coordinate in one round
+#: (the gathered ``D``/``C`` rows, the substep's gradients and their temporaries), plus the
+#: per-pair indices and sample arrays: fitted from peak RSS on MovieLens 100K and 1M sizes.
+FEDRAP_PAIR_FLOATS = 4.0
+FEDRAP_PAIR_EXTRA = 104
+#: glibc serves larger buffers with fresh mmap pages (securefed.allocator): a round whose
+#: pair buffers pass it is page-fault bound (MovieLens-1M size: 12.9 s instead of ~4 s).
+MMAP_THRESHOLD = 256 * 2**20
+#: Bytes secure aggregation holds per client coordinate (the uint64 ring inputs, their masked
+#: copies and the expanded masks): fitted to FedRAP --secagg on MovieLens 100K (3.36 GB peak RSS
+#: measured, 3.49 GB estimated).
+SECAGG_BYTES_PER_COORD = 32
+#: The dense chunk of clients x coordinates secure aggregation materialises at once
+#: (``securefed.privacy._MAX_DENSE`` floats, times the clipping factor's copy).
+SECAGG_CHUNK_BYTES = 2 * 64_000_000 * 4
+
+# Rates on the development machine (2 cores, torch 2.13 CPU, docs/benchmarks.md), in seconds
+# per unit of work named beside each; machine_speed() scales them to the machine at hand.
+_FEDRAP_S = 4.0e-9  # per sample x local epoch x dim
+_FEDRAP_PAGED_S = 1.3e-8  # the same once pair buffers pass MMAP_THRESHOLD
+_FEDRAP_COMPILE_S = 5.0  # torch.compile in round 1
+_DOT_EVAL_S = 1.9e-9  # per user x item x dim scored (dot-product models)
+_MLP_S = 6.5e-11  # FedRecGEL: per sample x MLP multiply-add x pass
+_MLP_EVAL_S = 5.5e-11  # FedRecGEL: per user x item x MLP multiply-add scored
+_ALS_S = 2.0e-9  # per (interaction x dim^2 + user x dim^3) of an ALS sweep
+_SECAGG_S = 4.6e-9  # per word of mask expansion: clients x (k + 1) x d
+_KEY_AGREEMENT_S = 57e-6  # per client pair (X25519)
+_DDG_S = 3.5e-8  # distributed DP: rounding and discrete Gaussian per client coordinate
+_PROBE_REFERENCE_S = 0.010  # machine_speed()'s workload, set from runs on the loaded machine
+
+
+class InsufficientMemory(ConfigError):
+    """A run whose estimated peak memory exceeds what the machine has available.
+
+    Raised (one line: the estimate, what is available, the flag that would make it fit)
+    before the model is built, so no large allocation is attempted.
+    """
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunShape:
+    """The dataset dimensions a cost estimate needs.
+
+    Attributes:
+        users: Users after filtering.
+        items: Items of the catalogue.
+        train_interactions: Training interactions (the split's ``n_train``).
+        synthetic: Whether the data is generated in-process (its generator holds dense
+            ``users x items`` float64 logits while it runs).
+    """
+
+    users: int
+    items: int
+    train_interactions: int
+    synthetic: bool = False
+
+    @classmethod
+    def of(cls, split: Split) -> RunShape:
+        """The shape of a loaded split."""
+        return cls(
+            users=int(split.n_users),
+            items=int(split.n_items),
+            train_interactions=int(split.n_train),
+            synthetic=bool(split.report.synthetic),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostEstimate:
+    """Estimated peak memory, disk and time of one run.
+
+    Attributes:
+        model: Registry name of the model.
+        shape: The dataset's dimensions.
+        rounds: Rounds left to run.
+        participants: Expected clients per round.
+        state: The model's persistent tensors by ``state_dict`` entry, in bytes (exact).
+        memory: Parts of the peak, in bytes: ``process``, ``data``, ``state``, ``round``
+            (local training), ``aggregation`` (DP, secure aggregation), ``evaluation``,
+            ``compile``; the peak is ``process + data + state + compile`` plus the larger of
+            ``round + aggregation`` and ``evaluation``. ``synthetic_generation`` (synthetic
+            data only) is held before the model exists, beside ``process`` alone.
+        peak_memory: Estimated peak resident memory, bytes.
+        checkpoint_bytes: One checkpoint as written.
+        checkpoints: Checkpoints the run writes.
+        disk_bytes: Disk the run directory keeps at the end (the checkpoint, the best model's
+            copy when the model is not fully evaluated every round, metrics).
+        disk_peak: Disk it needs at its largest (a second checkpoint while one atomically
+            replaces the other).
+        disk_written: Bytes written over the whole run.
+        round_seconds: Local training, aggregation and server step of one round.
+        secagg_seconds: Secure aggregation's part of ``round_seconds``.
+        eval_seconds: One sampled evaluation; ``full_eval_seconds`` one full ranking.
+        setup_seconds: One-off costs (FedRAP's ``torch.compile`` in round 1).
+        seconds: The whole run.
+        basis: How the time was obtained (``"probe"`` or ``"measured rounds ..."``).
+        speed: The machine probe's factor (1.0: the development machine).
+    """
+
+    model: str
+    shape: RunShape
+    rounds: int
+    participants: float
+    state: dict[str, int]
+    memory: dict[str, int]
+    peak_memory: int
+    checkpoint_bytes: int
+    checkpoints: int
+    disk_bytes: int
+    disk_peak: int
+    disk_written: int
+    round_seconds: float
+    secagg_seconds: float
+    eval_seconds: float
+    full_eval_seconds: float
+    evaluations: int
+    full_evaluations: int
+    setup_seconds: float
+    seconds: float
+    basis: str = "probe"
+    speed: float = 1.0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready record (``estimate.json`` of a run directory)."""
+        out = dataclasses.asdict(self)
+        out["shape"] = dataclasses.asdict(self.shape)
+        out["notes"] = list(self.notes)
+        return out
+
+    def summary_line(self) -> str:
+        """One line: memory, disk and time."""
+        return (
+            f"estimate: peak memory {format_bytes(self.peak_memory)}, disk "
+            f"{format_bytes(self.disk_bytes)} ({format_bytes(self.disk_peak)} while a "
+            f"checkpoint is replaced), time {format_seconds(self.seconds)} ({self.rounds} "
+            f"rounds x {format_seconds(self.round_seconds + self._eval_per_round())}"
+            + (f" + {format_seconds(self.setup_seconds)} setup" if self.setup_seconds else "")
+            + f"; {self.basis})"
+        )
+
+    def detail_line(self) -> str:
+        """One line: where the peak memory goes."""
+        parts = [
+            f"{k} {format_bytes(v)}"
+            for k, v in self.memory.items()
+            if v and k != "synthetic_generation"
+        ]
+        named = ", ".join(f"{k} {format_bytes(v)}" for k, v in _largest(self.state, 2))
+        text = f"          memory: {' + '.join(parts)}" + (f" (state: {named})" if named else "")
+        if self.memory.get("synthetic_generation"):
+            text += (
+                f"; generating the synthetic data first: process + "
+                f"{format_bytes(self.memory['synthetic_generation'])}"
+            )
+        return text
+
+    def _eval_per_round(self) -> float:
+        if not self.rounds:
+            return 0.0
+        sampled = self.evaluations - self.full_evaluations
+        return (
+            sampled * self.eval_seconds + self.full_evaluations * self.full_eval_seconds
+        ) / self.rounds
+
+    def after_rounds(self, records: Sequence[Mapping[str, Any]], *, done: int) -> CostEstimate:
+        """The time re-estimated from measured rounds (``metrics.jsonl`` records).
+
+        Training time per round is the median of the rounds after the first when there are
+        any (round 1 carries one-off costs such as ``torch.compile``), else round 1 itself;
+        evaluation time likewise per kind (sampled, full ranking). ``done`` rounds of the
+        estimate's ``rounds`` are finished; the result's ``seconds`` is the time left.
+        """
+        if not records:
+            return self
+        train = [float(r.get("train_seconds", 0.0)) for r in records]
+        warm = train[1:] if len(train) > 1 else train
+        round_s = statistics.median(warm)
+        full = [float(r["eval_seconds"]) for r in records if "test_full_hr@10" in r]
+        sampled = [
+            float(r["eval_seconds"])
+            for r in records
+            if "eval_seconds" in r and "test_full_hr@10" not in r
+        ]
+        full_s = statistics.median(full[1:] or full) if full else self.full_eval_seconds
+        eval_s = statistics.median(sampled) if sampled else self.eval_seconds
+        left = max(self.rounds - done, 0)
+        frac = left / self.rounds if self.rounds else 0.0
+        evaluations = round(self.evaluations * frac)
+        fulls = round(self.full_evaluations * frac)
+        seconds = left * round_s + (evaluations - fulls) * eval_s + fulls * full_s
+        return dataclasses.replace(
+            self,
+            rounds=left,
+            round_seconds=round_s,
+            eval_seconds=eval_s,
+            full_eval_seconds=full_s,
+            evaluations=evaluations,
+            full_evaluations=fulls,
+            setup_seconds=0.0,
+            seconds=seconds,
+            basis=f"measured round{'s' if len(records) > 1 else ''} 1-{len(records)}"
+            if len(records) > 1
+            else "measured round 1",
+        )
+
+
+def _largest(values: Mapping[str, int], n: int) -> list[tuple[str, int]]:
+    return sorted(((k, v) for k, v in values.items() if v), key=lambda kv: -kv[1])[:n]
+
+
+def format_bytes(n: float) -> str:
+    """``1.3 GB``-style (powers of 1000, as ``ls -h --si`` and free-space dialogs show)."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def format_seconds(s: float) -> str:
+    """``45 s``, ``12 min``, ``2.1 h``."""
+    if s < 0.95:
+        return f"{s:.2f} s"
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+# ---------------------------------------------------------------------------- state
+
+
+def state_bytes(model: str, params: Any, shape: RunShape) -> dict[str, int]:
+    """The bytes of every tensor entry of ``model``'s ``state_dict()`` at ``shape`` (exact).
+
+    Nested entries are summed under their top-level name (FedRecGEL's ``client_adam``); plain
+    values (the config, learning-rate scalars) are left out. Unknown models give ``{}``.
+    """
+    u, i = shape.users, shape.items
+    f32, i64 = 4, 8
+    if model == "fedrap":
+        d = params.dim
+        return {
+            "C": i * d * f32,
+            "D": u * i * d * f32,
+            "d_scale": u * f32,
+            "w": u * d * f32,
+            "b": u * f32,
+        }
+    if model == "fedrecgel":
+        widths = tuple(params.layers)
+        shared = i * (params.gmf_dim + params.mlp_dim)
+        for k in range(len(widths) - 1):
+            shared += widths[k + 1] * widths[k] + widths[k + 1]
+        shared += params.gmf_dim + widths[-1] + 1
+        return {
+            "shared": shared * f32,
+            "user_gmf": u * params.gmf_dim * f32,
+            "user_mlp": u * params.mlp_dim * f32,
+            "client_adam": 2 * u * (params.gmf_dim + params.mlp_dim) * f32 + u * i64,
+            "server_adam": 2 * shared * f32,
+        }
+    if model in ("fedals", "ials"):
+        d = params.factor_dim if model == "fedals" else params.dim
+        if model == "ials":
+            return {"X": u * d * f32, "V": i * d * f32}
+        return {"V": i * d * f32, "prior": i * f32, "head": i}
+    if model == "mostpop":
+        return {"counts": i * f32}
+    if model == "ease":
+        return {"B": i * i * f32}
+    return {}
+
+
+def state_bytes_of(state: Mapping[str, Any]) -> dict[str, int]:
+    """The bytes of every tensor in a live ``state_dict()``, summed per top-level entry."""
+    import torch
+
+    def size(value: Any) -> int:
+        if isinstance(value, torch.Tensor):
+            return int(value.numel() * value.element_size())
+        if isinstance(value, Mapping):
+            return sum(size(v) for v in value.values())
+        if isinstance(value, list | tuple):
+            return sum(size(v) for v in value)
+        return 0
+
+    return {k: size(v) for k, v in state.items() if size(v)}
+
+
+# ---------------------------------------------------------------------------- machine
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process can still use: ``MemAvailable`` of ``/proc/meminfo``,
+    capped by a cgroup (v2 or v1) limit; None where neither can be read."""
+    found: list[int] = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+                    break
+    except (OSError, ValueError):
+        pass
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        try:
+            with open(limit_file, encoding="ascii") as fh:
+                raw = fh.read().strip()
+            if raw == "max":
+                continue
+            limit = int(raw)
+            with open(usage_file, encoding="ascii") as fh:
+                usage = int(fh.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit < 2**60:
+            found.append(max(limit - usage, 0))
+    return min(found) if found else None
+
+
+def machine_speed(*, repeats: int = 5) -> float:
+    """How much slower than the development machine this one runs a fixed workload now.
+
+    The workload (about 10 ms there) mixes the elementwise passes over large float arrays that
+    dominate FedRAP's round with small matrix products, on one thread: with several threads
+    a loaded machine's scheduling made the probe vary 20-fold between calls, on one thread
+    3-fold. The fastest of ``repeats`` runs after a warm-up is compared with the development
+    machine's. 2.0 means twice as slow (other jobs sharing the cores count: the estimate is
+    for the machine as it is now, and the update after round 1 corrects it).
+    """
+    import torch
+
+    x = torch.rand(1 << 20, generator=torch.Generator().manual_seed(0))
+    a = torch.full((192, 192), 1e-3)
+    best = math.inf
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for rep in range(repeats + 1):
+            t0 = time.perf_counter()
+            y = x
+            for _ in range(4):
+                y = torch.sigmoid(y * 0.5 + 0.1) * x
+            b = a
+            for _ in range(8):
+                b = torch.tanh(b @ a)
+            if rep:  # the first run warms up
+                best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return best / _PROBE_REFERENCE_S
+
+
+# ---------------------------------------------------------------------------- estimate
+
+
+def _participants(config: TrainConfig, users: int) -> float:
+    if not config.spec.federated:
+        return float(users)
+    return float(config.cohort(users).expected_size(users))
+
+
+def _secagg_k(m: int, config: TrainConfig) -> int:
+    """SecAgg+ neighbours the run resolves for ``m`` clients (the protocol's own rule)."""
+    p = config.privacy
+    try:
+        from protocols.secagg import SecAggConfig
+
+        return int(
+            SecAggConfig(
+                n_clients=max(m, 2),
+                neighbours=p.secagg_neighbours,
+                dropout_tolerance=p.secagg_dropout,
+                corrupt_fraction=p.secagg_corrupt,
+                modulus_bits=64,
+            ).k
+        )
+    except (ImportError, ConfigError, ValueError, TypeError):
+        return min(max(m - 1, 1), 30)
+
+
+def _layout_size(config: TrainConfig, shape: RunShape) -> int:
+    from types import SimpleNamespace
+
+    size_fn = config.spec.layout_size
+    if size_fn is None:
+        return 0
+    fake = SimpleNamespace(n_items=shape.items, n_users=shape.users)
+    return int(size_fn(config.params, fake))
+
+
+def estimate_run(
+    config: TrainConfig,
+    shape: RunShape,
+    *,
+    start_round: int = 0,
+    speed: float | None = None,
+    state: Mapping[str, int] | None = None,
+) -> CostEstimate:
+    """Estimate the peak memory, disk and time of training ``config`` on data of ``shape``.
+
+    Args:
+        config: The run's configuration.
+        shape: The dataset's dimensions (:meth:`RunShape.of` a loaded split).
+        start_round: Rounds a resumed run keeps (they are not estimated again).
+        speed: :func:`machine_speed`'s factor (None: probe now).
+        state: The model's state bytes as written (:func:`state_bytes_of` a built model);
+            default: :func:`state_bytes` of the configuration.
+
+    Returns:
+        The estimate; see :class:`CostEstimate`.
+    """
+    params = config.params
+    model = config.model
+    u, i, n_train = shape.users, shape.items, shape.train_interactions
+    p = config.privacy
+    m = _participants(config, u)
+    frac = m / u if u else 0.0
+    rounds = max(config.rounds - start_round, 0)
+    formula = state_bytes(model, params, shape)
+    written = dict(state) if state is not None else formula
+    state_total = sum(formula.values())
+    notes: list[str] = []
+
+    neg = int(getattr(params, "num_negatives", 0))
+    samples = frac * n_train * (1 + neg)  # samples trained per round (positives + negatives)
+    memory: dict[str, int] = {
+        "process": PROCESS_BYTES,
+        "data": int(n_train * 40 + u * 2 * 100 * 8),
+        "state": state_total,
+    }
+    round_bytes = 0
+    compile_bytes = 0
+    eval_bytes = EVAL_BLOCK * i * 4 * 3
+    round_s = 0.0
+    setup_s = 0.0
+    eval_full_s = 0.0
+    eval_s = 0.0
+    if model == "fedrap":
+        d = params.dim
+        if p.interaction_dp:
+            # Dense per-client C_u, D_u and buffers, in chunks of at most 2 GiB, and the dense
+            # uploads (securefed.models.fedrap._DPSGD_MAX_BYTES).
+            round_bytes = min(2 * 2**30, int(m * i * d * 4 * 8)) + int(m * i * d * 4)
+            round_s = _FEDRAP_PAGED_S * m * i * d * params.local_epochs * 4
+        else:
+            pair_bytes = d * 4 * FEDRAP_PAIR_FLOATS + FEDRAP_PAIR_EXTRA
+            round_bytes = int(samples * pair_bytes)
+            rate = _FEDRAP_PAGED_S if samples * d * 4 > MMAP_THRESHOLD else _FEDRAP_S
+            round_s = rate * samples * params.local_epochs * d
+            if samples >= 50_000 and params.compile is not False:
+                compile_bytes = COMPILE_BYTES
+                setup_s = _FEDRAP_COMPILE_S
+        eval_full_s = _DOT_EVAL_S * u * i * d
+        eval_s = _DOT_EVAL_S * u * 200 * d
+    elif model == "fedrecgel":
+        widths = tuple(params.layers)
+        macs = sum(widths[k] * widths[k + 1] for k in range(len(widths) - 1)) + params.gmf_dim
+        passes = 3 if params.sam else 1
+        round_s = _MLP_S * samples * macs * passes * params.local_steps
+        # Blocks of 2^15 sample slots through the tower (activations and their gradients),
+        # plus the structured uploads and the per-client dense MLP gradients.
+        round_bytes = int(
+            (1 << 15) * sum(widths) * 4 * 6
+            + samples * (params.gmf_dim + params.mlp_dim) * 4 * 2
+            + m * (sum(widths[k] * widths[k + 1] for k in range(len(widths) - 1))) * 4 * 2
+        )
+        tower = sum(widths[k] * widths[k + 1] for k in range(1, len(widths) - 1)) + widths[0]
+        eval_full_s = _MLP_EVAL_S * u * i * tower
+        eval_s = _MLP_EVAL_S * u * 200 * tower
+        # score_all holds [block, items, width] activations of the first layer (peak RSS on
+        # MovieLens 100K: 858 MB measured, 891 MB estimated with this term).
+        eval_bytes = EVAL_BLOCK * i * 4 * widths[0]
+    elif model in ("fedals", "ials"):
+        d = params.factor_dim if model == "fedals" else params.dim
+        round_s = _ALS_S * (frac * n_train * d * d + m * d**3 + i * d**3)
+        if model == "ials":
+            round_s = _ALS_S * (2 * n_train * d * d + (u + i) * d**3)
+        round_bytes = int(frac * n_train * (d + 4) * 8 * 3 + m * d * d * 8)
+        eval_full_s = _DOT_EVAL_S * u * i * d
+        eval_s = _DOT_EVAL_S * u * 200 * d
+        eval_bytes = EVAL_BLOCK * i * 4 * 3 + u * d * 8
+    elif model == "ease":
+        round_bytes = 3 * i * i * 4 + u * i * 4
+        round_s = 2.0e-10 * i**3
+        eval_full_s = _DOT_EVAL_S * u * i * i / 32
+        eval_s = eval_full_s / 10
+    else:  # mostpop and models without a formula: counting, scoring by one vector
+        round_bytes = int(frac * n_train * 16)
+        round_s = 1e-8 * frac * n_train
+        eval_full_s = 1e-9 * u * i
+        eval_s = 1e-9 * u * 200
+        if not formula:
+            notes.append(f"no cost formula for {model}: memory and time are rough")
+
+    agg_bytes = 0
+    secagg_s = 0.0
+    if config.spec.federated and (p.secagg or (p.dp and p.noise == "distributed")):
+        dim = _layout_size(config, shape)
+        mm = max(int(math.ceil(m)), 2)
+        if p.secagg:
+            k = _secagg_k(mm, config)
+            agg_bytes = mm * dim * SECAGG_BYTES_PER_COORD + SECAGG_CHUNK_BYTES
+            secagg_s = _SECAGG_S * mm * (k + 1) * dim + _KEY_AGREEMENT_S * mm * k
+            if p.dp:
+                secagg_s += _DDG_S * mm * dim
+        else:
+            agg_bytes = mm * dim * 8
+            secagg_s = _DDG_S * mm * dim * 0.3
+    round_s += secagg_s
+
+    memory["round"] = round_bytes
+    memory["aggregation"] = agg_bytes
+    memory["evaluation"] = eval_bytes
+    memory["compile"] = compile_bytes
+    base = memory["process"] + memory["data"] + state_total + compile_bytes
+    peak = base + max(round_bytes + agg_bytes, eval_bytes)
+    if shape.synthetic:
+        # make_synthetic, before the model exists: float64 logits and Gumbel noise, an int64
+        # argsort and a bool mask over users x items.
+        memory["synthetic_generation"] = u * i * 25
+        peak = max(peak, memory["process"] + memory["synthetic_generation"])
+
+    speed = machine_speed() if speed is None else speed
+    evals = _count(start_round, config.rounds, config.eval_every)
+    fulls = _count_full(start_round, config.rounds, config.eval_every, config)
+    ckpts = _count(start_round, config.rounds, config.checkpoint_every)
+    checkpoint = sum(written.values()) + CHECKPOINT_OVERHEAD
+    best = checkpoint if config.resolved_full_eval_every() > config.eval_every else 0
+    metrics_bytes = 1024 * rounds
+    disk = checkpoint + best + metrics_bytes
+    seconds_train = rounds * round_s + setup_s
+    seconds_eval = (evals - fulls) * eval_s + fulls * eval_full_s
+    if best and rounds:
+        seconds_eval += eval_full_s  # the selected round's full ranking from best_model.pt
+    return CostEstimate(
+        model=model,
+        shape=shape,
+        rounds=rounds,
+        participants=m,
+        state=dict(written),
+        memory=memory,
+        peak_memory=int(peak),
+        checkpoint_bytes=int(checkpoint),
+        checkpoints=ckpts,
+        disk_bytes=int(disk),
+        disk_peak=int(disk + checkpoint),
+        disk_written=int(ckpts * checkpoint + best * min(evals, 10) + metrics_bytes),
+        round_seconds=round_s * speed,
+        secagg_seconds=secagg_s * speed,
+        eval_seconds=eval_s * speed,
+        full_eval_seconds=eval_full_s * speed,
+        evaluations=evals,
+        full_evaluations=fulls,
+        setup_seconds=setup_s * speed,
+        seconds=(seconds_train + seconds_eval) * speed,
+        basis=f"rough: machine probe x{speed:.1f}, updated after round 1",
+        speed=speed,
+        notes=tuple(notes),
+    )
+
+
+def _count(start: int, rounds: int, every: int) -> int:
+    """Rounds in ``start+1 .. rounds`` that are multiples of ``every``, plus the last one."""
+    if rounds <= start:
+        return 0
+    n = rounds // every - start // every
+    return n + (0 if rounds % every == 0 else 1)
+
+
+def _count_full(start: int, rounds: int, eval_every: int, config: TrainConfig) -> int:
+    full_every = config.resolved_full_eval_every()
+    return sum(
+        1
+        for r in range(start + 1, rounds + 1)
+        if (r % eval_every == 0 or r == rounds) and (r % full_every == 0 or r == rounds)
+    )
+
+
+# ---------------------------------------------------------------------------- refusal
+
+
+def check_memory(config: TrainConfig, estimate: CostEstimate, available: int | None = None) -> None:
+    """Refuse a run whose estimated peak exceeds the available memory.
+
+    Args:
+        config: The run's configuration (for the suggestion).
+        estimate: Its estimate.
+        available: Bytes available (default: the free GPU memory for a ``cuda`` device, else
+            :func:`available_memory`; None there: no check).
+
+    Raises:
+        InsufficientMemory: one line with the estimate, what is available, what dominates
+            and the flag that would make the run fit.
+    """
+    if available is None:
+        available = _available_for(config.device)
+    if available is None or estimate.peak_memory <= available:
+        return
+    part, size = _largest(estimate.memory, 1)[0]
+    what = part
+    if part == "state" and estimate.state:
+        name, size = _largest(estimate.state, 1)[0]
+        what = f"the model state's {name}"
+    elif part == "aggregation":
+        what = "secure aggregation's [clients x d] inputs" if config.privacy.secagg else part
+    elif part == "round":
+        what = "one round's local training"
+    elif part == "synthetic_generation":
+        what = "generating the synthetic data"
+    raise InsufficientMemory(
+        f"this run needs about {format_bytes(estimate.peak_memory)} of memory "
+        f"(mostly {what}: {format_bytes(size)}) but {format_bytes(available)} is available; "
+        + _suggest(config, estimate, available)
+    )
+
+
+def _available_for(device: str) -> int | None:
+    """Free memory where the model lives: the GPU's for ``cuda`` devices, else RAM."""
+    if device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            index = torch.device(device).index
+            return int(torch.cuda.mem_get_info(index if index is not None else 0)[0])
+    return available_memory()
+
+
+def _suggest(config: TrainConfig, estimate: CostEstimate, available: int) -> str:
+    """The flag that makes the run fit, found by re-estimating (no probe, no allocation)."""
+    shape = estimate.shape
+    speed = estimate.speed
+
+    def fits(cfg: TrainConfig) -> bool:
+        return estimate_run(cfg, shape, speed=speed).peak_memory <= available
+
+    params = config.params
+    dim_field = next(
+        (f for f in ("dim", "gmf_dim") if params is not None and hasattr(params, f)), None
+    )
+    if config.spec.federated and estimate.memory.get("state", 0) < available:
+        for fraction in (0.5, 0.2, 0.1, 0.05, 0.02, 0.01):
+            cfg = dataclasses.replace(config, client_fraction=fraction, clients_per_round=None)
+            if fits(cfg):
+                return f"--client-fraction {fraction:g} would fit"
+    if dim_field is not None:
+        current = int(getattr(params, dim_field))
+        for dim in (current // 2**k for k in range(1, 12)):
+            if dim < 1:
+                break
+            cfg = dataclasses.replace(
+                config, params=dataclasses.replace(params, **{dim_field: dim})
+            )
+            if fits(cfg):
+                return f"--param {dim_field}={dim} would fit"
+    return (
+        f"no --client-fraction or smaller dim fits {config.model} on {shape.users:,} users x "
+        f"{shape.items:,} items here: choose another --model (fedals or fedrecgel keep no "
+        "users x items state) or a machine with more memory"
+    )
+
+
+def refuse_if_too_large(config: TrainConfig, split: Split) -> None:
+    """``train(config, before_build=refuse_if_too_large)``: the memory check of
+    ``securefed train`` for Python callers (no probe: only memory is checked).
+
+    Raises:
+        InsufficientMemory: see :func:`check_memory`.
+    """
+    check_memory(config, estimate_run(config, RunShape.of(split), speed=1.0))

@@ -1,0 +1,317 @@
+"""Stated costs before a run (issue 17, issue 18): the memory formula against the tensors a
+model really holds, the refusal of a run that cannot fit, the estimate recorded in the run
+directory, and its update from measured rounds."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from securefed.cli import app
+from securefed.config import PrivacyConfig, TrainConfig
+from securefed.costs import (
+    CostEstimate,
+    InsufficientMemory,
+    RunShape,
+    check_memory,
+    estimate_run,
+    state_bytes,
+    state_bytes_of,
+)
+from securefed.models.registry import get_spec, model_names
+from securefed.training import build_model
+
+runner = CliRunner()
+
+
+def _config(model: str, **params: object) -> TrainConfig:
+    spec = get_spec(model)
+    return TrainConfig(model=model, params=dataclasses.replace(spec.params(), **params))
+
+
+@pytest.mark.parametrize(
+    ("model", "params"),
+    [
+        ("fedrap", {}),
+        ("fedrap", {"dim": 7}),
+        ("fedrecgel", {}),
+        ("fedrecgel", {"gmf_dim": 5, "mlp_dim": 12, "layers": (24, 10, 6)}),
+        ("fedals", {}),
+        ("fedals", {"private": True, "private_dim": 6}),
+        ("mostpop", {}),
+        ("ease", {}),
+        ("ials", {"dim": 9}),
+    ],
+)
+def test_state_formula_is_exactly_the_bytes_of_the_state_dict(small_split, model, params):
+    cfg = _config(model, **params)
+    built = build_model(cfg, small_split)
+    assert state_bytes(model, cfg.params, RunShape.of(small_split)) == state_bytes_of(
+        built.state_dict()
+    )
+
+
+def test_every_registered_model_has_a_state_formula(small_split):
+    shape = RunShape.of(small_split)
+    for model in model_names():
+        assert state_bytes(model, get_spec(model).params(), shape), model
+
+
+def test_fedrap_state_is_users_x_items_x_dim_floats():
+    shape = RunShape(users=29_858, items=40_981, train_interactions=860_000)
+    cfg = _config("fedrap")
+    est = estimate_run(cfg, shape, speed=1.0)
+    assert est.state["D"] == 29_858 * 40_981 * 32 * 4
+    assert est.peak_memory > est.state["D"]
+    # The checkpoint is the state as written, plus a small fixed overhead.
+    assert 0 < est.checkpoint_bytes - sum(est.state.values()) <= 64 * 1024
+
+
+def test_gowalla_fedrap_is_refused_with_a_dim_that_fits():
+    shape = RunShape(users=29_858, items=40_981, train_interactions=860_000)
+    cfg = _config("fedrap")
+    est = estimate_run(cfg, shape, speed=1.0)
+    with pytest.raises(InsufficientMemory) as info:
+        check_memory(cfg, est, available=16 * 10**9)
+    text = str(info.value)
+    assert "\n" not in text
+    assert "the model state's D: 156.6 GB" in text
+    dim = int(text.split("--param dim=")[1].split()[0])
+    smaller = dataclasses.replace(cfg, params=dataclasses.replace(cfg.params, dim=dim))
+    assert estimate_run(smaller, shape, speed=1.0).peak_memory <= 16 * 10**9
+    twice = dataclasses.replace(cfg, params=dataclasses.replace(cfg.params, dim=2 * dim))
+    assert estimate_run(twice, shape, speed=1.0).peak_memory > 16 * 10**9
+
+
+def test_secure_aggregation_over_a_large_cohort_suggests_a_client_fraction():
+    shape = RunShape(users=29_858, items=40_981, train_interactions=860_000)
+    cfg = TrainConfig(model="fedrecgel", client_fraction=1.0, privacy=PrivacyConfig(secagg=True))
+    est = estimate_run(cfg, shape, speed=1.0)
+    assert est.memory["aggregation"] > est.memory["state"]
+    available = est.peak_memory // 4
+    with pytest.raises(InsufficientMemory, match=r"--client-fraction (\S+) would fit") as info:
+        check_memory(cfg, est, available=available)
+    fraction = float(str(info.value).split("--client-fraction ")[1].split()[0])
+    fits = dataclasses.replace(cfg, client_fraction=fraction)
+    assert estimate_run(fits, shape, speed=1.0).peak_memory <= available
+
+
+def test_a_run_that_fits_is_not_refused():
+    shape = RunShape(users=943, items=1682, train_interactions=98_114)
+    cfg = _config("fedrap")
+    est = estimate_run(cfg, shape, speed=1.0)
+    check_memory(cfg, est, available=est.peak_memory)
+    with pytest.raises(InsufficientMemory):
+        check_memory(cfg, est, available=est.peak_memory - 1)
+
+
+def test_checkpoints_and_evaluations_are_counted_like_the_round_loop():
+    shape = RunShape(users=943, items=1682, train_interactions=98_114)
+    cfg = TrainConfig(model="fedrecgel", rounds=25, checkpoint_every=10, eval_every=2)
+    est = estimate_run(cfg, shape, speed=1.0)
+    assert est.checkpoints == 3  # rounds 10, 20 and the last (25)
+    assert est.evaluations == 13  # 2, 4, ..., 24 and 25
+    assert est.full_evaluations == 3  # 10, 20 (evaluated and full) and 25
+    resumed = estimate_run(cfg, shape, speed=1.0, start_round=20)
+    assert (resumed.rounds, resumed.checkpoints, resumed.evaluations) == (5, 1, 3)
+
+
+def test_the_estimate_after_round_one_uses_the_measured_rounds():
+    shape = RunShape(users=943, items=1682, train_interactions=98_114)
+    cfg = TrainConfig(model="fedrap", rounds=10, eval_every=1)
+    est = estimate_run(cfg, shape, speed=1.0)
+    rec = {"train_seconds": 6.0, "eval_seconds": 0.5, "test_full_hr@10": 0.1}
+    one = est.after_rounds([rec], done=1)
+    assert one.rounds == 9 and one.round_seconds == 6.0
+    assert one.seconds == pytest.approx(9 * 6.0 + 9 * 0.5)
+    # Round 1 carried torch.compile: from round 2 on, the warm rounds set the rate.
+    two = est.after_rounds([rec, {**rec, "train_seconds": 1.0}], done=2)
+    assert two.round_seconds == 1.0
+    assert two.seconds == pytest.approx(8 * 1.0 + 8 * 0.5)
+    assert isinstance(two, CostEstimate)
+
+
+def test_a_run_that_cannot_fit_is_refused_in_one_line_with_nothing_written(tmp_path):
+    run = tmp_path / "run"
+    res = runner.invoke(
+        app,
+        [
+            "train",
+            "--model",
+            "fedrap",
+            "--synthetic-users",
+            "200",
+            "--synthetic-items",
+            "500",
+            "--param",
+            "dim=1000000",
+            "--rounds",
+            "1",
+            "--out",
+            str(run),
+        ],
+    )
+    assert res.exit_code == 2, res.output
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1, res.output
+    assert lines[0].startswith("error: this run needs about ")
+    assert "available" in lines[0] and "--param dim=" in lines[0]
+    assert "Traceback" not in res.output
+    assert not run.exists()
+
+
+def test_a_loaded_dataset_too_large_for_memory_is_refused_before_the_model(tmp_path, monkeypatch):
+    # A real file (not synthetic): the check runs after loading, before the model is built.
+    rows = [(u, (u * 7 + k) % 200) for u in range(30) for k in range(8)]
+    csv = tmp_path / "plays.csv"
+    csv.write_text("user,item\n" + "".join(f"{u},{i}\n" for u, i in rows))
+    monkeypatch.setattr("securefed.costs.available_memory", lambda: 100 * 2**20)
+    built = []
+    monkeypatch.setattr("securefed.training.build_model", lambda *a, **k: built.append(1))
+    run = tmp_path / "run"
+    res = runner.invoke(
+        app, ["train", "--model", "fedrap", "--dataset", str(csv), "--out", str(run)]
+    )
+    assert res.exit_code == 2, res.output
+    errors = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "104.9 MB is available" in errors[0], res.output
+    assert not built and not run.exists()
+
+
+def test_the_estimate_is_printed_before_round_one_and_recorded(tmp_path):
+    run = tmp_path / "run"
+    res = runner.invoke(
+        app,
+        [
+            "train",
+            "--model",
+            "fedals",
+            "--synthetic-users",
+            "60",
+            "--synthetic-items",
+            "400",
+            "--rounds",
+            "3",
+            "--out",
+            str(run),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    text = res.output
+    assert text.index("estimate: peak memory") < text.index("round 1/3")
+    assert text.index("round 1/3") < text.index("estimate after round 1:") < text.index("round 2/3")
+    record = json.loads((run / "estimate.json").read_text())
+    before = record["before_run"]
+    assert before["model"] == "fedals" and before["rounds"] == 3
+    assert before["shape"]["users"] == 60
+    items = before["shape"]["items"]
+    assert before["state"] == {"V": items * 32 * 4, "prior": items * 4, "head": items}
+    assert record["after_round_1"]["rounds"] == 2
+    measured = record["measured"]
+    assert measured["rounds"] == 3 and measured["peak_rss_bytes"] > 0
+    assert measured["checkpoint_bytes"] == (run / "checkpoint.pt").stat().st_size
+
+
+def test_report_states_its_cost_and_prints_a_line_per_cell_when_not_a_terminal(tmp_path):
+    res = runner.invoke(
+        app,
+        [
+            "report",
+            "--models",
+            "fedrecgel",
+            "--references",
+            "ials",
+            "--epsilons",
+            "inf",
+            "--defenses",
+            "none",
+            "--seeds",
+            "1",
+            "--rounds",
+            "1",
+            "--no-audit",
+            "--dataset",
+            "synthetic",
+            "--synthetic-users",
+            "60",
+            "--synthetic-items",
+            "400",
+            "--out",
+            str(tmp_path / "rep"),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    text = res.output
+    assert "report: 2 cells" in text
+    estimate = text.index("estimate: 2 cells to run, about ")
+    first = text.index("cell 1/2 fedrecgel-none-epsinf-s0 done in ")
+    second = text.index("cell 2/2 ials-centralized-s0 done in ")
+    assert estimate < first < second
+    assert "left)" in text[first:second]  # the time left after the first cell
+
+
+def test_a_report_whose_cells_cannot_fit_is_refused_before_any_cell(tmp_path, monkeypatch):
+    from securefed.report import ReportConfig, run_report
+
+    monkeypatch.setattr("securefed.costs.available_memory", lambda: 50 * 2**20)
+    cfg = ReportConfig(
+        models=("fedrecgel",),
+        references=(),
+        dataset="synthetic",
+        synthetic_users=60,
+        synthetic_items=400,
+        epsilons=(math.inf,),
+        defenses=("none",),
+        seeds=1,
+        rounds=1,
+        audit=False,
+    )
+    with pytest.raises(InsufficientMemory, match="52.4 MB is available"):
+        run_report(cfg, out=tmp_path / "rep")
+    assert not (tmp_path / "rep" / "cells").exists()
+
+
+def test_audit_states_its_replay_cost_and_prints_a_line_per_round(tmp_path):
+    res = runner.invoke(
+        app,
+        [
+            "audit",
+            "--model",
+            "fedrap",
+            "--synthetic-users",
+            "60",
+            "--synthetic-items",
+            "400",
+            "--rounds",
+            "2",
+            "--attacks",
+            "row-change",
+            "--canaries",
+            "0",
+            "--out",
+            str(tmp_path / "a"),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    text = res.output
+    estimate = text.index("estimate: the audit's replay training ")
+    assert estimate < text.index("audit replay round 1/2") < text.index("audit replay round 2/2")
+
+
+def test_python_callers_get_the_same_refusal_before_the_model(small_split, tmp_path, monkeypatch):
+    from securefed.costs import refuse_if_too_large
+    from securefed.training import train
+
+    monkeypatch.setattr("securefed.costs.available_memory", lambda: 1)
+    with pytest.raises(InsufficientMemory, match="1 B is available"):
+        train(
+            TrainConfig(model="fedals", rounds=1),
+            out=tmp_path / "run",
+            split=small_split,
+            before_build=refuse_if_too_large,
+        )
+    assert not (tmp_path / "run").exists()
