@@ -189,6 +189,19 @@ def train(
     secagg: Annotated[
         bool | None, typer.Option("--secagg/--no-secagg", help="Secure aggregation.")
     ] = None,
+    private_prior: Annotated[
+        float | None,
+        typer.Option(
+            help="User-level DP, FedRAP/FedRecGEL: spend this share of --epsilon (in (0, 1)) on "
+            "one private popularity count added to the scores (docs/privacy.md)."
+        ),
+    ] = None,
+    prior_items: Annotated[
+        int | None, typer.Option(help="--private-prior: items each user counts (default 20).")
+    ] = None,
+    prior_weight: Annotated[
+        float | None, typer.Option(help="--private-prior: weight of the prior in the scores.")
+    ] = None,
     synthetic_users: SyntheticUsers = None,
     synthetic_items: SyntheticItems = None,
     min_interactions: Annotated[
@@ -276,6 +289,9 @@ def train(
                 noise=noise,
                 replay=replay_from_seed,
                 secagg=secagg,
+                prior_share=private_prior,
+                prior_items=prior_items,
+                prior_weight=prior_weight,
             )
             if privacy:
                 raw["privacy"] = {**dict(raw.get("privacy", {})), **privacy}

@@ -72,6 +72,9 @@ class PrivacyConfig:
     secagg_corrupt: float = 0.05
     secagg_scale_bits: int = 16
     secagg_simulate_dropout: float = 0.0
+    prior_share: float | None = None
+    prior_items: int = 20
+    prior_weight: float | None = None
 
     def __post_init__(self) -> None:
         if self.epsilon is not None and not (self.epsilon > 0):
@@ -144,6 +147,38 @@ class PrivacyConfig:
         if not 0 <= self.secagg_corrupt < 1:
             raise ConfigError(
                 f"secagg corrupt fraction must be in [0, 1), got {self.secagg_corrupt!r}"
+            )
+        self._check_prior()
+
+    def _check_prior(self) -> None:
+        """The private popularity prior (:mod:`securefed.prior`): a share of a user-level
+        ``epsilon`` with central (or continuous distributed) Gaussian noise."""
+        k = self.prior_items
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ConfigError(f"prior items must be a positive integer, got {k!r}")
+        w = self.prior_weight
+        if w is not None and not (
+            isinstance(w, int | float) and not isinstance(w, bool) and math.isfinite(w) and w >= 0
+        ):
+            raise ConfigError(f"prior weight must be a finite number >= 0, got {w!r}")
+        share = self.prior_share
+        if share is None:
+            return
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share < 1:
+            raise ConfigError(
+                f"--private-prior is the prior's share of the budget, in (0, 1), got {share!r}"
+            )
+        if self.epsilon is None or self.noise_multiplier is not None:
+            raise ConfigError(
+                "--private-prior splits a target --epsilon between the popularity prior and "
+                "the model; give --epsilon and no --noise-multiplier"
+            )
+        if self.privacy_unit != "user":
+            raise ConfigError("--private-prior is a user-level mode; use --privacy-unit user")
+        if self.secagg and self.noise != "central":
+            raise ConfigError(
+                "--private-prior with --secagg releases the prior with central noise; give "
+                "--noise central (distributed discrete noise cannot share its ledger yet)"
             )
 
     @property
@@ -266,6 +301,12 @@ class TrainConfig:
             )
         if p.dp and not p.interaction_dp and not spec.user_dp:
             raise ConfigError(f"{spec.name} does not support user-level DP")
+        if p.prior_share is not None and spec.prior_weight is None:
+            raise ConfigError(
+                f"{spec.name} has no popularity-prior mode (models with one: "
+                f"{', '.join(n for n in model_names() if get_spec(n).prior_weight is not None)}); "
+                "drop --private-prior"
+            )
 
     @property
     def spec(self) -> Any:

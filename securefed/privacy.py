@@ -128,6 +128,10 @@ class PrivateAggregator:
         self.dpsgd: DPSGDConfig | None = None
         self.interaction: DPConfig | None = None
         self.releases_per_round = interaction_steps_per_round(config) if p.interaction_dp else 0
+        # The private popularity prior (securefed.prior): its own release, sized before the
+        # model's sigma, which is calibrated for the rest of the budget.
+        self.prior_noise_multiplier: float | None = None
+        self.prior_clip = math.sqrt(p.prior_items)
         if p.interaction_dp:
             # Client-side DP-SGD: the uploads are already private; this seam adds no noise
             # and, with secure aggregation, ``clip`` is only the bound on each input.
@@ -157,6 +161,15 @@ class PrivateAggregator:
                 secure=p.os_randomness,
             )
             self.dp.check_population(split.n_users)
+            if p.prior_share is not None:
+                from securefed.prior import prior_noise_multiplier
+
+                self.prior_noise_multiplier = prior_noise_multiplier(
+                    epsilon=float(p.epsilon),  # type: ignore[arg-type]
+                    delta=p.delta,
+                    share=float(p.prior_share),
+                    accountant=accountant,
+                )
             if placement == "distributed" and p.secagg:
                 self._setup_discrete()
             elif placement == "distributed":
@@ -169,6 +182,17 @@ class PrivateAggregator:
     # ------------------------------------------------------------------ setup
     def _central_sigma(self, *, accountant: str) -> float:
         assert self.dp is not None
+        if self.prior_noise_multiplier is not None:
+            from securefed.prior import calibrate_remaining
+
+            return calibrate_remaining(
+                epsilon=float(self.dp.epsilon),  # type: ignore[arg-type]
+                delta=self.dp.delta,
+                fixed=[(self.prior_noise_multiplier, 1.0, 1)],
+                sample_rate=self.sample_rate,
+                steps=self.rounds,
+                accountant=accountant,
+            )
         cfg = DPConfig(**{**self.dp.to_dict(), "accountant": accountant, "placement": "central"})
         return cfg.resolve_noise_multiplier(
             sample_rate=self.sample_rate, steps=self.rounds, n_users=self.n_users
@@ -285,6 +309,65 @@ class PrivateAggregator:
         return Aggregate(
             total=total, contributors=m, denominator=denominator, noise_std=self._noise_std()
         )
+
+    def release_prior(self, updates: ClientUpdates, round_index: int = 0) -> torch.Tensor:
+        """Release the popularity prior's noisy sum of every user's bounded indicator.
+
+        The Gaussian mechanism on the sum (unit: one user; L2 sensitivity ``sqrt(k)``, the
+        contribution bound :mod:`securefed.prior` applies on the device; clipped here to it as
+        well), sample rate 1. Accounted before release, as every round: the event is in the
+        ledger and on disk before the noisy sum exists. With secure aggregation the server
+        learns only the sum of the masked indicators and adds the noise itself (central
+        placement, as for ``--noise central``).
+
+        Raises:
+            ConfigError: the run has no popularity prior.
+            PrivacyBudgetError: the release would overspend (nothing is released).
+        """
+        if self.dp is None or self.prior_noise_multiplier is None:
+            raise ConfigError("this run has no popularity prior (--private-prior)")
+        mech = CentralGaussian(clip=self.prior_clip, noise_multiplier=self.prior_noise_multiplier)
+        self.commit(mech.event(round_index, sample_rate=1.0))
+        norms = updates.norms()
+        factors = torch.clamp(self.prior_clip / norms.clamp_min(1e-30), max=1.0).to(torch.float32)
+        dim = updates.layout.size
+        if self.secagg:
+            total = self._secure_plain_sum(updates, factors, round_index)
+        else:
+            total = updates.weighted_sum(factors)
+        return total + mech.noise_for_sum(
+            dim, generator=self._generator("prior-noise", round_index), secure=self.secure
+        )
+
+    def _secure_plain_sum(
+        self, updates: ClientUpdates, factors: torch.Tensor, round_index: int
+    ) -> torch.Tensor:
+        """The securely aggregated sum of clipped ``updates`` (every client survives), for a
+        release whose noise the server adds after unmasking."""
+        from protocols.secagg import FixedPointCodec, SecAggConfig, secure_sum
+
+        m, dim = len(updates), updates.layout.size
+        codec = FixedPointCodec.for_sum(
+            n_clients=m, clip=self.prior_clip, scale_bits=self.p.secagg_scale_bits
+        )
+        sa_cfg = SecAggConfig(
+            n_clients=m,
+            neighbours=self.p.secagg_neighbours,
+            dropout_tolerance=self.p.secagg_dropout,
+            corrupt_fraction=self.p.secagg_corrupt,
+            modulus_bits=codec.modulus_bits,
+        )
+        rng = numpy_generator(self.seed, "secagg-encode-prior", round_index)
+        ring = np.empty((m, dim), dtype=np.uint64)
+        rows_per_chunk = max(1, _MAX_DENSE // max(dim, 1))
+        for lo in range(0, m, rows_per_chunk):
+            rows = torch.arange(lo, min(m, lo + rows_per_chunk))
+            x = updates.dense(rows) * factors[rows].unsqueeze(1)
+            ring[lo : lo + rows.shape[0]] = codec.encode(x.double().numpy(), rng=rng)
+        seed = derive_seed(self.seed, "secagg-public-prior", round_index).to_bytes(8, "little")
+        public_seed = secrets.token_bytes(16) if self.secure else seed * 2
+        result = secure_sum(ring, config=sa_cfg, round_index=round_index, public_seed=public_seed)
+        return torch.from_numpy(codec.decode_sum(result.sum)).to(torch.float32)
 
     def _noise_std(self) -> float:
         """Per-coordinate std of the user-level noise in a released sum (its lower end for
@@ -558,6 +641,10 @@ class PrivateAggregator:
             out["placement_note"] = self.placement_note
         if self._ddg is not None:
             out["min_survivors"] = self._ddg.plan.min_survivors
+        if self.prior_noise_multiplier is not None:
+            out["prior_share"] = self.p.prior_share
+            out["prior_noise_multiplier"] = self.prior_noise_multiplier
+            out["prior_items"] = self.p.prior_items
         return out
 
     def _randomness(self, epsilon: float | None) -> dict[str, Any]:
@@ -576,6 +663,9 @@ class PrivateAggregator:
             eps = "(none spent)" if epsilon is None else f"{epsilon:.4g}"
             out["replay_warning"] = REPLAY_WARNING.format(seed=self.seed, epsilon=eps)
         rates = {e.sample_rate for e in self.ledger.events} or {self.sample_rate}
+        if self.prior_noise_multiplier is not None:
+            # The popularity prior is one release at rate 1; the rounds may still be sampled.
+            rates = {r for r in rates if r < 1.0} or {1.0}
         if self.interaction is not None or max(rates) >= 1.0:
             out["amplification"] = "none: every round is accounted at sample rate 1"
             return out

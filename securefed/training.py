@@ -36,6 +36,7 @@ from securefed.federation.aggregation import Aggregator, PlainAggregator
 from securefed.federation.base import Recommender
 from securefed.federation.cohort import round_cohort
 from securefed.models.registry import model_names
+from securefed.prior import ensure_released, with_prior
 
 #: Every registered model name (``securefed.models.registry``).
 MODELS: tuple[str, ...] = model_names()
@@ -485,7 +486,7 @@ def _train(
         )
     if before_build is not None:
         before_build(config, split)
-    model = build_model(config, split)
+    model = with_prior(config, split, build_model(config, split))
     aggregator = build_aggregator(config, split, model)
     cohort = config.cohort(split.n_users)
     if cohort.kind == "fixed" and cohort.size > split.n_users:
@@ -555,7 +556,11 @@ def _train(
     best = _selected_round(metrics)
     begin_round = getattr(aggregator, "begin_round", None)
     try:
-        for r in range(start_round, config.rounds):
+        ensure_released(model, aggregator, split, config, run_dir)
+    except PrivacyBudgetError as exc:
+        stopped = str(exc)
+    try:
+        for r in range(start_round if stopped is None else config.rounds, config.rounds):
             where.running = r + 1
             t0 = time.perf_counter()
             if begin_round is not None:
@@ -751,7 +756,7 @@ def _complete_selected_round(
     saved = runs.load_state(run_dir / runs.BEST_FILE)
     if saved is None or saved.get("round") != best["round"] or "model" not in saved:
         return
-    model = build_model(config, split)
+    model = with_prior(config, split, build_model(config, split))
     model.load_state_dict(saved["model"])
     best.update(_evaluate_round(model, split, full=True))
     runs.rewrite_metrics(run_dir, metrics)

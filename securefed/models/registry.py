@@ -125,6 +125,9 @@ class ModelSpec:
         resolve_params: ``(params, privacy) -> params``: settings that depend on the defenses
             (MostPop bounds each user's contribution under DP), applied when the run's config is
             built, so ``config.toml`` records what ran.
+        prior_weight: The default weight of the privately released popularity prior added to
+            the model's scores under ``--private-prior`` (:mod:`securefed.prior`); None: the
+            model has no such mode.
     """
 
     name: str
@@ -145,6 +148,7 @@ class ModelSpec:
     observer: ObserverHooks | None = None
     unsupported_attacks: Mapping[str, str] = field(default_factory=dict)
     resolve_params: Callable[[Any, Any], Any] | None = None
+    prior_weight: float | None = None
 
     def rounds_for(self, privacy: Any) -> int:
         """The default number of rounds under ``privacy``."""

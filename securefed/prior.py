@@ -1,0 +1,275 @@
+"""A privately released popularity prior that any federated model's scores can lean on.
+
+Issue 14: under user-level DP the models that privatise every coordinate of a large update
+(FedRAP, FedRecGEL) fall far below a private popularity count (DP-MostPop). The private
+prior mode gives a model that count as well, at a share of the same budget:
+
+1. **One release, before any model release.** Every user contributes the indicator of at most
+   ``k`` of its training items, sampled uniformly on the device (DP-MostPop's contribution
+   bound: L2 sensitivity ``sqrt(k)``); the server sums (plainly, or through secure
+   aggregation) and adds ``N(0, (sigma_p sqrt(k))^2)`` per item. The release is accounted in
+   the run's ledger (round 0, sample rate 1) and written to disk before the noisy sum exists,
+   like every model round (:meth:`securefed.privacy.PrivateAggregator.release_prior`).
+2. **The budget split, a rule fixed in advance.** ``share`` is the prior's part of the
+   budget in Gaussian precision: ``sigma_p = sigma_1 / sqrt(share)``, where ``sigma_1`` is
+   the noise multiplier of a single release spending all of ``epsilon``
+   (:func:`prior_noise_multiplier`). For unsampled Gaussian releases precisions add
+   (``1/sigma^2``; Dong, Roth, Su, "Gaussian Differential Privacy", 2022), so ``share`` of 1
+   would be DP-MostPop itself. The model's own sigma is then calibrated for its rounds with
+   the prior's event in the composition (:func:`calibrate_remaining`), so the ledger's epsilon
+   after the last round is at most the target.
+3. **Scores.** :class:`PriorScored` wraps the model: ``score = model score + weight * p_i``
+   with ``p_i = log(1 + max(c_i, 0)) / max_j log(1 + max(c_j, 0))`` in ``[0, 1]`` from the
+   released counts ``c``. The model itself trains and scores exactly as without the prior.
+
+A model opts in with ``ModelSpec.prior_weight`` (its default weight); nothing else in the
+model changes. The released counts are part of the wrapper's ``state_dict`` (checkpoints,
+the best model) and of their own file in the run directory (:data:`PRIOR_FILE`), so a resumed
+run loads them and never releases them twice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+
+from protocols.dp import calibrate_noise_multiplier
+from protocols.dp.accounting import gaussian_epsilon
+from protocols.seeding import torch_generator
+from securefed.errors import ConfigError
+from securefed.models.mostpop import MostPopUpdates, bounded_pairs
+
+if TYPE_CHECKING:
+    from securefed.config import TrainConfig
+    from securefed.data.types import Split
+    from securefed.federation.base import Recommender, UpdateLayout
+
+__all__ = [
+    "PRIOR_FILE",
+    "PopularityPrior",
+    "PriorScored",
+    "calibrate_remaining",
+    "ensure_released",
+    "prior_noise_multiplier",
+    "prior_updates",
+    "with_prior",
+]
+
+#: The released prior in a run directory, written as soon as it is released.
+PRIOR_FILE = "popularity_prior.pt"
+#: Calibration stops within this much epsilon below the target (as protocols.dp does).
+_TOLERANCE = 0.01
+
+
+def prior_noise_multiplier(
+    *, epsilon: float, delta: float, share: float, accountant: str = "prv"
+) -> float:
+    """``sigma_p = sigma_1 / sqrt(share)``: the prior's noise multiplier (module docstring).
+
+    Unit of privacy: one user; sensitivity: one user's bounded indicator (``sqrt(k)``), so
+    the noise std on each count is ``sigma_p * sqrt(k)``.
+    """
+    if not 0 < share < 1:
+        raise ConfigError(f"prior share must be in (0, 1), got {share!r}")
+    sigma_one = calibrate_noise_multiplier(
+        epsilon=epsilon,
+        delta=delta,
+        sample_rate=1.0,
+        steps=1,
+        accountant=accountant,  # type: ignore[arg-type]
+    )
+    return float(sigma_one / math.sqrt(share))
+
+
+def calibrate_remaining(
+    *,
+    epsilon: float,
+    delta: float,
+    fixed: Sequence[tuple[float, float, int]],
+    sample_rate: float,
+    steps: int,
+    accountant: str = "prv",
+) -> float:
+    """The smallest noise multiplier (within the calibration tolerance) for ``steps`` rounds
+    at ``sample_rate`` such that, composed with the ``fixed`` releases ``(sigma, q, count)``,
+    the accountant's epsilon stays ``<= epsilon``. Never overshoots (bisection keeps the
+    upper end private enough), like :func:`protocols.dp.calibrate_noise_multiplier`.
+
+    Raises:
+        ConfigError: the fixed releases alone spend the budget, or no sigma below 1e6 fits.
+    """
+    fixed = [(float(z), float(q), int(n)) for z, q, n in fixed]
+    if fixed and gaussian_epsilon(fixed, delta=delta, accountant=accountant) >= epsilon:
+        raise ConfigError(
+            f"the popularity prior alone spends epsilon {epsilon!r}; lower --private-prior"
+        )
+
+    def spent(sigma: float) -> float:
+        return gaussian_epsilon(
+            [*fixed, (sigma, sample_rate, steps)],
+            delta=delta,
+            accountant=accountant,
+        )
+
+    low, high = 0.0, 10.0
+    eps_high = spent(high)
+    while eps_high > epsilon:
+        low, high = high, 2.0 * high
+        if high > 1e6:
+            raise ConfigError(
+                f"cannot fit {steps} rounds into epsilon {epsilon!r} next to the popularity "
+                "prior: the noise multiplier would exceed 1e6; lower --private-prior or --rounds"
+            )
+        eps_high = spent(high)
+    while epsilon - eps_high > _TOLERANCE and high - low > 1e-9 * high:
+        mid = 0.5 * (low + high)
+        eps_mid = spent(mid)
+        if eps_mid > epsilon:
+            low = mid
+        else:
+            high, eps_high = mid, eps_mid
+    return high
+
+
+def prior_updates(split: Split, *, max_items: int, seed: int) -> MostPopUpdates:
+    """Every user's upload for the prior: the indicator of at most ``max_items`` of its
+    training items, sampled uniformly on the device (a generator derived from the run seed:
+    the bound, not the secrecy of the sample, is what the guarantee relies on)."""
+    from securefed.federation.base import UpdateLayout
+
+    users = torch.arange(split.n_users, dtype=torch.long)
+    local, items = split.train_pairs(users.numpy())
+    local_t, items_t = bounded_pairs(
+        torch.from_numpy(local),
+        torch.from_numpy(items),
+        split.n_users,
+        max_items,
+        torch_generator(seed, "prior-sample"),
+    )
+    layout: UpdateLayout = UpdateLayout(names=("counts",), shapes=((split.n_items,),))
+    return MostPopUpdates(clients=users, layout=layout, pair_client=local_t, pair_item=items_t)
+
+
+class PopularityPrior:
+    """The released counts and the weight the scores give them (module docstring)."""
+
+    def __init__(self, n_items: int, *, weight: float, max_items: int) -> None:
+        self.n_items = int(n_items)
+        self.weight = float(weight)
+        self.max_items = int(max_items)
+        self.counts = torch.zeros(self.n_items, dtype=torch.float32)
+        self.released = False
+
+    def install(self, counts: torch.Tensor) -> None:
+        """Keep ``counts``, the released (noisy) item counts."""
+        if tuple(counts.shape) != (self.n_items,):
+            raise ConfigError(
+                f"prior counts must have shape ({self.n_items},), got {tuple(counts.shape)}"
+            )
+        self.counts = counts.detach().to(torch.float32).cpu().clone()
+        self.released = True
+
+    def scores(self) -> torch.Tensor:
+        """``log(1 + max(c, 0))`` scaled to ``[0, 1]`` (zeros before the release)."""
+        logs = torch.log1p(self.counts.clamp_min(0.0))
+        top = float(logs.max()) if logs.numel() else 0.0
+        return logs / top if top > 0 else logs
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "counts": self.counts.clone(),
+            "released": self.released,
+            "max_items": self.max_items,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        counts = state["counts"]
+        if not isinstance(counts, torch.Tensor) or tuple(counts.shape) != (self.n_items,):
+            raise ConfigError("the saved popularity prior does not match this catalogue")
+        self.counts = counts.to(torch.float32).clone()
+        self.released = bool(state["released"])
+
+
+class PriorScored:
+    """A recommender whose scores add ``weight * prior``; everything else is the model's.
+
+    Training, uploads, the server step and the shared parameters are the wrapped model's,
+    untouched (attribute access falls through to it); only :meth:`score`, :meth:`score_all`
+    and the state (which carries the released prior) differ.
+    """
+
+    def __init__(self, model: Any, prior: PopularityPrior) -> None:
+        self.inner = model
+        self.prior = prior
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("inner", "prior"):  # not set yet (e.g. during unpickling)
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    @torch.no_grad()
+    def score(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        out = self.inner.score(users, items)
+        p = self.prior.scores().to(out.device, out.dtype)
+        return out + self.prior.weight * p[items.to(out.device, torch.long)]
+
+    @torch.no_grad()
+    def score_all(self, users: torch.Tensor) -> torch.Tensor:
+        out = self.inner.score_all(users)
+        p = self.prior.scores().to(out.device, out.dtype)
+        return out + self.prior.weight * p.unsqueeze(0)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.inner.state_dict(), "popularity_prior": self.prior.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "popularity_prior" not in state or "model" not in state:
+            raise KeyError("the state holds no popularity prior (written without one?)")
+        self.inner.load_state_dict(state["model"])
+        self.prior.load_state_dict(state["popularity_prior"])
+
+
+def with_prior(config: TrainConfig, split: Split, model: Recommender) -> Recommender:
+    """``model`` wrapped in :class:`PriorScored` when the run asks for the private prior
+    (``PrivacyConfig.prior_share``), else ``model`` itself."""
+    p = config.privacy
+    if p.prior_share is None:
+        return model
+    weight = p.prior_weight if p.prior_weight is not None else config.spec.prior_weight
+    if weight is None:
+        raise ConfigError(f"{config.model} has no popularity-prior mode; drop --private-prior")
+    prior = PopularityPrior(split.n_items, weight=float(weight), max_items=p.prior_items)
+    return cast("Recommender", PriorScored(model, prior))
+
+
+def ensure_released(
+    model: Any, aggregator: Any, split: Split, config: TrainConfig, run_dir: Any
+) -> None:
+    """Release the prior of a :class:`PriorScored` model once per run, before any round.
+
+    A model whose prior is already in its loaded state (a resumed checkpoint) or in the run
+    directory's :data:`PRIOR_FILE` (a run that stopped before its first checkpoint) keeps it:
+    the prior is never released twice. Otherwise the release is accounted and then written
+    to :data:`PRIOR_FILE` at once. Anything else: nothing to do.
+
+    Raises:
+        PrivacyBudgetError: the release would overspend (nothing is released).
+    """
+    from pathlib import Path
+
+    from securefed import runs
+
+    if not isinstance(model, PriorScored) or model.prior.released:
+        return
+    path = Path(run_dir) / PRIOR_FILE
+    saved = runs.load_state(path)
+    if saved is not None:
+        model.prior.load_state_dict(saved)
+        if model.prior.released:
+            return
+    updates = prior_updates(split, max_items=config.privacy.prior_items, seed=config.seed)
+    model.prior.install(aggregator.release_prior(updates, 0))
+    runs.save_state(path, model.prior.state_dict())

@@ -1,0 +1,264 @@
+"""Issue 14: the private popularity prior (securefed.prior) for FedRAP and FedRecGEL.
+
+The prior is one accounted release before any model release, never released twice across a
+resume, added to the model's scores exactly as stated, equal under secure aggregation to its
+plain sum, and reachable from the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from protocols.dp import PrivacyLedger, calibrate_noise_multiplier
+from securefed.cli import app
+from securefed.config import PrivacyConfig, TrainConfig
+from securefed.errors import ConfigError
+from securefed.models.fedrap import FedRAP, FedRAPConfig
+from securefed.models.fedrecgel import FedRecGELConfig
+from securefed.prior import (
+    PopularityPrior,
+    PriorScored,
+    prior_updates,
+)
+from securefed.privacy import PrivateAggregator
+from securefed.training import train
+
+SMALL = dict(synthetic_users=60, synthetic_items=200, checkpoint_every=1)
+FAST_RAP = FedRAPConfig(dim=4, local_epochs=1, compile=False)
+FAST_GEL = FedRecGELConfig(gmf_dim=4, mlp_dim=8, layers=(16, 8))
+PRIOR_CLIP = math.sqrt(20)
+runner = CliRunner()
+
+
+def _dp(**kw) -> PrivacyConfig:
+    # RDP: the PRV accountant takes seconds per sampled ledger, several times a round.
+    return PrivacyConfig(
+        **{"epsilon": 2.0, "replay": True, "prior_share": 0.8, "accountant": "rdp", **kw}
+    )
+
+
+def _ledger(run) -> list[dict]:
+    return json.loads((run / "privacy_ledger.json").read_text())["events"]
+
+
+def _prior_events(events: list[dict]) -> list[dict]:
+    return [e for e in events if math.isclose(e["clip"], PRIOR_CLIP)]
+
+
+def test_prior_is_on_disk_in_the_ledger_before_any_noisy_sum(tmp_path, monkeypatch):
+    from protocols.dp import mechanisms
+
+    seen: list[list[float]] = []
+    original = mechanisms.CentralGaussian.noise_for_sum
+
+    def spy(self, dim, **kw):
+        seen.append([e["clip"] for e in _ledger(tmp_path / "r")])
+        return original(self, dim, **kw)
+
+    monkeypatch.setattr(mechanisms.CentralGaussian, "noise_for_sum", spy)
+    res = train(
+        TrainConfig(
+            model="fedrap", params=FAST_RAP, rounds=2, client_fraction=0.5, privacy=_dp(), **SMALL
+        ),
+        out=tmp_path / "r",
+    )
+    # The first noisy sum is the prior's, its event alone on disk; each model round's event is
+    # on disk before its own noise is drawn.
+    assert seen[0] == pytest.approx([PRIOR_CLIP])
+    assert seen[1] == pytest.approx([PRIOR_CLIP, 10.0])
+    assert seen[2] == pytest.approx([PRIOR_CLIP, 10.0, 10.0])
+    events = _ledger(tmp_path / "r")
+    assert events[0]["sample_rate"] == 1.0 and events[0]["round"] == 0
+    assert events[0]["noise_multiplier"] == res.summary["prior_noise_multiplier"]
+    assert [e["sample_rate"] for e in events[1:]] == [0.5, 0.5]
+    assert "claimed: Poisson cohorts at rate 0.5" in res.summary["amplification"] or (
+        "LABELLED: Poisson cohorts at rate 0.5" in res.summary["amplification"]
+    )
+
+
+def test_budget_split_follows_the_stated_rule_and_never_overspends(tmp_path):
+    res = train(
+        TrainConfig(model="fedrap", params=FAST_RAP, rounds=3, privacy=_dp(), **SMALL),
+        out=tmp_path / "r",
+    )
+    s = res.summary
+    one = calibrate_noise_multiplier(
+        epsilon=2.0, delta=1e-5, sample_rate=1.0, steps=1, accountant="rdp"
+    )
+    assert s["prior_noise_multiplier"] == pytest.approx(one / math.sqrt(0.8))
+    assert 2.0 - 0.02 <= s["epsilon"] <= 2.0
+    # Without the prior the model's sigma is smaller: the prior took part of the budget.
+    alone = train(
+        TrainConfig(
+            model="fedrap",
+            params=FAST_RAP,
+            rounds=3,
+            privacy=PrivacyConfig(epsilon=2.0, replay=True, accountant="rdp"),
+            **SMALL,
+        ),
+        out=tmp_path / "a",
+    )
+    assert alone.summary["noise_multiplier"] < s["noise_multiplier"]
+    ledger = PrivacyLedger.from_dicts(_ledger(tmp_path / "r"))
+    assert ledger.epsilon(1e-5, "rdp") == pytest.approx(s["epsilon"])
+
+
+@pytest.mark.parametrize("keep_checkpoint", [True, False])
+def test_resume_keeps_the_released_prior_and_never_releases_it_again(tmp_path, keep_checkpoint):
+    run = tmp_path / "r"
+    cfg = TrainConfig(model="fedrap", params=FAST_RAP, rounds=2, privacy=_dp(), **SMALL)
+    first = train(cfg, out=run)
+    counts = first.model.prior.counts.clone()
+    path = run / "config.toml"
+    path.write_text(path.read_text().replace("rounds = 2", "rounds = 3"))
+    if not keep_checkpoint:  # as if it stopped before its first checkpoint
+        (run / "checkpoint.pt").unlink()
+    resumed = train(resume=run)
+    assert len(_prior_events(_ledger(run))) == 1
+    assert torch.equal(resumed.model.prior.counts, counts)
+    assert resumed.model.prior.released
+
+
+def test_scores_are_model_scores_plus_weight_times_the_prior(small_split):
+    model = FedRAP(small_split, FedRAPConfig(dim=4), generator=torch.Generator().manual_seed(0))
+    prior = PopularityPrior(small_split.n_items, weight=0.7, max_items=20)
+    counts = torch.linspace(-3.0, 40.0, small_split.n_items, dtype=torch.float64)
+    prior.install(counts.float())
+    wrapped = PriorScored(model, prior)
+    expected_p = torch.log1p(counts.float().clamp_min(0)) / math.log1p(40.0)
+    users = torch.arange(small_split.n_users)
+    items = torch.randint(0, small_split.n_items, (small_split.n_users, 7))
+    torch.testing.assert_close(
+        wrapped.score(users, items), model.score(users, items) + 0.7 * expected_p[items]
+    )
+    torch.testing.assert_close(
+        wrapped.score_all(users), model.score_all(users) + 0.7 * expected_p.unsqueeze(0)
+    )
+    # The state carries the prior, and a fresh wrapper scores the same after loading it.
+    fresh = PriorScored(
+        FedRAP(small_split, FedRAPConfig(dim=4), generator=torch.Generator().manual_seed(5)),
+        PopularityPrior(small_split.n_items, weight=0.7, max_items=20),
+    )
+    fresh.load_state_dict(wrapped.state_dict())
+    assert torch.equal(fresh.score_all(users), wrapped.score_all(users))
+
+
+def test_prior_updates_bound_every_user_to_k_items(small_split):
+    up = prior_updates(small_split, max_items=3, seed=0)
+    per_user = torch.bincount(up.pair_client, minlength=small_split.n_users)
+    train_sizes = torch.from_numpy(small_split.train_indptr).diff()
+    assert torch.equal(per_user, train_sizes.clamp(max=3))
+    assert float(up.norms().max()) <= math.sqrt(3) + 1e-12
+
+
+def test_prior_under_secagg_equals_its_plain_sum(small_split):
+    def released(secagg: bool) -> tuple[torch.Tensor, list]:
+        cfg = TrainConfig(
+            model="fedrap",
+            rounds=1,
+            privacy=_dp(secagg=secagg, noise="central" if secagg else None),
+        )
+        agg = PrivateAggregator(cfg, small_split, dim=small_split.n_items * 4)
+        total = agg.release_prior(prior_updates(small_split, max_items=20, seed=0))
+        return total, agg.ledger.to_dicts()
+
+    plain, plain_events = released(False)
+    secure, secure_events = released(True)
+    assert torch.equal(plain, secure)
+    assert plain_events == secure_events
+
+
+def test_private_fedrecgel_with_the_prior_trains_end_to_end(tmp_path):
+    res = train(
+        TrainConfig(
+            model="fedrecgel",
+            params=FAST_GEL,
+            rounds=1,
+            privacy=_dp(epsilon=4.0),
+            **SMALL,
+        ),
+        out=tmp_path / "g",
+    )
+    assert isinstance(res.model, PriorScored) and res.model.prior.released
+    assert len(_prior_events(_ledger(tmp_path / "g"))) == 1
+    assert res.summary["epsilon"] <= 4.0
+
+
+def test_without_the_flag_the_model_is_not_wrapped(tmp_path):
+    res = train(
+        TrainConfig(
+            model="fedrap",
+            params=FAST_RAP,
+            rounds=1,
+            privacy=PrivacyConfig(epsilon=2.0, replay=True),
+            **SMALL,
+        ),
+        out=tmp_path / "n",
+    )
+    assert isinstance(res.model, FedRAP) and "prior_share" not in res.summary
+    assert not (tmp_path / "n" / "popularity_prior.pt").exists()
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(prior_share=0.5), "give --epsilon"),
+        (dict(epsilon=2.0, prior_share=1.0), "in (0, 1)"),
+        (dict(epsilon=2.0, prior_share=0.5, noise_multiplier=1.0), "no --noise-multiplier"),
+        (dict(epsilon=2.0, prior_share=0.5, secagg=True), "--noise central"),
+        (dict(epsilon=2.0, prior_share=0.5, prior_items=0), "prior items"),
+    ],
+)
+def test_bad_prior_settings_are_one_config_error(kw, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        PrivacyConfig(**kw)
+
+
+def test_a_model_without_a_prior_mode_refuses_it():
+    with pytest.raises(ConfigError, match="no popularity-prior mode"):
+        TrainConfig(model="fedals", privacy=PrivacyConfig(epsilon=2.0, prior_share=0.5))
+
+
+def test_cli_trains_fedrap_with_the_private_prior(tmp_path):
+    out = tmp_path / "cli"
+    res = runner.invoke(
+        app,
+        [
+            "train",
+            "--model",
+            "fedrap",
+            "--epsilon",
+            "2",
+            "--private-prior",
+            "0.8",
+            "--accountant",
+            "rdp",
+            "--prior-weight",
+            "2",
+            "--rounds",
+            "1",
+            "--local-epochs",
+            "1",
+            "--dim",
+            "4",
+            "--synthetic-users",
+            "60",
+            "--synthetic-items",
+            "200",
+            "--replay-from-seed",
+            "--out",
+            str(out),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["prior_share"] == 0.8 and summary["epsilon"] <= 2.0
+    assert "prior_weight = 2.0" in (out / "config.toml").read_text()
+    bad = runner.invoke(
+        app, ["train", "--model", "fedals", "--epsilon", "2", "--private-prior", "0.5"]
+    )
+    assert bad.exit_code == 2 and "no popularity-prior mode" in bad.output
