@@ -182,14 +182,19 @@ def audit(
     cfg = config if isinstance(config, AuditConfig) else AuditConfig(train=config or TrainConfig())
     out_dir = Path(out)
     try:
-        return _audit(cfg, out_dir, progress)
+        return _audit(cfg, out_dir, progress, before_train)
     finally:
         # Ours, or left by an audit killed mid-way (only an audit in progress holds one).
         for scratch in out_dir.glob(f"{_SCRATCH}*"):
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _audit(cfg: AuditConfig, out_dir: Path, progress: Any) -> AuditResult:
+def _audit(
+    cfg: AuditConfig,
+    out_dir: Path,
+    progress: Any,
+    before_train: Callable[[TrainConfig, Split], None] | None,
+) -> AuditResult:
     from attacks.canaries import plant_canaries, plant_interaction_canaries
     from attacks.recorder import AttackRecorder, RecordPlan, load_accumulators, save_accumulators
     from attacks.threat import clip_bound, privacy_parameters, sum_noise_std, upload_channel
