@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -167,12 +166,9 @@ def test_eval_negatives_are_uniform() -> None:
     assert np.all(np.abs(counts[[1, 2, 3, 5, 6, 7, 8]] - expected) < 7 * sd)
 
 
-def test_synthetic_is_deterministic_fast_and_shaped_like_ml100k() -> None:
-    make_synthetic(n_users=10, n_items=50)  # warm up imports
-    start = time.perf_counter()
+def test_synthetic_is_deterministic_and_shaped_like_ml100k() -> None:
+    # Its speed is a benchmark's business (docs/benchmarks.md), never a timed assertion.
     data = make_synthetic()
-    elapsed = time.perf_counter() - start
-    assert elapsed < 1.0, f"make_synthetic took {elapsed:.2f}s"
     again, other = make_synthetic(), make_synthetic(seed=1)
     assert np.array_equal(data.items, again.items)
     assert np.array_equal(data.timestamps, again.timestamps)
