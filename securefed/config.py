@@ -257,8 +257,8 @@ class TrainConfig:
             raise ConfigError(
                 f"full eval every must be a positive integer, got {self.full_eval_every!r}"
             )
-        if self.seed < 0:
-            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if not 0 <= self.seed < 2**128:  # protocols.seeding hashes the root seed as 16 bytes
+            raise ConfigError(f"seed must be an integer in [0, 2**128), got {self.seed!r}")
         if self.client_fraction is not None and self.clients_per_round is not None:
             raise ConfigError("give either --client-fraction or --clients-per-round, not both")
         if self.client_fraction is not None and not 0 < self.client_fraction <= 1:

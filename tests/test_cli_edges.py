@@ -116,3 +116,13 @@ def test_user_ids_no_int64_holds_exactly_are_refused(tmp_path, user):
     rows[2] = f"{user},2,1002"
     with pytest.raises(DataError, match="line 4.*out of range"):
         load_table(_table(tmp_path, rows))
+
+
+@pytest.mark.parametrize("seed", [str(2**128), "-1"])
+def test_a_seed_outside_what_the_derivation_hashes_is_one_line(tmp_path, seed):
+    """Seeds are hashed as 16 bytes (protocols.seeding): 2**128 was a ValueError traceback."""
+    args = ["train", "--seed", seed, "--rounds", "1", "--out", str(tmp_path / "r")]
+    res = runner.invoke(app, args)
+    _one_clear_line(res)
+    assert "seed must be an integer in [0, 2**128)" in res.output
+    assert not (tmp_path / "r").exists()

@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from scipy import stats
 
 from protocols.dp import (
@@ -190,14 +191,17 @@ class _CountingUrandom:
         return data
 
 
-def _reference_uniforms(data: bytes) -> np.ndarray:
-    """The 53-bit grid uniforms in (0, 1] that ``os_uniform`` makes of ``data``."""
-    raw = np.frombuffer(data, dtype="<u8")
+def _reference_uniforms(key: bytes, n: int) -> np.ndarray:
+    """The ``n`` 53-bit grid uniforms in (0, 1] that ``os_uniform`` makes of the OS ``key``:
+    AES-256-CTR's keystream (zero nonce), 64-bit little-endian words, top 53 bits plus one."""
+    assert len(key) == noise.OS_KEY_BYTES == 32
+    stream = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor().update(bytes(8 * n))
+    raw = np.frombuffer(stream, dtype="<u8")
     return ((raw >> np.uint64(11)) + np.uint64(1)).astype(np.float64) * 2.0**-53
 
 
-def _reference_box_muller(data: bytes, n: int) -> np.ndarray:
-    u = _reference_uniforms(data).reshape(2, -1)
+def _reference_box_muller(key: bytes, n: int) -> np.ndarray:
+    u = _reference_uniforms(key, 2 * ((n + 1) // 2)).reshape(2, -1)
     r = np.sqrt(-2.0 * np.log(u[0]))
     theta = 2.0 * np.pi * u[1]
     return np.concatenate([r * np.cos(theta), r * np.sin(theta)])[:n]
@@ -206,8 +210,9 @@ def _reference_box_muller(data: bytes, n: int) -> np.ndarray:
 @pytest.mark.parametrize("n", [1, 6, 7])
 def test_secure_gaussian_is_the_mean_of_four_box_muller_normals_from_os_bytes(monkeypatch, n):
     """Known answer with a fake, deterministic OS source: the output is exactly
-    (sum of 4 independent Box-Muller normals) * std / 2, each normal from its own OS bytes.
-    Catches one sample instead of four, a wrong scale, and any other source of randomness."""
+    (sum of 4 independent Box-Muller normals) * std / 2, each normal from its own OS key
+    expanded by AES-256-CTR. Catches one sample instead of four, a wrong scale, a reused key
+    and any other source of randomness."""
     fake = _CountingUrandom(seed=n)
     monkeypatch.setattr(os, "urandom", fake)
     std = 1.7
@@ -217,13 +222,31 @@ def test_secure_gaussian_is_the_mean_of_four_box_muller_normals_from_os_bytes(mo
     np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12, atol=0)
 
 
-def test_secure_gaussian_draws_four_normals_worth_of_os_bytes_per_coordinate(monkeypatch):
-    """Each of the four normals per coordinate costs one 53-bit uniform (8 OS bytes);
-    one sample instead of four would draw a quarter of that."""
+def test_secure_gaussian_draws_a_fresh_os_key_for_each_of_its_four_normals(monkeypatch):
+    """Each of the four normals takes its own 256-bit key from the OS (one sample instead of
+    four would take one), and the keys differ."""
     counter = _CountingUrandom()
     monkeypatch.setattr(os, "urandom", counter)
     gaussian_noise((1000,), 1.0, generator=None, secure=True)
-    assert counter.bytes == 4 * 8 * 1000
+    assert counter.bytes == 4 * 32
+    assert len(set(counter.stream)) == 4
+
+
+def test_os_uniform_is_the_keystream_of_a_fresh_os_key_on_the_53_bit_grid(monkeypatch):
+    """Known answer: the uniforms are AES-256-CTR's keystream under the 32 OS bytes, on the
+    grid k 2**-53 (k = 1..2**53); two calls take two keys. An all-ones and an all-zeros word
+    map to the ends of (0, 1]."""
+    fake = _CountingUrandom(seed=3)
+    monkeypatch.setattr(os, "urandom", fake)
+    a, b = noise.os_uniform(1000), noise.os_uniform(1000)
+    assert [len(k) for k in fake.stream] == [32, 32]
+    np.testing.assert_array_equal(a.numpy(), _reference_uniforms(fake.stream[0], 1000))
+    np.testing.assert_array_equal(b.numpy(), _reference_uniforms(fake.stream[1], 1000))
+    assert not torch.equal(a, b)
+    k = a.numpy() * 2.0**53
+    assert np.array_equal(k, np.round(k)) and k.min() >= 1 and k.max() <= 2**53
+    monkeypatch.setattr(noise, "os_keystream", lambda n: b"\xff" * 8 + b"\x00" * (n - 8))
+    assert noise.os_uniform(2).tolist() == [1.0, 2.0**-53]
 
 
 @pytest.mark.parametrize(
@@ -248,7 +271,7 @@ def test_secure_mode_never_uses_torch_global_rng(draw, monkeypatch):
     torch.manual_seed(1234)
     b = draw()
     assert not torch.equal(a, b)
-    assert counter.bytes >= 2 * 8 * 64
+    assert counter.bytes >= noise.OS_KEY_BYTES
 
 
 def test_secure_discrete_gaussian_is_a_function_of_os_bytes_only(monkeypatch):
