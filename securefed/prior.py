@@ -225,6 +225,14 @@ class PriorScored:
     def state_dict(self) -> dict[str, Any]:
         return {"model": self.inner.state_dict(), "popularity_prior": self.prior.state_dict()}
 
+    def checkpoint_state(self) -> dict[str, Any]:
+        """:meth:`state_dict` with the wrapped model's compact checkpoint form where it has
+        one (FedRAP's sparse private views). Defined here, not left to ``__getattr__``: that
+        would hand the wrapped model's state to the checkpoint without the prior."""
+        compact = getattr(self.inner, "checkpoint_state", None)
+        inner = compact() if compact is not None else self.inner.state_dict()
+        return {"model": inner, "popularity_prior": self.prior.state_dict()}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "popularity_prior" not in state or "model" not in state:
             raise KeyError("the state holds no popularity prior (written without one?)")
