@@ -27,6 +27,7 @@ print(faults_of_reuse() if sys.argv[2] == "faults" else rss_kept_after_free())
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt is Linux-only")
 def test_large_buffers_are_reused_instead_of_faulted_in_again() -> None:
     plain, tuned = _probe("plain", "faults"), _probe("tuned", "faults")
@@ -35,6 +36,7 @@ def test_large_buffers_are_reused_instead_of_faulted_in_again() -> None:
     assert tuned < plain / 2  # at most the first reuse faults
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt is Linux-only")
 def test_buffers_above_the_threshold_still_go_back_to_the_system() -> None:
     # A freed 512 MiB buffer must not stay resident (it did with a 1 GiB threshold, which

@@ -31,6 +31,7 @@ SMALL = [
 ]
 
 
+@pytest.mark.slow
 def test_cli_end_to_end(tmp_path) -> None:
     out = tmp_path / "audit"
     res = runner.invoke(

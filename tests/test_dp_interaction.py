@@ -204,6 +204,7 @@ def test_batches_partition_each_clients_examples_every_epoch(small_split):
 
 
 # ---------------------------------------------------------------- accounting and wiring
+@pytest.mark.slow
 def test_accounting_counts_local_epochs_times_rounds(tmp_path):
     cfg = TrainConfig(
         rounds=2,

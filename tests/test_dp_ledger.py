@@ -66,6 +66,7 @@ def test_events_are_immutable_and_ledger_is_append_only() -> None:
         ledger.record(CentralGaussian(clip=1.0, noise_multiplier=1.0).event(0, sample_rate=0.1))
 
 
+@pytest.mark.slow
 def test_would_exceed_and_spend_stop_before_the_budget() -> None:
     mech = CentralGaussian(clip=1.0, noise_multiplier=1.0)
     ledger = PrivacyLedger()

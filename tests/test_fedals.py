@@ -127,6 +127,7 @@ def test_fedals_resume_equals_an_uninterrupted_run(tmp_path):
     torch.testing.assert_close(resumed.model.V, whole.model.V)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fraction", [None, 0.5])
 def test_secagg_sum_matches_plain_and_noise_is_accounted(tmp_path, fraction):
     base = dict(

@@ -63,6 +63,7 @@ def _decode_error_bound(cfg: TrainConfig, m: int) -> float:
     return round_parameters(agg, m).codec.max_decode_error(m)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["fedrap", "fedrecgel", "fedals", "mostpop"])
 def test_distributed_run_equals_in_process_simulation(tmp_path, model):
     cfg = _cfg(model=model)
@@ -115,6 +116,7 @@ def _replay_ring(cfg, tmp_path, round_index=0):
     return reply.session.inputs, params, agg, arrays
 
 
+@pytest.mark.slow
 def test_node_killed_before_masked_input_gives_the_survivors_sum(tmp_path):
     # One of three nodes is a third of the users: the graph must tolerate that many dropouts.
     cfg = _cfg(

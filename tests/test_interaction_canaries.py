@@ -117,6 +117,7 @@ SYN = ["--synthetic-users", "200", "--synthetic-items", "600", "--rounds", "1"]
 INTERACTION = ["--privacy-unit", "interaction"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "model_args", [["--model", "fedrap", "--local-epochs", "1"], ["--model", "fedrecgel"]]
 )

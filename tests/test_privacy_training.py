@@ -91,6 +91,7 @@ def test_budget_cap_stops_cleanly_and_keeps_checkpoint(tmp_path):
     assert len(ledger["events"]) == 2
 
 
+@pytest.mark.slow
 def test_train_epsilon_2_on_movielens(tmp_path, shared_data):
     res = runner.invoke(
         app,

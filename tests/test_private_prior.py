@@ -49,6 +49,7 @@ def _prior_events(events: list[dict]) -> list[dict]:
     return [e for e in events if math.isclose(e["clip"], PRIOR_CLIP)]
 
 
+@pytest.mark.slow
 def test_prior_is_on_disk_in_the_ledger_before_any_noisy_sum(tmp_path, monkeypatch):
     from protocols.dp import mechanisms
 

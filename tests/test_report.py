@@ -257,6 +257,7 @@ def swept(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_sweep_writes_every_file_with_one_complete_row_per_cell(swept):
     for name in ("report.html", "report.md", "results.csv", "results.parquet"):
         assert (swept / name).stat().st_size > 0, name
@@ -297,6 +298,7 @@ def test_sweep_writes_every_file_with_one_complete_row_per_cell(swept):
         assert f"{name}: " in threats and f"{name}: {name}" not in threats
 
 
+@pytest.mark.slow
 def test_every_row_carries_its_baselines_from_the_same_split(swept):
     from securefed.baselines import baseline_metrics
     from securefed.config import TrainConfig, load_config_file
@@ -339,6 +341,7 @@ def test_every_row_carries_its_baselines_from_the_same_split(swept):
         assert label in svg, label
 
 
+@pytest.mark.slow
 def test_old_cells_without_baselines_get_them_from_their_split(swept, tmp_path):
     old = tmp_path / "old"
     for name in ("fedrap-dp-eps1-s0", "fedrap-none-epsinf-s0"):
@@ -363,6 +366,7 @@ def test_old_cells_without_baselines_get_them_from_their_split(swept, tmp_path):
     assert "MostPop (item counts, same split)" in result.markdown.read_text()
 
 
+@pytest.mark.slow
 def test_report_from_existing_directories(swept, tmp_path):
     cells = sorted((swept / "cells").iterdir())[:2]
     result = _invoke("--from", str(cells[0]), str(cells[1]), "--out", str(tmp_path / "again"))
@@ -400,6 +404,7 @@ def _headless(browser: str, profile: Path, *args: str) -> subprocess.CompletedPr
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_html_renders_in_headless_chromium_with_every_figure_visible(swept, tmp_path):
     browser = _chromium()
     if browser is None:
@@ -444,6 +449,7 @@ class _Stop(Exception):
     pass
 
 
+@pytest.mark.slow
 def test_interrupted_sweep_resumes_to_the_same_results(tmp_path):
     cfg = ReportConfig(
         models=("fedrecgel",),
@@ -486,6 +492,7 @@ def test_interrupted_sweep_resumes_to_the_same_results(tmp_path):
     assert not (resumed.out / "figures" / "attacks.png").exists()
 
 
+@pytest.mark.slow
 def test_rerun_with_other_settings_into_the_same_directory_is_refused(tmp_path):
     base = dict(
         models=("fedrecgel",), dataset="synthetic", synthetic_users=60, synthetic_items=400,
@@ -510,6 +517,7 @@ def test_parallel_jobs_give_the_same_results_as_one_job(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_a_failing_audit_is_reported_and_the_sweep_goes_on(tmp_path, monkeypatch):
     import attacks.audit
 
@@ -530,6 +538,7 @@ def test_a_failing_audit_is_reported_and_the_sweep_goes_on(tmp_path, monkeypatch
     assert (tmp_path / "r" / "cells" / row["cell"] / "audit" / "failed.json").exists()
 
 
+@pytest.mark.slow
 def test_a_reference_too_costly_for_the_catalogue_is_left_out_with_a_note(tmp_path, monkeypatch):
     import securefed.report
 

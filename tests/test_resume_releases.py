@@ -60,6 +60,7 @@ def _epsilon_of(events, cfg: TrainConfig) -> float:
     return PrivacyLedger(sorted(events, key=lambda e: e.round)).epsilon(delta, "prv")
 
 
+@pytest.mark.slow
 def test_exception_after_release_then_resume_counts_every_release(tmp_path, releases):
     cfg = TrainConfig(rounds=5, privacy=PrivacyConfig(noise_multiplier=2.0), **SMALL)
     run = tmp_path / "cut"
@@ -119,6 +120,7 @@ _KILLER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_kill_9_after_a_release_then_resume_counts_every_release(tmp_path, releases):
     run = tmp_path / "killed"
     script = tmp_path / "killer.py"

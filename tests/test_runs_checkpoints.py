@@ -147,6 +147,7 @@ def test_save_refuses_state_that_weights_only_loading_would_refuse(tmp_path):
     assert runs.load_checkpoint(run_dir)["round"] == 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["best-truncated", "checkpoint-other-model", "no-model"])
 def test_resume_with_a_damaged_run_directory_is_one_line_and_changes_nothing(tmp_path, damage):
     from typer.testing import CliRunner

@@ -15,6 +15,7 @@ def _ring_sum(codec: FixedPointCodec, rows: np.ndarray) -> np.ndarray:
     return rows.sum(axis=0, dtype=np.uint64) & codec.mask
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_flower_overflow_case_2100_clients_320_values_at_the_clip_extremes(sign):
     """Flower's SecAgg+ returned a sum off by ~70 here; the codec's ring cannot wrap."""

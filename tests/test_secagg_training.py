@@ -14,6 +14,7 @@ runner = CliRunner()
 SMALL = dict(model="fedrap", synthetic_users=60, synthetic_items=400, checkpoint_every=1, rounds=2)
 
 
+@pytest.mark.slow
 def test_secagg_training_matches_plain_to_fixed_point_precision(tmp_path):
     plain = train(TrainConfig(**SMALL), out=tmp_path / "plain")
     secure = train(TrainConfig(privacy=PrivacyConfig(secagg=True), **SMALL), out=tmp_path / "sec")
@@ -27,6 +28,7 @@ def test_secagg_training_matches_plain_to_fixed_point_precision(tmp_path):
     assert secure.summary["secagg"] is True and secure.summary["epsilon"] is None
 
 
+@pytest.mark.slow
 def test_secagg_with_dropouts_uses_survivors_sum(tmp_path):
     cfg = TrainConfig(privacy=PrivacyConfig(secagg=True, secagg_simulate_dropout=0.04), **SMALL)
     res = train(cfg, out=tmp_path / "drop")
@@ -35,6 +37,7 @@ def test_secagg_with_dropouts_uses_survivors_sum(tmp_path):
     assert any(m["contributors"] < 60 for m in res.metrics)
 
 
+@pytest.mark.slow
 def test_secagg_with_epsilon_uses_distributed_discrete_noise(tmp_path):
     cfg = TrainConfig(privacy=PrivacyConfig(secagg=True, epsilon=2.0), **SMALL)
     res = train(cfg, out=tmp_path / "ddg")
@@ -72,6 +75,7 @@ def test_cli_secagg_epsilon(tmp_path):
     assert "epsilon" in res.output
 
 
+@pytest.mark.slow
 def test_secagg_on_movielens_matches_plain(tmp_path, shared_data):
     base = dict(
         model="fedrap", dataset="ml-100k", data_dir=str(shared_data), rounds=1, checkpoint_every=1
@@ -88,6 +92,7 @@ def test_secagg_on_movielens_matches_plain(tmp_path, shared_data):
         assert secure.summary[key] == pytest.approx(plain.summary[key], abs=0.005), key
 
 
+@pytest.mark.slow
 def test_secagg_dp_round_below_min_survivors_releases_nothing(tmp_path):
     """Noise shares are sized for ceil((1 - tolerance) * cohort) survivors; fewer: no release."""
     cfg = TrainConfig(

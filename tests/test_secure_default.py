@@ -77,6 +77,7 @@ def _regenerated_central_noise(result, r: int) -> torch.Tensor:
     return mech.noise_for_sum(dim, generator=gen, secure=False)
 
 
+@pytest.mark.slow
 def test_central_noise_of_a_dp_run_cannot_be_regenerated_from_the_stored_seed(tmp_path):
     secure, views = _run(tmp_path, "os", epsilon=2.0)
     assert secure.summary["randomness"] == "os" and "replay_warning" not in secure.summary
@@ -96,6 +97,7 @@ def test_central_noise_of_a_dp_run_cannot_be_regenerated_from_the_stored_seed(tm
         assert float((noise - guess).abs().max()) < 1e-3 * std
 
 
+@pytest.mark.slow
 def test_poisson_cohorts_of_a_dp_run_cannot_be_regenerated_from_the_stored_seed(tmp_path):
     secure, views = _run(tmp_path, "os", rounds=3, epsilon=2.0, client_fraction=0.5)
     spec = CohortSpec(kind="poisson", fraction=0.5)
@@ -110,6 +112,7 @@ def test_poisson_cohorts_of_a_dp_run_cannot_be_regenerated_from_the_stored_seed(
         assert torch.equal(view.participants, regenerated)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "privacy",
     [
@@ -136,6 +139,7 @@ def test_every_mechanism_draws_from_the_os_and_replay_reproduces_bit_for_bit(tmp
     assert [m["loss"] for m in first.metrics] == [m["loss"] for m in second.metrics]
 
 
+@pytest.mark.slow
 def test_secure_aggregation_public_seed_comes_from_the_os(tmp_path, monkeypatch):
     import protocols.secagg as secagg
 
@@ -155,6 +159,7 @@ def test_secure_aggregation_public_seed_comes_from_the_os(tmp_path, monkeypatch)
     assert seen == derived
 
 
+@pytest.mark.slow
 def test_replay_run_records_and_prints_what_its_guarantee_is_worth(tmp_path):
     args = ["train", "--model", "fedals", "--synthetic-users", "60", "--synthetic-items", "400"]
     args += ["--rounds", "2", "--epsilon", "2", "--client-fraction", "0.5", "--seed", "7"]

@@ -37,6 +37,7 @@ def _quality(metrics: list[dict]) -> list[tuple]:
     return [tuple(m[k] for k in QUALITY_KEYS) for m in metrics]
 
 
+@pytest.mark.slow
 def test_train_writes_a_complete_run_directory(tmp_path):
     result = train(_small(), out=tmp_path / "run")
     run = tmp_path / "run"
@@ -69,6 +70,7 @@ def test_train_writes_a_complete_run_directory(tmp_path):
     assert cfg == _small()
 
 
+@pytest.mark.slow
 def test_same_seed_same_metrics_and_other_seed_differs(tmp_path):
     a = train(_small(rounds=2), out=tmp_path / "a")
     b = train(_small(rounds=2), out=tmp_path / "b")
@@ -77,6 +79,7 @@ def test_same_seed_same_metrics_and_other_seed_differs(tmp_path):
     assert _quality(a.metrics) != _quality(c.metrics)
 
 
+@pytest.mark.slow
 def test_resume_after_interruption_gives_uninterrupted_metrics(tmp_path):
     full = train(_small(rounds=5, checkpoint_every=2), out=tmp_path / "full")
 
@@ -97,6 +100,7 @@ def test_resume_after_interruption_gives_uninterrupted_metrics(tmp_path):
     assert [json.loads(x)["round"] for x in lines] == [1, 2, 3, 4, 5]
 
 
+@pytest.mark.slow
 def test_kill_9_then_resume(tmp_path):
     """A run killed with SIGKILL mid-way resumes to the uninterrupted metrics."""
     args = ["train", *FEDRAP, "--rounds", "6", "--checkpoint-every", "1"]
@@ -201,6 +205,7 @@ def test_config_validation_errors():
         TrainConfig.from_dict({"roundz": 3})
 
 
+@pytest.mark.slow
 def test_cli_train_on_movielens(tmp_path, shared_data):
     res = runner.invoke(
         app,
@@ -226,6 +231,7 @@ def test_cli_train_on_movielens(tmp_path, shared_data):
     assert summary["dataset"] == "ml-100k"
 
 
+@pytest.mark.slow
 def test_fedrecgel_trains_through_the_cli(tmp_path):
     res = runner.invoke(
         app,

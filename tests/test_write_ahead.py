@@ -36,6 +36,7 @@ def _cap_after(tmp_path, rounds: int, **privacy) -> float:
     return float(train(cfg, out=tmp_path / "uncapped").summary["epsilon"])
 
 
+@pytest.mark.slow
 def test_capped_distributed_secagg_run_never_unmasks_a_refused_round(tmp_path, monkeypatch):
     privacy = dict(noise_multiplier=4.0, secagg=True, noise="distributed")
     cap = _cap_after(tmp_path, 2, **privacy) * 1.0001
@@ -58,6 +59,7 @@ def test_capped_distributed_secagg_run_never_unmasks_a_refused_round(tmp_path, m
     assert res.summary["epsilon"] <= cap
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "privacy",
     [
@@ -132,6 +134,7 @@ def test_commit_fsyncs_the_ledger_and_its_directory(tmp_path, small_split, monke
         assert any(p.startswith(str(tmp_path / ".privacy_ledger.json.")) for p in synced)
 
 
+@pytest.mark.slow
 def test_interaction_level_events_are_written_before_the_clients_train(tmp_path, monkeypatch):
     from securefed.models.fedrap import FedRAP
 
@@ -155,6 +158,7 @@ def test_interaction_level_events_are_written_before_the_clients_train(tmp_path,
     assert trained == [0, 1] and len(_events(run)) == res.summary["dpsgd_steps"]
 
 
+@pytest.mark.slow
 def test_flower_server_accounts_before_unmasking_and_refuses_past_the_cap(tmp_path):
     base = dict(
         model="fedals", synthetic_users=60, synthetic_items=400, rounds=4, checkpoint_every=1
