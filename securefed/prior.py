@@ -225,6 +225,15 @@ class PriorScored:
     def state_dict(self) -> dict[str, Any]:
         return {"model": self.inner.state_dict(), "popularity_prior": self.prior.state_dict()}
 
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The checkpoint's form: the model's own compact state where it has one (FedRAP's
+        sparse ``D``), with the prior (without this, attribute fall-through would hand the
+        trainer the bare model's state and the checkpoint would lose the prior)."""
+        compact = getattr(self.inner, "checkpoint_state", None)
+        inner = compact() if compact is not None else self.inner.state_dict()
+        return {"model": dict(inner), "popularity_prior": self.prior.state_dict()}
+
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "popularity_prior" not in state or "model" not in state:
             raise KeyError("the state holds no popularity prior (written without one?)")
