@@ -105,7 +105,8 @@ def grid(args: argparse.Namespace) -> None:
         f"({time.strftime('%Y-%m-%d')}); mean ± sd over seeds 0-{args.seeds - 1} of the test "
         "metrics at the round selected on validation; user-level DP, delta 1e-5, PRV, Poisson "
         f"cohorts at rate {args.fraction:g} (amplification as labelled for replay runs), "
-        f"`--private-prior {args.share:g}` (20 items per user), the model's default clip and "
+        f"`--private-prior {args.share:g}` (default `--prior-weighting sqrt`: every item of a "
+        "user at sqrt(20 / n_u)), the model's default clip and "
         "prior weight, `--replay-from-seed`. DP-MostPop: the same split and seed, the whole "
         "epsilon in one count release.",
         "",
