@@ -299,6 +299,7 @@ def test_without_the_flag_the_model_is_not_wrapped(tmp_path):
         (dict(epsilon=2.0, prior_share=0.5, noise_multiplier=1.0), "no --noise-multiplier"),
         (dict(epsilon=2.0, prior_share=0.5, secagg=True), "--noise central"),
         (dict(epsilon=2.0, prior_share=0.5, prior_items=0), "prior items"),
+        (dict(epsilon=2.0, prior_share=0.5, prior_weighting="top"), "prior weighting"),
     ],
 )
 def test_bad_prior_settings_are_one_config_error(kw, message):
