@@ -7,7 +7,10 @@ release, each user contributing at most 20 sampled items). Variants:
 
 * ``fedals``: the private mode as shipped (one count round with each user's items weighted
   ``1/sqrt(n)``, one ALS round on the items with a positive released count, popularity prior
-  in the scores);
+  in the scores; below 300 users per unit of noise the count-only rule makes the ALS round a
+  second count round);
+* ``no count-only rule``: the same with the rule off (``count_only_below 0``): the private
+  mode before the rule;
 * ``no-prior``: the same without the prior in the scores (``prior_weight 0``);
 * ``head z 3``: factors only for items whose released count clears 3 noise stds;
 * ``k = 20 count``: the count round counts 20 sampled items per user (as DP-MostPop does)
@@ -41,6 +44,7 @@ from typing import Any
 VARIANTS: dict[str, tuple[dict[str, Any], int | None, float | None]] = {
     # name: (fedals params, rounds (None: the model's default), clip)
     "fedals": ({}, None, None),
+    "no count-only rule": ({"count_only_below": 0.0}, None, None),
     "no-prior": ({"prior_weight": 0.0}, None, None),
     "head z 3": ({"head_z": 3.0}, None, None),
     "k = 20 count": ({"count_items": 20}, None, None),
@@ -53,7 +57,9 @@ METRICS = ("test_hr@10", "test_full_hr@10")
 MARK = "private-fedals"
 
 
-def _cell(dataset: str, eps: float, seed: int, variant: str, args: argparse.Namespace) -> dict:
+def _cell(
+    dataset: str, eps: float, seed: int, variant: str, args: argparse.Namespace
+) -> dict | None:
     from securefed import PrivacyConfig, TrainConfig, get_spec, train
 
     params, rounds, clip = VARIANTS[variant]
@@ -61,6 +67,8 @@ def _cell(dataset: str, eps: float, seed: int, variant: str, args: argparse.Name
     run = Path(args.out) / f"{Path(dataset).stem}-eps{eps:g}-{slug}-s{seed}"
     if (run / "summary.json").exists():
         return json.loads((run / "summary.json").read_text())
+    if args.only_finished:
+        return None
     if run.exists():
         import shutil
 
@@ -99,6 +107,11 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/out/private_fedals")
     ap.add_argument("--write", action="store_true", help="write the table into docs/privacy.md")
     ap.add_argument(
+        "--only-finished",
+        action="store_true",
+        help="tabulate cached cells only (a variant with none is marked not run); run nothing",
+    )
+    ap.add_argument(
         "--mark", default=MARK, help="the docs/privacy.md markers to write between (<!-- MARK -->)"
     )
     args = ap.parse_args()
@@ -109,20 +122,27 @@ def main() -> None:
     rows = []
     for dataset in datasets:
         for eps in epsilons:
-            cells = {
+            found = {
                 v: [_cell(dataset, eps, s, v, args) for s in range(args.seeds)] for v in variants
             }
-            base = cells[variants[0]]
+            cells = {v: [c for c in found[v] if c is not None] for v in variants}
+            base = max(cells.values(), key=len)
+            if not base:
+                continue
             dp_mp = {k: [c[f"baseline_dp_mostpop_{k}"] for c in base] for k in METRICS}
             rows.append((dataset, eps, "DP-MostPop (k = 20)", dp_mp, None))
             for v in variants:
+                if not cells[v]:
+                    rows.append((dataset, eps, v, None, None))
+                    continue
                 vals = {k: [c[k] for c in cells[v]] for k in METRICS}
                 rows.append((dataset, eps, v, vals, [c["epsilon"] for c in cells[v]]))
             print(f"{dataset} eps {eps:g} done ({time.time() - started:.0f} s)", flush=True)
     lines = [
         f"Written by `python benchmarks/private_fedals.py --datasets {args.datasets} "
         f"--epsilons {args.epsilons} --seeds {args.seeds} --variants '{args.variants}' "
-        f"--out {args.out} --write{'' if args.mark == MARK else f' --mark {args.mark}'}` "
+        f"--out {args.out}{' --only-finished' if args.only_finished else ''} --write"
+        f"{'' if args.mark == MARK else f' --mark {args.mark}'}` "
         f"({time.strftime('%Y-%m-%d')}); mean ± sd over seeds of the test metrics at the round "
         "selected on validation; user-level DP, delta 1e-5, every client every round.",
         "",
@@ -134,6 +154,9 @@ def main() -> None:
 
     ref: dict[tuple[str, float], dict[str, float]] = {}
     for dataset, eps, name, vals, spent in rows:
+        if vals is None:
+            lines.append(f"| {Path(dataset).stem} | {eps:g} | {name} | not run | | | |")
+            continue
         means = {k: statistics.fmean(v) for k, v in vals.items()}
         if spent is None:
             ref[(dataset, eps)] = means

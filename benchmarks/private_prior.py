@@ -41,7 +41,13 @@ def _config(model: str, dataset: str, eps: float, seed: int, args: argparse.Name
         rounds=args.rounds,
         client_fraction=args.fraction,
         checkpoint_every=args.rounds,
-        privacy=PrivacyConfig(epsilon=eps, replay=True, prior_share=args.share, **kw),
+        privacy=PrivacyConfig(
+            epsilon=eps,
+            replay=True,
+            prior_share=args.share,
+            prior_weighting=args.weighting,
+            **kw,
+        ),
     )
 
 
@@ -101,11 +107,19 @@ def grid(args: argparse.Namespace) -> None:
     lines = [
         f"Written by `nice python benchmarks/private_prior.py --datasets {args.datasets} "
         f"--epsilons {args.epsilons} --seeds {args.seeds} --models {args.models} --rounds "
-        f"{args.rounds} --fraction {args.fraction:g} --share {args.share:g} --write` "
+        f"{args.rounds} --fraction {args.fraction:g} --share {args.share:g} "
+        f"--weighting {args.weighting} --out {args.out}"
+        f"{' --only-finished' if args.only_finished else ''} --write` "
         f"({time.strftime('%Y-%m-%d')}); mean ± sd over seeds 0-{args.seeds - 1} of the test "
         "metrics at the round selected on validation; user-level DP, delta 1e-5, PRV, Poisson "
         f"cohorts at rate {args.fraction:g} (amplification as labelled for replay runs), "
-        f"`--private-prior {args.share:g}` (20 items per user), the model's default clip and "
+        f"`--private-prior {args.share:g}` (`--prior-weighting {args.weighting}`: "
+        + (
+            "every item of a user at sqrt(20 / n_u)"
+            if args.weighting == "sqrt"
+            else "20 sampled items per user"
+        )
+        + "), the model's default clip and "
         "prior weight, `--replay-from-seed`. DP-MostPop: the same split and seed, the whole "
         "epsilon in one count release.",
         "",
@@ -191,6 +205,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--fraction", type=float, default=0.1)
     ap.add_argument("--share", type=float, default=0.9)
+    ap.add_argument(
+        "--weighting",
+        default="sqrt",
+        choices=("sqrt", "sample"),
+        help="--prior-weighting (cells are cached by name: give each weighting its own --out)",
+    )
     ap.add_argument(
         "--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data")
     )

@@ -202,6 +202,13 @@ def train(
     prior_weight: Annotated[
         float | None, typer.Option(help="--private-prior: weight of the prior in the scores.")
     ] = None,
+    prior_weighting: Annotated[
+        str | None,
+        typer.Option(
+            help="--private-prior: sqrt (every item of a user at sqrt(k / n_u), the default) or "
+            "sample (k sampled items, DP-MostPop's count)."
+        ),
+    ] = None,
     synthetic_users: SyntheticUsers = None,
     synthetic_items: SyntheticItems = None,
     min_interactions: Annotated[
@@ -292,6 +299,7 @@ def train(
                 prior_share=private_prior,
                 prior_items=prior_items,
                 prior_weight=prior_weight,
+                prior_weighting=prior_weighting,
             )
             if privacy:
                 raw["privacy"] = {**dict(raw.get("privacy", {})), **privacy}

@@ -75,6 +75,7 @@ class PrivacyConfig:
     prior_share: float | None = None
     prior_items: int = 20
     prior_weight: float | None = None
+    prior_weighting: Literal["sqrt", "sample"] = "sqrt"
 
     def __post_init__(self) -> None:
         if self.epsilon is not None and not (self.epsilon > 0):
@@ -156,6 +157,10 @@ class PrivacyConfig:
         k = self.prior_items
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ConfigError(f"prior items must be a positive integer, got {k!r}")
+        if self.prior_weighting not in ("sqrt", "sample"):
+            raise ConfigError(
+                f"prior weighting must be sqrt or sample, got {self.prior_weighting!r}"
+            )
         w = self.prior_weight
         if w is not None and not (
             isinstance(w, int | float) and not isinstance(w, bool) and math.isfinite(w) and w >= 0

@@ -4,9 +4,12 @@ Issue 14: under user-level DP the models that privatise every coordinate of a la
 (FedRAP, FedRecGEL) fall far below a private popularity count (DP-MostPop). The private
 prior mode gives a model that count as well, at a share of the same budget:
 
-1. **One release, before any model release.** Every user contributes the indicator of at most
-   ``k`` of its training items, sampled uniformly on the device (DP-MostPop's contribution
-   bound: L2 sensitivity ``sqrt(k)``); the server sums (plainly, or through secure
+1. **One release, before any model release.** Every user contributes a vector over the items
+   of L2 norm at most ``sqrt(k)``, formed on the device (``--prior-weighting``): ``sqrt``
+   (the default), each of its ``n_u`` training items weighted ``sqrt(k / n_u)``, so the norm
+   is exactly ``sqrt(k)`` whatever ``n_u`` is and every item of the user counts; ``sample``,
+   the indicator of at most ``k`` items sampled uniformly (DP-MostPop's contribution bound).
+   Either way the L2 sensitivity is ``sqrt(k)``; the server sums (plainly, or through secure
    aggregation) and adds ``N(0, (sigma_p sqrt(k))^2)`` per item. The release is accounted in
    the run's ledger (round 0, sample rate 1) and written to disk before the noisy sum exists,
    like every model round (:meth:`securefed.privacy.PrivateAggregator.release_prior`).
@@ -40,6 +43,7 @@ from protocols.dp import calibrate_noise_multiplier
 from protocols.dp.accounting import gaussian_epsilon
 from protocols.seeding import torch_generator
 from securefed.errors import ConfigError
+from securefed.federation.base import ClientUpdates
 from securefed.models.mostpop import MostPopUpdates, bounded_pairs
 
 if TYPE_CHECKING:
@@ -51,6 +55,7 @@ __all__ = [
     "PRIOR_FILE",
     "PopularityPrior",
     "PriorScored",
+    "WeightedCountUpdates",
     "calibrate_remaining",
     "ensure_released",
     "prior_noise_multiplier",
@@ -134,22 +139,85 @@ def calibrate_remaining(
     return high
 
 
-def prior_updates(split: Split, *, max_items: int, seed: int) -> MostPopUpdates:
-    """Every user's upload for the prior: the indicator of at most ``max_items`` of its
-    training items, sampled uniformly on the device (a generator derived from the run seed:
-    the bound, not the secrecy of the sample, is what the guarantee relies on)."""
+class WeightedCountUpdates(ClientUpdates):
+    """Weighted item-indicator uploads kept as (client, item, weight) triples: client ``c``
+    uploads ``weight_p`` on the count of each of its items ``p``."""
+
+    def __init__(
+        self,
+        *,
+        clients: torch.Tensor,
+        layout: UpdateLayout,
+        pair_client: torch.Tensor,
+        pair_item: torch.Tensor,
+        weight: torch.Tensor,
+    ) -> None:
+        self.clients = clients
+        self.layout = layout
+        self.pair_client = pair_client
+        self.pair_item = pair_item
+        self.weight = weight.to(torch.float64)
+
+    def dense(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        if rows is None:
+            rows = torch.arange(len(self), dtype=torch.long)
+        out = torch.zeros(rows.shape[0], self.layout.size, dtype=torch.float32)
+        position = torch.full((len(self),), -1, dtype=torch.long)
+        position[rows] = torch.arange(rows.shape[0], dtype=torch.long)
+        keep = position[self.pair_client] >= 0
+        out[position[self.pair_client[keep]], self.pair_item[keep]] = self.weight[keep].to(
+            torch.float32
+        )
+        return out
+
+    def norms(self) -> torch.Tensor:
+        sq = torch.zeros(len(self), dtype=torch.float64).index_add_(
+            0, self.pair_client, self.weight**2
+        )
+        return sq.sqrt()
+
+    def weighted_sum(self, weights: torch.Tensor) -> torch.Tensor:
+        w = weights.to(torch.float64)[self.pair_client] * self.weight
+        total = torch.zeros(self.layout.size, dtype=torch.float64).index_add_(0, self.pair_item, w)
+        return total.to(torch.float32)
+
+
+def sqrt_weights(pair_client: torch.Tensor, n_clients: int, max_items: int) -> torch.Tensor:
+    """Each pair's weight ``sqrt(k / n_u)``, ``n_u`` its client's number of pairs: a client's
+    weighted indicator has L2 norm exactly ``sqrt(k)`` (``n_u * k / n_u = k``), whatever
+    ``n_u`` is (docs/privacy.md, "The prior's weighting"). Computed from the client's own
+    pairs only: the bound holds on the device."""
+    n = torch.bincount(pair_client, minlength=n_clients).to(torch.float64)
+    return torch.sqrt(float(max_items) / n.clamp_min(1.0))[pair_client]
+
+
+def prior_updates(
+    split: Split, *, max_items: int, seed: int, weighting: str = "sqrt"
+) -> ClientUpdates:
+    """Every user's upload for the prior, L2 norm at most ``sqrt(max_items)``, formed on the
+    device: ``sqrt`` weights each of the user's ``n_u`` training items ``sqrt(k / n_u)``;
+    ``sample`` is the indicator of at most ``k`` of them, sampled uniformly (a generator derived
+    from the run seed: the bound, not the secrecy of the sample, is what the guarantee relies
+    on)."""
     from securefed.federation.base import UpdateLayout
 
+    if weighting not in ("sqrt", "sample"):
+        raise ConfigError(f"prior weighting must be sqrt or sample, got {weighting!r}")
     users = torch.arange(split.n_users, dtype=torch.long)
     local, items = split.train_pairs(users.numpy())
-    local_t, items_t = bounded_pairs(
-        torch.from_numpy(local),
-        torch.from_numpy(items),
-        split.n_users,
-        max_items,
-        torch_generator(seed, "prior-sample"),
-    )
+    local_t, items_t = torch.from_numpy(local), torch.from_numpy(items)
     layout: UpdateLayout = UpdateLayout(names=("counts",), shapes=((split.n_items,),))
+    if weighting == "sqrt":
+        return WeightedCountUpdates(
+            clients=users,
+            layout=layout,
+            pair_client=local_t,
+            pair_item=items_t,
+            weight=sqrt_weights(local_t, split.n_users, max_items),
+        )
+    local_t, items_t = bounded_pairs(
+        local_t, items_t, split.n_users, max_items, torch_generator(seed, "prior-sample")
+    )
     return MostPopUpdates(clients=users, layout=layout, pair_client=local_t, pair_item=items_t)
 
 
@@ -226,12 +294,12 @@ class PriorScored:
         return {"model": self.inner.state_dict(), "popularity_prior": self.prior.state_dict()}
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """:meth:`state_dict` with the wrapped model's compact checkpoint form where it has
-        one (FedRAP's sparse private views). Defined here, not left to ``__getattr__``: that
-        would hand the wrapped model's state to the checkpoint without the prior."""
+        """The checkpoint's form: the model's own compact state where it has one (FedRAP's
+        sparse ``D``), with the prior (without this, attribute fall-through would hand the
+        trainer the bare model's state and the checkpoint would lose the prior)."""
         compact = getattr(self.inner, "checkpoint_state", None)
         inner = compact() if compact is not None else self.inner.state_dict()
-        return {"model": inner, "popularity_prior": self.prior.state_dict()}
+        return {"model": dict(inner), "popularity_prior": self.prior.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "popularity_prior" not in state or "model" not in state:
@@ -278,6 +346,11 @@ def ensure_released(
         model.prior.load_state_dict(saved)
         if model.prior.released:
             return
-    updates = prior_updates(split, max_items=config.privacy.prior_items, seed=config.seed)
+    updates = prior_updates(
+        split,
+        max_items=config.privacy.prior_items,
+        seed=config.seed,
+        weighting=config.privacy.prior_weighting,
+    )
     model.prior.install(aggregator.release_prior(updates, 0))
     runs.save_state(path, model.prior.state_dict())

@@ -645,6 +645,7 @@ class PrivateAggregator:
             out["prior_share"] = self.p.prior_share
             out["prior_noise_multiplier"] = self.prior_noise_multiplier
             out["prior_items"] = self.p.prior_items
+            out["prior_weighting"] = self.p.prior_weighting
         return out
 
     def _randomness(self, epsilon: float | None) -> dict[str, Any]:

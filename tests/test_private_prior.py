@@ -11,6 +11,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from protocols.dp import PrivacyLedger, calibrate_noise_multiplier
@@ -22,7 +24,9 @@ from securefed.models.fedrecgel import FedRecGELConfig
 from securefed.prior import (
     PopularityPrior,
     PriorScored,
+    WeightedCountUpdates,
     prior_updates,
+    sqrt_weights,
 )
 from securefed.privacy import PrivateAggregator
 from securefed.training import train
@@ -31,6 +35,8 @@ SMALL = dict(synthetic_users=60, synthetic_items=200, checkpoint_every=1)
 FAST_RAP = FedRAPConfig(dim=4, local_epochs=1, compile=False)
 FAST_GEL = FedRecGELConfig(gmf_dim=4, mlp_dim=8, layers=(16, 8))
 PRIOR_CLIP = math.sqrt(20)
+#: Probability that a correct sampler fails the statistical test below.
+FALSE_FAILURE = 1e-6
 runner = CliRunner()
 
 
@@ -148,15 +154,92 @@ def test_scores_are_model_scores_plus_weight_times_the_prior(small_split):
     assert torch.equal(fresh.score_all(users), wrapped.score_all(users))
 
 
-def test_prior_updates_bound_every_user_to_k_items(small_split):
-    up = prior_updates(small_split, max_items=3, seed=0)
+def test_sampled_prior_updates_bound_every_user_to_k_items(small_split):
+    up = prior_updates(small_split, max_items=3, seed=0, weighting="sample")
     per_user = torch.bincount(up.pair_client, minlength=small_split.n_users)
     train_sizes = torch.from_numpy(small_split.train_indptr).diff()
     assert torch.equal(per_user, train_sizes.clamp(max=3))
     assert float(up.norms().max()) <= math.sqrt(3) + 1e-12
 
 
-def test_prior_under_secagg_equals_its_plain_sum(small_split):
+def test_sqrt_prior_updates_count_every_item_at_norm_exactly_sqrt_k(small_split):
+    k = 3
+    up = prior_updates(small_split, max_items=k, seed=0)
+    assert isinstance(up, WeightedCountUpdates)
+    train_sizes = torch.from_numpy(small_split.train_indptr).diff()
+    # Every training item of every user is in its upload, weighted sqrt(k / n_u) ...
+    assert torch.equal(torch.bincount(up.pair_client, minlength=small_split.n_users), train_sizes)
+    torch.testing.assert_close(
+        up.weight, torch.sqrt(k / train_sizes.double())[up.pair_client], rtol=0, atol=1e-15
+    )
+    # ... so each upload's L2 norm is sqrt(k) (the sensitivity the release is noised for),
+    # whether the user has fewer or more than k items.
+    assert (train_sizes < k).any() or (train_sizes > k).any()
+    torch.testing.assert_close(
+        up.norms(), torch.full((small_split.n_users,), math.sqrt(k), dtype=torch.float64)
+    )
+    dense = up.dense()
+    torch.testing.assert_close(dense.double().norm(dim=1), up.norms(), rtol=1e-6, atol=0)
+    torch.testing.assert_close(up.weighted_sum(torch.ones(len(up))), dense.sum(0))
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=30),
+    k=st.integers(min_value=1, max_value=50),
+)
+def test_sqrt_weights_never_let_a_client_exceed_sqrt_k(sizes, k):
+    pair_client = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    w = sqrt_weights(pair_client, len(sizes), k)
+    norms = torch.zeros(len(sizes), dtype=torch.float64).index_add_(0, pair_client, w * w).sqrt()
+    for n, norm in zip(sizes, norms.tolist(), strict=True):
+        assert norm == pytest.approx(math.sqrt(k) if n else 0.0, rel=1e-12, abs=1e-12)
+        assert norm <= math.sqrt(k) * (1 + 1e-12)
+
+
+@pytest.mark.statistical
+def test_sqrt_prior_release_is_accounted_then_noised_at_sigma_p_sqrt_k(small_split):
+    """One release over 200,000 item coordinates: its noise (released minus the exact weighted
+    sum, which no clipping changed) has variance (sigma_p sqrt(k))^2 by a chi-square test with
+    false-failure rate 1e-6 (FALSE_FAILURE), and the same test rejects sigma off by 10 %."""
+    from scipy import stats
+
+    from securefed.federation.base import UpdateLayout
+
+    n_items, k = 200_000, 20
+    cfg = TrainConfig(model="fedrap", rounds=1, privacy=_dp())
+    agg = PrivateAggregator(cfg, small_split, dim=small_split.n_items * 4)
+    pair_client = torch.tensor([0, 0, 0, 1, 2, 2])
+    pair_item = torch.tensor([5, 17, 199_999, 17, 3, 5])
+    up = WeightedCountUpdates(
+        clients=torch.arange(3),
+        layout=UpdateLayout(names=("counts",), shapes=((n_items,),)),
+        pair_client=pair_client,
+        pair_item=pair_item,
+        weight=sqrt_weights(pair_client, 3, k),
+    )
+    exact = up.weighted_sum(torch.ones(3)).double()
+    released = agg.release_prior(up).double()
+    [event] = agg.ledger.to_dicts()
+    assert event["clip"] == pytest.approx(math.sqrt(k))
+    assert event["noise_multiplier"] == agg.prior_noise_multiplier
+    noise = released - exact
+    std = agg.prior_noise_multiplier * math.sqrt(k)
+
+    def matches(var: float) -> bool:
+        stat = float((noise * noise).sum()) / var
+        return bool(
+            stats.chi2.ppf(FALSE_FAILURE / 2, n_items)
+            <= stat
+            <= stats.chi2.isf(FALSE_FAILURE / 2, n_items)
+        )
+
+    assert matches(std**2)
+    assert not matches((1.1 * std) ** 2) and not matches((0.9 * std) ** 2)
+
+
+@pytest.mark.parametrize("weighting", ["sample", "sqrt"])
+def test_prior_under_secagg_equals_its_plain_sum(small_split, weighting):
     def released(secagg: bool) -> tuple[torch.Tensor, list]:
         cfg = TrainConfig(
             model="fedrap",
@@ -164,12 +247,17 @@ def test_prior_under_secagg_equals_its_plain_sum(small_split):
             privacy=_dp(secagg=secagg, noise="central" if secagg else None),
         )
         agg = PrivateAggregator(cfg, small_split, dim=small_split.n_items * 4)
-        total = agg.release_prior(prior_updates(small_split, max_items=20, seed=0))
-        return total, agg.ledger.to_dicts()
+        up = prior_updates(small_split, max_items=20, seed=0, weighting=weighting)
+        return agg.release_prior(up), agg.ledger.to_dicts()
 
     plain, plain_events = released(False)
     secure, secure_events = released(True)
-    assert torch.equal(plain, secure)
+    if weighting == "sample":  # indicators are exact in fixed point
+        assert torch.equal(plain, secure)
+    else:  # each client's weights are rounded to 2^-16 (16 scale bits), at most 1 step each
+        bound = small_split.n_users * 2.0**-16 + 1e-4
+        torch.testing.assert_close(plain, secure, rtol=0, atol=bound)
+        assert not torch.equal(plain, torch.zeros_like(plain))
     assert plain_events == secure_events
 
 
@@ -212,6 +300,7 @@ def test_without_the_flag_the_model_is_not_wrapped(tmp_path):
         (dict(epsilon=2.0, prior_share=0.5, noise_multiplier=1.0), "no --noise-multiplier"),
         (dict(epsilon=2.0, prior_share=0.5, secagg=True), "--noise central"),
         (dict(epsilon=2.0, prior_share=0.5, prior_items=0), "prior items"),
+        (dict(epsilon=2.0, prior_share=0.5, prior_weighting="top"), "prior weighting"),
     ],
 )
 def test_bad_prior_settings_are_one_config_error(kw, message):

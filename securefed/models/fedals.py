@@ -86,6 +86,10 @@ class FedALSConfig:
             given to its item rows, counts and Gramian.
         item_reg: Private mode: ridge of the server's item solve.
         prior_weight: Private mode: weight of ``log(1 + count)`` added to every score.
+        count_only_below: Private mode: when the first count round's users per unit of noise,
+            ``N / sigma`` (``sigma`` the noise std of that release over the unit upload bound),
+            is below this, every later round is a count round too and the model is the count
+            at the whole budget (docs/privacy.md, "A count-only rule"); 0: never.
     """
 
     dim: int = 32
@@ -103,6 +107,7 @@ class FedALSConfig:
     shares: tuple[float, float, float] = (0.6, 0.3, 0.1)
     item_reg: float = 10.0
     prior_weight: float = 0.3
+    count_only_below: float = 300.0
 
     @property
     def factor_dim(self) -> int:
@@ -133,7 +138,7 @@ class FedALSConfig:
                 f"got {self.shares!r}"
             )
         object.__setattr__(self, "shares", shares)
-        for name in ("head_z", "item_reg", "prior_weight"):
+        for name in ("head_z", "item_reg", "prior_weight", "count_only_below"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -277,6 +282,8 @@ class FedALS:
         self._prior_precision = 0.0
         self.head = torch.ones(split.n_items, dtype=torch.bool)
         self.rounds_applied = 0
+        # Private mode: whether the count-only rule switched every round to counting.
+        self.count_only = False
 
     # ------------------------------------------------------------------ clients
     def _pairs(self, users: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -362,7 +369,7 @@ class FedALS:
         return updates, RoundStats(loss=loss, samples=int(items.shape[0]))
 
     def _counting(self) -> bool:
-        return self.rounds_applied < self.config.count_rounds
+        return self.count_only or self.rounds_applied < self.config.count_rounds
 
     def _newton_round(self) -> bool:
         """Private mode: ALS rounds after the first take a Newton step on V (the first, from
@@ -475,6 +482,8 @@ class FedALS:
             ).to(torch.float32)
             self._prior_precision = total
         if counting:
+            if self.rounds_applied == 0:
+                self._apply_count_only_rule(noise_std)
             if self.rounds_applied + 1 == cfg.count_rounds or cfg.count_rounds == 0:
                 self._choose_head(noise_std)
             return
@@ -509,6 +518,15 @@ class FedALS:
         v[~self.head] = 0.0
         self.V = v.to(torch.float32)
 
+    def _apply_count_only_rule(self, noise_std: float) -> None:
+        """After the first count release: the count-only rule (``count_only_below``), a
+        function of public quantities only (the population size and the noise std of the
+        release, fixed by epsilon, delta and the rounds before any data is read)."""
+        threshold = self.config.count_only_below
+        if noise_std > 0 and threshold > 0 and self.split.n_users / noise_std < threshold:
+            self.count_only = True
+            self.V = torch.zeros_like(self.V)  # no factors: scores are the count alone
+
     def _choose_head(self, noise_std: float) -> None:
         """Items whose released count clears ``head_z`` noise stds (all counted items without
         noise); the others get no factor and are ranked by the count alone."""
@@ -538,9 +556,13 @@ class FedALS:
         return self._user_factors().clone()
 
     def _prior_scores(self) -> torch.Tensor | None:
-        if not self.config.private or self.config.prior_weight == 0:
+        if not self.config.private:
             return None
-        return self.config.prior_weight * torch.log1p(self.prior.clamp_min(0.0))
+        # Count-only: the count is the whole model (any positive weight ranks the same).
+        weight = 1.0 if self.count_only else self.config.prior_weight
+        if weight == 0:
+            return None
+        return weight * torch.log1p(self.prior.clamp_min(0.0))
 
     @torch.no_grad()
     def score(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
@@ -565,6 +587,7 @@ class FedALS:
             "prior": self.prior,
             "head": self.head.to(torch.float32),
             "rounds_applied": torch.tensor([float(self.rounds_applied)]),
+            "count_only": torch.tensor([float(self.count_only)]),
         }
 
     def set_global_parameters(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -573,6 +596,8 @@ class FedALS:
             self.prior = tensors["prior"].to(torch.float32).clone()
             self.head = tensors["head"] > 0.5
             self.rounds_applied = int(tensors["rounds_applied"].reshape(-1)[0])
+            if "count_only" in tensors:
+                self.count_only = bool(tensors["count_only"].reshape(-1)[0] > 0.5)
         self._eval_x = None
 
     def state_dict(self) -> dict[str, Any]:
@@ -584,6 +609,7 @@ class FedALS:
             "prior_precision": self._prior_precision,
             "head": self.head.clone(),
             "rounds_applied": self.rounds_applied,
+            "count_only": self.count_only,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -604,6 +630,7 @@ class FedALS:
         self.head = head.to(torch.bool).clone()
         self._prior_precision = float(state.get("prior_precision", 0.0))
         self.rounds_applied = int(state.get("rounds_applied", 0))
+        self.count_only = bool(state.get("count_only", False))
         self._eval_x = None
 
 
