@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
 
 from securefed.config import PrivacyConfig, TrainConfig
+from securefed.errors import ConfigError
 from securefed.federation.base import Aggregate
 from securefed.models.als_math import normal_equations, solve_rows, solve_side
-from securefed.models.fedals import FedALS, FedALSConfig
+from securefed.models.fedals import FedALS, FedALSConfig, resolve_reg
 from securefed.training import train
 
 CFG = FedALSConfig(dim=5, alpha=2.0, reg=0.7, init_std=0.3)
+#: The same with one ``reg`` for every row (the private mode's regularisation).
+CFG_FLAT = FedALSConfig(dim=5, alpha=2.0, reg=0.7, init_std=0.3, reg_frequency=False)
+
+
+def _reg(cfg: FedALSConfig, n_obs: float, n_other: int) -> float:
+    """A row's L2 weight as docs/models.md states it (frequency-scaled unless switched off)."""
+    scaled = resolve_reg(cfg).reg_frequency
+    return cfg.reg * (1 + cfg.alpha * n_obs / n_other) if scaled else cfg.reg
 
 
 def _model(split, cfg=CFG) -> FedALS:
@@ -25,7 +35,7 @@ def _model(split, cfg=CFG) -> FedALS:
 def _reference_upload(v: torch.Tensor, items: torch.Tensor, cfg: FedALSConfig):
     """One client, written out from the equations (float64, explicit normal equations)."""
     d = v.shape[1]
-    a = v.T @ v + cfg.reg * torch.eye(d, dtype=v.dtype)
+    a = v.T @ v + _reg(cfg, len(items), v.shape[0]) * torch.eye(d, dtype=v.dtype)
     b = torch.zeros(d, dtype=v.dtype)
     for i in items.tolist():
         a += cfg.alpha * torch.outer(v[i], v[i])
@@ -39,8 +49,9 @@ def _reference_upload(v: torch.Tensor, items: torch.Tensor, cfg: FedALSConfig):
     return x, torch.cat([grad.reshape(-1), torch.outer(x, x).reshape(-1), count])
 
 
-def test_batched_round_equals_a_per_client_loop(small_split):
-    m = _model(small_split)
+@pytest.mark.parametrize("cfg", [CFG, CFG_FLAT], ids=["frequency-reg", "flat-reg"])
+def test_batched_round_equals_a_per_client_loop(small_split, cfg):
+    m = _model(small_split, cfg)
     # Mixed client sizes, unsorted cohort positions.
     users = torch.tensor([0, 3, 7, 11, 19, 25, 38])
     sizes = {int(u): len(small_split.user_train_items(int(u))) for u in users}
@@ -49,12 +60,12 @@ def test_batched_round_equals_a_per_client_loop(small_split):
     dense = up.dense().double()
     for row, u in enumerate(users.tolist()):
         items = torch.from_numpy(small_split.user_train_items(u))
-        x, flat = _reference_upload(m.V, items, CFG)
+        x, flat = _reference_upload(m.V, items, cfg)
         torch.testing.assert_close(up.x[row], x, rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(dense[row], flat, rtol=1e-5, atol=1e-6)
     ref = torch.stack(
         [
-            _reference_upload(m.V, torch.from_numpy(small_split.user_train_items(u)), CFG)[1]
+            _reference_upload(m.V, torch.from_numpy(small_split.user_train_items(u)), cfg)[1]
             for u in users.tolist()
         ]
     )
@@ -85,8 +96,9 @@ def test_closed_form_solve_equals_linalg_solve_on_the_normal_equations():
     assert torch.all(x[3] == 0)  # a row without observations solves to zero
 
 
-def test_server_step_is_the_stated_newton_step(small_split):
-    m = _model(small_split)
+@pytest.mark.parametrize("cfg", [CFG, CFG_FLAT], ids=["frequency-reg", "flat-reg"])
+def test_server_step_is_the_stated_newton_step(small_split, cfg):
+    m = _model(small_split, cfg)
     users = torch.arange(small_split.n_users)
     up, _ = m.client_round(users, 0, None)
     v0 = m.V.clone()
@@ -101,8 +113,9 @@ def test_server_step_is_the_stated_newton_step(small_split):
         Aggregate(total=up.weighted_sum(torch.ones(n)), contributors=n, denominator=float(n)), 0
     )
     for i in range(small_split.n_items):
-        g = gram @ v0[i] + data[i] + CFG.reg * v0[i]
-        h = gram + CFG.reg * torch.eye(5, dtype=torch.float64) + CFG.alpha * counts[i] * gram / n
+        reg = _reg(cfg, float(counts[i]), n)
+        g = gram @ v0[i] + data[i] + reg * v0[i]
+        h = gram + reg * torch.eye(5, dtype=torch.float64) + cfg.alpha * counts[i] * gram / n
         want = v0[i] - torch.linalg.solve(h, g)
         torch.testing.assert_close(m.V[i].double(), want, rtol=1e-4, atol=1e-5)
 
@@ -293,3 +306,78 @@ def test_private_fedals_beats_dp_mostpop_on_movielens(shared_data, tmp_path):
     assert s["test_hr@10"] >= s["baseline_dp_mostpop_test_hr@10"]
     assert s["test_full_hr@10"] >= s["baseline_dp_mostpop_test_full_hr@10"]
     assert s["verdict"] == []
+
+
+# ---------------------------------------------------------------- the regularisation rule
+
+
+def test_rule_scales_rows_by_their_confidence_on_movielens_and_filmtrust_shapes():
+    """The rule's weights for the shapes of MovieLens 100K (943 users, 1,682 items; most
+    popular film 575 users, mean user 104 items) and FilmTrust (1,227 users, 2,059 items;
+    most popular film 886 users, mean user 26 items): a row without observations keeps
+    ``reg`` 10, FilmTrust's most popular film (72 % of its users) gets 3.2 times that."""
+    from securefed.models.als_math import frequency_reg
+
+    def weights(counts, n_other):
+        return frequency_reg(torch.tensor(counts), n_other, alpha=3.0, reg=10.0).tolist()
+
+    ml_items = weights([0, 26, 575], 943)
+    ft_items = weights([0, 2, 886], 1227)
+    assert ml_items == pytest.approx([10.0, 10.827, 28.293], abs=1e-3)
+    assert ft_items == pytest.approx([10.0, 10.049, 31.663], abs=1e-3)
+    assert weights([104], 1682) == pytest.approx([11.855], abs=1e-3)  # ML-100K mean user
+    assert weights([26], 2059) == pytest.approx([10.379], abs=1e-3)  # FilmTrust mean user
+    # Gowalla's rows (29,858 users, 40,981 places; busiest place 1,877 users, busiest user
+    # 911 places) stay within 1.19 times reg: there the rule is about one reg for every row.
+    assert weights([1877], 29858) + weights([911], 40981) == pytest.approx(
+        [11.886, 10.667], abs=1e-3
+    )
+    # What the rule resolves to: scaled without DP, one reg in the private mode.
+    assert resolve_reg(FedALSConfig()).reg_frequency is True
+    assert resolve_reg(FedALSConfig(private=True)).reg_frequency is False
+    assert resolve_reg(FedALSConfig()).reg == 10.0 and resolve_reg(FedALSConfig()).dim == 32
+
+
+def test_settings_the_user_gives_win_over_the_rule():
+    from securefed.models.registry import get_spec, params_from_flags
+
+    spec = get_spec("fedals")
+    p = TrainConfig(
+        model="fedals", params=params_from_flags(spec, {"dim": 8, "reg_frequency": False})
+    ).params
+    assert (p.dim, p.reg, p.reg_frequency) == (8, 10.0, False)
+    p = TrainConfig(model="fedals", params=params_from_flags(spec, {"reg": 3.0})).params
+    assert (p.reg, p.reg_frequency) == (3.0, True)
+    # Under user-level DP the private mode keeps one reg; asking it to scale is an error.
+    dp = PrivacyConfig(epsilon=2.0)
+    assert TrainConfig(model="fedals", privacy=dp).params.reg_frequency is False
+    with pytest.raises(ConfigError, match="reg_frequency applies without DP"):
+        TrainConfig(model="fedals", privacy=dp, params=FedALSConfig(reg_frequency=True))
+    with pytest.raises(ConfigError, match="reg_frequency must be"):
+        FedALSConfig(reg_frequency=1)  # type: ignore[arg-type]
+    # The centralized reference follows the same rule, and an explicit setting wins there too.
+    assert TrainConfig(model="ials").params.reg_frequency is True
+    ials = TrainConfig(model="ials", params=FedALSConfig(reg_frequency=False)).params
+    assert ials.reg_frequency is False
+
+
+def test_resolved_rule_is_written_to_config_toml_and_kept_on_resume(tmp_path):
+    import tomllib
+
+    base = dict(model="fedals", synthetic_users=60, synthetic_items=200, checkpoint_every=1)
+    first = train(TrainConfig(rounds=1, **base), out=tmp_path / "r")
+    cfg_path = tmp_path / "r" / "config.toml"
+    table = tomllib.loads(cfg_path.read_text())["fedals"]
+    assert table["reg_frequency"] is True and table["reg"] == 10.0 and table["dim"] == 32
+    assert first.model.config.reg_frequency is True
+    cfg_path.write_text(re.sub(r"(?m)^rounds = 1$", "rounds = 2", cfg_path.read_text()))
+    resumed = train(resume=tmp_path / "r")
+    assert resumed.model.config == first.model.config
+    # An explicit setting is what the file records, and what a resume runs.
+    flat = TrainConfig(rounds=1, params=FedALSConfig(reg_frequency=False), **base)
+    train(flat, out=tmp_path / "f")
+    table = tomllib.loads((tmp_path / "f" / "config.toml").read_text())["fedals"]
+    assert table["reg_frequency"] is False
+    f_path = tmp_path / "f" / "config.toml"
+    f_path.write_text(re.sub(r"(?m)^rounds = 1$", "rounds = 2", f_path.read_text()))
+    assert train(resume=tmp_path / "f").model.config.reg_frequency is False

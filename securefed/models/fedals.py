@@ -51,24 +51,30 @@ from securefed.federation.base import (
     RoundStats,
     UpdateLayout,
 )
-from securefed.models.als_math import normal_equations, solve_rows
+from securefed.models.als_math import frequency_reg, normal_equations, solve_rows
 from securefed.models.registry import ModelSpec, ObserverHooks
 from securefed.validation import positive_int
 
-__all__ = ["FedALS", "FedALSConfig", "FedALSUpdates", "SPEC"]
+__all__ = ["FedALS", "FedALSConfig", "FedALSUpdates", "SPEC", "resolve_reg"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class FedALSConfig:
     """fedals hyperparameters.
 
-    Defaults: the centralized iALS setting that reaches HR@10 0.666 / 0.139 (sampled / full)
-    on MovieLens 100K (docs/results.md).
+    Defaults: the centralized iALS setting of issue 13 (``d`` 32, ``alpha`` 3, ``reg`` 10),
+    with frequency-scaled regularisation without DP (docs/models.md, "fedals").
 
     Attributes:
         dim: Factor size ``d`` (without DP; ``private_dim`` with it).
         alpha: Confidence of an observed pair minus one (``c_ui = 1 + alpha``).
-        reg: L2 regularisation of user and item factors.
+        reg: L2 regularisation of user and item factors (of a factor without observations
+            when ``reg_frequency`` is on).
+        reg_frequency: Frequency-scaled L2 (Rendle et al. 2022, ``nu = 1``): a user or item
+            row with ``n_r`` observations is regularised by ``reg * (1 + alpha * n_r /
+            n_other)``, in proportion to its total confidence in the loss
+            (:func:`~securefed.models.als_math.frequency_reg`). None: on without DP, off in
+            the private mode (:func:`resolve_reg`; ``config.toml`` records the choice).
         init_std: Standard deviation of the initial item factors.
         step: Server step size on the approximate Newton direction (1: the full step).
         eval_block: Users whose factors are solved at once for evaluation.
@@ -95,6 +101,7 @@ class FedALSConfig:
     dim: int = 32
     alpha: float = 3.0
     reg: float = 10.0
+    reg_frequency: bool | None = None
     init_std: float = 0.1
     step: float = 1.0
     eval_block: int = 4096
@@ -148,8 +155,30 @@ class FedALSConfig:
                 raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
         if self.reg <= 0:
             raise ConfigError(f"reg must be > 0 (the solves need it), got {self.reg!r}")
+        if self.reg_frequency is not None and not isinstance(self.reg_frequency, bool):
+            raise ConfigError(
+                f"reg_frequency must be true, false or unset, got {self.reg_frequency!r}"
+            )
         if not (isinstance(self.step, int | float) and 0 < self.step <= 2):
             raise ConfigError(f"step must be in (0, 2], got {self.step!r}")
+
+
+def resolve_reg(params: FedALSConfig) -> FedALSConfig:
+    """The regularisation rule: frequency-scaled without DP, one ``reg`` for every row in the
+    private mode (whose settings were tuned with it); a value the user set is kept.
+
+    Chosen on the validation HR@10 of MovieLens 100K and FilmTrust (docs/models.md, "fedals"):
+    one ``reg`` 10 for every row is below a popularity count on FilmTrust, whose most popular
+    films have 70 % of the users; scaled, they are regularised up to three times more.
+    """
+    if params.reg_frequency is not None:
+        if params.private and params.reg_frequency:
+            raise ConfigError(
+                "reg_frequency applies without DP; the private mode regularises every row by "
+                "reg (drop --param reg_frequency)"
+            )
+        return params
+    return dataclasses.replace(params, reg_frequency=not params.private)
 
 
 def fedals_layout(n_items: int, dim: int) -> UpdateLayout:
@@ -269,6 +298,7 @@ class FedALS:
     ) -> None:
         if dpsgd is not None:
             raise ConfigError("fedals has no interaction-level DP-SGD; use --privacy-unit user")
+        config = resolve_reg(config)
         self.split = split
         self.config = config
         self.device = torch.device(device)
@@ -291,15 +321,27 @@ class FedALS:
         local, items = self.split.train_pairs(users.numpy())
         return torch.from_numpy(local), torch.from_numpy(items)
 
+    def _row_reg(self, counts: torch.Tensor, n_other: int) -> float | torch.Tensor:
+        """The L2 weight of rows with ``counts`` observations: ``reg``, or one weight per row
+        with ``reg_frequency``."""
+        cfg = self.config
+        if not cfg.reg_frequency:
+            return float(cfg.reg)
+        return frequency_reg(counts, n_other, alpha=float(cfg.alpha), reg=float(cfg.reg))
+
+    def _user_reg(self, local: torch.Tensor, n: int) -> float | torch.Tensor:
+        """Each of ``n`` users' weight, from its number of training pairs in ``local``."""
+        reg = self._row_reg(torch.bincount(local, minlength=n), self.split.n_items)
+        return reg.to(self.V.dtype) if isinstance(reg, torch.Tensor) else reg
+
     def solve_users(self, users: torch.Tensor, v: torch.Tensor | None = None) -> torch.Tensor:
         """Each user's closed-form factor against ``v`` (default: the current V), ``[B, d]``."""
         v = self.V if v is None else v
         users = users.to(torch.long).cpu()
         local, items = self._pairs(users)
         cfg = self.config
-        a, b = normal_equations(
-            v, local, items, users.shape[0], alpha=float(cfg.alpha), reg=float(cfg.reg)
-        )
+        reg = self._user_reg(local, users.shape[0])
+        a, b = normal_equations(v, local, items, users.shape[0], alpha=float(cfg.alpha), reg=reg)
         return solve_rows(a, b)
 
     def plan_round(self, participants: torch.Tensor, generator: torch.Generator) -> FedALSPlan:
@@ -350,7 +392,7 @@ class FedALS:
         s = (x[local] * self.V[items]).sum(1)
         # iALS loss of each participant at its solution (Gramian trick), for the metrics line.
         g = self.V.T @ self.V
-        per_user = ((x @ g) * x).sum(1) + cfg.reg * (x * x).sum(1)
+        per_user = ((x @ g) * x).sum(1) + self._user_reg(local, users.shape[0]) * (x * x).sum(1)
         per_user.index_add_(0, local, (1.0 + cfg.alpha) * (1.0 - s) ** 2 - s * s)
         loss = float(per_user.mean()) if users.numel() else float("nan")
         if cfg.private:
@@ -445,12 +487,14 @@ class FedALS:
         gram = scale * 0.5 * (parts["gram"] + parts["gram"].T)
         evals, evecs = torch.linalg.eigh(gram)
         evals = evals.clamp_min(0.0)  # a noised Gramian may not be PSD
-        reg = float(self.config.reg)
         if self.config.private:
             self._private_step(parts, scale, evals, evecs, aggregate.noise_std * scale)
         else:
             grad_data = scale * parts["item_grad"]
             counts = (scale * parts["count"]).clamp_min(0.0)
+            reg = self._row_reg(counts, n_users)
+            if isinstance(reg, torch.Tensor):
+                reg = reg.unsqueeze(1)  # one weight per item row
             v = self.V.to(torch.float64)
             grad = v @ (evecs * evals) @ evecs.T + grad_data + reg * v
             # Per-item Hessian eigenvalues: lambda_j (1 + alpha n_i / N) + reg.
@@ -645,11 +689,12 @@ def _item_rows(
 
 
 def _resolve(params: FedALSConfig, privacy: Any) -> FedALSConfig:
-    """User-level DP runs use the private mode unless it was set explicitly."""
-    if params.private is not None:
-        return params
-    user_dp = bool(getattr(privacy, "dp", False)) and not getattr(privacy, "interaction_dp", False)
-    return dataclasses.replace(params, private=user_dp)
+    """User-level DP runs use the private mode unless it was set explicitly; then the
+    regularisation rule (:func:`resolve_reg`)."""
+    if params.private is None:
+        dp = bool(getattr(privacy, "dp", False)) and not getattr(privacy, "interaction_dp", False)
+        params = dataclasses.replace(params, private=dp)
+    return resolve_reg(params)
 
 
 def _rounds(privacy: Any) -> int:
