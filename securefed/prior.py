@@ -225,6 +225,14 @@ class PriorScored:
     def state_dict(self) -> dict[str, Any]:
         return {"model": self.inner.state_dict(), "popularity_prior": self.prior.state_dict()}
 
+    def checkpoint_state(self) -> dict[str, Any]:
+        """:meth:`state_dict` with the wrapped model's compact checkpoint form where it has one
+        (FedRAP's sparse ``D``). Without it, attribute fall-through would hand out the inner
+        model's form, which lacks the prior, and a resume would refuse the checkpoint."""
+        compact = getattr(self.inner, "checkpoint_state", None)
+        model = compact() if compact is not None else self.inner.state_dict()
+        return {"model": dict(model), "popularity_prior": self.prior.state_dict()}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "popularity_prior" not in state or "model" not in state:
             raise KeyError("the state holds no popularity prior (written without one?)")
