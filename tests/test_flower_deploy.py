@@ -167,6 +167,8 @@ def test_flower_deprecation_notices_are_filtered_and_other_lines_kept(monkeypatc
                 log(logging.WARNING, "a node failed")
                 warnings.warn("old", DeprecationWarning, stacklevel=1)
                 warnings.warn("kept", UserWarning, stacklevel=1)
+                warnings.warn("Tip: In future versions of Ray, ...", FutureWarning, stacklevel=1)
+                assert not logging.getLogger("flwr").propagate  # not again via the root
                 assert "ignore::DeprecationWarning" in os.environ["PYTHONWARNINGS"]
         warn_deprecated_feature("after the context")
     finally:
@@ -174,3 +176,4 @@ def test_flower_deprecation_notices_are_filtered_and_other_lines_kept(monkeypatc
     assert seen == ["a node failed", "DEPRECATED FEATURE: after the context"]
     assert [str(w.message) for w in caught] == ["kept"]
     assert "PYTHONWARNINGS" not in os.environ
+    assert logging.getLogger("flwr").propagate

@@ -150,11 +150,16 @@ class _NoDeprecationNotices(logging.Filter):
 @contextlib.contextmanager
 def quiet_flower_deprecations() -> Iterator[None]:
     """Within: Flower's deprecation notices and Python ``DeprecationWarning`` are not shown
-    (in this process, and in the Ray workers started within, through ``PYTHONWARNINGS``);
-    every other Flower log line and warning is."""
+    (in this process, and in the Ray workers started within, through ``PYTHONWARNINGS``),
+    nor Ray's tip about a future default for accelerator variables. Flower's log records
+    reach only Flower's own console handler (INFO and up): opacus configures the root logger
+    when imported, which would print Flower's DEBUG records a second time. Every other
+    Flower log line and warning is shown."""
     flwr_logger = logging.getLogger("flwr")
     notices = _NoDeprecationNotices()
     flwr_logger.addFilter(notices)
+    propagate = flwr_logger.propagate
+    flwr_logger.propagate = False
     previous = os.environ.get("PYTHONWARNINGS")
     os.environ["PYTHONWARNINGS"] = ",".join(
         x for x in (previous, "ignore::DeprecationWarning") if x
@@ -162,9 +167,13 @@ def quiet_flower_deprecations() -> Iterator[None]:
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=DeprecationWarning)
+            warnings.filterwarnings(
+                "ignore", message="Tip: In future versions of Ray", category=FutureWarning
+            )
             yield
     finally:
         flwr_logger.removeFilter(notices)
+        flwr_logger.propagate = propagate
         if previous is None:
             os.environ.pop("PYTHONWARNINGS", None)
         else:
