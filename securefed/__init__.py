@@ -11,6 +11,7 @@ Everything but the errors is imported on first use (PEP 562), so ``import secure
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from securefed.errors import (
@@ -46,9 +47,14 @@ _LAZY = {
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
-    if module is None:
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        # A submodule (``securefed.runs``, ``securefed.evaluation``): reachable after a plain
+        # ``import securefed``, as when this file imported them all.
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
         raise AttributeError(f"module 'securefed' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 

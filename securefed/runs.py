@@ -158,7 +158,7 @@ def save_state(path: Path, state: Mapping[str, Any]) -> None:
         raise
 
 
-def load_state(path: Path) -> dict[str, Any] | None:
+def load_state(path: str | Path) -> dict[str, Any] | None:
     """A mapping written by :func:`save_state`, or None when the file does not exist.
 
     Loads with ``torch.load(weights_only=True)``: tensors and plain Python values only, so a
@@ -171,6 +171,7 @@ def load_state(path: Path) -> dict[str, Any] | None:
             pickle crafted to run code, or a checkpoint from before securefed saved data
             only), or is not a mapping.
     """
+    path = Path(path)
     if not path.exists():
         return None
     if path.stat().st_size == 0:

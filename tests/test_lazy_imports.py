@@ -73,3 +73,21 @@ def test_the_public_api_is_still_there_when_first_used():
     assert set(securefed.__all__) <= set(dir(securefed))
     with pytest.raises(AttributeError, match="no attribute 'trian'"):
         securefed.trian  # noqa: B018
+
+
+def test_submodules_are_reachable_after_a_plain_import():
+    """As when ``securefed/__init__.py`` imported everything: ``securefed.runs.load_state``
+    (the README's way to read ``model.pt``) works after ``import securefed`` alone."""
+    code = (
+        "import securefed; print(securefed.runs.load_state.__name__, "
+        "securefed.evaluation.__name__, hasattr(securefed, 'no_such_module'))"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["load_state", "securefed.evaluation", "False"]
