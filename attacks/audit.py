@@ -299,7 +299,8 @@ def _audit(
         started = time.perf_counter()
         result = train(train_cfg, out=train_out, split=split, observer=recorder, progress=progress)
         train_seconds = time.perf_counter() - started
-        (train_out / runs.CHECKPOINT_FILE).unlink(missing_ok=True)
+        for name in (runs.CHECKPOINT_FILE, runs.MODEL_FILE):
+            (train_out / name).unlink(missing_ok=True)
         summary = result.summary
         if "released" in chosen:
             recorder.write_torch(RELEASED_FILE, public_state(result.model))

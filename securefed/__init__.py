@@ -3,9 +3,17 @@
 The public API: :func:`train` (and :class:`TrainConfig`, :class:`PrivacyConfig`), the data
 layer in :mod:`securefed.data`, the models in :mod:`securefed.models` and evaluation in
 :mod:`securefed.evaluation`. The CLI (``securefed ...``) is a thin layer over these.
+
+Everything but the errors is imported on first use (PEP 562), so ``import securefed`` and
+``securefed --help`` do not wait for torch.
 """
 
-from securefed.config import PrivacyConfig, TrainConfig
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
 from securefed.errors import (
     ConfigError,
     DataError,
@@ -14,12 +22,46 @@ from securefed.errors import (
     ProtocolError,
     SecureFedError,
 )
-from securefed.models.fedrap import FedRAPConfig
-from securefed.models.fedrecgel import FedRecGELConfig
-from securefed.models.registry import get_spec, model_names
-from securefed.training import TrainResult, train
+
+if TYPE_CHECKING:
+    from securefed.config import PrivacyConfig, TrainConfig
+    from securefed.models.fedrap import FedRAPConfig
+    from securefed.models.fedrecgel import FedRecGELConfig
+    from securefed.models.registry import get_spec, model_names
+    from securefed.training import TrainResult, train
 
 __version__ = "0.1.0"
+
+#: Public name -> the module that defines it (imported when the name is first used).
+_LAZY = {
+    "FedRAPConfig": "securefed.models.fedrap",
+    "FedRecGELConfig": "securefed.models.fedrecgel",
+    "PrivacyConfig": "securefed.config",
+    "TrainConfig": "securefed.config",
+    "TrainResult": "securefed.training",
+    "get_spec": "securefed.models.registry",
+    "model_names": "securefed.models.registry",
+    "train": "securefed.training",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        # A submodule (``securefed.runs``, ``securefed.evaluation``): reachable after a plain
+        # ``import securefed``, as when this file imported them all.
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module 'securefed' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "ConfigError",

@@ -124,9 +124,18 @@ def train(
     ] = None,
     device: Annotated[str | None, typer.Option(help="cpu or cuda.")] = None,
     resume: Annotated[
-        Path | None, typer.Option(help="Continue an interrupted run directory.")
+        Path | None,
+        typer.Option(help="Continue an interrupted run directory (a finished one: says so)."),
     ] = None,
     checkpoint_every: Annotated[int | None, typer.Option(help="Checkpoint every N rounds.")] = None,
+    keep_private_state: Annotated[
+        bool | None,
+        typer.Option(
+            "--keep-private-state",
+            help="Keep the resume checkpoint (every client's private state) once the run has "
+            "finished; by default a finished run keeps only its results and released model.",
+        ),
+    ] = None,
     eval_every: Annotated[int | None, typer.Option(help="Evaluate every N rounds.")] = None,
     negatives_from: Annotated[
         str | None,
@@ -229,7 +238,7 @@ def train(
 
     from securefed.config import TrainConfig, load_config_file
     from securefed.models.registry import DEFAULT_MODEL, get_spec, params_from_flags
-    from securefed.training import check_run_dir_writable
+    from securefed.training import RunFinished, check_resume, check_run_dir_writable
     from securefed.training import train as run_train
 
     with _user_errors():
@@ -240,6 +249,11 @@ def train(
                     "--resume continues a run with its recorded settings; drop "
                     + ", ".join("--" + names.get(g, g).replace("_", "-") for g in flags_given)
                 )
+            try:
+                check_resume(resume)  # one line, before any progress or data
+            except RunFinished as exc:
+                out.print(str(exc), highlight=False, soft_wrap=True)
+                return
             cfg = None
         else:
             _check_secure_flag(secure, replay_from_seed)
@@ -261,6 +275,7 @@ def train(
                 clients_per_round=clients_per_round,
                 device=device,
                 checkpoint_every=checkpoint_every,
+                keep_private_state=keep_private_state,
                 eval_every=eval_every,
                 synthetic_users=synthetic_users,
                 synthetic_items=synthetic_items,

@@ -138,15 +138,13 @@ class RunCosts:
         """Record what the run measured beside the estimate (peak RSS, seconds, disk)."""
         if self.estimate is None or self.run_dir is None:
             return
-        from securefed import runs
-
-        ckpt = result.run_dir / runs.CHECKPOINT_FILE
         self.record["measured"] = {
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "seconds": result.summary.get("seconds"),
             "train_seconds": result.summary.get("train_seconds"),
             "rounds": result.summary.get("rounds"),
-            "checkpoint_bytes": ckpt.stat().st_size if ckpt.exists() else 0,
+            # As written while the run trained (a finished run removes it afterwards).
+            "checkpoint_bytes": result.checkpoint_bytes,
             "run_dir_bytes": sum(
                 p.stat().st_size for p in result.run_dir.rglob("*") if p.is_file()
             ),

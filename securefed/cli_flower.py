@@ -10,11 +10,14 @@ Commands:
 * ``securefed flower simulate`` – Flower's simulation engine, N virtual SuperNodes;
 * ``securefed flower local`` – a SuperLink and N SuperNodes as separate processes on
   127.0.0.1, one partition of users each, ``flwr run`` submitting the app;
+* ``securefed flower init`` – write a complete config file to edit (secure aggregation on);
 * ``securefed flower app`` – write the Flower app directory to submit by hand with
   ``flwr run`` against a SuperLink on other machines (docs/deployment.md).
 
 Each takes the run's settings from a securefed TOML config (``--config``, as ``securefed
-train --config``) plus a few common flags; secure aggregation is always on.
+train --config``; optional: without one the defaults of ``securefed train`` apply) plus a few
+common flags (``--model``, ``--dataset``, ``--data-dir``, ``--rounds``, ...); secure
+aggregation is always on.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from securefed.cli_common import (
     err,
     out,
 )
+from securefed.errors import ConfigError
 
 flower_app = typer.Typer(
     name="flower",
@@ -63,12 +67,16 @@ def _config(
     epsilon: float | None,
     synthetic_users: int | None,
     synthetic_items: int | None,
+    dataset: str | None = None,
+    data_dir: Path | None = None,
 ) -> Any:
     from securefed.training import TrainConfig, load_config_file
 
     raw: dict[str, Any] = load_config_file(config) if config is not None else {}
     for key, value in (
         ("model", model),
+        ("dataset", dataset),
+        ("data_dir", str(data_dir) if data_dir is not None else None),
         ("rounds", rounds),
         ("seed", seed),
         ("synthetic_users", synthetic_users),
@@ -104,6 +112,14 @@ def _show(summary: dict[str, Any], run_dir: Path) -> None:
 
 
 Model = Annotated[str | None, typer.Option(help=MODEL_HELP)]
+Dataset = Annotated[
+    str | None,
+    typer.Option(help="synthetic (default), ml-100k, ml-1m, filmtrust, or a file path."),
+]
+DataDir = Annotated[
+    Path | None,
+    typer.Option(help="Folder holding datasets (else $SECUREFED_DATA_DIR, the cache, download)."),
+]
 Rounds = Annotated[int | None, typer.Option(help="Federated rounds.")]
 Seed = Annotated[int | None, typer.Option(help="Root seed (same model as `securefed train`).")]
 Eps = Annotated[float | None, typer.Option(help="Target user-level epsilon.")]
@@ -118,6 +134,8 @@ def simulate(
     config: ConfigOpt = None,
     nodes: Nodes = 3,
     model: Model = None,
+    dataset: Dataset = None,
+    data_dir: DataDir = None,
     rounds: Rounds = None,
     seed: Seed = None,
     epsilon: Eps = None,
@@ -136,6 +154,8 @@ def local(
     config: ConfigOpt = None,
     nodes: Nodes = 3,
     model: Model = None,
+    dataset: Dataset = None,
+    data_dir: DataDir = None,
     rounds: Rounds = None,
     seed: Seed = None,
     epsilon: Eps = None,
@@ -158,6 +178,7 @@ def _deploy(opts: dict[str, Any], *, local: bool) -> None:
         overrides = {k: opts[k] for k in _OVERRIDES}
         cfg = _config(opts["config"], **overrides)
         run_dir, work = _dirs(cfg, opts["out_dir"], opts["work_dir"])
+        _check_before_flower(cfg, nodes, run_dir)
         if local:
             err.print(
                 f"local deployment: 1 SuperLink + {nodes} SuperNodes on 127.0.0.1, logs in {work}"
@@ -171,7 +192,69 @@ def _deploy(opts: dict[str, Any], *, local: bool) -> None:
     _show(summary, run_dir)
 
 
-_OVERRIDES = ("model", "rounds", "seed", "epsilon", "synthetic_users", "synthetic_items")
+def _check_before_flower(cfg: Any, nodes: int, run_dir: Path) -> None:
+    """What can be refused before Flower (and Ray) start, which takes a minute: the config,
+    the run directory, the dataset (missing, malformed, a catalogue too small for the
+    evaluation) and the number of nodes against the users."""
+    from securefed import runs
+    from securefed.flower.server import check_config
+    from securefed.training import check_run_dir_writable, load_split
+
+    check_config(cfg)
+    if (run_dir / runs.CONFIG_FILE).exists():
+        raise ConfigError(f"{run_dir} already holds a run; choose another --out")
+    check_run_dir_writable(run_dir)
+    split = load_split(cfg)
+    if not 1 <= nodes <= split.n_users:
+        raise ConfigError(
+            f"--nodes must be between 1 and the {split.n_users} users of {split.name} (each "
+            f"node holds the users of one partition), got {nodes}"
+        )
+
+
+_OVERRIDES = (
+    "model",
+    "dataset",
+    "data_dir",
+    "rounds",
+    "seed",
+    "epsilon",
+    "synthetic_users",
+    "synthetic_items",
+)
+
+
+@flower_app.command()
+def init(
+    path: Annotated[Path, typer.Argument(help="TOML file to write (must not exist).")] = Path(
+        "securefed-flower.toml"
+    ),
+    model: Model = None,
+    dataset: Dataset = None,
+    data_dir: DataDir = None,
+    rounds: Rounds = None,
+    seed: Seed = None,
+    epsilon: Eps = None,
+    synthetic_users: SyntheticUsers = None,
+    synthetic_items: SyntheticItems = None,
+) -> None:
+    """Write a complete config for `flower local/simulate/app --config` (secure aggregation
+    on; every setting resolved, to edit)."""
+    from securefed import runs
+
+    with _user_errors():
+        cfg = _config(None, **{k: v for k, v in locals().items() if k in _OVERRIDES})
+        from securefed.flower.server import check_config
+
+        check_config(cfg)
+        if path.exists():
+            raise ConfigError(f"{path} exists; choose another file or delete it")
+        runs.atomic_write_text(path, runs.dumps_toml(cfg.to_dict()))
+    out.print(
+        f"wrote {path}; run with: securefed flower local --nodes 3 --config {path}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @flower_app.command()

@@ -12,7 +12,8 @@ the model and its hyperparameters, the cohort and the defenses:
 * the **process** itself (Python, torch, securefed: measured, :data:`PROCESS_BYTES`).
 
 Disk is the checkpoint (the model's state as it is written, one copy kept, a second while it is
-replaced atomically) times the number of checkpoints written; once the model exists,
+replaced atomically) times the number of checkpoints written, and what a finished run keeps
+(its released model, the shared parameters, unless ``keep_private_state``); once the model exists,
 :func:`state_bytes_of` reads the size from the live ``state_dict()``, so a model that stores its
 state more compactly is estimated as it writes it.
 
@@ -159,6 +160,9 @@ class CostEstimate:
         disk_peak: Disk it needs at its largest (a second checkpoint while one atomically
             replaces the other).
         disk_written: Bytes written over the whole run.
+        disk_final: Disk the run directory keeps once the run has finished: its released
+            model (``model.pt``: the shared parameters) and metrics; the checkpoint as well
+            with ``keep_private_state``.
         round_seconds: Local training, aggregation and server step of one round.
         secagg_seconds: Secure aggregation's part of ``round_seconds``.
         eval_seconds: One sampled evaluation; ``full_eval_seconds`` one full ranking.
@@ -191,6 +195,7 @@ class CostEstimate:
     basis: str = "probe"
     speed: float = 1.0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    disk_final: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready record (``estimate.json`` of a run directory)."""
@@ -204,7 +209,8 @@ class CostEstimate:
         return (
             f"estimate: peak memory {format_bytes(self.peak_memory)}, disk "
             f"{format_bytes(self.disk_bytes)} ({format_bytes(self.disk_peak)} while a "
-            f"checkpoint is replaced), time {format_seconds(self.seconds)} ({self.rounds} "
+            f"checkpoint is replaced, {format_bytes(self.disk_final)} once finished), time "
+            f"{format_seconds(self.seconds)} ({self.rounds} "
             f"rounds x {format_seconds(self.round_seconds + self._eval_per_round())}"
             + (f" + {format_seconds(self.setup_seconds)} setup" if self.setup_seconds else "")
             + f"; {self.basis})"
@@ -300,6 +306,11 @@ def format_seconds(s: float) -> str:
 
 
 # ---------------------------------------------------------------------------- state
+
+
+#: The :func:`state_bytes` entries a finished run keeps in ``model.pt`` (its
+#: ``global_parameters()``), for models with per-client state; the others keep every entry.
+_RELEASED: dict[str, tuple[str, ...]] = {"fedrap": ("C",), "fedrecgel": ("shared",)}
 
 
 def state_bytes(model: str, params: Any, shape: RunShape) -> dict[str, int]:
@@ -608,6 +619,9 @@ def estimate_run(
     best = checkpoint if config.resolved_full_eval_every() > config.eval_every else 0
     metrics_bytes = 1024 * rounds
     disk = checkpoint + best + metrics_bytes
+    released = sum(v for k, v in formula.items() if k in _RELEASED.get(model, formula))
+    final = (checkpoint if config.keep_private_state else 0) + metrics_bytes
+    final += released + CHECKPOINT_OVERHEAD
     seconds_train = rounds * round_s + setup_s
     seconds_eval = (evals - fulls) * eval_s + fulls * eval_full_s
     if best and rounds:
@@ -625,6 +639,7 @@ def estimate_run(
         disk_bytes=int(disk),
         disk_peak=int(disk + checkpoint),
         disk_written=int(ckpts * checkpoint + best * min(evals, 10) + metrics_bytes),
+        disk_final=int(final),
         round_seconds=round_s * speed,
         secagg_seconds=secagg_s * speed,
         eval_seconds=eval_s * speed,

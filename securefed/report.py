@@ -546,12 +546,13 @@ def _run_cell(
 
 def _drop_checkpoints(cell_dir: Path) -> None:
     """Delete a trained cell's model files: its checkpoint serves only to resume training,
-    which a cell with a ``summary.json`` never does again (the report reads the metrics,
-    the summary and the audit). Also those of an audit written before audits dropped theirs."""
+    which a cell with a ``summary.json`` never does again, and the report reads the metrics,
+    the summary and the audit, not the released model. Also those of an audit written
+    before audits dropped theirs."""
     if not (cell_dir / runs.SUMMARY_FILE).exists():
         return
     for run_dir in (cell_dir, cell_dir / AUDIT_DIR / "replay", cell_dir / AUDIT_DIR / "run"):
-        for name in (runs.CHECKPOINT_FILE, runs.BEST_FILE):
+        for name in (runs.CHECKPOINT_FILE, runs.BEST_FILE, runs.MODEL_FILE):
             (run_dir / name).unlink(missing_ok=True)
 
 

@@ -29,6 +29,9 @@ CHECKPOINT_FILE = "checkpoint.pt"
 SUMMARY_FILE = "summary.json"
 LEDGER_FILE = "privacy_ledger.json"
 BEST_FILE = "best_model.pt"
+#: A finished run's released model: the shared parameters as the server holds them after the
+#: last round (no client's private state); written when the run completes.
+MODEL_FILE = "model.pt"
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -155,7 +158,7 @@ def save_state(path: Path, state: Mapping[str, Any]) -> None:
         raise
 
 
-def load_state(path: Path) -> dict[str, Any] | None:
+def load_state(path: str | Path) -> dict[str, Any] | None:
     """A mapping written by :func:`save_state`, or None when the file does not exist.
 
     Loads with ``torch.load(weights_only=True)``: tensors and plain Python values only, so a
@@ -168,6 +171,7 @@ def load_state(path: Path) -> dict[str, Any] | None:
             pickle crafted to run code, or a checkpoint from before securefed saved data
             only), or is not a mapping.
     """
+    path = Path(path)
     if not path.exists():
         return None
     if path.stat().st_size == 0:
@@ -195,6 +199,30 @@ def _unreadable(path: Path, reason: str) -> IntegrityError:
         "a backup or delete it (a run resumed without its checkpoint starts over); never load "
         "checkpoints from an untrusted source"
     )
+
+
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The run's ``summary.json`` (None when it has none yet, or it cannot be read)."""
+    try:
+        summary = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
+def finished(run_dir: Path, rounds: int) -> dict[str, Any] | None:
+    """The summary of a run that completed its ``rounds`` planned rounds, else None.
+
+    A run that stopped early (budget spent, diverged) or was interrupted has not finished;
+    nor has one whose ``config.toml`` now plans more rounds than its summary records.
+    """
+    summary = read_summary(run_dir)
+    if summary is None or summary.get("stopped"):
+        return None
+    done = summary.get("rounds")
+    if isinstance(done, bool) or not isinstance(done, int) or done < rounds:
+        return None
+    return summary
 
 
 def save_checkpoint(run_dir: Path, state: Mapping[str, Any]) -> None:

@@ -114,13 +114,35 @@ class RunInterrupted(KeyboardInterrupt):
 
 @dataclass(frozen=True)
 class TrainResult:
-    """What :func:`train` returns: the run directory, its summary and per-round metrics."""
+    """What :func:`train` returns: the run directory, its summary and per-round metrics.
+
+    ``checkpoint_bytes`` is the size of the last resume checkpoint the run wrote (0 when it
+    wrote none), measured before a finished run removes it.
+    """
 
     run_dir: Path
     summary: dict[str, Any]
     metrics: list[dict[str, Any]]
     split: Split
     model: Recommender
+    checkpoint_bytes: int = 0
+
+
+class RunFinished(ConfigError):
+    """``train(resume=...)`` of a run that has completed all its planned rounds.
+
+    Nothing is loaded or changed. The CLI prints the message and exits 0 (there is nothing
+    left to do); ``summary`` is the run's ``summary.json``.
+    """
+
+    def __init__(self, run_dir: Path, summary: dict[str, Any]) -> None:
+        super().__init__(
+            f"{run_dir} has finished all its {summary.get('rounds')} rounds; there is nothing "
+            f"to resume (its results are in {run_dir / runs.SUMMARY_FILE}); to train longer, "
+            "start a new run with more --rounds"
+        )
+        self.run_dir = run_dir
+        self.summary = summary
 
 
 ProgressFn = Callable[[RoundRecord], None]
@@ -346,7 +368,8 @@ def train(
             ``resume``, which reads the run's own ``config.toml``.
         out: Run directory to create (default ``runs/<timestamp>-<model>-<dataset>/``); it
             must not hold another run.
-        resume: An interrupted run directory to continue from its last checkpoint.
+        resume: An interrupted run directory to continue from its last checkpoint. A run
+            that has finished is refused before anything is read (:class:`RunFinished`).
         progress: Called after every round with that round's metrics. A
             ``KeyboardInterrupt`` raised from it stops the run between rounds (see Raises).
         download_progress: Passed to the dataset downloader (see ``load_dataset``).
@@ -359,11 +382,19 @@ def train(
             :func:`securefed.costs.refuse_if_too_large`); an exception it raises stops the run
             with nothing written.
 
+    A run that completes all its rounds writes its released model (``model.pt``: the shared
+    parameters after the last round, no client's private state) and then removes its resume
+    checkpoint, which holds every client's private state, unless
+    ``config.keep_private_state``. A run that stopped early (budget, divergence) keeps it.
+
     Returns:
         The run directory, its summary (also in ``summary.json``) and per-round metrics.
 
     Raises:
-        ConfigError: Invalid settings, or ``out`` already holds a run.
+        RunFinished: ``resume`` names a run that has finished (a :class:`ConfigError`).
+        ConfigError: Invalid settings, or ``out`` already holds a run, or ``resume`` names a
+            finished run that kept no resume state but whose ``config.toml`` now plans more
+            rounds.
         DataError: The dataset is missing or malformed.
         RunInterrupted: Ctrl-C once the run directory exists. An interrupt between rounds
             (from ``progress``) writes a checkpoint of the last completed round when it is
@@ -378,11 +409,7 @@ def train(
     started = time.perf_counter()
     if resume is not None:
         run_dir = Path(resume)
-        if not (run_dir / runs.CONFIG_FILE).exists():
-            raise ConfigError(
-                f"{run_dir} is not a run directory (no {runs.CONFIG_FILE}); check --resume"
-            )
-        config = TrainConfig.from_dict(load_config_file(run_dir / runs.CONFIG_FILE))
+        config = check_resume(run_dir)
     else:
         config = config or TrainConfig()
         run_dir = Path(out) if out is not None else _default_run_dir(config)
@@ -683,11 +710,66 @@ def _train(
         summary["diverged_round"] = diverged_round
     if warnings:
         summary["warnings"] = warnings
+    resume_file = run_dir / runs.CHECKPOINT_FILE
+    checkpoint_bytes = resume_file.stat().st_size if resume_file.exists() else 0
+    complete = stopped is None and bool(metrics) and metrics[-1]["round"] == config.rounds
+    if complete:  # before the summary: a run with a summary has its released model
+        runs.save_state(
+            run_dir / runs.MODEL_FILE,
+            {"round": metrics[-1]["round"], "model": config.model, "state": released_state(model)},
+        )
     runs.write_json(run_dir / runs.SUMMARY_FILE, summary)
     # The best model's one use, full metrics for the selected round, is spent: the checkpoint
     # stays the run directory's only copy of the model (issue 18, "Disk").
     (run_dir / runs.BEST_FILE).unlink(missing_ok=True)
-    return TrainResult(run_dir=run_dir, summary=summary, metrics=metrics, split=split, model=model)
+    if complete and not config.keep_private_state:
+        # Resuming was its one use, and a finished run is never resumed: what stays is what a
+        # user reads, and no client's private state (issue 18, "Disk").
+        resume_file.unlink(missing_ok=True)
+    return TrainResult(
+        run_dir=run_dir,
+        summary=summary,
+        metrics=metrics,
+        split=split,
+        model=model,
+        checkpoint_bytes=checkpoint_bytes,
+    )
+
+
+def check_resume(run_dir: Path) -> TrainConfig:
+    """The recorded config of a run that ``train(resume=run_dir)`` can continue; reads only
+    its ``config.toml`` and ``summary.json`` and changes nothing.
+
+    Raises:
+        ConfigError: ``run_dir`` is not a run directory; or it finished, removed its resume
+            checkpoint, and its ``config.toml`` now plans more rounds (resuming without a
+            checkpoint would start over from round 1).
+        RunFinished: the run completed all its planned rounds.
+    """
+    if not (run_dir / runs.CONFIG_FILE).exists():
+        raise ConfigError(
+            f"{run_dir} is not a run directory (no {runs.CONFIG_FILE}); check --resume"
+        )
+    config = TrainConfig.from_dict(load_config_file(run_dir / runs.CONFIG_FILE))
+    summary = runs.finished(run_dir, config.rounds)
+    if summary is not None:
+        raise RunFinished(run_dir, summary)
+    if (run_dir / runs.MODEL_FILE).exists() and not (run_dir / runs.CHECKPOINT_FILE).exists():
+        raise ConfigError(
+            f"{run_dir} finished its rounds and, as every finished run, removed its resume "
+            "checkpoint (its clients' private state), so it cannot continue with more rounds; "
+            "start a new run, with --keep-private-state if you mean to extend it later"
+        )
+    return config
+
+
+def released_state(model: Recommender) -> dict[str, Any]:
+    """What a finished run keeps of its model (``model.pt``): the shared parameters as the
+    server holds them (:meth:`global_parameters`; copies on the CPU), no client's private
+    state. A centralized reference has no clients: its whole state is the server's."""
+    if hasattr(model, "global_parameters"):
+        return {k: v.detach().cpu().clone() for k, v in model.global_parameters().items()}
+    return _saved_state(model)
 
 
 def _check_finite(stats: Any, tensors: Mapping[str, Any] | None = None, what: str = "") -> None:
@@ -835,12 +917,15 @@ __all__ = [
     "RoundObserver",
     "RoundRecord",
     "RoundView",
+    "RunFinished",
     "RunInterrupted",
     "RunStart",
+    "released_state",
     "public_state",
     "TrainConfig",
     "TrainResult",
     "build_aggregator",
+    "check_resume",
     "build_model",
     "load_config_file",
     "load_split",

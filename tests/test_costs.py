@@ -213,7 +213,9 @@ def test_the_estimate_is_printed_before_round_one_and_recorded(tmp_path):
     assert record["after_round_1"]["rounds"] == 2
     measured = record["measured"]
     assert measured["rounds"] == 3 and measured["peak_rss_bytes"] > 0
-    assert measured["checkpoint_bytes"] == (run / "checkpoint.pt").stat().st_size
+    # The checkpoint as written while the run trained; the finished run has removed it.
+    assert 0 < measured["checkpoint_bytes"] - sum(before["state"].values()) <= 64 * 1024
+    assert not (run / "checkpoint.pt").exists()
 
 
 def test_report_states_its_cost_and_prints_a_line_per_cell_when_not_a_terminal(tmp_path):

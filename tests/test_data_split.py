@@ -141,7 +141,7 @@ def test_split_rejects_short_users_duplicates_and_bad_sizes() -> None:
     with pytest.raises(DataError, match="duplicate"):
         leave_one_out(dup, seed=0)
     ok = make_interactions([(0, 0), (0, 1), (0, 2)], 10)
-    with pytest.raises(DataError, match="n_eval_negatives=8"):
+    with pytest.raises(DataError, match="fewer than the 8 negatives.*--synthetic-items 11"):
         leave_one_out(ok, seed=0, n_eval_negatives=8)
     with pytest.raises(ConfigError, match="non-negative"):
         leave_one_out(ok, seed=0, n_eval_negatives=-1)

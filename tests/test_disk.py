@@ -1,6 +1,7 @@
 """Small footprints on disk (issue 18, point 3): compact FedRAP checkpoints that resume to the
-same bits, audits that keep their recordings only when asked, reports that drop a cell's
-checkpoint once the cell is finished."""
+same bits, finished runs that keep their released model and no client's private state,
+audits that keep their recordings only when asked, reports that drop a cell's checkpoint once
+the cell is finished."""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def test_a_sparse_checkpoint_stores_only_rows_training_wrote(tmp_path, monkeypat
         return plan
 
     monkeypatch.setattr(FedRAP, "plan_round", recording)
-    result = train(_cfg(rounds=2, checkpoint_every=1), out=tmp_path / "r")
+    result = train(_cfg(rounds=2, keep_private_state=True), out=tmp_path / "r")
     state = runs.load_checkpoint(tmp_path / "r")["model"]
     model = result.model
     n_users, n_items, dim = model.D.shape
@@ -115,6 +116,79 @@ def test_a_sparse_state_that_does_not_fit_is_refused():
     state["D_rows"] = state["D_rows"][:0]
     with pytest.raises(ValueError, match="D_rows"):
         build_model(cfg, split).load_state_dict(state)
+
+
+def _files(run_dir) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(run_dir.iterdir()) if p.is_file()}
+
+
+def _tensor_names(state, prefix=""):
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor):
+            yield prefix + key
+        elif isinstance(value, dict):
+            yield from _tensor_names(value, f"{prefix}{key}.")
+
+
+def test_a_finished_fedrap_run_keeps_its_released_model_and_no_private_state(tmp_path):
+    """Issue 18's target, scaled: the ML-100K run directory <= 40 MB against its 203 MB of
+    private views. Here the private state (D, d_scale, w, b) is 40 x 2000 x 32 floats (10 MB):
+    the finished directory holds the shared C (256 KB) and a few kilobytes of text."""
+    run = tmp_path / "r"
+    result = train(_cfg(rounds=2), out=run)
+    n_users, n_items, dim = result.model.D.shape
+    assert result.checkpoint_bytes > n_users * n_items * 4  # it was written while training
+    assert sorted(p.name for p in run.iterdir()) == [
+        "config.toml", "data.json", "metrics.jsonl", "model.pt", "summary.json",
+    ]  # fmt: skip
+    released = runs.load_state(run / runs.MODEL_FILE)
+    assert released["round"] == 2 and released["model"] == "fedrap"
+    assert sorted(_tensor_names(released)) == ["state.C"]  # no per-client tensor
+    assert torch.equal(released["state"]["C"], result.model.C)
+    c_bytes = n_items * dim * 4
+    total = sum(p.stat().st_size for p in run.iterdir())
+    assert total <= c_bytes + 64 * 1024
+    assert total < n_users * n_items * dim * 4 // 20  # the private views alone
+
+
+def test_keep_private_state_keeps_the_resume_checkpoint_of_a_finished_run(tmp_path):
+    run = tmp_path / "r"
+    result = train(_cfg(rounds=2, keep_private_state=True), out=run)
+    saved = runs.load_checkpoint(run)
+    assert saved["round"] == 2 and {"D_rows", "w", "b", "d_scale"} <= set(saved["model"])
+    assert (run / runs.MODEL_FILE).exists()
+    back = build_model(_cfg(rounds=2), result.split)
+    back.load_state_dict(saved["model"])
+    _assert_same_state(result.model, back)
+
+
+def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path):
+    from typer.testing import CliRunner
+
+    from securefed.cli import app
+    from securefed.errors import ConfigError
+    from securefed.training import RunFinished
+
+    run = tmp_path / "r"
+    train(_cfg(rounds=2), out=run)
+    before = _files(run)
+    with pytest.raises(RunFinished, match="finished all its 2 rounds"):
+        train(resume=run)
+    res = CliRunner().invoke(app, ["train", "--resume", str(run)])
+    assert res.exit_code == 0, res.output
+    assert "finished all its 2 rounds" in res.output and "round 1/" not in res.output
+    assert _files(run) == before
+    # Planned longer afterwards: without its private state it cannot continue, and it must
+    # not start over from round 1 (which would rewrite its metrics).
+    path = run / runs.CONFIG_FILE
+    path.write_text(path.read_text().replace("rounds = 2", "rounds = 3"))
+    before = _files(run)
+    with pytest.raises(ConfigError, match="--keep-private-state") as refused:
+        train(resume=run)
+    assert not isinstance(refused.value, RunFinished)
+    res = CliRunner().invoke(app, ["train", "--resume", str(run)])
+    assert res.exit_code == 2 and "--keep-private-state" in res.output
+    assert _files(run) == before
 
 
 def test_an_audit_leaves_no_recording_and_no_checkpoint_unless_asked(tmp_path):

@@ -131,6 +131,7 @@ def test_fedals_reaches_centralized_quality_on_movielens(shared_data, tmp_path):
 
 def test_fedals_resume_equals_an_uninterrupted_run(tmp_path):
     base = dict(model="fedals", synthetic_users=60, synthetic_items=200, checkpoint_every=2)
+    base["keep_private_state"] = True  # the finished 2-round run is extended to 4 rounds
     whole = train(TrainConfig(rounds=4, **base), out=tmp_path / "a")
     train(TrainConfig(rounds=2, **base), out=tmp_path / "b")
     cfg_path = tmp_path / "b" / "config.toml"

@@ -139,3 +139,41 @@ def test_simulation_engine_matches_in_process(tmp_path):
     )
     for key in KEYS:
         assert summary[f"final_{key}"] == pytest.approx(ref.summary[f"final_{key}"], abs=1e-12)
+
+
+def test_flower_deprecation_notices_are_filtered_and_other_lines_kept(monkeypatch):
+    """Issue 18 point 5: ``flower simulate`` calls Flower's deprecated Python
+    ``run_simulation``, whose notice (and Ray's DeprecationWarnings) filled the output."""
+    import logging
+    import os
+    import warnings
+
+    from flwr.common.logger import log, warn_deprecated_feature
+
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage().split("\n")[0])
+
+    handler = Keep()
+    logging.getLogger("flwr").addHandler(handler)
+    monkeypatch.delenv("PYTHONWARNINGS", raising=False)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # as Ray's import sets "once", before
+            with deploy.quiet_flower_deprecations():
+                warn_deprecated_feature("The `run_simulation` function is deprecated")
+                log(logging.WARNING, "a node failed")
+                warnings.warn("old", DeprecationWarning, stacklevel=1)
+                warnings.warn("kept", UserWarning, stacklevel=1)
+                warnings.warn("Tip: In future versions of Ray, ...", FutureWarning, stacklevel=1)
+                assert not logging.getLogger("flwr").propagate  # not again via the root
+                assert "ignore::DeprecationWarning" in os.environ["PYTHONWARNINGS"]
+        warn_deprecated_feature("after the context")
+    finally:
+        logging.getLogger("flwr").removeHandler(handler)
+    assert seen == ["a node failed", "DEPRECATED FEATURE: after the context"]
+    assert [str(w.message) for w in caught] == ["kept"]
+    assert "PYTHONWARNINGS" not in os.environ
+    assert logging.getLogger("flwr").propagate

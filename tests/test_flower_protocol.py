@@ -79,11 +79,10 @@ def test_distributed_run_equals_in_process_simulation(tmp_path, model):
     # Same global model to the fixed-point precision: the nodes train their subsets of the
     # same round plan, so a float32 rounding difference can move one ring coordinate by one
     # unit (1/scale of the sum) per round; nothing larger is allowed.
-    want = runs.load_checkpoint(tmp_path / "ref")["model"]
+    # The in-process run has finished: its released model is the shared parameters.
+    shared = runs.load_state(tmp_path / "ref" / runs.MODEL_FILE)["state"]
+    assert set(shared) == set(ref.model.global_parameters())
     got = runs.load_checkpoint(tmp_path / "fl")["global"]
-    net = build_model(cfg, load_split(cfg))
-    net.load_state_dict(want)
-    shared = net.global_parameters()
     m = res.metrics[0]["participants"]
     tol = cfg.rounds * _decode_error_bound(cfg, m) / m
     if model == "fedals":
@@ -329,6 +328,7 @@ def test_cli_deploy_commands_pass_their_options_and_report_errors_in_one_line(
     args = ["flower", command, "--config", str(good), "--nodes", "4", "--rounds", "3"]
     args += ["--synthetic-users", "50", "--stage-timeout", "7", "--out", str(tmp_path / "r")]
     args += ["--work-dir", str(tmp_path / "w")]
+    args += ["--dataset", "synthetic", "--data-dir", str(tmp_path / "data")]
     res = CliRunner().invoke(root, args)
     assert res.exit_code == 2, res.output
     assert f"stopped before deploying ({runner_name})" in res.output
@@ -336,6 +336,49 @@ def test_cli_deploy_commands_pass_their_options_and_report_errors_in_one_line(
     [(cfg, nodes, stage_timeout)] = calls
     assert (cfg.rounds, cfg.synthetic_users, nodes, stage_timeout) == (3, 50, 4, 7.0)
     assert cfg.privacy.secagg and cfg.privacy.epsilon == 8.0
+    assert (cfg.dataset, cfg.data_dir) == ("synthetic", str(tmp_path / "data"))
+    # Refused before Flower starts: a catalogue too small to evaluate, more nodes than users.
+    for bad, what in (
+        (["--synthetic-items", "90"], "--synthetic-items"),
+        (["--nodes", "1000"], "--nodes must be between 1 and the"),
+    ):
+        res = CliRunner().invoke(root, [*args, *bad])
+        assert res.exit_code == 2 and what in res.output.replace("\n", ""), res.output
+        assert len(calls) == 1  # the runner was not called again
+
+
+def test_flower_init_writes_a_config_the_deploy_commands_take(tmp_path, monkeypatch):
+    """Issue 18 point 5: nothing but the README's commands; the file is a complete config."""
+    import typer
+    from typer.testing import CliRunner
+
+    from securefed.cli_flower import flower_app
+    from securefed.config import load_config_file
+    from securefed.flower import deploy as deploy_module
+
+    root = typer.Typer()
+    root.add_typer(flower_app, name="flower")
+    path = tmp_path / "run.toml"
+    res = CliRunner().invoke(root, ["flower", "init", str(path), "--model", "fedrap"])
+    assert res.exit_code == 0, res.output
+    assert f"--config {path}" in res.output.replace("\n", "")
+    cfg = TrainConfig.from_dict(load_config_file(path))
+    assert cfg.model == "fedrap" and cfg.privacy.secagg
+    assert cfg == TrainConfig(model="fedrap", privacy=PrivacyConfig(secagg=True))
+    before = path.read_bytes()
+    again = CliRunner().invoke(root, ["flower", "init", str(path)])
+    assert again.exit_code == 2 and "exists" in again.output
+    assert path.read_bytes() == before
+    calls = []
+
+    def fake(cfg, *, run_dir, nodes, work_dir, stage_timeout):
+        calls.append(cfg)
+        raise ConfigError("stopped before deploying")
+
+    monkeypatch.setattr(deploy_module, "run_local_deployment", fake)
+    res = CliRunner().invoke(root, ["flower", "local", "--config", str(path)])
+    assert "stopped before deploying" in res.output
+    assert calls == [cfg]
 
 
 def test_secure_mode_trains_own_users_only_with_os_randomness(tmp_path):

@@ -117,13 +117,21 @@ def test_budget_split_follows_the_stated_rule_and_never_overspends(tmp_path):
 @pytest.mark.parametrize("keep_checkpoint", [True, False])
 def test_resume_keeps_the_released_prior_and_never_releases_it_again(tmp_path, keep_checkpoint):
     run = tmp_path / "r"
-    cfg = TrainConfig(model="fedrap", params=FAST_RAP, rounds=2, privacy=_dp(), **SMALL)
+    cfg = TrainConfig(
+        model="fedrap",
+        params=FAST_RAP,
+        rounds=2,
+        privacy=_dp(),
+        keep_private_state=True,  # to extend the finished run
+        **SMALL,
+    )
     first = train(cfg, out=run)
     counts = first.model.prior.counts.clone()
     path = run / "config.toml"
     path.write_text(path.read_text().replace("rounds = 2", "rounds = 3"))
     if not keep_checkpoint:  # as if it stopped before its first checkpoint
         (run / "checkpoint.pt").unlink()
+        (run / "model.pt").unlink()  # written only by a run that completed
     resumed = train(resume=run)
     assert len(_prior_events(_ledger(run))) == 1
     assert torch.equal(resumed.model.prior.counts, counts)

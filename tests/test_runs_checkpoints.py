@@ -157,6 +157,7 @@ def test_resume_with_a_damaged_run_directory_is_one_line_and_changes_nothing(tmp
     runner = CliRunner()
     run_dir = tmp_path / "run"
     argv = ["--model", "fedrap", "--synthetic-users", "60", "--synthetic-items", "400"]
+    argv.append("--keep-private-state")  # a finished run's checkpoint, to damage
     res = runner.invoke(app, ["train", *argv, "--rounds", "2", "--out", str(run_dir)])
     assert res.exit_code == 0, res.output
     if damage == "best-truncated":

@@ -41,8 +41,9 @@ def _quality(metrics: list[dict]) -> list[tuple]:
 def test_train_writes_a_complete_run_directory(tmp_path):
     result = train(_small(), out=tmp_path / "run")
     run = tmp_path / "run"
-    for name in ("config.toml", "metrics.jsonl", "checkpoint.pt", "summary.json", "data.json"):
+    for name in ("config.toml", "metrics.jsonl", "model.pt", "summary.json", "data.json"):
         assert (run / name).exists(), name
+    assert not (run / "checkpoint.pt").exists()  # a finished run keeps no resume state
     summary = json.loads((run / "summary.json").read_text())
     for key in (
         "model",
@@ -251,9 +252,9 @@ def test_selected_round_always_gets_full_ranking_metrics(tmp_path):
     assert selected["test_full_hr@10"] == res.summary["test_full_hr@10"]
     lines = [json.loads(x) for x in (tmp_path / "g" / "metrics.jsonl").read_text().splitlines()]
     assert "test_full_hr@10" in lines[res.summary["selected_round"] - 1]
-    # Its one use spent, the best model is removed: the checkpoint is the only model copy.
+    # Its one use spent, the best model is removed: the released model is the only copy.
     assert not (tmp_path / "g" / "best_model.pt").exists()
-    assert (tmp_path / "g" / "checkpoint.pt").exists()
+    assert (tmp_path / "g" / "model.pt").exists()
 
 
 def test_resume_refuses_other_flags(tmp_path):

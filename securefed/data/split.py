@@ -136,9 +136,12 @@ def leave_one_out(data: Interactions, *, seed: int, n_eval_negatives: int = 99) 
     free = n_items - counts
     if n_eval_negatives and (free < n_eval_negatives).any():
         worst = int(free.min())
+        need = n_items - worst + n_eval_negatives
         raise DataError(
-            f"{data.name}: a user has only {worst} never-interacted item(s), fewer than "
-            f"n_eval_negatives={n_eval_negatives}; lower n_eval_negatives"
+            f"{data.name}: a user has only {worst} never-interacted item(s) of {n_items}, fewer "
+            f"than the {n_eval_negatives} negatives the sampled evaluation draws per user; use "
+            f"a dataset with more items (synthetic: --synthetic-items {need} or more), or from "
+            "Python leave_one_out(..., n_eval_negatives=N) with a smaller N"
         )
     negatives = {}
     row_users = np.arange(n_users, dtype=np.int64)[:, None]

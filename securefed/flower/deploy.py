@@ -15,12 +15,14 @@ installed ``securefed`` package on every machine.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,13 +127,57 @@ def run_simulation(
         }
     )
     client = make_client_app({"state-root": str(work / "nodes")})
-    flwr_run_simulation(
-        server_app=server,
-        client_app=client,
-        num_supernodes=nodes,
-        backend_config={"client_resources": {"num_cpus": cpus_per_node, "num_gpus": 0.0}},
-    )
+    with quiet_flower_deprecations():
+        flwr_run_simulation(
+            server_app=server,
+            client_app=client,
+            num_supernodes=nodes,
+            backend_config={"client_resources": {"num_cpus": cpus_per_node, "num_gpus": 0.0}},
+        )
     return _finished(run_dir)
+
+
+class _NoDeprecationNotices(logging.Filter):
+    """Drops Flower's own deprecation notices (``DEPRECATED FEATURE`` and the ``FEATURE
+    UPDATE`` that follows it): they concern Flower APIs securefed calls (its Python
+    ``run_simulation`` among them), nothing a user of securefed can act on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = str(record.msg).lstrip()
+        return not text.startswith(("DEPRECATED FEATURE", "FEATURE UPDATE"))
+
+
+@contextlib.contextmanager
+def quiet_flower_deprecations() -> Iterator[None]:
+    """Within: Flower's deprecation notices and Python ``DeprecationWarning`` are not shown
+    (in this process, and in the Ray workers started within, through ``PYTHONWARNINGS``),
+    nor Ray's tip about a future default for accelerator variables. Flower's log records
+    reach only Flower's own console handler (INFO and up): opacus configures the root logger
+    when imported, which would print Flower's DEBUG records a second time. Every other
+    Flower log line and warning is shown."""
+    flwr_logger = logging.getLogger("flwr")
+    notices = _NoDeprecationNotices()
+    flwr_logger.addFilter(notices)
+    propagate = flwr_logger.propagate
+    flwr_logger.propagate = False
+    previous = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = ",".join(
+        x for x in (previous, "ignore::DeprecationWarning") if x
+    )
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=DeprecationWarning)
+            warnings.filterwarnings(
+                "ignore", message="Tip: In future versions of Ray", category=FutureWarning
+            )
+            yield
+    finally:
+        flwr_logger.removeFilter(notices)
+        flwr_logger.propagate = propagate
+        if previous is None:
+            os.environ.pop("PYTHONWARNINGS", None)
+        else:
+            os.environ["PYTHONWARNINGS"] = previous
 
 
 def _finished(run_dir: Path) -> dict[str, Any]:
@@ -231,6 +277,10 @@ def local_deployment(
     (work / "logs").mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env["FLWR_HOME"] = str(work / "flwr-home")
+    # Their logs are for the operator: no DeprecationWarning about the libraries' own calls.
+    env["PYTHONWARNINGS"] = ",".join(
+        x for x in (env.get("PYTHONWARNINGS"), "ignore::DeprecationWarning") if x
+    )
     env.setdefault("PYTHONUNBUFFERED", "1")
     dep = LocalDeployment(work, free_port(), env=env)
     try:
@@ -341,6 +391,7 @@ def run_local_deployment(
 __all__ = [
     "LocalDeployment",
     "local_deployment",
+    "quiet_flower_deprecations",
     "run_local_deployment",
     "run_simulation",
     "submit",
