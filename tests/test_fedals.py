@@ -365,7 +365,14 @@ def test_settings_the_user_gives_win_over_the_rule():
 def test_resolved_rule_is_written_to_config_toml_and_kept_on_resume(tmp_path):
     import tomllib
 
-    base = dict(model="fedals", synthetic_users=60, synthetic_items=200, checkpoint_every=1)
+    # keep_private_state: a finished run keeps what extending it by a round needs.
+    base = dict(
+        model="fedals",
+        synthetic_users=60,
+        synthetic_items=200,
+        checkpoint_every=1,
+        keep_private_state=True,
+    )
     first = train(TrainConfig(rounds=1, **base), out=tmp_path / "r")
     cfg_path = tmp_path / "r" / "config.toml"
     table = tomllib.loads(cfg_path.read_text())["fedals"]
