@@ -55,7 +55,6 @@ __all__ = [
     "PRIOR_FILE",
     "PopularityPrior",
     "PriorScored",
-    "WeightedCountUpdates",
     "calibrate_remaining",
     "ensure_released",
     "prior_noise_multiplier",
@@ -139,49 +138,6 @@ def calibrate_remaining(
     return high
 
 
-class WeightedCountUpdates(ClientUpdates):
-    """Weighted item-indicator uploads kept as (client, item, weight) triples: client ``c``
-    uploads ``weight_p`` on the count of each of its items ``p``."""
-
-    def __init__(
-        self,
-        *,
-        clients: torch.Tensor,
-        layout: UpdateLayout,
-        pair_client: torch.Tensor,
-        pair_item: torch.Tensor,
-        weight: torch.Tensor,
-    ) -> None:
-        self.clients = clients
-        self.layout = layout
-        self.pair_client = pair_client
-        self.pair_item = pair_item
-        self.weight = weight.to(torch.float64)
-
-    def dense(self, rows: torch.Tensor | None = None) -> torch.Tensor:
-        if rows is None:
-            rows = torch.arange(len(self), dtype=torch.long)
-        out = torch.zeros(rows.shape[0], self.layout.size, dtype=torch.float32)
-        position = torch.full((len(self),), -1, dtype=torch.long)
-        position[rows] = torch.arange(rows.shape[0], dtype=torch.long)
-        keep = position[self.pair_client] >= 0
-        out[position[self.pair_client[keep]], self.pair_item[keep]] = self.weight[keep].to(
-            torch.float32
-        )
-        return out
-
-    def norms(self) -> torch.Tensor:
-        sq = torch.zeros(len(self), dtype=torch.float64).index_add_(
-            0, self.pair_client, self.weight**2
-        )
-        return sq.sqrt()
-
-    def weighted_sum(self, weights: torch.Tensor) -> torch.Tensor:
-        w = weights.to(torch.float64)[self.pair_client] * self.weight
-        total = torch.zeros(self.layout.size, dtype=torch.float64).index_add_(0, self.pair_item, w)
-        return total.to(torch.float32)
-
-
 def sqrt_weights(pair_client: torch.Tensor, n_clients: int, max_items: int) -> torch.Tensor:
     """Each pair's weight ``sqrt(k / n_u)``, ``n_u`` its client's number of pairs: a client's
     weighted indicator has L2 norm exactly ``sqrt(k)`` (``n_u * k / n_u = k``), whatever
@@ -208,7 +164,7 @@ def prior_updates(
     local_t, items_t = torch.from_numpy(local), torch.from_numpy(items)
     layout: UpdateLayout = UpdateLayout(names=("counts",), shapes=((split.n_items,),))
     if weighting == "sqrt":
-        return WeightedCountUpdates(
+        return MostPopUpdates(
             clients=users,
             layout=layout,
             pair_client=local_t,

@@ -21,10 +21,10 @@ from securefed.config import PrivacyConfig, TrainConfig
 from securefed.errors import ConfigError
 from securefed.models.fedrap import FedRAP, FedRAPConfig
 from securefed.models.fedrecgel import FedRecGELConfig
+from securefed.models.mostpop import MostPopUpdates
 from securefed.prior import (
     PopularityPrior,
     PriorScored,
-    WeightedCountUpdates,
     prior_updates,
     sqrt_weights,
 )
@@ -173,7 +173,7 @@ def test_sampled_prior_updates_bound_every_user_to_k_items(small_split):
 def test_sqrt_prior_updates_count_every_item_at_norm_exactly_sqrt_k(small_split):
     k = 3
     up = prior_updates(small_split, max_items=k, seed=0)
-    assert isinstance(up, WeightedCountUpdates)
+    assert isinstance(up, MostPopUpdates) and up.weight is not None
     train_sizes = torch.from_numpy(small_split.train_indptr).diff()
     # Every training item of every user is in its upload, weighted sqrt(k / n_u) ...
     assert torch.equal(torch.bincount(up.pair_client, minlength=small_split.n_users), train_sizes)
@@ -219,7 +219,7 @@ def test_sqrt_prior_release_is_accounted_then_noised_at_sigma_p_sqrt_k(small_spl
     agg = PrivateAggregator(cfg, small_split, dim=small_split.n_items * 4)
     pair_client = torch.tensor([0, 0, 0, 1, 2, 2])
     pair_item = torch.tensor([5, 17, 199_999, 17, 3, 5])
-    up = WeightedCountUpdates(
+    up = MostPopUpdates(
         clients=torch.arange(3),
         layout=UpdateLayout(names=("counts",), shapes=((n_items,),)),
         pair_client=pair_client,

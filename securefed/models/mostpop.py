@@ -90,7 +90,9 @@ def bounded_pairs(
 
 
 class MostPopUpdates(ClientUpdates):
-    """Item-indicator uploads kept as (client, item) pairs."""
+    """Item-indicator uploads kept as (client, item) pairs: each pair adds 1 to its item's
+    count or, with ``weight``, its own weight (the sqrt-weighted popularity prior,
+    :mod:`securefed.prior`)."""
 
     def __init__(
         self,
@@ -99,11 +101,13 @@ class MostPopUpdates(ClientUpdates):
         layout: UpdateLayout,
         pair_client: torch.Tensor,
         pair_item: torch.Tensor,
+        weight: torch.Tensor | None = None,
     ) -> None:
         self.clients = clients
         self.layout = layout
         self.pair_client = pair_client
         self.pair_item = pair_item
+        self.weight = None if weight is None else weight.to(torch.float64)
 
     def dense(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         if rows is None:
@@ -112,15 +116,23 @@ class MostPopUpdates(ClientUpdates):
         position = torch.full((len(self),), -1, dtype=torch.long)
         position[rows] = torch.arange(rows.shape[0], dtype=torch.long)
         keep = position[self.pair_client] >= 0
-        out[position[self.pair_client[keep]], self.pair_item[keep]] = 1.0
+        value = 1.0 if self.weight is None else self.weight[keep].to(torch.float32)
+        out[position[self.pair_client[keep]], self.pair_item[keep]] = value
         return out
 
     def norms(self) -> torch.Tensor:
-        count = torch.bincount(self.pair_client, minlength=len(self))
-        return count.to(torch.float64).sqrt()
+        if self.weight is None:
+            count = torch.bincount(self.pair_client, minlength=len(self))
+            return count.to(torch.float64).sqrt()
+        sq = torch.zeros(len(self), dtype=torch.float64).index_add_(
+            0, self.pair_client, self.weight**2
+        )
+        return sq.sqrt()
 
     def weighted_sum(self, weights: torch.Tensor) -> torch.Tensor:
         w = weights.to(torch.float64)[self.pair_client]
+        if self.weight is not None:
+            w = w * self.weight
         total = torch.zeros(self.layout.size, dtype=torch.float64).index_add_(0, self.pair_item, w)
         return total.to(torch.float32)
 
