@@ -14,6 +14,12 @@ system when freed. With a 1 GiB threshold the MovieLens-1M-sized FedRAP round (6
 buffers of 0.6-2.9 GB) ran 2x faster but its peak RSS grew from 5.6 to 6.4-7.1 GB, past the
 6 GB target, as freed giant buffers stayed in a fragmented heap; MovieLens 100K's buffers
 (at most ~200 MB) are as fast with 256 MiB as with 1 GiB.
+
+Reuse is not exact: torch asks glibc for 64-byte aligned blocks, a little larger than a freed
+block of the same tensor size, so a freed buffer fenced in by small blocks (the thread pool
+leaves some) is sometimes passed over and the heap grows instead. Measured 2026-12-04 on 15
+FedRAP rounds on MovieLens 100K: 0.23 M minor faults and 1.30 GB peak RSS with the thresholds,
+5.6 M faults and 1.05 GB without (30.9 s against 36.5 s wall).
 """
 
 from __future__ import annotations

@@ -13,10 +13,17 @@ if sys.argv[1] == "tuned":
     from securefed.allocator import keep_large_buffers
     assert keep_large_buffers() and keep_large_buffers()
 def faults_of_reuse():
-    x = torch.ones(48 * 2**20); del x          # 192 MiB, freed
+    # A round-like pattern of multi-threaded ops on 96-192 MiB buffers. Small blocks that the
+    # thread pool leaves between them sometimes keep a freed buffer from being reused at
+    # once (torch asks for 64-byte aligned blocks, a little larger than the freed one), so
+    # the test counts faults over many rounds rather than expecting every reuse to hit.
+    def one_round():
+        a = torch.ones(48 * 2**20); b = torch.ones(24 * 2**20); c = a[: 24 * 2**20] * b
+        del a, b, c
+    one_round()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(3):
-        x = torch.ones(48 * 2**20); del x
+    for _ in range(12):
+        one_round()
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 def rss_kept_after_free():
     pages = lambda: int(open("/proc/self/statm").read().split()[1])
@@ -31,9 +38,10 @@ print(faults_of_reuse() if sys.argv[2] == "faults" else rss_kept_after_free())
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt is Linux-only")
 def test_large_buffers_are_reused_instead_of_faulted_in_again() -> None:
     plain, tuned = _probe("plain", "faults"), _probe("tuned", "faults")
-    # 3 x 192 MiB of 4 KiB pages is ~147k faults when every buffer is a fresh mmap.
-    assert plain > 100_000
-    assert tuned < plain / 2  # at most the first reuse faults
+    # 12 rounds x 384 MiB of 4 KiB pages is ~1.18M faults when every buffer is a fresh mmap;
+    # tuned it measured 49k-270k (the real FedRAP run: 0.23M against 5.6M over 15 rounds).
+    assert plain > 1_000_000
+    assert tuned < plain / 3
 
 
 @pytest.mark.slow
