@@ -5,10 +5,13 @@ Every cell is one ``securefed.train`` run with user-level DP at the cell's epsil
 epsilon comes from the same run's summary (``securefed.baselines``: one Gaussian count
 release, each user contributing at most 20 sampled items). Variants:
 
-* ``fedals``: the private mode as shipped (one count round with each user's items weighted
-  ``1/sqrt(n)``, one ALS round on the items with a positive released count, popularity prior
-  in the scores; below 300 users per unit of noise the count-only rule makes the ALS round a
-  second count round);
+* ``fedals``: the private mode as shipped: the population rule (docs/privacy.md) picks the
+  small or the large mode from ``N / sigma``. Small: one count round with each user's items
+  weighted ``1/sqrt(n)``, one ALS round on the items with a positive released count,
+  popularity prior in the scores; below 300 users per unit of noise the count-only rule makes
+  the ALS round a second count round. Large: see ``large population`` (with the tail ranked
+  last);
+* ``small population``: the small mode whatever the population (``population small``);
 * ``no count-only rule``: the same with the rule off (``count_only_below 0``): the private
   mode before the rule;
 * ``no-prior``: the same without the prior in the scores (``prior_weight 0``);
@@ -20,7 +23,10 @@ release, each user contributing at most 20 sampled items). Variants:
 * ``large population``: factors only for items whose count clears 3 noise stds, then the ALS
   round and two Newton rounds, no prior in the scores (``--rounds 4 --param head_z=3 --param
   prior_weight=0``): the setting that doubles DP-MostPop on Gowalla (chosen there, see
-  docs/privacy.md);
+  docs/privacy.md); on a population the rule calls large it also ranks items without a
+  factor last (``tail_last``), as the rule's large mode does;
+* ``large population 2 rounds``: the large mode at the private default of 2 rounds (count,
+  ALS);
 * ``count only``: the count round alone (``--rounds 1``): the prior by itself;
 * ``DP-FedAvg``: the non-private fedals upload clipped and noised as FedRAP's is
   (``private false``, clip 10, 5 rounds).
@@ -50,6 +56,8 @@ VARIANTS: dict[str, tuple[dict[str, Any], int | None, float | None]] = {
     "k = 20 count": ({"count_items": 20}, None, None),
     "2 ALS rounds": ({}, 3, None),
     "large population": ({"head_z": 3.0, "prior_weight": 0.0}, 4, None),
+    "small population": ({"population": "small"}, None, None),
+    "large population 2 rounds": ({"population": "large"}, 2, None),
     "count only": ({}, 1, None),
     "DP-FedAvg": ({"private": False}, 5, 10.0),
 }

@@ -482,6 +482,8 @@ class _RoundDisplay:
         self.rounds = start.rounds
         for line in data_summary(start.data):
             self._line(line)
+        for note in start.notes:
+            self._line(note)
         if start.resumed:
             self._line(
                 f"resuming {start.run_dir} after round {start.start_round} of {start.rounds}"

@@ -68,6 +68,8 @@ class RunStart:
     for having fewer than ``min_interactions`` interactions, duplicate rows removed, ...).
     ``start_round`` is the number of rounds a resumed run keeps (0 for a new run).
     ``model`` is the built recommender (to size its state; read only).
+    ``notes`` are settings the model chose from the loaded data (one line each; a new run
+    only, ``config.toml`` records them).
     """
 
     run_dir: Path
@@ -76,6 +78,7 @@ class RunStart:
     resumed: bool
     data: dict[str, Any]
     model: Recommender | None = None
+    notes: tuple[str, ...] = ()
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -501,6 +504,13 @@ def _train(
     """The body of :func:`train` once the run directory is known; updates ``where``."""
     if split is None:
         split = load_split(config, download_progress=download_progress)
+    notes: tuple[str, ...] = ()
+    resolve_for_data = config.spec.resolve_for_data
+    if resume is None and resolve_for_data is not None:
+        # A resume keeps what config.toml records.
+        config, note = resolve_for_data(config, split)
+        notes = (note,) if note else ()
+        where.rounds = config.rounds
     if split.null_positives is not None and not config.privacy.interaction_dp:
         raise ConfigError(
             "the split holds null examples (interaction canaries), which only DP-SGD "
@@ -570,6 +580,7 @@ def _train(
                 resumed=resume is not None,
                 data=data,
                 model=model,
+                notes=notes,
             )
         )
 

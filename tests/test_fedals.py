@@ -389,3 +389,86 @@ def test_resolved_rule_is_written_to_config_toml_and_kept_on_resume(tmp_path):
     f_path = tmp_path / "f" / "config.toml"
     f_path.write_text(re.sub(r"(?m)^rounds = 1$", "rounds = 2", f_path.read_text()))
     assert train(resume=tmp_path / "f").model.config.reg_frequency is False
+
+
+def test_tail_last_ranks_items_without_a_factor_below_the_head_by_count(small_split):
+    """With tail_last, every item without a factor scores below every item with one, and the
+    tail is ordered by its released count; without it the tail scores its (weighted) count."""
+    cfg = FedALSConfig(private=True, private_dim=4, population="large", count_only_below=0.0)
+    m = FedALS(small_split, cfg, generator=torch.Generator().manual_seed(0))
+    assert (m.config.head_z, m.config.prior_weight, m.config.tail_last) == (3.0, 0.0, True)
+    n_items = small_split.n_items
+    m.prior = torch.linspace(-1.0, 30.0, n_items)[torch.randperm(n_items)]
+    m.head = m.prior > 12.0
+    m.V = torch.randn(n_items, 4) * 3.0
+    m.V[~m.head] = 0.0
+    users = torch.arange(small_split.n_users)
+    scores = m.score_all(users)
+    head, tail = scores[:, m.head], scores[:, ~m.head]
+    assert bool((head.min(1).values > tail.max(1).values).all())
+    order = torch.argsort(m.prior[~m.head])
+    assert bool((tail[:, order].diff(dim=1) >= 0).all())
+    sampled = m.score(users[:3], torch.arange(n_items).expand(3, n_items))
+    assert torch.allclose(sampled, scores[:3])
+    # The small mode's scores: the tail is its weighted count, above the negative head scores.
+    small = FedALS(
+        small_split,
+        FedALSConfig(private=True, private_dim=4, population="small"),
+        generator=torch.Generator().manual_seed(0),
+    )
+    small.prior, small.head, small.V = m.prior, m.head, m.V
+    tail_small = small.score_all(users)[:, ~m.head]
+    expected = 0.3 * torch.log1p(m.prior.clamp_min(0))[~m.head]
+    assert torch.allclose(tail_small, expected.expand_as(tail_small))
+
+
+@pytest.mark.parametrize("sigma, expect", [(5.0, "small"), (0.01, "large")])
+def test_population_rule_is_recorded_and_sets_the_large_mode(tmp_path, sigma, expect):
+    """N / sigma below large_above gives the small mode; at or above it the large mode with
+    four rounds; config.toml records the choice, the settings and the rounds."""
+    from securefed.config import load_config_file
+
+    cfg = TrainConfig(
+        model="fedals",
+        synthetic_users=200,
+        synthetic_items=300,
+        privacy=PrivacyConfig(noise_multiplier=sigma),
+    )
+    assert cfg.rounds == 2 and cfg.params.population is None
+    notes: list[str] = []
+    res = train(cfg, out=tmp_path / "run", on_start=lambda start: notes.extend(start.notes))
+    raw = load_config_file(tmp_path / "run" / "config.toml")
+    assert raw["fedals"]["population"] == expect
+    assert len(notes) == 1 and f"{expect} population" in notes[0]
+    assert raw["rounds"] == (4 if expect == "large" else 2)
+    assert raw["fedals"]["head_z"] == (3.0 if expect == "large" else 0.0)
+    assert raw["fedals"]["tail_last"] is (expect == "large")
+    assert len(res.metrics) == raw["rounds"]
+
+
+def test_population_rule_keeps_what_the_user_set(small_split):
+    from securefed.models.fedals import population_ratio, resolve_population
+
+    base = dict(model="fedals", privacy=PrivacyConfig(noise_multiplier=0.01))
+    ratio = population_ratio(TrainConfig(**base), small_split.n_users)
+    assert ratio == pytest.approx(small_split.n_users / 0.01)
+    # Rounds given other than the private default stay; a head_z given stays.
+    got, note = resolve_population(
+        TrainConfig(**base, rounds=3, params=FedALSConfig(head_z=1.0)), small_split
+    )
+    assert "large population" in note and ">= large_above" in note
+    assert got.rounds == 3 and got.params.population == "large"
+    assert got.params.head_z == 1.0 and got.params.prior_weight == 0.0
+    # The threshold decides; a population given is kept whatever the ratio.
+    got, note = resolve_population(
+        TrainConfig(**base, params=FedALSConfig(large_above=ratio * 1.01)), small_split
+    )
+    assert "small population" in note and "< large_above" in note
+    assert got.params.population == "small" and got.rounds == 2
+    got, _ = resolve_population(
+        TrainConfig(**base, params=FedALSConfig(population="small")), small_split
+    )
+    assert got.params.population == "small"
+    # Without DP nothing changes.
+    plain = TrainConfig(model="fedals")
+    assert resolve_population(plain, small_split) == (plain, None)

@@ -82,8 +82,25 @@ class FedALSConfig:
             runs with user-level DP and off otherwise (``config.toml`` records the choice).
         private_dim: Factor size in the private mode.
         count_rounds: Private mode: rounds at the start in which clients only count.
+        population: Private mode: ``"small"`` (one count round, one ALS round, factors for
+            every counted item, a popularity prior in the scores) or ``"large"`` (factors only
+            for items whose count clears 3 noise stds, two Newton rounds after the ALS round,
+            no prior; items without a factor rank below every item with one). None: chosen
+            from the data when the run starts, by :func:`resolve_population` (``"large"``
+            when ``N / sigma`` of a 4-round run is at least ``large_above``); ``config.toml``
+            records the choice. It sets ``head_z``, ``prior_weight`` and ``tail_last`` where
+            they are not given (docs/privacy.md, "The population rule").
+        large_above: Private mode: the users per unit of noise from which the population
+            rule chooses ``"large"``.
         head_z: Private mode: items whose released count exceeds ``head_z`` times its noise
-            std get factors; the rest are ranked by the count alone.
+            std get factors; the rest are ranked by the count alone (None: from
+            ``population``: 0 small, 3 large).
+        tail_last: Private mode: items without a factor rank below every item with one, in
+            the order of their released counts (None: from ``population``).
+        combine_counts: Private mode: fold the count part of every round's release into the
+            count (inverse-variance); false keeps the count rounds' releases alone (the
+            later rounds' counts come from clipped uploads, biased low for the users the clip
+            scales; None: from ``population``: true small, false large).
         min_weight_items: Private mode: a client's contribution to each of its items is
             ``1 / sqrt(max(items, min_weight_items))`` (its upload has L2 norm <= 1).
         count_items: Private mode: in count rounds each client counts at most this many of
@@ -91,7 +108,8 @@ class FedALSConfig:
         shares: Private mode: shares of the unit squared-norm budget of an ALS-round upload
             given to its item rows, counts and Gramian.
         item_reg: Private mode: ridge of the server's item solve.
-        prior_weight: Private mode: weight of ``log(1 + count)`` added to every score.
+        prior_weight: Private mode: weight of ``log(1 + count)`` added to every score (None:
+            from ``population``: 0.3 small, 0 large).
         count_only_below: Private mode: when the first count round's users per unit of noise,
             ``N / sigma`` (``sigma`` the noise std of that release over the unit upload bound),
             is below this, every later round is a count round too and the model is the count
@@ -108,12 +126,16 @@ class FedALSConfig:
     private: bool | None = None
     private_dim: int = 16
     count_rounds: int = 1
-    head_z: float = 0.0
+    population: str | None = None
+    large_above: float = 2000.0
+    head_z: float | None = None
+    tail_last: bool | None = None
+    combine_counts: bool | None = None
     min_weight_items: int = 1
     count_items: int | None = None
     shares: tuple[float, float, float] = (0.6, 0.3, 0.1)
     item_reg: float = 10.0
-    prior_weight: float = 0.3
+    prior_weight: float | None = None
     count_only_below: float = 300.0
 
     @property
@@ -145,7 +167,21 @@ class FedALSConfig:
                 f"got {self.shares!r}"
             )
         object.__setattr__(self, "shares", shares)
-        for name in ("head_z", "item_reg", "prior_weight", "count_only_below"):
+        if self.population not in (None, "small", "large"):
+            raise ConfigError(
+                f"population must be small, large or unset, got {self.population!r}"
+            )
+        for name in ("tail_last", "combine_counts"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise ConfigError(f"{name} must be true, false or unset, got {value!r}")
+        for name in ("head_z", "prior_weight"):
+            if getattr(self, name) is None:
+                continue
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
+        for name in ("item_reg", "count_only_below", "large_above"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -179,6 +215,108 @@ def resolve_reg(params: FedALSConfig) -> FedALSConfig:
             )
         return params
     return dataclasses.replace(params, reg_frequency=not params.private)
+
+
+#: The private mode's settings per population (fields the user did not set).
+POPULATION_SETTINGS: dict[str, dict[str, Any]] = {
+    "small": {"head_z": 0.0, "prior_weight": 0.3, "tail_last": False, "combine_counts": True},
+    "large": {"head_z": 3.0, "prior_weight": 0.0, "tail_last": True, "combine_counts": False},
+}
+#: How far below the items with factors ``tail_last`` puts the rest (factor scores are
+#: orders of magnitude smaller; float32 still orders log counts 0.001 apart at this offset).
+TAIL_OFFSET = 1.0e4
+#: Rounds of the large-population mode when ``--rounds`` is left at the private default:
+#: the count round, the ALS round and two Newton rounds.
+LARGE_ROUNDS = 4
+
+
+def with_population(params: FedALSConfig, population: str | None = None) -> FedALSConfig:
+    """``params`` with ``population`` (default: its own, else ``"small"``) and the settings it
+    implies wherever they are unset; a value the user set is kept."""
+    population = population or params.population or "small"
+    changes: dict[str, Any] = {"population": population}
+    for name, value in POPULATION_SETTINGS[population].items():
+        if getattr(params, name) is None:
+            changes[name] = value
+    return dataclasses.replace(params, **changes)
+
+
+def population_ratio(config: Any, n_users: int) -> float:
+    """Users per unit of noise, ``N / sigma``, of a run of this config with
+    :data:`LARGE_ROUNDS` releases: ``sigma`` is the noise multiplier over the unit upload
+    bound (given, or calibrated for the config's epsilon, delta, accountant and cohort as a
+    central Gaussian). A function of public quantities only (the population size is treated
+    as public, as everywhere in securefed's accounting)."""
+    p = config.privacy
+    if p.noise_multiplier is not None:
+        sigma = float(p.noise_multiplier)
+    else:
+        from securefed.privacy import account
+
+        cohort = config.cohort(n_users)
+        if cohort.kind == "fixed":
+            fraction = min(1.0, cohort.size / max(n_users, 1))
+        elif cohort.kind == "poisson":
+            fraction = float(cohort.fraction)
+        else:
+            fraction = 1.0
+        sigma = float(
+            account(
+                epsilon=p.epsilon,
+                delta=p.delta,
+                rounds=LARGE_ROUNDS,
+                client_fraction=fraction,
+                users=n_users,
+                accountant=p.accountant or "prv",
+                model="fedals",
+            )["noise_multiplier"]
+        )
+    return math.inf if sigma <= 0 else n_users / sigma
+
+
+def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
+    """The population rule, applied when a new run's data is loaded (``config.toml`` records
+    its result): a private run whose ``population`` is unset is ``"large"`` when
+    :func:`population_ratio` is at least ``large_above``, else ``"small"``; a large run (chosen
+    or given) left at the private default of rounds runs :data:`LARGE_ROUNDS`.
+
+    Why: with few users per unit of noise (MovieLens 100K and FilmTrust, ``N / sigma`` <=
+    1,020 at epsilon <= 8) the small mode beats the large one at every epsilon; on Gowalla
+    (>= 3,940) the large mode doubles DP-MostPop's full-ranking HR@10 where the small one ties
+    it (docs/privacy.md, "The population rule").
+
+    Returns:
+        The resolved config and a line saying what was chosen (None without the private mode).
+    """
+    params = config.params
+    if not params.private:
+        return config, None
+    population = params.population
+    if population is None:
+        ratio = population_ratio(config, split.n_users)
+        population = "large" if ratio >= params.large_above else "small"
+        why = (
+            f"{split.n_users:,} users / noise multiplier of a {LARGE_ROUNDS}-round run = "
+            f"{ratio:,.0f} {'>=' if population == 'large' else '<'} large_above "
+            f"{params.large_above:,.0f}"
+        )
+    else:
+        why = "set by --param population"
+    changes: dict[str, Any] = {"params": with_population(params, population)}
+    if population == "large" and config.rounds == SPEC.rounds_for(config.privacy):
+        changes["rounds"] = LARGE_ROUNDS
+    resolved = dataclasses.replace(config, **changes)
+    what = (
+        "a count round, then ALS on the items with a positive count, a popularity prior"
+        if population == "small"
+        else "a count round, then ALS and Newton rounds on the items whose count clears "
+        f"{resolved.params.head_z:g} noise stds, the rest ranked last by count"
+    )
+    note = (
+        f"private fedals: {population} population ({why}): {what}; {resolved.rounds} rounds "
+        "(docs/privacy.md, \"The population rule\")"
+    )
+    return resolved, note
 
 
 def fedals_layout(n_items: int, dim: int) -> UpdateLayout:
@@ -299,6 +437,8 @@ class FedALS:
         if dpsgd is not None:
             raise ConfigError("fedals has no interaction-level DP-SGD; use --privacy-unit user")
         config = resolve_reg(config)
+        if config.private:
+            config = with_population(config)  # unset: the small mode's settings
         self.split = split
         self.config = config
         self.device = torch.device(device)
@@ -515,7 +655,7 @@ class FedALS:
         cfg = self.config
         counting = self._counting()
         s_count = 1.0 if counting else math.sqrt(cfg.shares[1])
-        if s_count > 0:
+        if s_count > 0 and (counting or cfg.combine_counts):
             # Inverse-variance combination of every round's count release (noise std
             # noise_std / s_count on the unscaled counts).
             estimate = scale * parts["count"] / s_count
@@ -600,13 +740,20 @@ class FedALS:
         return self._user_factors().clone()
 
     def _prior_scores(self) -> torch.Tensor | None:
+        """What the private mode adds to ``x_u . v_i``: the weighted log count, and with
+        ``tail_last`` the tail (items without a factor) moved below every item with one,
+        in the order of its released count."""
         if not self.config.private:
             return None
+        log_count = torch.log1p(self.prior.clamp_min(0.0))
         # Count-only: the count is the whole model (any positive weight ranks the same).
         weight = 1.0 if self.count_only else self.config.prior_weight
-        if weight == 0:
-            return None
-        return weight * torch.log1p(self.prior.clamp_min(0.0))
+        out = weight * log_count if weight else None
+        tail = ~self.head
+        if self.config.tail_last and not self.count_only and bool(tail.any()):
+            out = out.clone() if out is not None else torch.zeros_like(log_count)
+            out[tail] = log_count[tail] - TAIL_OFFSET
+        return out
 
     @torch.no_grad()
     def score(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
@@ -714,6 +861,7 @@ SPEC = ModelSpec(
     # The private mode's upload has L2 norm <= 1 by construction: the clip never binds.
     dp_clip=1.0,
     resolve_params=_resolve,
+    resolve_for_data=resolve_population,
     layout_size=lambda p, split: (
         split.n_items * p.factor_dim + p.factor_dim * p.factor_dim + split.n_items
     ),

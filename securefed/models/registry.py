@@ -125,6 +125,10 @@ class ModelSpec:
         resolve_params: ``(params, privacy) -> params``: settings that depend on the defenses
             (MostPop bounds each user's contribution under DP), applied when the run's config is
             built, so ``config.toml`` records what ran.
+        resolve_for_data: ``(config, split) -> (config, note)``: settings that depend on
+            the loaded data's public size (fedals's population rule), applied once when a new
+            run's data is loaded, before anything is built, so ``config.toml`` records what
+            ran; ``note`` (or None) is one line saying what was chosen and why.
         prior_weight: The default weight of the privately released popularity prior added to
             the model's scores under ``--private-prior`` (:mod:`securefed.prior`); None: the
             model has no such mode.
@@ -148,6 +152,7 @@ class ModelSpec:
     observer: ObserverHooks | None = None
     unsupported_attacks: Mapping[str, str] = field(default_factory=dict)
     resolve_params: Callable[[Any, Any], Any] | None = None
+    resolve_for_data: Callable[[Any, Split], tuple[Any, str | None]] | None = None
     prior_weight: float | None = None
 
     def rounds_for(self, privacy: Any) -> int:
