@@ -233,6 +233,7 @@ def _audit(
 
     bytes_recorded = 0
     train_seconds: float | None = None  # None: the recording was reused, nothing trained
+    prior_dir = run_dir  # where the run's released popularity prior lies, if it has one
     summary: dict[str, Any]
     if reuse:
         assert run_dir is not None
@@ -299,6 +300,7 @@ def _audit(
         started = time.perf_counter()
         result = train(train_cfg, out=train_out, split=split, observer=recorder, progress=progress)
         train_seconds = time.perf_counter() - started
+        prior_dir = train_out
         for name in (runs.CHECKPOINT_FILE, runs.MODEL_FILE):
             (train_out / name).unlink(missing_ok=True)
         summary = result.summary
@@ -331,6 +333,15 @@ def _audit(
     from attacks.report import score_attacks
 
     started = time.perf_counter()
+    prior_scores = None
+    if canaries is not None and canaries.unit == "user" and train_cfg.privacy.prior_share:
+        # The popularity prior is its own release before the rounds (attacks.prior).
+        from attacks.prior import load_prior_counts, prior_canary_scores
+
+        assert prior_dir is not None
+        prior_scores = prior_canary_scores(
+            load_prior_counts(prior_dir), split, canaries, train_cfg.privacy, seed=train_cfg.seed
+        )
     attack_results, score_arrays, audit_block = score_attacks(
         chosen=chosen,
         acc=acc,
@@ -345,6 +356,7 @@ def _audit(
         cfg=cfg,
         summary=summary,
         observes=observes,
+        prior_scores=prior_scores,
     )
     for name, why in skipped.items():
         attack_results.append(_skipped(name, why))

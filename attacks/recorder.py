@@ -68,6 +68,7 @@ class RecordPlan:
 @dataclass
 class _Acc:
     first_round: np.ndarray
+    first_label_round: np.ndarray
     first_change: np.ndarray
     first_label: np.ndarray
     change_sum: np.ndarray
@@ -114,6 +115,7 @@ class AttackRecorder:
         f32 = np.float32
         self.acc = _Acc(
             first_round=np.full(u, -1, dtype=np.int64),
+            first_label_round=np.full(u, -1, dtype=np.int64),
             first_change=np.full((u, i), np.nan, dtype=f32),
             first_label=np.full((u, i), np.nan, dtype=f32),
             change_sum=np.zeros((u, i), dtype=f32),
@@ -204,6 +206,15 @@ class AttackRecorder:
 
         return observer_hooks(self.plan.model)
 
+    def _canary_rows(self, flat: torch.Tensor, view: Any, n_tot: int) -> torch.Tensor:
+        """``[c, n_tot, k]``: the coordinates of each item that the canary test reads (the
+        model's ``canary_rows``; by default its ratio rows, the layout's first coordinates)."""
+        hooks = self._hooks
+        if hooks.canary_rows is not None:
+            return hooks.canary_rows(flat, view.global_before, n_tot)
+        k = hooks.ratio_width(view.global_before)
+        return flat[:, : n_tot * k].view(flat.shape[0], n_tot, k)
+
     def _upload_round(
         self, r: int, view: Any, updates: Any, clients: torch.Tensor, norms: torch.Tensor
     ) -> None:
@@ -239,6 +250,14 @@ class AttackRecorder:
                 fu = un[first]
                 acc.first_round[fu] = r
                 acc.first_change[fu] = change[first]
+            # The inversion reads each user's first upload that carries its private direction
+            # (every upload but a fedals count round's, whose ratio rows are all zero).
+            ratio_change = ratio[:, :n_real].double().square().sum(-1)
+            carries = touched_mask(ratio_change, ratio.shape[-1], noise_std=0.0).any(1).numpy()
+            first = (acc.first_label_round[un] < 0) & carries
+            if bool(first.any()):
+                fu = un[first]
+                acc.first_label_round[fu] = r
                 acc.first_label[fu] = st.label.numpy()[first]
                 truth_dir, truth_emb = self._truth_direction(view, users[torch.from_numpy(first)])
                 rec_dir = st.direction[torch.from_numpy(first)]
@@ -427,31 +446,42 @@ class AttackRecorder:
         pos = torch.full_like(users, -1)
         pos[present] = position[users[present]]
         here = pos >= 0
-        k = _ratio_width(view, plan)
+        hooks = self._hooks
+        k = self._canary_rows(torch.zeros(0, updates.layout.size), view, n_tot).shape[-1]
         obs = torch.zeros(users.shape[0], k)  # each canary's own (clipped) contribution
         if bool(here.any()):
             own = updates.dense(pos[here]) * factors[pos[here]].unsqueeze(1)
-            own_rows = own[:, : n_tot * k].view(-1, n_tot, k)
-            obs[here] = own_rows[torch.arange(own_rows.shape[0]), items[here]]
+            own_rows = self._canary_rows(own, view, n_tot)
+            obs[here] = own_rows[torch.arange(own_rows.shape[0]), items[here]].to(obs.dtype)
+        own_push = obs.clone()
         if can.unit == "user":
             # Plus the residual of the release after the other participants' contributions
             # (not needed for interaction canaries, whose release is the host's upload).
             resid = view.aggregate.total.to(torch.float32) - updates.weighted_sum(factors)
-            obs += resid[: n_tot * k].view(n_tot, k)[items]
-        # Present canaries: the direction their positive pushes the row (the auditor owns
-        # them). Absent ones: a fixed random unit vector (their score is noise either way).
-        d = self._absent_directions(k).clone()
-        if bool(present.any()):
-            truth_dir, _ = self._truth_direction(view, users[present])
-            d[present] = truth_dir
-        if self._canary_seen is None:
-            self._canary_seen = torch.zeros(users.shape[0], dtype=torch.bool)
-        sign = self._hooks.canary_sign
-        if sign is not None:
-            # The model says how a positive's push on its row evolves after the first round
-            # (FedRAP: it flips; under DP-SGD its sign is unknown, so it is not scored).
-            d = d * sign(here & self._canary_seen, can.unit).unsqueeze(1).to(d.dtype)
-        self._canary_seen |= here
+            obs += self._canary_rows(resid.unsqueeze(0), view, n_tot)[0][items].to(obs.dtype)
+        # Present canaries: the direction their positive pushes the coordinates (the auditor
+        # owns them). Absent ones: a fixed random unit vector (their score is noise either way).
+        if hooks.canary_own_direction:
+            # The canary's own clipped contribution this round. Where it is zero (not in the
+            # cohort; a fedals item without a factor) the random vector too, so the score is
+            # the release's noise as an absent canary's: a zero direction would score exactly
+            # 0 and tell present canaries apart by a missing noise term, not by the release.
+            d = own_push
+            idle = d.norm(dim=1) == 0
+            d[idle] = self._absent_directions(k)[idle]
+        else:
+            d = self._absent_directions(k).clone()
+            if bool(present.any()):
+                truth_dir, _ = self._truth_direction(view, users[present])
+                d[present] = truth_dir.to(d.dtype)
+            if self._canary_seen is None:
+                self._canary_seen = torch.zeros(users.shape[0], dtype=torch.bool)
+            sign = hooks.canary_sign
+            if sign is not None:
+                # The model says how a positive's push on its row evolves after the first round
+                # (FedRAP: it flips; under DP-SGD its sign is unknown, so it is not scored).
+                d = d * sign(here & self._canary_seen, can.unit).unsqueeze(1).to(d.dtype)
+            self._canary_seen |= here
         d = d / d.norm(dim=1, keepdim=True).clamp_min(1e-30)
         score = (obs * d).sum(1).double().numpy()
         self.acc.canary_score += score
@@ -460,12 +490,6 @@ class AttackRecorder:
 
 def _total_items(view: Any, plan: RecordPlan) -> int:
     return int(view.model.split.n_items)
-
-
-def _ratio_width(view: Any, plan: RecordPlan) -> int:
-    from attacks.rows import observer_hooks
-
-    return observer_hooks(plan.model).ratio_width(view.global_before)
 
 
 def save_accumulators(recorder: AttackRecorder, path: Path) -> int:

@@ -72,8 +72,12 @@ def score_attacks(
     cfg: AuditConfig,
     summary: dict[str, Any],
     observes: dict[str, str],
+    prior_scores: np.ndarray | None = None,
 ) -> tuple[list[AttackResult], dict[str, np.ndarray], dict[str, Any] | None]:
     """Score every chosen attack and the canary audit.
+
+    ``prior_scores`` are the canaries' statistics on the popularity prior's release
+    (:mod:`attacks.prior`) when the run has one; the audit then bounds each release kind.
 
     Returns:
         ``(results, score arrays for scores.npz, audit block or None)``.
@@ -154,9 +158,11 @@ def score_attacks(
                 metrics,
                 ci,
                 base,
-                "inversion from one upload: recovered items (signed projections) and the "
-                "recovered private embedding (FedRAP: scorer w_u; FedRecGEL: GMF p_u); "
-                "the truth is read from the model only to score",
+                "inversion from one upload (each user's first that carries its private "
+                "direction; a fedals count round carries none): recovered items (signed "
+                "projections) and the recovered private embedding (FedRAP: scorer w_u; "
+                "FedRecGEL: GMF p_u; fedals: x_u); the truth is read from the model only to "
+                "score",
             )
         )
     lap()
@@ -216,9 +222,13 @@ def score_attacks(
     lap()
     audit_block = None
     if canaries is not None:
-        audit_block = _audit(acc["canary_score"], canaries, train_cfg, cfg, summary, rng)
+        audit_block = _audit(
+            acc["canary_score"], canaries, train_cfg, cfg, summary, rng, prior_scores
+        )
         arrays["canary_scores"] = acc["canary_score"]
         arrays["canary_included"] = canaries.included
+        if prior_scores is not None:
+            arrays["canary_prior_scores"] = prior_scores
 
     views = {"release": RELEASE_NOTE, **observes}
     results = [
@@ -383,36 +393,70 @@ def _audit(
     cfg: AuditConfig,
     summary: dict[str, Any],
     rng: np.random.Generator,
+    prior_scores: np.ndarray | None = None,
 ) -> dict[str, Any]:
+    """The canary bounds. One statistic (the rounds') at significance ``alpha``; with a
+    popularity prior, the rounds' and the prior's, each at ``alpha / 2`` (Bonferroni), and
+    the larger bound is the audit's; within a statistic Clopper-Pearson and one-run split its
+    level in two as well."""
     alpha = 1.0 - cfg.confidence
     delta = train_cfg.privacy.delta if train_cfg.privacy.dp else 0.0
-    cp = clopper_pearson_bound(scores, canaries.included, delta=delta, alpha=alpha / 2, rng=rng)
-    one, detail = one_run_bound(scores, canaries.included, delta=delta, alpha=alpha / 2)
-    auc = binary_metrics(scores, canaries.included).auc
+    stats = (
+        {"rounds": scores} if prior_scores is None else {"rounds": scores, "prior": prior_scores}
+    )
+    level = alpha / len(stats)
+    releases: dict[str, dict[str, Any]] = {}
+    for name, s in stats.items():
+        cp = clopper_pearson_bound(s, canaries.included, delta=delta, alpha=level / 2, rng=rng)
+        one, detail = one_run_bound(s, canaries.included, delta=delta, alpha=level / 2)
+        releases[name] = {
+            "epsilon_lower_bound": max(cp, one),
+            "clopper_pearson": cp,
+            "one_run": one,
+            "one_run_guesses": detail,
+            "canary_auc": binary_metrics(s, canaries.included).auc,
+            "confidence": 1.0 - level,
+        }
+    best = max(releases, key=lambda n: releases[n]["epsilon_lower_bound"])
+    top = releases[best]
+    attack = (
+        "zero-out canaries (a planted positive of a random host, a null example with "
+        "probability 1/2): the canary item's row of the host's own upload projected on the "
+        "direction its positive would push it (FedRAP: the host's first round only)"
+        if canaries.unit == "interaction"
+        else "known-others test on every round's released sum: subtract the other "
+        "participants' clipped uploads, project the canary item's coordinates on the direction "
+        "its positive pushes them (FedRAP, FedRecGEL: from the canary's private vector; "
+        "fedals: the canary's own contribution)"
+    )
+    if prior_scores is not None:
+        attack += (
+            "; and on the popularity prior's release: the canary item's released count minus "
+            "the other users' contributions (a bound from each, Bonferroni)"
+        )
     return {
-        "epsilon_lower_bound": max(cp, one),
+        "epsilon_lower_bound": top["epsilon_lower_bound"],
         "confidence": cfg.confidence,
         "method": (
             "max of Clopper-Pearson (Jagielski et al. 2020) and one-run (Steinke, Nasr, "
             "Jagielski 2023) bounds, each at confidence 1 - alpha/2 (Bonferroni)"
+            + (
+                "; per release kind (rounds, prior) at alpha/2 each"
+                if prior_scores is not None
+                else ""
+            )
         ),
-        "clopper_pearson": cp,
-        "one_run": one,
-        "one_run_guesses": detail,
+        "clopper_pearson": top["clopper_pearson"],
+        "one_run": top["one_run"],
+        "one_run_guesses": top["one_run_guesses"],
         "canaries": canaries.size,
         "unit": canaries.unit,
         "included": int(canaries.included.sum()),
-        "canary_auc": auc,
+        "canary_auc": top["canary_auc"],
+        "bound_from": best,
+        "releases": releases,
         "threat_model": _UP if canaries.unit == "interaction" else _AGG,
-        "attack": (
-            "zero-out canaries (a planted positive of a random host, a null example with "
-            "probability 1/2): the canary item's row of the host's own upload projected on the "
-            "direction its positive would push it (FedRAP: the host's first round only)"
-            if canaries.unit == "interaction"
-            else "known-others test on every round's released sum: subtract the other "
-            "participants' clipped uploads, project the canary item's row on the direction its "
-            "positive would push it"
-        ),
+        "attack": attack,
         "accounted_epsilon": summary.get("epsilon"),
         "delta": delta,
     }

@@ -40,6 +40,13 @@ def audit(
     secagg: Annotated[
         bool, typer.Option("--secagg/--no-secagg", help="Secure aggregation on.")
     ] = False,
+    private_prior: Annotated[
+        float | None,
+        typer.Option(
+            help="FedRAP/FedRecGEL under --epsilon: spend this share of it on one private "
+            "popularity count first (docs/privacy.md); the audit bounds that release too."
+        ),
+    ] = None,
     attacks: Annotated[
         str,
         typer.Option(
@@ -111,6 +118,7 @@ def audit(
                 "--dataset": dataset != "synthetic",
                 "--epsilon": epsilon is not None,
                 "--secagg": secagg,
+                "--private-prior": private_prior is not None,
                 "--data-dir": data_dir is not None,
             }
             clash = [k for k, v in given.items() if v]
@@ -123,7 +131,9 @@ def audit(
             spec = get_spec(model or DEFAULT_MODEL)
             from securefed.config import PrivacyConfig
 
-            planned = PrivacyConfig(epsilon=epsilon, delta=delta, secagg=secagg)
+            planned = PrivacyConfig(
+                epsilon=epsilon, delta=delta, secagg=secagg, prior_share=private_prior
+            )
             n_rounds = rounds if rounds is not None else min(10, spec.rounds_for(planned))
             raw: dict[str, Any] = {
                 "model": spec.name,
@@ -148,7 +158,12 @@ def audit(
                 flags["local_epochs"] = local_epochs
             if flags:
                 raw[spec.name] = dataclasses.asdict(params_from_flags(spec, flags))
-            raw["privacy"] = {"epsilon": epsilon, "delta": delta, "secagg": secagg}
+            raw["privacy"] = {
+                "epsilon": epsilon,
+                "delta": delta,
+                "secagg": secagg,
+                "prior_share": private_prior,
+            }
             raw["privacy"] = {k: v for k, v in raw["privacy"].items() if v is not None}
             train_cfg = TrainConfig.from_dict(raw)
         cfg = AuditConfig(
@@ -282,6 +297,16 @@ def _print(result: Any) -> None:
             f"Clopper-Pearson {block['clopper_pearson']:.3f}, one-run {block['one_run']:.3f}); "
             f"accounted epsilon {_num(rep['accounted_epsilon'])}"
         )
+        releases = block.get("releases", {})
+        if len(releases) > 1:
+            parts = ", ".join(
+                f"{name} {r['epsilon_lower_bound']:.3f} (canary AUC {_num(r['canary_auc'])})"
+                for name, r in releases.items()
+            )
+            out.print(
+                f"per release kind, each at {releases['rounds']['confidence']:.1%} confidence: "
+                f"{parts}"
+            )
     mb = result.bytes_recorded / 2**20
     kept = "kept" if result.kept_recording else "removed after scoring; --keep-recording keeps it"
     out.print(

@@ -829,10 +829,15 @@ class FedALS:
 def _item_rows(
     flat: torch.Tensor, global_before: dict[str, torch.Tensor], n_items: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``item_grad`` rows: each touched row is ``coef * x_u`` (collinear with x_u)."""
+    """Per item: its ``item_grad`` row with its ``count`` entry appended (``[c, n, d + 1]``:
+    the private mode's count rounds upload only the counts, so a row test on the gradient
+    rows alone would see nothing), and the ``item_grad`` rows, each ``coef * x_u`` (collinear
+    with x_u; all zero in a count round)."""
     d = int(global_before["V"].shape[1])
-    rows = flat[:, : n_items * d].view(flat.shape[0], n_items, d)
-    return rows, rows
+    c = flat.shape[0]
+    grad = flat[:, : n_items * d].view(c, n_items, d)
+    count = flat[:, n_items * d + d * d : n_items * d + d * d + n_items].view(c, n_items, 1)
+    return torch.cat([grad, count], dim=2), grad
 
 
 def _resolve(params: FedALSConfig, privacy: Any) -> FedALSConfig:
@@ -874,6 +879,11 @@ SPEC = ModelSpec(
         recovered_embedding=lambda direction, gb: -direction,
         ratio_width=lambda gb: int(gb["V"].shape[1]),
         positives_minority=False,
+        # The canary test reads the item's gradient row and count (a count round releases only
+        # the count) along the canary's own contribution: the private mode's first ALS round
+        # pushes a positive's row along +x_u, later rounds (and runs without DP) along -x_u.
+        canary_rows=lambda flat, gb, n_items: _item_rows(flat, gb, n_items)[0],
+        canary_own_direction=True,
     ),
     unsupported_attacks={
         "imia": "fedals samples no negatives: every non-zero item row of an upload is a "

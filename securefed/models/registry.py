@@ -68,7 +68,8 @@ class ObserverHooks:
             vector an observer recovers from an estimated ratio-row direction.
         ratio_width: ``global_before -> k'``: the width of a ratio row. The ratio rows of item
             ``i`` are coordinates ``[i * k', (i + 1) * k')`` of the flat upload (the layout
-            starts with them), which the canary audit reads directly.
+            starts with them), which the canary audit reads unless ``canary_rows`` says
+            otherwise.
         canary_sign: ``(seen_before [b] bool, unit) -> [b] float``: +1 where a canary's push
             keeps ``truth_direction``, -1 where it flips after the first round, 0 where its sign
             is unknown (not scored). None: always +1.
@@ -78,6 +79,15 @@ class ObserverHooks:
         upload_against: ``(updates, global_before) -> updates``: the uploads as they left the
             clients, for update types that refer to server state the server step changes
             (FedRAP's refers to the live ``C``). None: the updates as they are.
+        canary_rows: ``(flat [c, d], global_before, n_items) -> [c, n_items, k]``: every
+            coordinate of an upload or a released sum that item ``i``'s data enters, which the
+            canary audit reads (fedals: the item's gradient row and its count, since a count
+            round releases only the count). None: the ratio rows.
+        canary_own_direction: Whether the canary test projects a canary's coordinates on the
+            canary client's own clipped contribution to them (the auditor owns the canary and
+            forms its upload) rather than on ``truth_direction`` with ``canary_sign``: for
+            models whose push on an item's coordinates changes form between rounds (fedals's
+            count and ALS rounds, whose first ALS round pushes along ``+x_u``).
     """
 
     item_rows: Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -88,6 +98,8 @@ class ObserverHooks:
     canary_sign: Callable[[torch.Tensor, str], torch.Tensor] | None = None
     positives_minority: bool = True
     upload_against: Callable[[Any, dict[str, torch.Tensor]], Any] | None = None
+    canary_rows: Callable[..., torch.Tensor] | None = None
+    canary_own_direction: bool = False
 
 
 def _all_cohort(n_users: int) -> CohortSpec | None:
