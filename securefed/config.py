@@ -224,6 +224,11 @@ class TrainConfig:
             (``model.pt``); the checkpoint (for FedRAP on MovieLens 100K about 203 MB of
             private item views) is removed. Needed only to continue a finished run with
             more rounds (edit ``rounds`` in its ``config.toml`` and resume it).
+        select_on: The metric that selects the reported round on validation: ``"sampled"``
+            HR@10 (then NDCG@10) among 99 sampled negatives, the papers' protocol, or
+            ``"full"``-ranking HR@10 (every evaluated round is then ranked in full). None:
+            sampled, unless the model settles it on the data (fedals's large population,
+            where the sampled metric cannot tell its rounds apart; docs/privacy.md).
     """
 
     model: str = DEFAULT_MODEL
@@ -238,6 +243,7 @@ class TrainConfig:
     full_eval_every: int | None = None
     checkpoint_every: int = 10
     keep_private_state: bool = False
+    select_on: str | None = None
     min_interactions: int = DEFAULT_MIN_INTERACTIONS
     synthetic_users: int = 3000
     synthetic_items: int = 1682
@@ -263,6 +269,8 @@ class TrainConfig:
                 raise ConfigError(
                     f"{name.replace('_', ' ')} must be a positive integer, got {value!r}"
                 )
+        if self.select_on not in (None, "sampled", "full"):
+            raise ConfigError(f"select on must be sampled or full, got {self.select_on!r}")
         if not isinstance(self.keep_private_state, bool):
             raise ConfigError(
                 f"keep private state must be true or false, got {self.keep_private_state!r}"

@@ -252,18 +252,27 @@ def _evaluate_round(model: Recommender, split: Split, *, full: bool) -> dict[str
     return out
 
 
-def _is_better(record: dict[str, Any], best: dict[str, Any] | None) -> bool:
-    """The selection rule: best validation HR@10, then NDCG@10; ties go to the later round."""
+def _selection_keys(config: TrainConfig) -> tuple[str, str]:
+    """The metrics the selection rule compares (``TrainConfig.select_on``)."""
+    if config.select_on == "full":
+        return ("val_full_hr@10", "val_full_ndcg@10")
+    return ("val_hr@10", "val_ndcg@10")
+
+
+def _is_better(record: dict[str, Any], best: dict[str, Any] | None, keys: tuple[str, str]) -> bool:
+    """The selection rule: best validation HR@10, then NDCG@10 (sampled, or full ranking with
+    ``select_on = "full"``); ties go to the later round."""
     if best is None:
         return True
-    return (record["val_hr@10"], record["val_ndcg@10"]) >= (best["val_hr@10"], best["val_ndcg@10"])
+    return tuple(record[k] for k in keys) >= tuple(best[k] for k in keys)
 
 
-def _selected_round(metrics: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _selected_round(metrics: list[dict[str, Any]], config: TrainConfig) -> dict[str, Any] | None:
     """The metrics line of the round the selection rule picks (None before any evaluation)."""
+    keys = _selection_keys(config)
     best = None
     for m in metrics:
-        if "val_hr@10" in m and _is_better(m, best):
+        if keys[0] in m and _is_better(m, best, keys):
             best = m
     return best
 
@@ -301,9 +310,13 @@ def _summary(
         "items": split.n_items,
         "train_interactions": split.n_train,
         "synthetic": split.report.synthetic,
-        "selection": "round with the best validation HR@10 (ties: latest)",
+        "selection": (
+            "round with the best validation "
+            + ("full-ranking " if config.select_on == "full" else "")
+            + "HR@10 (ties: latest)"
+        ),
     }
-    best = _selected_round(metrics)
+    best = _selected_round(metrics, config)
     if best is not None:
         summary["selected_round"] = best["round"]
         for key in SUMMARY_METRICS:
@@ -591,7 +604,8 @@ def _train(
         (abs(m["loss"]) for m in metrics if math.isfinite(m.get("loss", math.nan))), None
     )
     train_seconds = sum(m.get("train_seconds", 0.0) for m in metrics)
-    best = _selected_round(metrics)
+    best = _selected_round(metrics, config)
+    selection_keys = _selection_keys(config)
     begin_round = getattr(aggregator, "begin_round", None)
     try:
         ensure_released(model, aggregator, split, config, run_dir)
@@ -651,10 +665,14 @@ def _train(
                 record.update(_round_privacy(aggregator))
                 final = r + 1 == config.rounds
                 if (r + 1) % config.eval_every == 0 or final:
-                    full = (r + 1) % config.resolved_full_eval_every() == 0 or final
+                    full = (
+                        (r + 1) % config.resolved_full_eval_every() == 0
+                        or final
+                        or config.select_on == "full"
+                    )
                     record.update(_evaluate_round(model, split, full=full))
                     record["eval_seconds"] = time.perf_counter() - t1
-                    if _is_better(record, best):
+                    if _is_better(record, best, selection_keys):
                         best = record
                         if not full:  # keep the model so the selected round gets full metrics
                             best_state = _saved_state(model)
@@ -843,7 +861,7 @@ def _complete_selected_round(
     config: TrainConfig, split: Split, metrics: list[dict[str, Any]], run_dir: Path
 ) -> None:
     """Give the selected round full-ranking metrics when it was evaluated sampled-only."""
-    best = _selected_round(metrics)
+    best = _selected_round(metrics, config)
     if best is None or "test_full_hr@10" in best:
         return
     saved = runs.load_state(run_dir / runs.BEST_FILE)

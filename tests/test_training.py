@@ -262,3 +262,19 @@ def test_resume_refuses_other_flags(tmp_path):
     assert res.exit_code == 0, res.output
     again = runner.invoke(app, ["train", "--resume", str(tmp_path / "r"), "--rounds", "3"])
     assert again.exit_code == 2 and "drop --rounds" in again.output
+
+
+@pytest.mark.parametrize("select_on", [None, "full"])
+def test_selection_rule_picks_the_best_round_of_its_metric(tmp_path, select_on):
+    """The summary's round is the best validation HR@10 (then NDCG@10, ties: latest) of the
+    sampled protocol, or of the full ranking with select_on full (every round ranked)."""
+    cfg = TrainConfig(
+        model="fedals", rounds=5, synthetic_users=120, synthetic_items=200, select_on=select_on
+    )
+    res = train(cfg, out=tmp_path / "run")
+    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    hr, ndcg = ("val_full_hr@10", "val_full_ndcg@10") if select_on else ("val_hr@10", "val_ndcg@10")
+    assert all(hr in m for m in metrics)
+    best = max(metrics, key=lambda m: (m[hr], m[ndcg], m["round"]))
+    assert res.summary["selected_round"] == best["round"]
+    assert res.summary["test_full_hr@10"] == best["test_full_hr@10"]
