@@ -127,7 +127,7 @@ class FedALSConfig:
     private_dim: int = 16
     count_rounds: int = 1
     population: str | None = None
-    large_above: float = 2000.0
+    large_above: float = 3000.0
     head_z: float | None = None
     tail_last: bool | None = None
     combine_counts: bool | None = None
