@@ -57,6 +57,7 @@ from securefed.training import (
     TrainConfig,
     _data_record,
     _is_better,
+    _selection_keys,
     _summary,
     build_aggregator,
     build_model,
@@ -198,6 +199,11 @@ class FederatedServer:
         started = time.perf_counter()
         config = self.config
         split = load_split(config)
+        resolve_for_data = config.spec.resolve_for_data
+        if resolve_for_data is not None:  # settled before the nodes receive the config
+            config, _ = resolve_for_data(config, split)
+            self.config = config
+            self.config_toml = runs.dumps_toml(config.to_dict())
         model = build_model(config, split)
         agg = build_aggregator(config, split, model)
         # A Flower run always aggregates securely (check_config), hence privately.
@@ -261,10 +267,14 @@ class FederatedServer:
             }
             record.update(agg.round_record())
             if (r + 1) % config.eval_every == 0 or r + 1 == config.rounds:
-                full = (r + 1) % config.resolved_full_eval_every() == 0 or r + 1 == config.rounds
+                full = (
+                    (r + 1) % config.resolved_full_eval_every() == 0
+                    or r + 1 == config.rounds
+                    or config.select_on == "full"
+                )
                 record.update(self._evaluate(model, holders, full=full))
                 record["eval_seconds"] = time.perf_counter() - t1
-                if _is_better(record, best):
+                if _is_better(record, best, _selection_keys(config)):
                     best = record
             train_seconds += t1 - t0
             metrics.append(record)
