@@ -720,7 +720,7 @@ class FedALS:
         """Items whose released count clears ``head_z`` noise stds (all counted items without
         noise); the others get no factor and are ranked by the count alone."""
         std = noise_std / math.sqrt(max(self._prior_precision, 1e-12)) if noise_std > 0 else 0.0
-        threshold = self.config.head_z * std
+        threshold = float(self.config.head_z or 0.0) * std  # settled by with_population
         self.head = self.prior > max(threshold, 0.0)
         v = self.V.clone()
         v[~self.head] = 0.0
