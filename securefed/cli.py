@@ -137,6 +137,13 @@ def train(
         ),
     ] = None,
     eval_every: Annotated[int | None, typer.Option(help="Evaluate every N rounds.")] = None,
+    select_on: Annotated[
+        str | None,
+        typer.Option(
+            help="Metric that picks the reported round on validation: sampled HR@10 (default) "
+            "or full (full-ranking HR@10, every evaluated round ranked in full)."
+        ),
+    ] = None,
     negatives_from: Annotated[
         str | None,
         typer.Option(help="train (leak-free default) or history (the official FedRAP protocol)."),
@@ -277,6 +284,7 @@ def train(
                 checkpoint_every=checkpoint_every,
                 keep_private_state=keep_private_state,
                 eval_every=eval_every,
+                select_on=select_on,
                 synthetic_users=synthetic_users,
                 synthetic_items=synthetic_items,
                 min_interactions=min_interactions,

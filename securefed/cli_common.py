@@ -131,10 +131,12 @@ def _print_summary(result: Any) -> None:
             "this run's budget"
         )
     if "selected_round" in s:
-        text = f"reported round {s['selected_round']} (best validation HR@10)"
-        last = s.get("final_test_hr@10")
+        full = "full-ranking" in str(s.get("selection", ""))
+        metric = "full-ranking HR@10" if full else "HR@10"
+        text = f"reported round {s['selected_round']} (best validation {metric})"
+        last = s.get("final_test_full_hr@10" if full else "final_test_hr@10")
         if last is not None and s["selected_round"] != s["rounds"]:
-            text += f"; the last round ({s['rounds']}) has test HR@10 {last:.4f}"
+            text += f"; the last round ({s['rounds']}) has test {metric} {last:.4f}"
         out.print(text)
     if s.get("epsilon") is not None:
         out.print(

@@ -278,3 +278,18 @@ def test_selection_rule_picks_the_best_round_of_its_metric(tmp_path, select_on):
     best = max(metrics, key=lambda m: (m[hr], m[ndcg], m["round"]))
     assert res.summary["selected_round"] == best["round"]
     assert res.summary["test_full_hr@10"] == best["test_full_hr@10"]
+
+
+def test_select_on_from_the_command_line(tmp_path):
+    """--select-on full reaches the config and the summary line; a bad value is one line,
+    exit 2."""
+    runner = CliRunner()
+    out = tmp_path / "run"
+    args = ["train", "--rounds", "2", "--synthetic-users", "120", "--synthetic-items", "200"]
+    res = runner.invoke(app, [*args, "--select-on", "full", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "best validation full-ranking HR@10" in " ".join(res.output.split())
+    assert tomllib.loads((out / "config.toml").read_text())["select_on"] == "full"
+    bad = runner.invoke(app, [*args, "--select-on", "bogus", "--out", str(tmp_path / "b")])
+    assert bad.exit_code == 2 and "select on must be sampled or full" in bad.output
+    assert not (tmp_path / "b").exists()
