@@ -131,7 +131,7 @@ def _print_summary(result: Any) -> None:
             "this run's budget"
         )
     if "selected_round" in s:
-        full = "full-ranking" in str(s.get("selection", ""))
+        full = s.get("select_on") == "full"
         metric = "full-ranking HR@10" if full else "HR@10"
         text = f"reported round {s['selected_round']} (best validation {metric})"
         last = s.get("final_test_full_hr@10" if full else "final_test_hr@10")

@@ -351,7 +351,10 @@ class TrainConfig:
     def resolved_full_eval_every(self) -> int:
         """The model's full-ranking cadence unless given (every round for dot-product models;
         every 10 rounds for FedRecGEL, whose MLP scorer makes users x items scoring costly).
-        The selected round is always given full-ranking metrics (from a saved copy)."""
+        The selected round is always given full-ranking metrics (from a saved copy).
+        Selecting on the full ranking (``select_on = "full"``) ranks every evaluated round."""
+        if self.select_on == "full":
+            return 1
         if self.full_eval_every is not None:
             return self.full_eval_every
         return int(self.spec.full_eval_every)

@@ -315,6 +315,7 @@ def _summary(
             + ("full-ranking " if config.select_on == "full" else "")
             + "HR@10 (ties: latest)"
         ),
+        "select_on": config.select_on or "sampled",
     }
     best = _selected_round(metrics, config)
     if best is not None:
@@ -665,11 +666,7 @@ def _train(
                 record.update(_round_privacy(aggregator))
                 final = r + 1 == config.rounds
                 if (r + 1) % config.eval_every == 0 or final:
-                    full = (
-                        (r + 1) % config.resolved_full_eval_every() == 0
-                        or final
-                        or config.select_on == "full"
-                    )
+                    full = (r + 1) % config.resolved_full_eval_every() == 0 or final
                     record.update(_evaluate_round(model, split, full=full))
                     record["eval_seconds"] = time.perf_counter() - t1
                     if _is_better(record, best, selection_keys):

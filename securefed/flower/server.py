@@ -267,11 +267,7 @@ class FederatedServer:
             }
             record.update(agg.round_record())
             if (r + 1) % config.eval_every == 0 or r + 1 == config.rounds:
-                full = (
-                    (r + 1) % config.resolved_full_eval_every() == 0
-                    or r + 1 == config.rounds
-                    or config.select_on == "full"
-                )
+                full = (r + 1) % config.resolved_full_eval_every() == 0 or r + 1 == config.rounds
                 record.update(self._evaluate(model, holders, full=full))
                 record["eval_seconds"] = time.perf_counter() - t1
                 if _is_better(record, best, _selection_keys(config)):

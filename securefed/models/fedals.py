@@ -251,13 +251,8 @@ def population_ratio(config: Any, n_users: int) -> float:
     else:
         from securefed.privacy import account
 
-        cohort = config.cohort(n_users)
-        if cohort.kind == "fixed":
-            fraction = min(1.0, cohort.size / max(n_users, 1))
-        elif cohort.kind == "poisson":
-            fraction = float(cohort.fraction)
-        else:
-            fraction = 1.0
+        # The sample rate the run's accountant uses (amplification only for Poisson cohorts).
+        fraction = config.cohort(n_users).sample_rate(n_users)
         sigma = float(
             account(
                 epsilon=p.epsilon,
