@@ -29,6 +29,7 @@ from attacks.canaries import Canaries
 from attacks.imia import IMIAObservation, imia_scores, make_shadow
 from attacks.rows import item_rows, row_stats, touched_mask
 from attacks.threat import UploadChannel
+from protocols.dp import clip_scales
 from protocols.seeding import torch_generator
 from securefed.models.registry import get_spec
 
@@ -348,7 +349,7 @@ class AttackRecorder:
     def _clip_factors(self, norms: torch.Tensor) -> torch.Tensor:
         if self.plan.clip is None:
             return torch.ones_like(norms, dtype=torch.float32)
-        return torch.clamp(self.plan.clip / norms.clamp_min(1e-30), max=1.0).to(torch.float32)
+        return clip_scales(norms, self.plan.clip)
 
     def _differencing(
         self, view: Any, updates: Any, clients: torch.Tensor, norms: torch.Tensor

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from protocols.dp import DistributedGaussian, gaussian_noise
+from protocols.dp import DistributedGaussian, clip_scales, gaussian_noise
 from securefed.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ class UploadChannel:
         """
         x = updates.dense(rows)
         if self.clip is not None:
-            factors = torch.clamp(self.clip / norms[rows].clamp_min(1e-30), max=1.0)
+            factors = clip_scales(norms[rows], self.clip)
             x = x * factors.to(x.dtype).unsqueeze(1)
         if self.share_std > 0:
             x = x + gaussian_noise(tuple(x.shape), self.share_std, generator=generator)

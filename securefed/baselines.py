@@ -49,11 +49,16 @@ BASELINE_NOTE = (
 )
 
 
-def random_metrics(split: Split, *, k: int = 10) -> dict[str, float]:
-    """Expected test HR@k / NDCG@k of random scores, sampled and full-ranking protocols."""
+def random_metrics(
+    split: Split, *, k: int = 10, full_users: np.ndarray | None = None
+) -> dict[str, float]:
+    """Expected test HR@k / NDCG@k of random scores, sampled and full-ranking protocols (the
+    full-ranking ones over ``full_users`` when given)."""
     sampled_k = split.test_negatives.shape[1] if split.test_negatives.ndim == 2 else 0
     out = _uniform_rank_metrics(np.full(split.n_users, sampled_k + 1), k)
     train = np.diff(np.asarray(split.train_indptr, dtype=np.int64))
+    if full_users is not None:
+        train = train[np.asarray(full_users, dtype=np.int64)]
     # Full ranking: every item but the user's training items and the other held-out item.
     full = _uniform_rank_metrics(split.n_items - train - 1, k)
     return {
@@ -74,8 +79,12 @@ def _uniform_rank_metrics(n_positions: np.ndarray, k: int) -> tuple[float, float
     return float(hr.mean()), float(ndcg.mean())
 
 
-def _metrics(counts: torch.Tensor, split: Split) -> dict[str, float]:
-    res = evaluate_splits(CountScorer(counts), split, which=("test",), k=10, full=True)["test"]
+def _metrics(
+    counts: torch.Tensor, split: Split, full_users: np.ndarray | None = None
+) -> dict[str, float]:
+    res = evaluate_splits(
+        CountScorer(counts), split, which=("test",), k=10, full=True, full_users=full_users
+    )["test"]
     assert res.full_hr is not None and res.full_ndcg is not None
     return {
         "test_hr@10": res.hr,
@@ -121,19 +130,25 @@ def baseline_metrics(
     epsilon: float | None = None,
     delta: float = 1e-5,
     privacy_unit: str = "user",
+    full_users: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    """``baseline_<name>_<metric>`` for random, MostPop and (with ``epsilon``) DP-MostPop."""
+    """``baseline_<name>_<metric>`` for random, MostPop and (with ``epsilon``) DP-MostPop.
+
+    With ``full_users`` (a run's :attr:`~securefed.config.TrainConfig.eval_users` sample) the
+    full-ranking metrics are over the same users as the run's.
+    """
     out: dict[str, Any] = {}
     for name, values in (
-        ("random", random_metrics(split)),
-        ("mostpop", _metrics(popularity_counts(split), split)),
+        ("random", random_metrics(split, full_users=full_users)),
+        ("mostpop", _metrics(popularity_counts(split), split, full_users)),
     ):
         out.update({f"baseline_{name}_{k}": v for k, v in values.items()})
     if epsilon is not None and math.isfinite(epsilon) and epsilon > 0:
         counts, sigma = dp_mostpop_counts(
             split, epsilon=epsilon, delta=delta, privacy_unit=privacy_unit, seed=seed
         )
-        out.update({f"baseline_dp_mostpop_{k}": v for k, v in _metrics(counts, split).items()})
+        dp_values = _metrics(counts, split, full_users)
+        out.update({f"baseline_dp_mostpop_{k}": v for k, v in dp_values.items()})
         out["baseline_dp_mostpop_epsilon"] = epsilon
         out["baseline_dp_mostpop_noise_multiplier"] = sigma
         out["baseline_dp_mostpop_max_items"] = DP_MAX_ITEMS if privacy_unit == "user" else None

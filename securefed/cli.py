@@ -137,6 +137,20 @@ def train(
         ),
     ] = None,
     eval_every: Annotated[int | None, typer.Option(help="Evaluate every N rounds.")] = None,
+    full_eval_every: Annotated[
+        int | None,
+        typer.Option(
+            help="Rank the full catalogue every N evaluated rounds (default per model; the "
+            "last round and the selected one always are)."
+        ),
+    ] = None,
+    eval_users: Annotated[
+        int | None,
+        typer.Option(
+            help="Rank a fixed, seeded sample of N users in full instead of every user (large "
+            "populations); full-ranking metrics then come with 95% confidence intervals."
+        ),
+    ] = None,
     select_on: Annotated[
         str | None,
         typer.Option(
@@ -284,6 +298,8 @@ def train(
                 checkpoint_every=checkpoint_every,
                 keep_private_state=keep_private_state,
                 eval_every=eval_every,
+                full_eval_every=full_eval_every,
+                eval_users=eval_users,
                 select_on=select_on,
                 synthetic_users=synthetic_users,
                 synthetic_items=synthetic_items,

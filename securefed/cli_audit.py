@@ -190,8 +190,8 @@ def _announce() -> tuple[Any, Any]:
     fit; ``progress``: a plain line per round (for stderr that is not a terminal)."""
 
     def before_train(train_cfg: Any, split: Any) -> None:
+        from attacks.audit import estimate_audit_seconds
         from securefed.costs import (
-            AUDIT_COST_FACTOR,
             RunShape,
             check_memory,
             estimate_run,
@@ -201,11 +201,19 @@ def _announce() -> tuple[Any, Any]:
 
         est = estimate_run(train_cfg, RunShape.of(split))
         check_memory(train_cfg, est)
+        whole = estimate_audit_seconds(
+            train_cfg,
+            split.n_users,
+            split.n_items,
+            est.seconds,
+            speed=est.speed,
+            canaries_included=True,
+        )
         err.print(
             f"estimate: the audit's replay training {format_seconds(est.seconds)} (peak memory "
             f"{format_bytes(est.peak_memory)}, disk {format_bytes(est.disk_bytes)} plus the "
-            f"observers' recording), about {format_seconds(est.seconds * AUDIT_COST_FACTOR)} "
-            f"with the attacks ({est.basis})",
+            f"observers' recording), about {format_seconds(whole)} with the attacks "
+            f"({est.basis})",
             highlight=False,
             soft_wrap=True,
             markup=False,

@@ -116,6 +116,13 @@ def _print_summary(result: Any) -> None:
             *(_fmt(s.get(f"baseline_{name}_test_{key}")) for name, _ in refs),
         )
     out.print(table)
+    if s.get("full_eval_users"):
+        ci = s.get("test_full_hr@10_ci95") or [None, None]
+        out.print(
+            f"full ranking over a fixed sample of {s['full_eval_users']:,} of "
+            f"{s.get('users', 0):,} users (--eval-users; the baselines on the same users): test "
+            f"full HR@10 95% interval [{_fmt(ci[0])}, {_fmt(ci[1])}]"
+        )
     lift = s.get("lift_over_mostpop_test_hr@10")
     lift_full = s.get("lift_over_mostpop_test_full_hr@10")
     if lift is not None:

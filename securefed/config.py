@@ -229,6 +229,11 @@ class TrainConfig:
             ``"full"``-ranking HR@10 (every evaluated round is then ranked in full). None:
             sampled, unless the model settles it on the data (fedals's large population,
             where the sampled metric cannot tell its rounds apart; docs/privacy.md).
+        eval_users: Rank only a fixed, seeded sample of this many users in full (every user
+            still gets the sampled protocol): full ranking costs users x items, too much on a
+            large population for some models. The full-ranking metrics are then estimates of
+            the all-user means, with 95 % confidence intervals (``*_ci95`` in the metrics and
+            summary); the baselines are ranked on the same users. None: every user.
     """
 
     model: str = DEFAULT_MODEL
@@ -244,6 +249,7 @@ class TrainConfig:
     checkpoint_every: int = 10
     keep_private_state: bool = False
     select_on: str | None = None
+    eval_users: int | None = None
     min_interactions: int = DEFAULT_MIN_INTERACTIONS
     synthetic_users: int = 3000
     synthetic_items: int = 1682
@@ -280,6 +286,14 @@ class TrainConfig:
         ):
             raise ConfigError(
                 f"full eval every must be a positive integer, got {self.full_eval_every!r}"
+            )
+        if self.eval_users is not None and (
+            not isinstance(self.eval_users, int) or isinstance(self.eval_users, bool)
+            or self.eval_users < 2
+        ):
+            raise ConfigError(
+                f"eval users must be an integer >= 2 (users ranked in full), got "
+                f"{self.eval_users!r}"
             )
         if not 0 <= self.seed < 2**128:  # protocols.seeding hashes the root seed as 16 bytes
             raise ConfigError(f"seed must be an integer in [0, 2**128), got {self.seed!r}")

@@ -163,6 +163,7 @@ class CostEstimate:
         disk_final: Disk the run directory keeps once the run has finished: its released
             model (``model.pt``: the shared parameters) and metrics; the checkpoint as well
             with ``keep_private_state``.
+        model_bytes: The released model's part of ``disk_final`` (``model.pt``).
         round_seconds: Local training, aggregation and server step of one round.
         secagg_seconds: Secure aggregation's part of ``round_seconds``.
         eval_seconds: One sampled evaluation; ``full_eval_seconds`` one full ranking.
@@ -196,6 +197,7 @@ class CostEstimate:
     speed: float = 1.0
     notes: tuple[str, ...] = field(default_factory=tuple)
     disk_final: int = 0
+    model_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready record (``estimate.json`` of a run directory)."""
@@ -583,6 +585,8 @@ def estimate_run(
         if not formula:
             notes.append(f"no cost formula for {model}: memory and time are rough")
 
+    if config.eval_users is not None and config.eval_users < u:
+        eval_full_s *= config.eval_users / u  # full ranking of a user sample
     agg_bytes = 0
     secagg_s = 0.0
     if config.spec.federated and (p.secagg or (p.dp and p.noise == "distributed")):
@@ -640,6 +644,7 @@ def estimate_run(
         disk_peak=int(disk + checkpoint),
         disk_written=int(ckpts * checkpoint + best * min(evals, 10) + metrics_bytes),
         disk_final=int(final),
+        model_bytes=int(released + CHECKPOINT_OVERHEAD),
         round_seconds=round_s * speed,
         secagg_seconds=secagg_s * speed,
         eval_seconds=eval_s * speed,

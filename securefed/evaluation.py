@@ -13,6 +13,11 @@ HR = 0, not a lucky 1. A NaN score never helps: a NaN target ranks last and NaN 
 ahead of the target.
 
 ``rank == 0`` is the top; HR@k = ``rank < k``; NDCG@k = ``1 / log2(rank + 2)`` if ``rank < k``.
+
+Full ranking costs every user x every item; on a large population it can rank a fixed sample of
+users instead (``full_users``, drawn by :func:`eval_user_sample`): the full metrics are then
+estimates of the all-user means, with 95 % confidence intervals (normal approximation with the
+finite-population correction: the sample is drawn without replacement from the ``N`` users).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from securefed.errors import ConfigError
 
 __all__ = [
     "EvalResult",
+    "eval_user_sample",
     "Scorer",
     "evaluate",
     "evaluate_splits",
@@ -58,7 +64,11 @@ class EvalResult:
         full_hr: HR@k under full ranking (``None`` when not computed).
         full_ndcg: NDCG@k under full ranking (``None`` when not computed).
         ranks: Per-user sampled rank (int64, ``n_users``), when requested.
-        full_ranks: Per-user full-ranking rank, when requested and computed.
+        full_ranks: Per-user full-ranking rank, when requested and computed (for the users
+            ranked in full only, in ``full_users`` order).
+        full_users: Users ranked in full when a sample (``None``: every user).
+        full_hr_ci: 95 % confidence interval of ``full_hr`` for a sample, else ``None``.
+        full_ndcg_ci: The same for ``full_ndcg``.
     """
 
     which: str
@@ -70,6 +80,37 @@ class EvalResult:
     full_ndcg: float | None = None
     ranks: np.ndarray | None = None
     full_ranks: np.ndarray | None = None
+    full_users: np.ndarray | None = None
+    full_hr_ci: tuple[float, float] | None = None
+    full_ndcg_ci: tuple[float, float] | None = None
+
+
+def eval_user_sample(n_users: int, size: int | None, seed: int) -> np.ndarray | None:
+    """A fixed, seeded sample of ``size`` users (sorted) for full-ranking evaluation.
+
+    ``None`` when ``size`` is ``None`` or covers every user. The same ``seed`` gives the same
+    users in every round and on resume, so the rounds' estimates are comparable.
+    """
+    if size is None or size >= n_users:
+        return None
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"eval users must be a positive integer, got {size!r}")
+    from protocols.seeding import numpy_generator
+
+    rng = numpy_generator(seed, "eval-users")
+    return np.sort(rng.choice(n_users, size=size, replace=False)).astype(np.int64)
+
+
+def _mean_ci(values: torch.Tensor, population: int) -> tuple[float, float]:
+    """95 % normal-approximation interval of a sample mean, finite-population corrected."""
+    v = values.double()
+    n = v.numel()
+    mean = float(v.mean())
+    if n < 2:
+        return (mean, mean)
+    fpc = max(0.0, (population - n) / max(population - 1, 1))
+    half = 1.959963984540054 * float(v.std(unbiased=True)) * (fpc / n) ** 0.5
+    return (max(0.0, mean - half), min(1.0, mean + half))
 
 
 def _as_tensor(ranks: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -136,6 +177,7 @@ def evaluate(
     batch_size: int = 256,
     full: bool = True,
     per_user: bool = False,
+    full_users: np.ndarray | None = None,
 ) -> EvalResult:
     """Evaluate ``model`` on every user's validation or test item.
 
@@ -148,6 +190,8 @@ def evaluate(
         batch_size: Users scored per call to the model.
         full: Also compute the full-ranking metrics.
         per_user: Keep the per-user ranks in the result.
+        full_users: Rank only these users in full (sorted user indices, e.g.
+            :func:`eval_user_sample`); the sampled protocol still covers every user.
 
     Returns:
         The :class:`EvalResult`.
@@ -155,7 +199,14 @@ def evaluate(
     if which not in ("val", "test"):
         raise ConfigError(f"which must be 'val' or 'test', got {which!r}")
     return evaluate_splits(
-        model, split, which=(which,), k=k, batch_size=batch_size, full=full, per_user=per_user
+        model,
+        split,
+        which=(which,),
+        k=k,
+        batch_size=batch_size,
+        full=full,
+        per_user=per_user,
+        full_users=full_users,
     )[which]
 
 
@@ -168,11 +219,13 @@ def evaluate_splits(
     batch_size: int = 256,
     full: bool = True,
     per_user: bool = False,
+    full_users: np.ndarray | None = None,
 ) -> dict[str, EvalResult]:
     """:func:`evaluate` for several held-out sets with one scoring pass over all items.
 
     Full ranking dominates the cost of evaluation (every user x every item); scoring once
-    and ranking the validation and the test item against the same scores halves it.
+    and ranking the validation and the test item against the same scores halves it. With
+    ``full_users`` only those users are ranked in full (batches of ``batch_size`` of them).
     """
     for w in which:
         if w not in ("val", "test"):
@@ -188,14 +241,14 @@ def evaluate_splits(
     indptr = torch.from_numpy(split.train_indptr)
     train_items = torch.from_numpy(split.train_items)
 
+    ranked = _full_users(full_users, split.n_users) if full else None
+
     sampled_ranks: dict[str, list[torch.Tensor]] = {w: [] for w in which}
     full_ranks: dict[str, list[torch.Tensor]] = {w: [] for w in which}
     with torch.no_grad():
         for start in range(0, split.n_users, batch_size):
             stop = min(start + batch_size, split.n_users)
             users = torch.arange(start, stop, dtype=torch.int64)
-            b = stop - start
-            row_ids = torch.arange(b)
             for w in which:
                 candidates = torch.cat([held[w][start:stop, None], negs[w][start:stop]], dim=1)
                 scores = model.score(users, candidates)
@@ -206,8 +259,12 @@ def evaluate_splits(
                     )
                 scores = scores.detach().cpu()
                 sampled_ranks[w].append(rank_of_target(scores[:, 0], scores[:, 1:]))
-            if not full:
-                continue
+        n_ranked = 0 if ranked is None else int(ranked.numel())
+        for start in range(0, n_ranked, batch_size):
+            assert ranked is not None
+            users = ranked[start : start + batch_size]
+            b = int(users.numel())
+            row_ids = torch.arange(b)
             all_scores = model.score_all(users)
             if tuple(all_scores.shape) != (b, split.n_items):
                 raise ValueError(
@@ -216,21 +273,24 @@ def evaluate_splits(
                 )
             all_scores = all_scores.detach().cpu()
             mask = torch.ones((b, split.n_items), dtype=torch.bool)
-            lo, hi = int(indptr[start]), int(indptr[stop])
-            rows = torch.repeat_interleave(
-                torch.arange(b), indptr[start + 1 : stop + 1] - indptr[start:stop]
-            )
-            mask[rows, train_items[lo:hi]] = False
-            mask[row_ids, held["val"][start:stop]] = False
-            mask[row_ids, held["test"][start:stop]] = False
+            rows, cols = _train_entries(indptr, train_items, users)
+            mask[rows, cols] = False
+            mask[row_ids, held["val"][users]] = False
+            mask[row_ids, held["test"][users]] = False
             for w in which:
-                target_scores = all_scores[row_ids, held[w][start:stop]]
+                target_scores = all_scores[row_ids, held[w][users]]
                 full_ranks[w].append(rank_of_target(target_scores, all_scores, mask))
 
+    sample = full_users is not None and ranked is not None and n_ranked < split.n_users
     out: dict[str, EvalResult] = {}
     for w in which:
         ranks = torch.cat(sampled_ranks[w])
         full_r = torch.cat(full_ranks[w]) if full else None
+        hr_ci = ndcg_ci = None
+        if sample and full_r is not None:
+            hr_ci = _mean_ci((full_r < k).double(), split.n_users)
+            gains = torch.where(full_r < k, 1.0 / torch.log2(full_r.double() + 2.0), 0.0)
+            ndcg_ci = _mean_ci(gains, split.n_users)
         out[w] = EvalResult(
             which=w,
             k=k,
@@ -241,5 +301,31 @@ def evaluate_splits(
             full_ndcg=None if full_r is None else ndcg(full_r, k),
             ranks=ranks.numpy() if per_user else None,
             full_ranks=full_r.numpy() if per_user and full_r is not None else None,
+            full_users=ranked.numpy() if sample and ranked is not None else None,
+            full_hr_ci=hr_ci,
+            full_ndcg_ci=ndcg_ci,
         )
     return out
+
+
+def _full_users(full_users: np.ndarray | None, n_users: int) -> torch.Tensor:
+    """The users to rank in full, checked: every user, or sorted distinct valid indices."""
+    if full_users is None:
+        return torch.arange(n_users, dtype=torch.int64)
+    u = torch.as_tensor(np.asarray(full_users), dtype=torch.int64).reshape(-1)
+    if u.numel() == 0:
+        raise ConfigError("full_users must name at least one user")
+    if int(u.min()) < 0 or int(u.max()) >= n_users or bool((u[1:] <= u[:-1]).any()):
+        raise ConfigError(f"full_users must be sorted, distinct user indices in [0, {n_users})")
+    return u
+
+
+def _train_entries(
+    indptr: torch.Tensor, train_items: torch.Tensor, users: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(row, item)`` of every training interaction of ``users`` (rows index ``users``)."""
+    starts, stops = indptr[users], indptr[users + 1]
+    counts = stops - starts
+    rows = torch.repeat_interleave(torch.arange(users.numel()), counts)
+    first = torch.repeat_interleave(starts - (torch.cumsum(counts, 0) - counts), counts)
+    return rows, train_items[first + torch.arange(int(counts.sum()))]

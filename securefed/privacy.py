@@ -48,6 +48,7 @@ from protocols.dp import (
     DPConfig,
     PrivacyLedger,
     calibrate_distributed_noise_multiplier,
+    clip_scales,
     distributed_noise_plan,
     privacy_summary,
 )
@@ -269,7 +270,7 @@ class PrivateAggregator:
     def __call__(self, updates: ClientUpdates, round_index: int) -> Aggregate | None:
         m = len(updates)
         norms = updates.norms()
-        factors = torch.clamp(self.clip / norms.clamp_min(1e-30), max=1.0).to(torch.float32)
+        factors = clip_scales(norms, self.clip)
         self._last = {"clipped_fraction": float((norms > self.clip).double().mean()) if m else 0.0}
         denominator = self._denominator(m)
         if self.secagg:
@@ -329,7 +330,7 @@ class PrivateAggregator:
         mech = CentralGaussian(clip=self.prior_clip, noise_multiplier=self.prior_noise_multiplier)
         self.commit(mech.event(round_index, sample_rate=1.0))
         norms = updates.norms()
-        factors = torch.clamp(self.prior_clip / norms.clamp_min(1e-30), max=1.0).to(torch.float32)
+        factors = clip_scales(norms, self.prior_clip)
         dim = updates.layout.size
         if self.secagg:
             total = self._secure_plain_sum(updates, factors, round_index)

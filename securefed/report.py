@@ -376,8 +376,12 @@ class SweepEstimate:
     Attributes:
         cells: Cell name -> estimated seconds (training, plus the audit when it runs).
         seconds: All of them, divided among ``jobs`` parallel processes.
-        disk_bytes: What the cells' directories keep (each run's checkpoint and, for audited
-            cells, the replay run's; recordings are removed after scoring).
+        disk_bytes: What the cells' directories keep once they have finished: metrics and
+            summaries, and for audited cells the audit's scores (a bound:
+            :func:`attacks.audit.kept_bytes_bound`); checkpoints, released models and
+            recordings are deleted as each cell finishes.
+        disk_peak: The most disk the sweep needs at once: what finished cells keep plus the
+            largest running cell's checkpoints (two while one replaces the other), per job.
         peak_memory: The largest cell's estimated peak, times the parallel jobs.
         speed: The machine probe's factor the times were scaled by.
         jobs: Cells run in parallel.
@@ -389,6 +393,7 @@ class SweepEstimate:
     peak_memory: int
     speed: float
     jobs: int = 1
+    disk_peak: int = 0
 
     def line(self) -> str:
         """One line: cells, time, disk, memory."""
@@ -397,7 +402,8 @@ class SweepEstimate:
         n = len(self.cells)
         return (
             f"estimate: {n} cell{'s' if n != 1 else ''} to run, about "
-            f"{format_seconds(self.seconds)}, {format_bytes(self.disk_bytes)} of disk, peak "
+            f"{format_seconds(self.seconds)}, {format_bytes(self.disk_bytes)} of disk kept "
+            f"({format_bytes(max(self.disk_peak, self.disk_bytes))} at most while cells run), peak "
             f"memory {format_bytes(self.peak_memory)} (rough: machine probe x{self.speed:.1f}; "
             "the time left is re-estimated as cells finish)"
         )
@@ -419,7 +425,6 @@ def estimate_sweep(
         InsufficientMemory: One line: the estimate, what is available and what would fit.
     """
     from securefed.costs import (
-        AUDIT_COST_FACTOR,
         RunShape,
         check_memory,
         estimate_run,
@@ -429,6 +434,7 @@ def estimate_sweep(
 
     cells: dict[str, float] = {}
     disk = 0
+    transient = 0
     peak = 0
     if not todo:
         return SweepEstimate(cells, 0.0, 0, 0, 1.0)
@@ -437,9 +443,28 @@ def estimate_sweep(
     worst = None
     for name, cfg, audited in todo:
         est = estimate_run(cfg, shape, speed=speed)
-        factor = AUDIT_COST_FACTOR if audited else 1.0
-        cells[name] = est.seconds * factor
-        disk += est.disk_bytes * (2 if audited else 1)
+        cells[name] = est.seconds
+        if audited:
+            from attacks.audit import estimate_audit_seconds
+
+            cells[name] += estimate_audit_seconds(
+                cfg, shape.users, shape.items, est.seconds, speed=speed
+            )
+        # Kept: metrics and summary (the report deletes model.pt and every checkpoint) and the
+        # audit's scores. Transient: the cell's checkpoints while it trains, then its audit's
+        # replay (the same model with the canary clients added), one cell per job at a time.
+        disk += (
+            est.disk_final
+            - est.model_bytes
+            - (est.checkpoint_bytes if cfg.keep_private_state else 0)
+        )
+        cell_peak = est.disk_peak
+        if audited:
+            from attacks.audit import DEFAULT_CANARIES, kept_bytes_bound
+
+            disk += kept_bytes_bound(cfg, shape.users, shape.items)
+            cell_peak = int(cell_peak * (shape.users + DEFAULT_CANARIES) / max(shape.users, 1))
+        transient = max(transient, cell_peak)
         if worst is None or est.peak_memory > worst[1].peak_memory:
             worst = (cfg, est)
         peak = max(peak, est.peak_memory)
@@ -454,6 +479,7 @@ def estimate_sweep(
         peak_memory=peak * jobs,
         speed=speed,
         jobs=jobs,
+        disk_peak=disk + transient * jobs,
     )
 
 

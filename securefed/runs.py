@@ -211,12 +211,15 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
 
 
 def finished(run_dir: Path, rounds: int) -> dict[str, Any] | None:
-    """The summary of a run that completed its ``rounds`` planned rounds, else None.
+    """The summary of a run that completed its ``rounds`` planned rounds, or stopped because
+    its privacy budget was spent (``budget_spent``: no round can follow), else None.
 
-    A run that stopped early (budget spent, diverged) or was interrupted has not finished;
-    nor has one whose ``config.toml`` now plans more rounds than its summary records.
+    A run that diverged or was interrupted has not finished; nor has one whose
+    ``config.toml`` now plans more rounds than its summary records.
     """
     summary = read_summary(run_dir)
+    if summary is not None and summary.get("budget_spent") is True:
+        return summary
     if summary is None or summary.get("stopped"):
         return None
     done = summary.get("rounds")

@@ -31,7 +31,7 @@ from securefed.data.split import leave_one_out
 from securefed.data.synthetic import make_synthetic
 from securefed.data.types import LoadReport, Split
 from securefed.errors import ConfigError, IntegrityError, PrivacyBudgetError
-from securefed.evaluation import evaluate_splits
+from securefed.evaluation import eval_user_sample, evaluate_splits
 from securefed.federation.aggregation import Aggregator, PlainAggregator
 from securefed.federation.base import Recommender
 from securefed.federation.cohort import round_cohort
@@ -139,11 +139,20 @@ class RunFinished(ConfigError):
     """
 
     def __init__(self, run_dir: Path, summary: dict[str, Any]) -> None:
-        super().__init__(
-            f"{run_dir} has finished all its {summary.get('rounds')} rounds; there is nothing "
-            f"to resume (its results are in {run_dir / runs.SUMMARY_FILE}); to train longer, "
-            "start a new run with more --rounds"
-        )
+        if summary.get("budget_spent"):
+            text = (
+                f"{run_dir} stopped after round {summary.get('rounds')} because its privacy "
+                f"budget was spent; there is nothing to resume (its results are in "
+                f"{run_dir / runs.SUMMARY_FILE}); to train longer, start a new run with a "
+                "larger --epsilon"
+            )
+        else:
+            text = (
+                f"{run_dir} has finished all its {summary.get('rounds')} rounds; there is "
+                f"nothing to resume (its results are in {run_dir / runs.SUMMARY_FILE}); to "
+                "train longer, start a new run with more --rounds"
+            )
+        super().__init__(text)
         self.run_dir = run_dir
         self.summary = summary
 
@@ -241,14 +250,21 @@ def _default_run_dir(config: TrainConfig) -> Path:
     return Path("runs") / f"{stamp}-{config.model}-{name}"
 
 
-def _evaluate_round(model: Recommender, split: Split, *, full: bool) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for which, res in evaluate_splits(model, split, k=10, full=full).items():
+def _evaluate_round(
+    model: Recommender, split: Split, *, full: bool, config: TrainConfig
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    users = eval_user_sample(split.n_users, config.eval_users, config.seed)
+    for which, res in evaluate_splits(model, split, k=10, full=full, full_users=users).items():
         out[f"{which}_hr@10"] = res.hr
         out[f"{which}_ndcg@10"] = res.ndcg
         if res.full_hr is not None and res.full_ndcg is not None:
             out[f"{which}_full_hr@10"] = res.full_hr
             out[f"{which}_full_ndcg@10"] = res.full_ndcg
+        if res.full_hr_ci is not None and res.full_ndcg_ci is not None:
+            out[f"{which}_full_hr@10_ci95"] = list(res.full_hr_ci)
+            out[f"{which}_full_ndcg@10_ci95"] = list(res.full_ndcg_ci)
+            out["full_eval_users"] = len(res.full_users) if res.full_users is not None else 0
     return out
 
 
@@ -277,6 +293,13 @@ def _selected_round(metrics: list[dict[str, Any]], config: TrainConfig) -> dict[
     return best
 
 
+#: Confidence intervals recorded when full ranking covers a sample of users (``eval_users``).
+SAMPLE_CI_METRICS = (
+    "test_full_hr@10_ci95",
+    "test_full_ndcg@10_ci95",
+    "val_full_hr@10_ci95",
+    "val_full_ndcg@10_ci95",
+)
 SUMMARY_METRICS = (
     "test_hr@10",
     "test_ndcg@10",
@@ -322,6 +345,9 @@ def _summary(
         summary["selected_round"] = best["round"]
         for key in SUMMARY_METRICS:
             summary[key] = best.get(key)
+        for key in (*SAMPLE_CI_METRICS, "full_eval_users"):  # full ranking of a user sample
+            if key in best:
+                summary[key] = best[key]
         last = evaluated[-1]
         for key in SUMMARY_METRICS:
             summary[f"final_{key}"] = last.get(key)
@@ -342,7 +368,12 @@ def _baselines(config: TrainConfig, split: Split, summary: dict[str, Any]) -> di
     if p.dp:
         epsilon = p.epsilon if p.epsilon is not None else summary.get("epsilon")
     out = baseline_metrics(
-        split, seed=config.seed, epsilon=epsilon, delta=p.delta, privacy_unit=p.privacy_unit
+        split,
+        seed=config.seed,
+        epsilon=epsilon,
+        delta=p.delta,
+        privacy_unit=p.privacy_unit,
+        full_users=eval_user_sample(split.n_users, config.eval_users, config.seed),
     )
     for key in ("test_hr@10", "test_full_hr@10"):
         ref = out.get(f"baseline_mostpop_{key}")
@@ -399,10 +430,12 @@ def train(
             :func:`securefed.costs.refuse_if_too_large`); an exception it raises stops the run
             with nothing written.
 
-    A run that completes all its rounds writes its released model (``model.pt``: the shared
-    parameters after the last round, no client's private state) and then removes its resume
-    checkpoint, which holds every client's private state, unless
-    ``config.keep_private_state``. A run that stopped early (budget, divergence) keeps it.
+    A run that completes all its rounds, or stops because its privacy budget is spent (it can
+    release nothing more, so resuming could add nothing), writes its released model
+    (``model.pt``: the shared parameters after the last round, no client's private state) and
+    then removes its resume checkpoint, which holds every client's private state, unless
+    ``config.keep_private_state`` (``summary["budget_spent"]`` marks the second kind). A run
+    that diverged keeps its last finite checkpoint.
 
     Returns:
         The run directory, its summary (also in ``summary.json``) and per-round metrics.
@@ -667,7 +700,7 @@ def _train(
                 final = r + 1 == config.rounds
                 if (r + 1) % config.eval_every == 0 or final:
                     full = (r + 1) % config.resolved_full_eval_every() == 0 or final
-                    record.update(_evaluate_round(model, split, full=full))
+                    record.update(_evaluate_round(model, split, full=full, config=config))
                     record["eval_seconds"] = time.perf_counter() - t1
                     if _is_better(record, best, selection_keys):
                         best = record
@@ -727,7 +760,10 @@ def _train(
         raise
 
     seconds = elapsed_before + time.perf_counter() - started
-    if stopped is not None and metrics and diverged_round is None:
+    # Stopped by the budget: no later round can be released, so the run is as finished as one
+    # that completed its rounds (issue 18, "Disk").
+    budget_spent = stopped is not None and diverged_round is None
+    if budget_spent and metrics and config.keep_private_state:
         _checkpoint(run_dir, model, aggregator, metrics[-1]["round"], seconds)
     _complete_selected_round(config, split, metrics, run_dir)
     summary = _summary(config, split, metrics, seconds, aggregator, stopped)
@@ -736,9 +772,13 @@ def _train(
         summary["diverged_round"] = diverged_round
     if warnings:
         summary["warnings"] = warnings
+    if budget_spent:
+        summary["budget_spent"] = True
     resume_file = run_dir / runs.CHECKPOINT_FILE
     checkpoint_bytes = resume_file.stat().st_size if resume_file.exists() else 0
-    complete = stopped is None and bool(metrics) and metrics[-1]["round"] == config.rounds
+    complete = bool(metrics) and (
+        budget_spent or (stopped is None and metrics[-1]["round"] == config.rounds)
+    )
     if complete:  # before the summary: a run with a summary has its released model
         runs.save_state(
             run_dir / runs.MODEL_FILE,
@@ -866,7 +906,7 @@ def _complete_selected_round(
         return
     model = with_prior(config, split, build_model(config, split))
     model.load_state_dict(saved["model"])
-    best.update(_evaluate_round(model, split, full=True))
+    best.update(_evaluate_round(model, split, full=True, config=config))
     runs.rewrite_metrics(run_dir, metrics)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -67,3 +69,35 @@ def test_bad_updates_are_data_errors() -> None:
         clip_rows(torch.ones(2, 2, dtype=torch.int64), 1.0)
     with pytest.raises(DataError, match="NaN or infinite"):
         clip_rows(torch.tensor([[1.0, float("nan")]]), 1.0)
+
+
+def test_clip_scales_is_clip_rows_rule_for_structured_updates():
+    """``clip_scales`` gives the factor ``clip_rows`` applies: exactly 1 at or under the clip,
+    ``clip (1 - 2^-20) / norm`` above it, so that a scaled float32 update never exceeds the
+    clip; ``inf`` clips nothing; a bad clip is refused."""
+    from protocols.dp import clip_scales
+
+    gen = torch.Generator().manual_seed(3)
+    x = (
+        torch.randn(64, 300, generator=gen, dtype=torch.float32)
+        * torch.logspace(-2, 2, 64)[:, None]
+    )
+    clip = 1.5
+    norms = torch.linalg.vector_norm(x.double(), dim=1)
+    f = clip_scales(norms, clip)
+    assert f.dtype == torch.float32
+    assert bool((f[norms <= clip] == 1.0).all()) and bool((f[norms > clip] < 1.0).all())
+    clipped, _ = clip_rows(x, clip)
+    assert torch.equal((x * f[:, None]).to(torch.float32)[norms <= clip], clipped[norms <= clip])
+    scaled = torch.linalg.vector_norm((x * f[:, None]).double(), dim=1)
+    assert bool((scaled <= clip).all())
+    assert torch.allclose(
+        scaled[norms > clip], torch.full_like(scaled[norms > clip], clip), rtol=1e-5
+    )
+    # At the boundary: a norm exactly at the clip is kept, one ulp above is scaled.
+    edge = torch.tensor([clip, math.nextafter(clip, math.inf)], dtype=torch.float64)
+    assert clip_scales(edge, clip).tolist()[0] == 1.0 and clip_scales(edge, clip)[1] < 1.0
+    assert bool((clip_scales(norms, math.inf) == 1.0).all())
+    for bad in (0.0, -1.0, float("nan"), True, "1"):
+        with pytest.raises(ConfigError, match="clip must be a number > 0"):
+            clip_scales(norms, bad)  # type: ignore[arg-type]

@@ -125,3 +125,40 @@ def test_evaluate_validates_arguments(split: Split) -> None:
 
     with pytest.raises(ValueError, match="model.score returned shape"):
         evaluate(Wrong(model.table), split, which="val")
+
+
+def test_full_ranking_of_a_user_sample_equals_the_same_users_ranked_among_all(split: Split) -> None:
+    """``full_users`` ranks exactly those users as a full pass does (any batch size, users
+    whose training rows are far apart); the sampled protocol still covers every user; the 95 %
+    interval holds the sample mean and shrinks to a point when the sample is everyone."""
+    from securefed.evaluation import eval_user_sample
+
+    gen = torch.Generator().manual_seed(1)
+    table = torch.rand((split.n_users, split.n_items), generator=gen)
+    hits = torch.arange(0, split.n_users, 2)  # half the users' test items lifted: a mix
+    table[hits, torch.from_numpy(split.test_items)[hits]] += 0.95
+    whole = evaluate(_Model(table), split, which="test", per_user=True)
+    users = eval_user_sample(split.n_users, 17, seed=3)
+    assert users is not None and len(users) == 17 and (np.diff(users) > 0).all()
+    assert (users == eval_user_sample(split.n_users, 17, seed=3)).all()  # fixed by the seed
+    assert not (users == eval_user_sample(split.n_users, 17, seed=4)).all()
+    part = evaluate(
+        _Model(table), split, which="test", per_user=True, full_users=users, batch_size=5
+    )
+    assert (part.ranks == whole.ranks).all() and part.hr == whole.hr  # sampled: every user
+    assert (part.full_ranks == whole.full_ranks[users]).all()
+    assert part.full_hr == pytest.approx(float((whole.full_ranks[users] < 10).mean()))
+    assert (part.full_users == users).all()
+    lo, hi = part.full_hr_ci
+    assert 0.0 <= lo <= part.full_hr <= hi <= 1.0 and hi > lo
+    lo_n, hi_n = part.full_ndcg_ci
+    assert lo_n <= part.full_ndcg <= hi_n
+    # Finite-population correction: a sample of every user but one is nearly exact.
+    near = evaluate(_Model(table), split, which="test", full_users=np.arange(1, split.n_users))
+    assert near.full_hr_ci[1] - near.full_hr_ci[0] < hi - lo
+    assert whole.full_hr_ci is None and whole.full_users is None
+    assert eval_user_sample(split.n_users, split.n_users, seed=0) is None
+    assert eval_user_sample(split.n_users, None, seed=0) is None
+    for bad in (np.array([3, 3]), np.array([5, 2]), np.array([split.n_users]), np.array([], int)):
+        with pytest.raises(ConfigError, match="full_users"):
+            evaluate(_Model(table), split, which="test", full_users=bad)

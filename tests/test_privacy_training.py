@@ -74,9 +74,13 @@ def test_dp_run_reports_spent_epsilon_and_ledger(tmp_path):
     assert {e["noise_multiplier"] for e in ledger["events"]} == {s["noise_multiplier"]}
 
 
-def test_budget_cap_stops_cleanly_and_keeps_checkpoint(tmp_path):
-    """A fixed sigma with an epsilon cap stops before the round that would overspend."""
+def test_budget_cap_stops_cleanly_and_finishes_the_run(tmp_path):
+    """A fixed sigma with an epsilon cap stops before the round that would overspend; the run
+    can release nothing more, so it finishes as a completed one does: its released model is
+    written and its private state dropped (kept only with keep_private_state), and a resume is
+    refused as finished, naming the budget."""
     from protocols.dp import compute_epsilon
+    from securefed.training import RunFinished
 
     after_two = compute_epsilon(noise_multiplier=0.8, sample_rate=1.0, steps=2, delta=1e-5)
     after_three = compute_epsilon(noise_multiplier=0.8, sample_rate=1.0, steps=3, delta=1e-5)
@@ -86,9 +90,19 @@ def test_budget_cap_stops_cleanly_and_keeps_checkpoint(tmp_path):
     assert res.summary["rounds"] == 2
     assert res.summary["stopped"]
     assert after_two - 1e-9 <= res.summary["epsilon"] <= cap
-    assert (tmp_path / "r" / "checkpoint.pt").exists()
+    assert res.summary["budget_spent"] is True
+    assert not (tmp_path / "r" / "checkpoint.pt").exists()
+    assert (tmp_path / "r" / "model.pt").exists()
     ledger = json.loads((tmp_path / "r" / "privacy_ledger.json").read_text())
     assert len(ledger["events"]) == 2
+    with pytest.raises(RunFinished, match="privacy budget was spent.*larger --epsilon"):
+        train(resume=tmp_path / "r")
+    assert len(json.loads((tmp_path / "r" / "privacy_ledger.json").read_text())["events"]) == 2
+    kept = train(
+        TrainConfig(rounds=6, privacy=capped, keep_private_state=True, **SMALL),
+        out=tmp_path / "k",
+    )
+    assert kept.summary["rounds"] == 2 and (tmp_path / "k" / "checkpoint.pt").exists()
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ from securefed.report import (
     ReportConfig,
     SweepEvent,
     build_report,
+    estimate_sweep,
     plan_cells,
     run_report,
 )
@@ -242,6 +243,47 @@ def test_a_cell_below_mostpop_is_flagged_and_never_the_best_private_one():
     assert "ε = 2 with dp" in sentence and "It is BELOW MostPop" in sentence
 
 
+def test_the_disk_estimate_counts_what_cells_keep_not_their_deleted_checkpoints():
+    """A finished cell keeps its metrics and its audit's scores; its checkpoints and released
+    model are deleted, so they count only towards the peak, one running cell (per job) at a time."""
+    from attacks.audit import kept_bytes_bound
+    from securefed.costs import RunShape, estimate_run
+    from securefed.training import load_split
+
+    cfg = ReportConfig(
+        models=("fedrap",), dataset="synthetic", synthetic_users=60, synthetic_items=400,
+        epsilons=(1.0, math.inf), defenses=("none", "secagg"), seeds=2, rounds=2,
+    )  # fmt: skip
+    cells, _ = plan_cells(cfg)
+    todo = [(c.name, c.train_config(cfg), c.audited) for c in cells]
+    est = estimate_sweep(cfg, todo, speed=1.0)
+    shape = RunShape.of(load_split(todo[0][1]))
+    runs_ = [estimate_run(c, shape, speed=1.0) for _, c, _ in todo]
+    audits = {n: kept_bytes_bound(c, shape.users, shape.items) for n, c, a in todo if a}
+    assert len(audits) == 4  # fedrap none / secagg, two seeds; the references are not audited
+    # Under secure aggregation the per-client attacks are skipped: fewer score matrices.
+    assert audits["fedrap-secagg-epsinf-s0"] < audits["fedrap-none-epsinf-s0"]
+    kept = sum(r.disk_final - r.model_bytes for r in runs_) + sum(audits.values())
+    assert est.disk_bytes == kept
+    assert est.disk_bytes < sum(r.checkpoint_bytes for r in runs_)
+    # The audit's replay adds 256 canary clients, each with FedRAP's private state.
+    largest = max(r.disk_peak for r in runs_)
+    replay = largest * (shape.users + 256) / shape.users
+    assert est.disk_bytes + largest <= est.disk_peak <= est.disk_bytes + replay + 1
+    assert "of disk kept" in est.line() and "at most while cells run" in est.line()
+    # An audited cell's time: its training, the replay (canaries added) and the scoring of
+    # every chosen attack's matrix; fewer attacks under secure aggregation.
+    from attacks.audit import estimate_audit_seconds
+
+    plain, secure = (
+        next(c for n, c, _ in todo if n == f"fedrap-{d}-epsinf-s0") for d in ("none", "secagg")
+    )
+    t = 1.0
+    assert estimate_audit_seconds(plain, 60, 400, t) > 2 * t * (60 + 256) / 60
+    assert estimate_audit_seconds(secure, 60, 400, t) < estimate_audit_seconds(plain, 60, 400, t)
+    assert est.cells["fedrap-none-epsinf-s0"] > est.cells["ials-centralized-s0"]
+
+
 # ---------------------------------------------------------------------------- end to end
 
 
@@ -283,6 +325,16 @@ def test_sweep_writes_every_file_with_one_complete_row_per_cell(swept):
     assert fed.loc[fed["audited"], "epsilon_lower_bound"].notna().all()
     for _, row in fed[~fed["audited"]].iterrows():
         assert f"The audit of {row['cell']} failed" in (swept / "report.md").read_text()
+    # What the sweep kept is within the disk estimate it printed, which is a bound (the least
+    # compressible scores measured) but not a loose one.
+    cfg = ReportConfig(
+        models=("fedrap",), dataset="synthetic", synthetic_users=60, synthetic_items=400,
+        rounds=2, epsilons=(1.0, math.inf), seeds=1,
+    )  # fmt: skip
+    planned, _ = plan_cells(cfg)
+    est = estimate_sweep(cfg, [(c.name, c.train_config(cfg), c.audited) for c in planned])
+    kept = sum(f.stat().st_size for f in (swept / "cells").rglob("*") if f.is_file())
+    assert kept <= est.disk_bytes <= 20 * kept, (kept, est.disk_bytes)
     dp = csv[csv["dp"]]
     assert (dp["epsilon_spent"] <= dp["epsilon"] + 1e-9).all()
     assert np.isinf(csv.loc[~csv["dp"], "epsilon_spent"]).all()

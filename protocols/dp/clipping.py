@@ -79,6 +79,31 @@ def clip_rows(x: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Tensor]
     return clipped, norms
 
 
+def clip_scales(norms: torch.Tensor, clip: float) -> torch.Tensor:
+    """Per-participant scale ``min(1, clip / norm)`` from the L2 norms of their updates (float32).
+
+    The one rule every path that clips structured updates applies (the in-process and Flower
+    aggregators, the popularity prior's release, and the audit's observers, which must see
+    exactly what the server sums), the same as :func:`clip_rows`: a participant at or under
+    ``clip`` keeps factor exactly 1; a longer one is scaled to ``clip * (1 - 2**-20) / norm``,
+    so that float32 rounding of the scaled update cannot push its norm above ``clip``.
+
+    Args:
+        norms: Pre-clip L2 norms, shape ``[m]`` (any floating dtype; used in float64).
+        clip: The bound C > 0; ``inf`` clips nothing (every factor 1).
+
+    Raises:
+        ConfigError: ``clip`` is not a positive number.
+    """
+    if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not float(clip) > 0.0:
+        raise ConfigError(f"clip must be a number > 0, got {clip!r}")
+    c = float(clip)
+    n64 = norms.to(torch.float64)
+    over = n64 > c
+    factor = torch.where(over, c * (1.0 - _SHRINK) / n64.clamp_min(1e-300), torch.ones_like(n64))
+    return factor.to(torch.float32)
+
+
 def _check_clip(clip: float) -> float:
     if isinstance(clip, bool) or not isinstance(clip, numbers.Real):
         raise ConfigError(f"clip must be a positive number, got {clip!r}")

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from protocols.dp import clip_scales
 from protocols.secagg import FixedPointCodec, SecAggConfig
 from protocols.seeding import derive_seed, numpy_generator, torch_generator
 from securefed.errors import ProtocolError
@@ -102,7 +103,7 @@ def public_seed(agg: PrivateAggregator, round_index: int) -> bytes:
 def clip_factors(agg: PrivateAggregator, updates: ClientUpdates) -> tuple[torch.Tensor, int]:
     """Per-row scale ``min(1, C / ||x||)`` (float32) and how many rows were clipped."""
     norms = updates.norms()
-    factors = torch.clamp(agg.clip / norms.clamp_min(1e-30), max=1.0).to(torch.float32)
+    factors = clip_scales(norms, agg.clip)
     return factors, int((norms > agg.clip).sum())
 
 

@@ -511,3 +511,8 @@ def check_config(config: TrainConfig) -> None:
             "central DP noise needs a server that sees the clear sum before noising; with "
             "Flower use the default distributed noise (drop --noise central)"
         )
+    if config.eval_users is not None:
+        raise ConfigError(
+            "eval_users (full ranking of a user sample) is not supported on Flower yet: each "
+            "node ranks its own users in full; drop eval_users"
+        )

@@ -1,0 +1,67 @@
+"""Full ranking of a fixed user sample (``--eval-users``): estimates, intervals, baselines."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from securefed import train
+from securefed.baselines import CountScorer, popularity_counts
+from securefed.config import TrainConfig
+from securefed.errors import ConfigError
+from securefed.evaluation import eval_user_sample, evaluate
+
+SMALL = dict(model="fedals", synthetic_users=200, synthetic_items=300, rounds=2)
+
+
+def test_a_run_ranks_its_user_sample_in_full_and_its_baselines_on_the_same_users(tmp_path):
+    res = train(TrainConfig(eval_users=60, **SMALL), out=tmp_path / "r")
+    s = res.summary
+    assert s["full_eval_users"] == 60 and s["users"] == 200
+    for key in ("test_full_hr@10", "test_full_ndcg@10"):
+        lo, hi = s[f"{key}_ci95"]
+        assert lo <= s[key] <= hi
+    users = eval_user_sample(res.split.n_users, 60, seed=0)
+    assert users is not None
+    # The MostPop baseline's full metrics are over the same 60 users ...
+    counts = popularity_counts(res.split)
+    same = evaluate(CountScorer(counts), res.split, which="test", full_users=users)
+    assert s["baseline_mostpop_test_full_hr@10"] == pytest.approx(same.full_hr)
+    # ... while the sampled protocol covers every user, for the run and its baselines.
+    everyone = evaluate(CountScorer(counts), res.split, which="test")
+    assert s["baseline_mostpop_test_hr@10"] == pytest.approx(everyone.hr)
+    records = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["full_eval_users"] == 60 for r in records if "test_full_hr@10" in r)
+    # Without the sample, no interval is recorded and every user is ranked.
+    whole = train(TrainConfig(**SMALL), out=tmp_path / "w")
+    assert "full_eval_users" not in whole.summary
+    assert "test_full_hr@10_ci95" not in whole.summary
+
+
+@pytest.mark.parametrize("bad", [1, 0, -5, True, 2.5, "many"])
+def test_eval_users_must_be_a_count_of_at_least_two(bad):
+    with pytest.raises(ConfigError, match="eval users must be an integer >= 2"):
+        TrainConfig(eval_users=bad, **SMALL)
+
+
+def test_cli_eval_users_and_full_eval_every(tmp_path):
+    from securefed.cli import app
+
+    out = tmp_path / "c"
+    result = CliRunner().invoke(
+        app,
+        [
+            "train", "--model", "fedals", "--synthetic-users", "200", "--synthetic-items",
+            "300", "--rounds", "2", "--eval-users", "50", "--full-eval-every", "2",
+            "--out", str(out),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "fixed sample of 50 of 200 users" in result.output
+    cfg = (out / "config.toml").read_text()
+    assert "eval_users = 50" in cfg and "full_eval_every = 2" in cfg
+    bad = CliRunner().invoke(app, ["train", "--eval-users", "1", "--out", str(tmp_path / "b")])
+    assert bad.exit_code == 2 and "eval users must be an integer >= 2" in bad.output
+    assert not (tmp_path / "b").exists()
