@@ -87,10 +87,16 @@ DEFAULT_CANARIES = 256
 #: included): building the canaries, recording, evaluating. Measured 12-17 s on MovieLens 100K
 #: (1,199 x 1,682) for one-round fedals and FedRAP replays whose training took under 1 s.
 _REPLAY_S_PER_ENTRY = 6e-6
-#: Scoring the attacks, per entry of a ``[users, items]`` score matrix (bootstrap intervals;
-#: the imia and released attacks iterate): 0.7 us (fedals) to 2.1 us (FedRAP) measured on
-#: MovieLens 100K.
+#: Scoring the attacks, per entry of a ``[users, items]`` score matrix (bootstrap intervals):
+#: 0.7 us (fedals) to 2.1 us (FedRAP) measured on MovieLens 100K.
 _SCORE_S_PER_ENTRY = 2e-6
+#: The released-model attack, in full-ranking evaluations of the model per iteration
+#: (``AuditConfig.released_iterations``): 4.3 (FedRAP) and 9.8 (FedRecGEL) measured on
+#: MovieLens 100K, one round, scaled to the quiet machine by the probe.
+_RELEASED_EVALS_PER_ITERATION = 8.0
+#: The optimization attack (gradient matching), in full-ranking evaluations per target user
+#: (``AuditConfig.target_users``): 3.8 measured for FedRecGEL on MovieLens 100K.
+_OPTIMIZATION_EVALS_PER_TARGET = 4.0
 #: ``audit.json`` and the canary arrays, about (14 kB measured).
 _AUDIT_SMALL_BYTES = 64 * 1024
 
@@ -143,6 +149,7 @@ def estimate_audit_seconds(
     items: int,
     train_seconds: float,
     *,
+    full_eval_seconds: float = 0.0,
     speed: float = 1.0,
     canaries_included: bool = False,
 ) -> float:
@@ -154,12 +161,17 @@ def estimate_audit_seconds(
         items: Items of the split.
         train_seconds: The training's estimate (:func:`securefed.costs.estimate_run`) on that
             split.
+        full_eval_seconds: One full-ranking evaluation of the model (the estimate's
+            ``full_eval_seconds``, already scaled by ``speed``): the released-model and
+            optimization attacks score the model many times.
         speed: The machine probe's factor (:func:`securefed.costs.machine_speed`).
         canaries_included: ``users`` and ``train_seconds`` already count the canary clients.
 
     The replay trains with the canary clients added (its estimate scaled by the users it
     adds) and the recorder attached (:data:`securefed.costs.AUDIT_COST_FACTOR`), plus a fixed
-    cost per (client, item) and the scoring of every chosen attack's score matrix.
+    cost per (client, item), the scoring of every chosen attack's score matrix, and the
+    iterative attacks in units of full evaluations. Rough: the constants were measured on
+    MovieLens 100K for one-round runs of each model.
     """
     from securefed.costs import AUDIT_COST_FACTOR
 
@@ -172,7 +184,13 @@ def estimate_audit_seconds(
         _REPLAY_S_PER_ENTRY * replayed * items
         + _SCORE_S_PER_ENTRY * matrices * max(real, 1) * items
     )
-    return AUDIT_COST_FACTOR * replay + speed * fixed
+    cfg = AuditConfig()
+    evals = 0.0
+    if "released" in chosen:
+        evals += _RELEASED_EVALS_PER_ITERATION * cfg.released_iterations
+    if "optimization" in chosen:
+        evals += _OPTIMIZATION_EVALS_PER_TARGET * cfg.target_users
+    return AUDIT_COST_FACTOR * replay + speed * fixed + evals * full_eval_seconds
 
 
 def _resolve_attacks(cfg: AuditConfig, train_cfg: TrainConfig) -> tuple[list[str], dict[str, str]]:

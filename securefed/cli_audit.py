@@ -206,6 +206,7 @@ def _announce() -> tuple[Any, Any]:
             split.n_users,
             split.n_items,
             est.seconds,
+            full_eval_seconds=est.full_eval_seconds,
             speed=est.speed,
             canaries_included=True,
         )

@@ -448,7 +448,12 @@ def estimate_sweep(
             from attacks.audit import estimate_audit_seconds
 
             cells[name] += estimate_audit_seconds(
-                cfg, shape.users, shape.items, est.seconds, speed=speed
+                cfg,
+                shape.users,
+                shape.items,
+                est.seconds,
+                full_eval_seconds=est.full_eval_seconds,
+                speed=speed,
             )
         # Kept: metrics and summary (the report deletes model.pt and every checkpoint) and the
         # audit's scores. Transient: the cell's checkpoints while it trains, then its audit's
