@@ -65,3 +65,14 @@ def test_cli_eval_users_and_full_eval_every(tmp_path):
     bad = CliRunner().invoke(app, ["train", "--eval-users", "1", "--out", str(tmp_path / "b")])
     assert bad.exit_code == 2 and "eval users must be an integer >= 2" in bad.output
     assert not (tmp_path / "b").exists()
+
+
+def test_flower_refuses_eval_users_in_one_line():
+    pytest.importorskip("flwr")
+    from securefed.config import PrivacyConfig
+    from securefed.flower.server import check_config
+
+    cfg = TrainConfig(eval_users=50, privacy=PrivacyConfig(secagg=True), **SMALL)
+    with pytest.raises(ConfigError, match="eval_users .* not supported on Flower"):
+        check_config(cfg)
+    check_config(TrainConfig(privacy=PrivacyConfig(secagg=True), **SMALL))
