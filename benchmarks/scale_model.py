@@ -86,10 +86,11 @@ def measure_rates() -> Rates:
     comb = min(
         _timed(lambda: [shamir.combine(xs[:t], ys[:t]) for _ in range(40)]) for _ in range(3)
     )
-    acc = np.zeros(1 << 20, np.uint64)
-    row = np.ones(1 << 20, np.uint64)
-    add = min(_timed(lambda: [np.add(acc, row, out=acc) for _ in range(20)]) for _ in range(3))
-    return Rates(x, aes_rate, comb / 40, t, 20 * acc.nbytes / add)
+    # Out of cache, as a long upload is: 64 MB vectors.
+    acc = np.zeros(1 << 23, np.uint64)
+    row = np.ones(1 << 23, np.uint64)
+    add = min(_timed(lambda: [np.add(acc, row, out=acc) for _ in range(5)]) for _ in range(3))
+    return Rates(x, aes_rate, comb / 40, t, 5 * acc.nbytes / add)
 
 
 def _timed(fn) -> float:
@@ -143,7 +144,12 @@ def round_costs(model: str, sc: Scenario, rates: Rates) -> dict:
         private = (params.gmf_dim + params.mlp_dim) * 4 * 3  # user embeddings and Adam moments
     up = 64 + 4 + BOX * k + 6 + d * w + 4 + REVEALED * k + 4 * HEADER
     down = shared * 4 + k * 64 + k * BOX + 4 * HEADER
-    client_secagg = 2 * k * rates.x25519_s + (k + 1) * d * w / rates.aes_bytes_s
+    # Agreements, mask expansions, and adding each of the k + 1 masks into the masked input.
+    client_secagg = (
+        2 * k * rates.x25519_s
+        + (k + 1) * d * w / rates.aes_bytes_s
+        + (k + 1) * d * w / rates.sum_bytes_s
+    )
     dropped = math.ceil(0.05 * m)
     server = {
         "sum": m * d * w / rates.sum_bytes_s,
@@ -199,7 +205,8 @@ def _s(x: float) -> str:
 def check_points() -> tuple[Rates, list[tuple[str, float, float, float]]]:
     """Simulated secure rounds (batched engine, no dropout) against the model's prediction of
     the same round run in one process: every client's work once per pair (the engine's
-    saving), i.e. ``n (k/2 + 1)`` expansions and ``n k`` agreements, plus the server's sum.
+    saving), i.e. ``n (k/2 + 1)`` expansions, ``n k`` agreements and ``n (k + 2)`` vector
+    additions (each pair mask into both of its inputs, the self masks, the server's sum).
     The prediction uses rates measured just before, on the machine as loaded then."""
     rates = measure_rates()
     out = []
@@ -214,9 +221,9 @@ def check_points() -> tuple[Rates, list[tuple[str, float, float, float]]]:
         w = ring.dtype.itemsize
         k = cfg.k
         predicted = (
-            n * (k / 2 + 1) * d * w / rates.aes_bytes_s
-            + n * k * rates.x25519_s
-            + n * d * w / rates.sum_bytes_s
+            n * (k / 2 + 1) * d * w / rates.aes_bytes_s  # each pair's mask once, self masks
+            + n * k * rates.x25519_s  # two agreements per pair
+            + n * (k + 2) * d * w / rates.sum_bytes_s  # masks into both inputs, the sum
             + n * rates.combine_s
         )
         out.append(
