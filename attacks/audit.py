@@ -122,6 +122,13 @@ class AuditResult:
         return self.report.get("accounted_epsilon")
 
 
+def _default_attacks(train_cfg: TrainConfig) -> tuple[list[str], int]:
+    """The attacks a default audit of ``train_cfg`` runs, and how many of them keep a
+    ``[users, items]`` float32 score matrix (all but ``attribute``)."""
+    chosen, _ = _resolve_attacks(AuditConfig(), train_cfg)
+    return chosen, sum(1 for a in chosen if a != "attribute")
+
+
 def kept_bytes_bound(train_cfg: TrainConfig, users: int, items: int) -> int:
     """Disk an audit of ``train_cfg`` with every attack keeps (``scores.npz``, ``audit.json``).
 
@@ -136,8 +143,7 @@ def kept_bytes_bound(train_cfg: TrainConfig, users: int, items: int) -> int:
         users: Real users of the split (canaries are not kept).
         items: Items of the split.
     """
-    chosen, _ = _resolve_attacks(AuditConfig(), train_cfg)
-    matrices = sum(1 for a in chosen if a != "attribute")
+    chosen, matrices = _default_attacks(train_cfg)
     label_matrices = 1 + ("released" in chosen)
     raw = (4 * matrices + label_matrices) * users * items
     return int(raw * SCORES_COMPRESSION_BOUND) + _AUDIT_SMALL_BYTES
@@ -178,13 +184,12 @@ def estimate_audit_seconds(
     real = users - DEFAULT_CANARIES if canaries_included else users
     replayed = users if canaries_included else users + DEFAULT_CANARIES
     replay = train_seconds * (1.0 if canaries_included else replayed / max(users, 1))
-    chosen, _ = _resolve_attacks(AuditConfig(), train_cfg)
-    matrices = sum(1 for a in chosen if a != "attribute")
+    chosen, matrices = _default_attacks(train_cfg)
     fixed = (
         _REPLAY_S_PER_ENTRY * replayed * items
         + _SCORE_S_PER_ENTRY * matrices * max(real, 1) * items
     )
-    cfg = AuditConfig()
+    cfg = AuditConfig()  # the defaults the report's audits run with
     evals = 0.0
     if "released" in chosen:
         evals += _RELEASED_EVALS_PER_ITERATION * cfg.released_iterations

@@ -91,10 +91,12 @@ def eval_user_sample(n_users: int, size: int | None, seed: int) -> np.ndarray | 
     ``None`` when ``size`` is ``None`` or covers every user. The same ``seed`` gives the same
     users in every round and on resume, so the rounds' estimates are comparable.
     """
-    if size is None or size >= n_users:
+    if size is None:
         return None
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ConfigError(f"eval users must be a positive integer, got {size!r}")
+    if size >= n_users:
+        return None
     from protocols.seeding import numpy_generator
 
     rng = numpy_generator(seed, "eval-users")
@@ -238,8 +240,6 @@ def evaluate_splits(
         "val": torch.from_numpy(split.val_negatives),
         "test": torch.from_numpy(split.test_negatives),
     }
-    indptr = torch.from_numpy(split.train_indptr)
-    train_items = torch.from_numpy(split.train_items)
 
     ranked = _full_users(full_users, split.n_users) if full else None
 
@@ -273,8 +273,8 @@ def evaluate_splits(
                 )
             all_scores = all_scores.detach().cpu()
             mask = torch.ones((b, split.n_items), dtype=torch.bool)
-            rows, cols = _train_entries(indptr, train_items, users)
-            mask[rows, cols] = False
+            rows, cols = split.train_pairs(users.numpy())
+            mask[torch.from_numpy(rows), torch.from_numpy(cols)] = False
             mask[row_ids, held["val"][users]] = False
             mask[row_ids, held["test"][users]] = False
             for w in which:
@@ -318,14 +318,3 @@ def _full_users(full_users: np.ndarray | None, n_users: int) -> torch.Tensor:
     if int(u.min()) < 0 or int(u.max()) >= n_users or bool((u[1:] <= u[:-1]).any()):
         raise ConfigError(f"full_users must be sorted, distinct user indices in [0, {n_users})")
     return u
-
-
-def _train_entries(
-    indptr: torch.Tensor, train_items: torch.Tensor, users: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(row, item)`` of every training interaction of ``users`` (rows index ``users``)."""
-    starts, stops = indptr[users], indptr[users + 1]
-    counts = stops - starts
-    rows = torch.repeat_interleave(torch.arange(users.numel()), counts)
-    first = torch.repeat_interleave(starts - (torch.cumsum(counts, 0) - counts), counts)
-    return rows, train_items[first + torch.arange(int(counts.sum()))]

@@ -444,17 +444,6 @@ def estimate_sweep(
     for name, cfg, audited in todo:
         est = estimate_run(cfg, shape, speed=speed)
         cells[name] = est.seconds
-        if audited:
-            from attacks.audit import estimate_audit_seconds
-
-            cells[name] += estimate_audit_seconds(
-                cfg,
-                shape.users,
-                shape.items,
-                est.seconds,
-                full_eval_seconds=est.full_eval_seconds,
-                speed=speed,
-            )
         # Kept: metrics and summary (the report deletes model.pt and every checkpoint) and the
         # audit's scores. Transient: the cell's checkpoints while it trains, then its audit's
         # replay (the same model with the canary clients added), one cell per job at a time.
@@ -465,8 +454,16 @@ def estimate_sweep(
         )
         cell_peak = est.disk_peak
         if audited:
-            from attacks.audit import DEFAULT_CANARIES, kept_bytes_bound
+            from attacks.audit import DEFAULT_CANARIES, estimate_audit_seconds, kept_bytes_bound
 
+            cells[name] += estimate_audit_seconds(
+                cfg,
+                shape.users,
+                shape.items,
+                est.seconds,
+                full_eval_seconds=est.full_eval_seconds,
+                speed=speed,
+            )
             disk += kept_bytes_bound(cfg, shape.users, shape.items)
             cell_peak = int(cell_peak * (shape.users + DEFAULT_CANARIES) / max(shape.users, 1))
         transient = max(transient, cell_peak)

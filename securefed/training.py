@@ -261,10 +261,10 @@ def _evaluate_round(
         if res.full_hr is not None and res.full_ndcg is not None:
             out[f"{which}_full_hr@10"] = res.full_hr
             out[f"{which}_full_ndcg@10"] = res.full_ndcg
-        if res.full_hr_ci is not None and res.full_ndcg_ci is not None:
+        if users is not None and res.full_hr_ci is not None and res.full_ndcg_ci is not None:
             out[f"{which}_full_hr@10_ci95"] = list(res.full_hr_ci)
             out[f"{which}_full_ndcg@10_ci95"] = list(res.full_ndcg_ci)
-            out["full_eval_users"] = len(res.full_users) if res.full_users is not None else 0
+            out["full_eval_users"] = len(users)
     return out
 
 

@@ -68,9 +68,7 @@ def clip_rows(x: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Tensor]
         norms[overflow] = peak[:, 0] * unit
         huge = unit_rows, unit
     over = norms > clip
-    factor = torch.where(
-        over, clip * (1.0 - _SHRINK) / norms.clamp_min(1e-300), torch.ones_like(norms)
-    )
+    factor = _scale_factors(norms, clip)
     clipped = torch.where(over[:, None], (x64 * factor[:, None]).to(x.dtype), x)
     if huge is not None:
         unit_rows, unit = huge
@@ -97,11 +95,15 @@ def clip_scales(norms: torch.Tensor, clip: float) -> torch.Tensor:
     """
     if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not float(clip) > 0.0:
         raise ConfigError(f"clip must be a number > 0, got {clip!r}")
-    c = float(clip)
-    n64 = norms.to(torch.float64)
-    over = n64 > c
-    factor = torch.where(over, c * (1.0 - _SHRINK) / n64.clamp_min(1e-300), torch.ones_like(n64))
-    return factor.to(torch.float32)
+    return _scale_factors(norms.to(torch.float64), float(clip)).to(torch.float32)
+
+
+def _scale_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
+    """``clip (1 - 2^-20) / norm`` where ``norm > clip``, else exactly 1 (float64 in and out)."""
+    over = norms > clip
+    return torch.where(
+        over, clip * (1.0 - _SHRINK) / norms.clamp_min(1e-300), torch.ones_like(norms)
+    )
 
 
 def _check_clip(clip: float) -> float:

@@ -49,14 +49,11 @@ from protocols.dp.accounting import (
     check_noise_multiplier,
     compute_epsilon,
 )
+from protocols.dp.clipping import clip_scales
 from protocols.dp.ledger import PrivacyEvent
 from protocols.dp.noise import check_std, gaussian_noise
 from protocols.errors import ConfigError
 from protocols.seeding import torch_generator
-
-# Clip factors are shrunk by this relative amount so that float32 rounding can never push a
-# clipped example's norm above the clip (as in :func:`protocols.dp.clip_rows`).
-_SHRINK = 2.0**-20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,9 +203,7 @@ def clip_factors(sq_norms: torch.Tensor, clip: float) -> torch.Tensor:
     norms = sq_norms.to(torch.float64).clamp_min(0).sqrt()
     if not bool(torch.isfinite(norms).all()):
         raise ConfigError("per-example gradient norms contain NaN or infinity; lower the lr")
-    over = norms > c
-    f = torch.where(over, c * (1.0 - _SHRINK) / norms.clamp_min(1e-300), torch.ones_like(norms))
-    return f.to(torch.float32)
+    return clip_scales(norms, c)  # the shrink rule of every other clip (protocols.dp.clipping)
 
 
 def embedding_example_sq_norms(rows: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
