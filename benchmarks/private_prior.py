@@ -109,16 +109,17 @@ def grid(args: argparse.Namespace) -> None:
         f"--epsilons {args.epsilons} --seeds {args.seeds} --models {args.models} --rounds "
         f"{args.rounds} --fraction {args.fraction:g} --share {args.share:g} "
         f"--weighting {args.weighting} --out {args.out}"
-        f"{' --only-finished' if args.only_finished else ''} --write` "
+        f"{' --only-finished' if args.only_finished else ''} --write"
+        f"{'' if args.mark == MARK else ' --mark ' + args.mark}` "
         f"({time.strftime('%Y-%m-%d')}); mean ± sd over seeds 0-{args.seeds - 1} of the test "
         "metrics at the round selected on validation; user-level DP, delta 1e-5, PRV, Poisson "
         f"cohorts at rate {args.fraction:g} (amplification as labelled for replay runs), "
         f"`--private-prior {args.share:g}` (`--prior-weighting {args.weighting}`: "
-        + (
-            "every item of a user at sqrt(20 / n_u)"
-            if args.weighting == "sqrt"
-            else "20 sampled items per user"
-        )
+        + {
+            "sqrt": "every item of a user at sqrt(20 / n_u)",
+            "capped": "every item of a user at sqrt(20) min(1 / sqrt(n_u), sqrt(80) / n_u)",
+            "sample": "20 sampled items per user",
+        }[args.weighting]
         + "), the model's default clip and "
         "prior weight, `--replay-from-seed`. DP-MostPop: the same split and seed, the whole "
         "epsilon in one count release.",
@@ -185,7 +186,7 @@ def grid(args: argparse.Namespace) -> None:
     if args.write:
         doc = Path(__file__).resolve().parents[1] / "docs" / "privacy.md"
         text = doc.read_text()
-        start, end = f"<!-- {MARK} -->", f"<!-- /{MARK} -->"
+        start, end = f"<!-- {args.mark} -->", f"<!-- /{args.mark} -->"
         block = f"{start}\n{table}\n{end}"
         if start in text and end in text:
             text = text[: text.index(start)] + block + text[text.index(end) + len(end) :]
@@ -208,7 +209,7 @@ def main() -> None:
     ap.add_argument(
         "--weighting",
         default="sqrt",
-        choices=("sqrt", "sample"),
+        choices=("sqrt", "capped", "sample"),
         help="--prior-weighting (cells are cached by name: give each weighting its own --out)",
     )
     ap.add_argument(
@@ -220,6 +221,7 @@ def main() -> None:
         "--only-finished", action="store_true", help="tabulate cached cells only; run nothing"
     )
     ap.add_argument("--write", action="store_true", help="write the table into docs/privacy.md")
+    ap.add_argument("--mark", default=MARK, help="--write: the markers the table goes between")
     args = ap.parse_args()
     if args.tune:
         tune(args)

@@ -235,8 +235,9 @@ def train(
     prior_weighting: Annotated[
         str | None,
         typer.Option(
-            help="--private-prior: sqrt (every item of a user at sqrt(k / n_u), the default) or "
-            "sample (k sampled items, DP-MostPop's count)."
+            help="--private-prior: sqrt (every item of a user at sqrt(k / n_u), the default), "
+            "capped (the same up to 80 items, beyond that the weight of 80 shared) or sample "
+            "(k sampled items, DP-MostPop's count)."
         ),
     ] = None,
     synthetic_users: SyntheticUsers = None,

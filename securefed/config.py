@@ -75,7 +75,7 @@ class PrivacyConfig:
     prior_share: float | None = None
     prior_items: int = 20
     prior_weight: float | None = None
-    prior_weighting: Literal["sqrt", "sample"] = "sqrt"
+    prior_weighting: Literal["sqrt", "capped", "sample"] = "sqrt"
 
     def __post_init__(self) -> None:
         if self.epsilon is not None and not (self.epsilon > 0):
@@ -157,9 +157,9 @@ class PrivacyConfig:
         k = self.prior_items
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ConfigError(f"prior items must be a positive integer, got {k!r}")
-        if self.prior_weighting not in ("sqrt", "sample"):
+        if self.prior_weighting not in ("sqrt", "capped", "sample"):
             raise ConfigError(
-                f"prior weighting must be sqrt or sample, got {self.prior_weighting!r}"
+                f"prior weighting must be sqrt, capped or sample, got {self.prior_weighting!r}"
             )
         w = self.prior_weight
         if w is not None and not (
@@ -288,7 +288,8 @@ class TrainConfig:
                 f"full eval every must be a positive integer, got {self.full_eval_every!r}"
             )
         if self.eval_users is not None and (
-            not isinstance(self.eval_users, int) or isinstance(self.eval_users, bool)
+            not isinstance(self.eval_users, int)
+            or isinstance(self.eval_users, bool)
             or self.eval_users < 2
         ):
             raise ConfigError(

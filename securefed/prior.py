@@ -138,6 +138,14 @@ def calibrate_remaining(
     return high
 
 
+#: ``capped`` weighting: a user with more items than this counts, in total weight, as much as
+#: a user with this many (docs/privacy.md, "The prior's weighting").
+CAPPED_ITEMS = 80
+
+#: The weightings of the prior's upload (``--prior-weighting``).
+WEIGHTINGS = ("sqrt", "capped", "sample")
+
+
 def sqrt_weights(pair_client: torch.Tensor, n_clients: int, max_items: int) -> torch.Tensor:
     """Each pair's weight ``sqrt(k / n_u)``, ``n_u`` its client's number of pairs: a client's
     weighted indicator has L2 norm exactly ``sqrt(k)`` (``n_u * k / n_u = k``), whatever
@@ -145,6 +153,20 @@ def sqrt_weights(pair_client: torch.Tensor, n_clients: int, max_items: int) -> t
     pairs only: the bound holds on the device."""
     n = torch.bincount(pair_client, minlength=n_clients).to(torch.float64)
     return torch.sqrt(float(max_items) / n.clamp_min(1.0))[pair_client]
+
+
+def capped_weights(
+    pair_client: torch.Tensor, n_clients: int, max_items: int, cap: int = CAPPED_ITEMS
+) -> torch.Tensor:
+    """Each pair's weight ``sqrt(k) * min(1 / sqrt(n_u), sqrt(K) / n_u)`` (``K`` the cap):
+    ``sqrt(k / n_u)`` as :func:`sqrt_weights` up to ``K`` items, beyond that a total weight of
+    ``sqrt(k K)`` shared by the user's items. The squared norm is ``k min(1, K / n_u) <= k``,
+    so the L2 bound ``sqrt(k)`` holds on the device as for ``sqrt``."""
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+        raise ConfigError(f"the cap must be a positive integer, got {cap!r}")
+    n = torch.bincount(pair_client, minlength=n_clients).to(torch.float64).clamp_min(1.0)
+    per_item = torch.minimum(n.rsqrt(), math.sqrt(cap) / n)
+    return (math.sqrt(float(max_items)) * per_item)[pair_client]
 
 
 def prior_updates(
@@ -157,19 +179,22 @@ def prior_updates(
     on)."""
     from securefed.federation.base import UpdateLayout
 
-    if weighting not in ("sqrt", "sample"):
-        raise ConfigError(f"prior weighting must be sqrt or sample, got {weighting!r}")
+    if weighting not in WEIGHTINGS:
+        raise ConfigError(
+            f"prior weighting must be one of {', '.join(WEIGHTINGS)}, got {weighting!r}"
+        )
     users = torch.arange(split.n_users, dtype=torch.long)
     local, items = split.train_pairs(users.numpy())
     local_t, items_t = torch.from_numpy(local), torch.from_numpy(items)
     layout: UpdateLayout = UpdateLayout(names=("counts",), shapes=((split.n_items,),))
-    if weighting == "sqrt":
+    if weighting in ("sqrt", "capped"):
+        weights = sqrt_weights if weighting == "sqrt" else capped_weights
         return MostPopUpdates(
             clients=users,
             layout=layout,
             pair_client=local_t,
             pair_item=items_t,
-            weight=sqrt_weights(local_t, split.n_users, max_items),
+            weight=weights(local_t, split.n_users, max_items),
         )
     local_t, items_t = bounded_pairs(
         local_t, items_t, split.n_users, max_items, torch_generator(seed, "prior-sample")

@@ -25,6 +25,7 @@ from securefed.models.mostpop import MostPopUpdates
 from securefed.prior import (
     PopularityPrior,
     PriorScored,
+    capped_weights,
     prior_updates,
     sqrt_weights,
 )
@@ -360,3 +361,38 @@ def test_cli_trains_fedrap_with_the_private_prior(tmp_path):
         app, ["train", "--model", "fedals", "--epsilon", "2", "--private-prior", "0.5"]
     )
     assert bad.exit_code == 2 and "no popularity-prior mode" in bad.output
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=200), min_size=1, max_size=30),
+    k=st.integers(min_value=1, max_value=50),
+    cap=st.integers(min_value=1, max_value=100),
+)
+def test_capped_weights_are_sqrt_up_to_the_cap_and_share_its_weight_beyond(sizes, k, cap):
+    """Up to ``cap`` items a user's weights are sqrt's (norm sqrt(k)); beyond it the user's total
+    weight is that of a user with ``cap`` items, sqrt(k cap), and the norm stays below sqrt(k)."""
+    pair_client = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    w = capped_weights(pair_client, len(sizes), k, cap)
+    zeros = torch.zeros(len(sizes), dtype=torch.float64)
+    norms = zeros.clone().index_add_(0, pair_client, w * w).sqrt()
+    totals = zeros.clone().index_add_(0, pair_client, w)
+    plain = sqrt_weights(pair_client, len(sizes), k)
+    for u, n in enumerate(sizes):
+        assert norms[u] <= math.sqrt(k) * (1 + 1e-12)
+        if 0 < n <= cap:
+            torch.testing.assert_close(w[pair_client == u], plain[pair_client == u])
+        elif n > cap:
+            assert float(totals[u]) == pytest.approx(math.sqrt(k * cap), rel=1e-12)
+            assert float(norms[u]) == pytest.approx(math.sqrt(k * cap / n), rel=1e-12)
+
+
+def test_capped_prior_upload_and_a_bad_weighting_or_cap(small_split):
+    up = prior_updates(small_split, max_items=20, seed=0, weighting="capped")
+    assert float(up.norms().max()) <= math.sqrt(20) * (1 + 1e-9)
+    with pytest.raises(ConfigError, match="one of sqrt, capped, sample"):
+        prior_updates(small_split, max_items=20, seed=0, weighting="cap")
+    with pytest.raises(ConfigError, match="positive integer"):
+        capped_weights(torch.zeros(3, dtype=torch.long), 1, 20, 0)
+    with pytest.raises(ConfigError, match="sqrt, capped or sample"):
+        PrivacyConfig(epsilon=2, prior_share=0.9, prior_weighting="cap")  # type: ignore[arg-type]
