@@ -278,6 +278,10 @@ def _forge(kind: str, env: wire.Envelope, r: Round, victim: int):
                     sig = r.identities[cid].sign(
                         wire.advertise_statement(_env(ROUND + 1), cid, c_pk, s_pk)
                     )
+                elif kind == "other-session":  # victim's own key, same round, other seed
+                    sig = r.identities[cid].sign(
+                        wire.advertise_statement(_env(seed=b"another-seed-0123"), cid, c_pk, s_pk)
+                    )
                 elif kind == "zeroed":
                     sig = bytes(64)
                 elif kind == "bit-flip":
@@ -294,7 +298,16 @@ def _forge(kind: str, env: wire.Envelope, r: Round, victim: int):
 
 @pytest.mark.parametrize(
     "kind",
-    ["other-key", "other-client", "other-round", "zeroed", "bit-flip", "unsigned", "truncated"],
+    [
+        "other-key",
+        "other-client",
+        "other-round",
+        "other-session",
+        "zeroed",
+        "bit-flip",
+        "unsigned",
+        "truncated",
+    ],
 )
 def test_forged_or_missing_signature_aborts_before_any_share(kind):
     n, victim = 20, 4
@@ -322,6 +335,18 @@ def test_honest_server_rejects_forged_advertisement():
         r.server.receive_advertise(3, wire.encode_advertise(env, 3, c_pk, s_pk))
     r.server.receive_advertise(2, wire.encode_signed_advertise(env, 2, c_pk, s_pk, good))  # control
     assert 3 not in r.server._keys and 2 in r.server._keys
+
+
+def test_honest_server_rejects_a_bad_survivor_signature():
+    r = Round(_complete7(), _inputs(7))
+    r.mask(r.share(r.advertise()))
+    env = _env()
+    other_set = r.identities[1].sign(wire.survivors_statement(env, [1, 2, 3, 4, 5, 6]))
+    with pytest.raises(IntegrityError):
+        r.server.receive_consistency(1, wire.encode_survivors_signature(env, 1, other_set))
+    good = r.identities[1].sign(wire.survivors_statement(env, list(range(7))))
+    r.server.receive_consistency(1, wire.encode_survivors_signature(env, 1, good))  # control
+    assert r.server._survivor_sigs.keys() == {1}
 
 
 # -- a server equivocating about the survivors (the consistency round) ----------------------
@@ -395,6 +420,8 @@ def test_fewer_than_t_signatures_or_a_foreign_one_release_nothing():
         lambda i, m: sigs.__setitem__(i, wire.decode_survivors_signature(env, m, sender=i)),
     )
     other_round = r.identities[5].sign(wire.survivors_statement(_env(ROUND + 1), list(range(7))))
+    other_seed = _env(seed=b"another-seed-0123")
+    other_session = r.identities[5].sign(wire.survivors_statement(other_seed, list(range(7))))
     requests = {
         0: wire.encode_signed_unmask_request(env, 0, [(j, sigs[j]) for j in (1, 2, 3)]),  # t - 1
         1: wire.encode_signed_unmask_request(
@@ -404,9 +431,12 @@ def test_fewer_than_t_signatures_or_a_foreign_one_release_nothing():
             env, 2, [(1, sigs[1]), (3, sigs[3]), (4, sigs[4]), (5, other_round)]
         ),
         3: wire.encode_signed_unmask_request(env, 3, [(j, sigs[j]) for j in (0, 1, 2, 4)]),
+        4: wire.encode_signed_unmask_request(
+            env, 4, [(1, sigs[1]), (2, sigs[2]), (3, sigs[3]), (5, other_session)]
+        ),
     }
     r.step(requests, lambda c, m: c.unmask(m), None)
-    assert r.aborted == {0: ClientAborted, 1: IntegrityError, 2: IntegrityError}
+    assert r.aborted == {0: ClientAborted, 1: IntegrityError, 2: IntegrityError, 4: IntegrityError}
     assert r.received[wire.Kind.UNMASK_SHARES] == {3}  # control: 3 got t valid signatures
 
 
@@ -485,7 +515,7 @@ def test_explicit_neighbours_that_cannot_keep_the_malicious_threshold_are_refuse
 def test_batched_engine_refuses_malicious_mode():
     cfg = _malicious(20)
     x = _inputs(20)
-    with pytest.raises(ConfigError, match="engine='objects'"):
+    with pytest.raises(ConfigError, match="runs on engine='objects' only"):
         secure_sum(x, config=cfg, round_index=ROUND, public_seed=SEED)
     with pytest.raises(ConfigError, match="semi-honest only"):
         batched_round(x, config=cfg, bits=BITS, round_index=ROUND, public_seed=SEED, silent={})
