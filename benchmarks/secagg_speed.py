@@ -120,6 +120,8 @@ def run(args: argparse.Namespace) -> dict:
         dropout_tolerance=max(args.dropout, args.dropout_tolerance),
         corrupt_fraction=args.corrupt_fraction,
         modulus_bits=codec.modulus_bits,
+        threshold=args.threshold,
+        mode=args.mode,
     )
     ring = codec.encode(rng.uniform(-args.clip, args.clip, size=(args.clients, args.dim)), rng=rng)
     sched = DropoutSchedule.random(args.clients, rate=args.dropout, rng=rng)
@@ -153,6 +155,7 @@ def run(args: argparse.Namespace) -> dict:
         "modulus_bits": codec.modulus_bits,
         "dropout": args.dropout,
         "engine": args.engine,
+        "mode": args.mode,
         "workers": args.workers,
         "seconds_per_round": seconds,
         "seconds_all_repeats": walls,
@@ -188,6 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dropout-tolerance", type=float, default=0.05)
     p.add_argument("--corrupt-fraction", type=float, default=0.05)
     p.add_argument("--clip", type=float, default=1.0, help="input bound (sets the ring size)")
+    p.add_argument("--threshold", type=int, default=None, help="t; default: chosen")
+    p.add_argument(
+        "--mode",
+        choices=("semi-honest", "malicious"),
+        default="semi-honest",
+        help="malicious: signed advertisements and the consistency round (objects engine only)",
+    )
     p.add_argument("--engine", choices=("batched", "objects"), default="batched")
     p.add_argument("--workers", type=int, default=None, help="mask threads; default: cores")
     p.add_argument("--repeats", type=int, default=1, help="rounds; the fastest is reported")

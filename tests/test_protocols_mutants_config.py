@@ -249,11 +249,6 @@ def test_interaction_sample_rate_values_and_boundaries() -> None:
             {"n_clients": 10, "mode": "honest"},
             "mode must be 'semi-honest' or 'malicious', got 'honest'",
         ),
-        (
-            {"n_clients": 10, "mode": "malicious"},
-            "mode='malicious' (signatures and consistency round) is not implemented yet; "
-            "use mode='semi-honest'",
-        ),
         ({"n_clients": 10, "modulus_bits": 0}, "modulus_bits must be in [1, 64], got 0"),
         ({"n_clients": 10, "modulus_bits": 65}, "modulus_bits must be in [1, 64], got 65"),
         (

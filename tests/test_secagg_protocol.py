@@ -186,7 +186,8 @@ def test_config_choice_meets_its_bounds_and_grows_slowly():
         {"n_clients": 10, "neighbours": 4, "threshold": 2},  # 2t = k: not a majority
         {"n_clients": 10, "modulus_bits": 65},
         {"n_clients": 10, "mode": "byzantine"},
-        {"n_clients": 10, "mode": "malicious"},
+        # a majority of k = 16 but not 2t > k + c (c = 5 corrupt neighbours at n = 100)
+        {"n_clients": 100, "mode": "malicious", "neighbours": 16, "threshold": 9},
     ],
 )
 def test_config_rejects_invalid_values(kwargs):

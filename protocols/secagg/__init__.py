@@ -13,6 +13,10 @@ Typical use in a training round::
         ...  # keep the global model, continue with the next round
     mean = codec.decode_sum(result.sum) / len(result.survivors)
 
+Against an actively malicious server use ``SecAggConfig(mode="malicious")`` with enrolled
+identities (:func:`enroll`, :class:`ClientIdentity`, :class:`IdentityDirectory`) on the stage
+machines or ``secure_sum(..., engine="objects")``.
+
 See ``docs/secagg.md`` for the threat model and performance.
 """
 
@@ -25,14 +29,17 @@ from protocols.secagg.config import (
 )
 from protocols.secagg.errors import ClientAborted, RoundAborted, ShareVerificationFailed
 from protocols.secagg.fixedpoint import FixedPointCodec
+from protocols.secagg.identity import ClientIdentity, IdentityDirectory, enroll
 from protocols.secagg.server import SecAggServer
 from protocols.secagg.simulation import DropoutSchedule, SecureSumResult, secure_sum
 
 __all__ = [
     "ClientAborted",
+    "ClientIdentity",
     "DropoutSchedule",
     "FixedPointCodec",
     "GraphGuarantee",
+    "IdentityDirectory",
     "RoundAborted",
     "SecAggClient",
     "SecAggConfig",
@@ -41,6 +48,7 @@ __all__ = [
     "ShareVerificationFailed",
     "Stage",
     "choose_graph_parameters",
+    "enroll",
     "neighbour_table",
     "secure_sum",
 ]

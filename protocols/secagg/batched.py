@@ -181,6 +181,11 @@ def batched_round(
     """
     if not (isinstance(workers, int) and workers >= 1):
         raise ConfigError(f"workers must be an int >= 1, got {workers!r}")
+    if config.malicious:
+        raise ConfigError(
+            "the batched engine is semi-honest only; run mode='malicious' on the stage "
+            "machines (secure_sum(..., engine='objects'))"
+        )
     n, dim = x.shape
     t = config.t
     session = session_id(public_seed, round_index)

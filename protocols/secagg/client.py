@@ -1,8 +1,17 @@
 """The client's stage machine (Bonawitz et al. 2017, Fig. 4, rounds 0-4; SecAgg+ graph).
 
-A :class:`SecAggClient` lives for one round and holds fresh keys. Its four methods must be
-called in order, once each; any out-of-order or repeated call, malformed message or failed
-check moves it to ``ABORTED`` (secrets wiped) and raises, after which it answers nothing.
+A :class:`SecAggClient` lives for one round and holds fresh keys. Its methods must be called
+in order, once each (``advertise``, ``share_keys``, ``masked_input``, in malicious mode
+``consistency``, then ``unmask``); any out-of-order or repeated call, malformed message or
+failed check moves it to ``ABORTED`` (secrets wiped) and raises, after which it answers
+nothing.
+
+In ``mode="malicious"`` (Bonawitz et al. §4, active adversary; see docs/secagg.md) the client
+also holds its long-term :class:`~protocols.secagg.identity.ClientIdentity` and the enrollment's
+:class:`~protocols.secagg.identity.IdentityDirectory`: it signs its advertisement, verifies
+every neighbour's advertisement before any key agreement or share, signs the survivor set the
+server announces and reveals unmasking shares only after ``t`` neighbours' signatures over that
+same set.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from protocols.errors import ConfigError, IntegrityError
 from protocols.secagg import shamir, wire
 from protocols.secagg.config import SecAggConfig, neighbour_table
 from protocols.secagg.errors import ClientAborted
+from protocols.secagg.identity import ClientIdentity, IdentityDirectory
 from protocols.secagg.primitives import (
     MaskExpander,
     open_sealed,
@@ -40,6 +50,7 @@ class Stage(Enum):
     ADVERTISED = "advertised"
     SHARED = "shared"
     MASKED = "masked"
+    CONSISTENT = "consistent"  # malicious mode: survivor set signed (Bonawitz et al. round 3)
     DONE = "done"
     ABORTED = "aborted"
 
@@ -78,6 +89,10 @@ class SecAggClient:
         dim: Length of the input vector.
         expander: Optional shared :class:`MaskExpander` of length ``dim`` (saves allocations
             when many clients are simulated in one process).
+        identity: This client's long-term signing key from enrollment (malicious mode only;
+            required there).
+        directory: The enrolled clients' verification keys, from the enrollment step and never
+            from the server (malicious mode only; required there).
     """
 
     _c_sk: X25519PrivateKey | None
@@ -87,6 +102,8 @@ class SecAggClient:
     _s_pks: dict[int, bytes] | None
     _box_in: dict[int, bytes] | None
     _held: dict[int, tuple[bytes, bytes]] | None
+    _survivors: frozenset[int] | None
+    _statement: bytes | None
 
     def __init__(
         self,
@@ -97,9 +114,26 @@ class SecAggClient:
         public_seed: bytes,
         dim: int,
         expander: MaskExpander | None = None,
+        identity: ClientIdentity | None = None,
+        directory: IdentityDirectory | None = None,
     ) -> None:
         if not 0 <= client_id < config.n_clients:
             raise ConfigError(f"client_id must be in [0, {config.n_clients}), got {client_id!r}")
+        if config.malicious:
+            if identity is None or directory is None:
+                raise ConfigError(
+                    "mode='malicious' needs the client's enrolled identity and the identity "
+                    "directory; pass identity= and directory= (see protocols.secagg.identity)"
+                )
+            if identity.client_id != client_id or (
+                directory.public_keys.get(client_id) != identity.public_key
+            ):
+                raise ConfigError(
+                    f"identity of client {identity.client_id} does not match client {client_id}'s "
+                    "enrolled key in the directory"
+                )
+        self._identity = identity
+        self._directory = directory
         self.id = client_id
         self.config = config
         self.bits = require_modulus(config)
@@ -134,14 +168,23 @@ class SecAggClient:
                 c_sk.public_key().public_bytes_raw(),
                 s_sk.public_key().public_bytes_raw(),
             )
+            if self.config.malicious:
+                c_pk, s_pk = self._own_keys
+                statement = wire.advertise_statement(self._env, self.id, c_pk, s_pk)
+                signature = _need(self._identity).sign(statement)
+                return wire.encode_signed_advertise(self._env, self.id, c_pk, s_pk, signature)
             return wire.encode_advertise(self._env, self.id, *self._own_keys)
 
     def share_keys(self, keys_message: bytes) -> bytes:
-        """Round 1: t-of-k shares of ``b`` and of ``s_sk`` for each neighbour, AES-GCM sealed."""
+        """Round 1: t-of-k shares of ``b`` and of ``s_sk`` for each neighbour, AES-GCM sealed.
+
+        In malicious mode every neighbour's advertisement must carry its valid Ed25519
+        signature under the directory's key (Bonawitz et al. §4, round 1: "verify all
+        signatures"); one bad or missing signature aborts (:class:`IntegrityError`) before any
+        key agreement, share or box is computed.
+        """
         with self._stage_step(Stage.ADVERTISED, Stage.SHARED):
-            entries = wire.decode_keys(
-                self._env, keys_message, receiver=self.id, n_clients=self.config.n_clients
-            )
+            entries = self._verified_keys(keys_message)
             ids = [cid for cid, _, _ in entries]
             if not set(ids) <= self.neighbours:
                 raise IntegrityError()
@@ -230,6 +273,39 @@ class SecAggClient:
             self._box_in = None
             return wire.encode_masked_input(self._env, self.id, acc, self.bits)
 
+    def consistency(self, survivors_message: bytes) -> bytes:
+        """Round 3 (malicious mode): sign the survivor set ``U3`` the server announces.
+
+        Bonawitz et al. 2017 §4, Fig. 4 round 3 ("ConsistencyCheck"). Before signing, the
+        client checks the set names itself, that every neighbour it names is one this client
+        masked with, and that it names at least ``t`` of its neighbours (otherwise it
+        aborts: :class:`ClientAborted`, nothing signed). The set is kept; round 4 releases
+        shares only after ``t`` neighbours' signatures over exactly this set, and classifies
+        its neighbours as survivors or dropped by it.
+        """
+        with self._stage_step(Stage.MASKED, Stage.CONSISTENT):
+            if not self.config.malicious:
+                raise IntegrityError()
+            survivors = wire.decode_survivors(
+                self._env, survivors_message, receiver=self.id, n_clients=self.config.n_clients
+            )
+            surv = frozenset(survivors)
+            held = _need(self._held)
+            if self.id not in surv:
+                raise ClientAborted("survivor set does not name this client")
+            named = surv & self.neighbours
+            if not named <= set(held):
+                raise ClientAborted("survivor set names a neighbour this client did not mask with")
+            if len(named) < self.config.t:
+                raise ClientAborted(
+                    f"survivor set names {len(named)} of this client's neighbours, fewer than "
+                    f"t={self.config.t}"
+                )
+            statement = wire.survivors_statement(self._env, survivors)
+            signature = _need(self._identity).sign(statement)
+            self._survivors, self._statement = surv, statement
+            return wire.encode_survivors_signature(self._env, self.id, signature)
+
     def unmask(self, request_message: bytes) -> bytes:
         """Round 4: reveal ``b``-shares of surviving and ``s_sk``-shares of dropped neighbours.
 
@@ -237,7 +313,15 @@ class SecAggClient:
         dropped, names this client dropped, claims fewer than ``t`` survivors, or does not
         classify exactly the neighbours this client masked with. Never reveals both shares of
         one client: each owner appears once, and the client answers only one request.
+
+        In malicious mode the request is the neighbours' signatures over the survivor set of
+        round 3: every entry must be a neighbour named in that set with a valid signature over
+        it (else :class:`IntegrityError`), and at least ``t`` must be present (else
+        :class:`ClientAborted`); the survivors and dropped neighbours are then the signed set's,
+        not the server's word.
         """
+        if self.config.malicious:
+            return self._unmask_signed(request_message)
         with self._stage_step(Stage.MASKED, Stage.DONE):
             total, survivors, dropped = wire.decode_unmask_request(
                 self._env, request_message, receiver=self.id, n_clients=self.config.n_clients
@@ -259,16 +343,55 @@ class SecAggClient:
                     "unmask request does not classify exactly the neighbours this client "
                     "masked with"
                 )
-            out = []
-            for owner in sorted(held):
-                b_share, sk_share = held[owner]
-                if owner in surv:
-                    out.append((owner, wire.ShareKind.SELF_MASK_SEED, b_share))
-                else:
-                    out.append((owner, wire.ShareKind.MASK_KEY, sk_share))
-            return wire.encode_unmask_shares(self._env, self.id, out)
+            return self._reveal(held, surv)
 
     # -- machinery --------------------------------------------------------------------------
+
+    def _verified_keys(self, keys_message: bytes) -> list[tuple[int, bytes, bytes]]:
+        """The KEYS entries; in malicious mode each signature is checked first."""
+        if not self.config.malicious:
+            return wire.decode_keys(
+                self._env, keys_message, receiver=self.id, n_clients=self.config.n_clients
+            )
+        signed = wire.decode_signed_keys(
+            self._env, keys_message, receiver=self.id, n_clients=self.config.n_clients
+        )
+        directory = _need(self._directory)
+        for cid, c_pk, s_pk, signature in signed:
+            directory.verify(cid, wire.advertise_statement(self._env, cid, c_pk, s_pk), signature)
+        return [(cid, c_pk, s_pk) for cid, c_pk, s_pk, _ in signed]
+
+    def _unmask_signed(self, request_message: bytes) -> bytes:
+        with self._stage_step(Stage.CONSISTENT, Stage.DONE):
+            entries = wire.decode_signed_unmask_request(
+                self._env, request_message, receiver=self.id, n_clients=self.config.n_clients
+            )
+            surv, statement = _need(self._survivors), _need(self._statement)
+            directory = _need(self._directory)
+            signers = surv & self.neighbours
+            for cid, signature in entries:
+                if cid not in signers:
+                    raise IntegrityError()
+                directory.verify(cid, statement, signature)
+            if len(entries) < self.config.t:
+                raise ClientAborted(
+                    f"only {len(entries)} neighbours signed the survivor set, fewer than "
+                    f"t={self.config.t}"
+                )
+            return self._reveal(_need(self._held), surv)
+
+    def _reveal(
+        self, held: dict[int, tuple[bytes, bytes]], surv: frozenset[int] | set[int]
+    ) -> bytes:
+        """One share per neighbour masked with: ``b`` if it survived, else ``s_sk``."""
+        out = []
+        for owner in sorted(held):
+            b_share, sk_share = held[owner]
+            if owner in surv:
+                out.append((owner, wire.ShareKind.SELF_MASK_SEED, b_share))
+            else:
+                out.append((owner, wire.ShareKind.MASK_KEY, sk_share))
+        return wire.encode_unmask_shares(self._env, self.id, out)
 
     @contextmanager
     def _stage_step(self, expected: Stage, after: Stage) -> Iterator[None]:
@@ -296,3 +419,5 @@ class SecAggClient:
         self._s_pks = None
         self._box_in = None
         self._held = None
+        self._survivors = None
+        self._statement = None

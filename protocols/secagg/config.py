@@ -33,8 +33,17 @@ threshold); with an explicit ``neighbours`` whose neighbourhood cannot keep a co
 under ``dropout_tolerance`` the config refuses, naming the smallest ``k`` that can. An explicit
 ``threshold`` must satisfy ``k // 2 + 1 <= t <= k``. Colluding clients weaken the bound:
 with ``c`` corrupt neighbours of ``u`` the lying server needs only ``2 (t - c)`` honest ones
-(``t > (k + c) / 2`` is Bell et al.'s malicious-server condition, not enforced here; see
-docs/secagg.md).
+(``t > (k + c) / 2`` is Bell et al.'s malicious-server condition).
+
+``mode="malicious"`` enforces that stronger condition. ``c`` is the number of corrupt
+neighbours any client can have except with probability ``2**-sigma``
+(:func:`corrupt_neighbour_bound`: the smallest ``c`` with
+``n * P[Hyp(n-1, C, k) > c] <= 2**-sigma``, i.e. ``t_secure - 1``), and the threshold floor is
+``(k + c) // 2 + 1`` instead of ``k // 2 + 1``; the chooser, an explicit ``neighbours`` and an
+explicit ``threshold`` are checked against it exactly as against the majority in semi-honest
+mode. The signatures and the consistency round of that mode live in
+:mod:`protocols.secagg.identity`, :mod:`protocols.secagg.client` and
+:mod:`protocols.secagg.server` (see docs/secagg.md, "Malicious mode").
 """
 
 from __future__ import annotations
@@ -79,8 +88,10 @@ class SecAggConfig:
         corrupt_fraction: Fraction of clients that may collude with the server.
         modulus_bits: Ring size ``2**modulus_bits`` (<= 64); take it from
             :attr:`FixedPointCodec.modulus_bits`. Required by :func:`secure_sum`.
-        mode: ``"semi-honest"`` (implemented) or ``"malicious"`` (majority threshold enforced;
-            signatures and the consistency round are not implemented yet and raise).
+        mode: ``"semi-honest"`` (honest-but-curious server; threshold ``2 t > k``) or
+            ``"malicious"`` (active server: Ed25519-signed key advertisements, the signed
+            consistency round, and Bell et al.'s threshold ``2 t > k + c``; clients and server
+            need the enrollment's :class:`~protocols.secagg.identity.IdentityDirectory`).
         security_bits: ``sigma``; secrecy fails with probability at most ``2**-sigma``.
         correctness_bits: ``eta``; an honest round aborts with probability at most ``2**-eta``.
     """
@@ -107,11 +118,6 @@ class SecAggConfig:
                 raise ConfigError(f"{name} must be in [0, 1), got {value!r}")
         if self.mode not in ("semi-honest", "malicious"):
             raise ConfigError(f"mode must be 'semi-honest' or 'malicious', got {self.mode!r}")
-        if self.mode == "malicious":
-            raise ConfigError(
-                "mode='malicious' (signatures and consistency round) is not implemented yet; "
-                "use mode='semi-honest'"
-            )
         if self.modulus_bits is not None and not 1 <= self.modulus_bits <= 64:
             raise ConfigError(f"modulus_bits must be in [1, 64], got {self.modulus_bits!r}")
         if self.security_bits < 1 or self.correctness_bits < 1:
@@ -128,6 +134,16 @@ class SecAggConfig:
         """True when every client is paired with every other one (original SecAgg)."""
         return self.k >= self.n_clients - 1
 
+    @property
+    def malicious(self) -> bool:
+        """True in ``mode="malicious"`` (signed advertisements and the consistency round)."""
+        return self.mode == "malicious"
+
+    def corrupt_neighbour_bound(self) -> int:
+        """``c``: the most corrupt neighbours any client has, except with prob. ``2**-sigma``."""
+        _, corrupt = _counts(self.n_clients, self.dropout_tolerance, self.corrupt_fraction)
+        return corrupt_neighbour_bound(self.n_clients, self.k, corrupt, self.security_bits)
+
     def guarantee(self) -> GraphGuarantee:
         """The failure bounds of the resolved ``(k, t)`` under the configured fractions."""
         return _guarantee(
@@ -138,6 +154,32 @@ class SecAggConfig:
 def majority(k: int) -> int:
     """The smallest threshold ``t`` with ``2 t > k``: a majority of ``k`` neighbours."""
     return k // 2 + 1
+
+
+def corrupt_neighbour_bound(n: int, k: int, corrupt: int, sigma: int) -> int:
+    """Smallest ``c`` with ``n * P[Hyp(n-1, corrupt, k) > c] <= 2**-sigma``.
+
+    With ``corrupt`` clients fixed before the (random) graph is drawn, no client has more than
+    ``c`` corrupt neighbours except with probability ``2**-sigma`` (union bound over clients).
+    """
+    return next(
+        c
+        for c in range(min(k, corrupt) + 1)
+        if n * _hyp_tail_ge(n - 1, corrupt, k, c + 1) <= 2.0**-sigma
+    )
+
+
+def threshold_floor(n: int, k: int, corrupt: int, sigma: int, mode: Mode) -> int:
+    """The least threshold the mode accepts: ``k // 2 + 1``, or ``(k + c) // 2 + 1`` if malicious.
+
+    Semi-honest: a majority, so a server lying about one client's dropout cannot collect ``t``
+    shares of both its secrets from ``k`` honest neighbours. Malicious (Bell et al. CCS 2020):
+    the ``c`` corrupt neighbours of :func:`corrupt_neighbour_bound` hand over both shares, so
+    ``2 t > k + c``.
+    """
+    if mode == "malicious":
+        return (k + corrupt_neighbour_bound(n, k, corrupt, sigma)) // 2 + 1
+    return majority(k)
 
 
 def _resolve(cfg: SecAggConfig) -> tuple[int, int]:
@@ -159,6 +201,7 @@ def _resolve(cfg: SecAggConfig) -> tuple[int, int]:
             corrupt_fraction=cfg.corrupt_fraction,
             security_bits=cfg.security_bits,
             correctness_bits=cfg.correctness_bits,
+            mode=cfg.mode,
         )
         if cfg.threshold is None:
             return k, t
@@ -171,6 +214,16 @@ def _resolve(cfg: SecAggConfig) -> tuple[int, int]:
             f"lying about dropouts could unmask an input; use threshold >= {majority(k)} or "
             "leave it None"
         )
+    if cfg.malicious:
+        _, corrupt = _counts(n, cfg.dropout_tolerance, cfg.corrupt_fraction)
+        c = corrupt_neighbour_bound(n, k, corrupt, cfg.security_bits)
+        if 2 * t <= k + c:
+            raise ConfigError(
+                f"threshold t={t} does not satisfy 2t > k + c (k={k} neighbours, c={c} corrupt "
+                f"neighbours at corrupt_fraction={cfg.corrupt_fraction!r}) required by "
+                f"mode='malicious'; a malicious server with c colluding neighbours could unmask "
+                f"an input; use threshold >= {(k + c) // 2 + 1} or leave it None"
+            )
     return k, t
 
 
@@ -179,6 +232,8 @@ def _explicit_k_threshold(cfg: SecAggConfig, k: int) -> int:
     n = cfg.n_clients
     dropped, corrupt = _counts(n, cfg.dropout_tolerance, cfg.corrupt_fraction)
     eta = cfg.correctness_bits
+    if cfg.malicious:
+        return _explicit_k_malicious(cfg, k, dropped, corrupt)
     if not _correct(n, k, dropped, majority(k), eta):
         k_min = next(
             (
@@ -203,6 +258,30 @@ def _explicit_k_threshold(cfg: SecAggConfig, k: int) -> int:
     if t is not None and _correct(n, k, dropped, t, eta):
         return t
     return majority(k)  # share secrecy not met at this k: guarantee() reports it
+
+
+def _explicit_k_malicious(cfg: SecAggConfig, k: int, dropped: int, corrupt: int) -> int:
+    """The malicious-mode threshold ``(k + c) // 2 + 1`` for a user-given ``k``, if correct."""
+    n, sigma, eta = cfg.n_clients, cfg.security_bits, cfg.correctness_bits
+
+    def ok(kk: int) -> bool:
+        return _correct(n, kk, dropped, threshold_floor(n, kk, corrupt, sigma, "malicious"), eta)
+
+    t = threshold_floor(n, k, corrupt, sigma, "malicious")
+    if ok(k):
+        return t
+    k_min = next((kk for kk in [*range(k + 2, n - 1, 2), n - 1] if ok(kk)), None)
+    fix = (
+        f"use neighbours >= {k_min} (or leave neighbours None to choose it) or lower "
+        "dropout_tolerance or corrupt_fraction"
+        if k_min is not None
+        else "lower dropout_tolerance or corrupt_fraction (even the complete graph fails)"
+    )
+    raise ConfigError(
+        f"neighbours={k} cannot keep the malicious-mode threshold t >= {t} (2t > k + c) with "
+        f"dropout_tolerance={cfg.dropout_tolerance!r} ({dropped} of {n} clients dropping): "
+        f"rounds would abort with probability above 2**-{eta}; {fix}"
+    )
 
 
 def _hyp_tail_ge(pop: int, marked: int, draws: int, at_least: int) -> float:
@@ -262,15 +341,17 @@ def _t_secure_from(n: int, k: int, corrupt: int, sigma: int, start: int) -> int 
     return next((t for t in range(max(2, start), k + 1) if _secure(n, k, corrupt, t, sigma)), None)
 
 
-def _threshold_for(n: int, k: int, delta: float, gamma: float, sigma: int, eta: int) -> int | None:
-    """``max(t_secure, majority(k))`` if it is also correct, else None.
+def _threshold_for(
+    n: int, k: int, delta: float, gamma: float, sigma: int, eta: int, mode: Mode = "semi-honest"
+) -> int | None:
+    """``max(t_secure, threshold_floor(k))`` if it is also correct, else None.
 
     Both bounds are monotone in ``t`` (secrecy improves and correctness worsens as ``t``
     grows), so the smallest secure ``t`` at or above the majority is the best candidate and
     one correctness check decides.
     """
     dropped, corrupt = _counts(n, delta, gamma)
-    t = _t_secure_from(n, k, corrupt, sigma, majority(k))
+    t = _t_secure_from(n, k, corrupt, sigma, threshold_floor(n, k, corrupt, sigma, mode))
     if t is None or not _correct(n, k, dropped, t, eta):
         return None
     return t
@@ -284,11 +365,13 @@ def choose_graph_parameters(
     corrupt_fraction: float,
     security_bits: int = 40,
     correctness_bits: int = 20,
+    mode: Mode = "semi-honest",
 ) -> tuple[int, int]:
     """Smallest even degree ``k`` (or the complete graph) and its threshold ``t``.
 
     Returns:
-        ``(k, t)`` meeting the three bounds of the module docstring, with ``2 t > k``.
+        ``(k, t)`` meeting the three bounds of the module docstring, with ``2 t > k``
+        (``2 t > k + c`` in ``mode="malicious"``, see :func:`threshold_floor`).
 
     Raises:
         ConfigError: when even the complete graph cannot meet them (too many dropouts or
@@ -300,12 +383,12 @@ def choose_graph_parameters(
         if g.connectivity_log2 > -security_bits:
             continue
         t = _threshold_for(
-            n, k, dropout_tolerance, corrupt_fraction, security_bits, correctness_bits
+            n, k, dropout_tolerance, corrupt_fraction, security_bits, correctness_bits, mode
         )
         if t is not None:
             return k, t
     t = _threshold_for(
-        n, n - 1, dropout_tolerance, corrupt_fraction, security_bits, correctness_bits
+        n, n - 1, dropout_tolerance, corrupt_fraction, security_bits, correctness_bits, mode
     )
     if t is None:
         raise ConfigError(

@@ -7,6 +7,16 @@ masked-input messages arrived. A client missing from ``U1`` or ``U2`` simply lea
 nobody masks with it and nothing of it is reconstructed. The dropped set is ``U2 - U3``, the
 clients some survivor masked with but whose masked input never came; the server rebuilds their
 mask keys from shares and re-expands only the pairs (dropped, surviving neighbour).
+
+In ``mode="malicious"`` the server also holds the enrollment's
+:class:`~protocols.secagg.identity.IdentityDirectory`. It relays signed advertisements (and
+drops a sender whose signature fails, so one lying client cannot make its neighbours abort),
+and runs the consistency round between masked inputs and unmasking: ``finish_masked_input``
+returns the SURVIVORS message (``U3``) for each survivor, ``receive_consistency`` collects each
+one's signature over it (checked), and ``finish_consistency`` returns, for each signer in
+``U4``, the signatures of its neighbours in ``U4`` (Bonawitz et al. 2017 §4, Fig. 4 round 3).
+The clients check all of it; this server is honest, the checks on its side only keep honest
+rounds alive.
 """
 
 from __future__ import annotations
@@ -21,9 +31,8 @@ from protocols.secagg import shamir, wire
 from protocols.secagg.client import Stage, exchange, require_modulus
 from protocols.secagg.config import SecAggConfig, neighbour_table
 from protocols.secagg.errors import RoundAborted, ShareVerificationFailed
+from protocols.secagg.identity import IdentityDirectory
 from protocols.secagg.primitives import MaskExpander, pair_mask_key, self_mask_key, session_id
-
-_STAGE_NAMES = ("advertise", "share", "masked_input", "unmask")
 
 
 class SecAggServer:
@@ -35,6 +44,8 @@ class SecAggServer:
         public_seed: The round's public seed.
         dim: Length of the input vectors.
         expander: Optional shared :class:`MaskExpander` of length ``dim``.
+        directory: The enrolled clients' verification keys (malicious mode only; required
+            there).
     """
 
     def __init__(
@@ -45,7 +56,13 @@ class SecAggServer:
         public_seed: bytes,
         dim: int,
         expander: MaskExpander | None = None,
+        directory: IdentityDirectory | None = None,
     ) -> None:
+        if config.malicious and directory is None:
+            raise ConfigError(
+                "mode='malicious' needs the identity directory from enrollment; pass directory="
+            )
+        self._directory = directory
         self.config = config
         self.bits = require_modulus(config)
         self.dim = dim
@@ -68,6 +85,10 @@ class SecAggServer:
         self.u1: frozenset[int] = frozenset()
         self.u2: frozenset[int] = frozenset()
         self.u3: frozenset[int] = frozenset()
+        self.u4: frozenset[int] = frozenset()  # malicious mode: signed the survivor set
+        self._signed_keys: dict[int, bytes] = {}
+        self._survivor_sigs: dict[int, bytes] = {}
+        self._statement = b""
 
     def neighbours(self, client: int) -> np.ndarray:
         """Client ``client``'s neighbours in the public graph (before any dropout)."""
@@ -78,7 +99,14 @@ class SecAggServer:
     def receive_advertise(self, sender: int, message: bytes) -> None:
         self._check_stage(Stage.INIT)
         self._check_sender(sender, self._keys)
-        self._keys[sender] = wire.decode_advertise(self._env, message, sender=sender)
+        if not self.config.malicious:
+            self._keys[sender] = wire.decode_advertise(self._env, message, sender=sender)
+            return
+        c_pk, s_pk, signature = wire.decode_signed_advertise(self._env, message, sender=sender)
+        statement = wire.advertise_statement(self._env, sender, c_pk, s_pk)
+        self._dir().verify(sender, statement, signature)
+        self._keys[sender] = (c_pk, s_pk)
+        self._signed_keys[sender] = signature
 
     def finish_advertise(self) -> dict[int, bytes]:
         """Close round 0; returns the KEYS message for each client in ``U1``."""
@@ -88,7 +116,11 @@ class SecAggServer:
         out = {}
         for i in sorted(self.u1):
             peers = [int(j) for j in self._table[i] if int(j) in self.u1]
-            out[i] = wire.encode_keys(self._env, i, [(j, *self._keys[j]) for j in peers])
+            if self.config.malicious:
+                entries = [(j, *self._keys[j], self._signed_keys[j]) for j in peers]
+                out[i] = wire.encode_signed_keys(self._env, i, entries)
+            else:
+                out[i] = wire.encode_keys(self._env, i, [(j, *self._keys[j]) for j in peers])
         self.stage = Stage.ADVERTISED
         return out
 
@@ -135,20 +167,63 @@ class SecAggServer:
         self._u3.add(sender)
 
     def finish_masked_input(self) -> dict[int, bytes]:
-        """Close round 2; returns the UNMASK_REQUEST for each survivor in ``U3``."""
+        """Close round 2; returns the UNMASK_REQUEST for each survivor in ``U3``.
+
+        In malicious mode returns instead the SURVIVORS message (the sorted ``U3``) for each
+        survivor: the consistency round comes first.
+        """
         self._check_stage(Stage.SHARED)
         self.u3 = frozenset(self._u3)
         self._require(len(self.u3), "sent masked inputs")
+        self.stage = Stage.MASKED
+        if self.config.malicious:
+            survivors = sorted(self.u3)
+            self._statement = wire.survivors_statement(self._env, survivors)
+            return {i: wire.encode_survivors(self._env, i, survivors) for i in survivors}
         out = {}
         for i in sorted(self.u3):
-            partners = [int(j) for j in self._table[i] if int(j) in self.u2]
-            surv = [j for j in partners if j in self.u3]
-            drop = [j for j in partners if j not in self.u3]
-            self._requested[i] = {j: wire.ShareKind.SELF_MASK_SEED for j in surv} | {
-                j: wire.ShareKind.MASK_KEY for j in drop
-            }
+            surv, drop = self._classify(i)
             out[i] = wire.encode_unmask_request(self._env, i, len(self.u3), surv, drop)
-        self.stage = Stage.MASKED
+        return out
+
+    def _classify(self, i: int) -> tuple[list[int], list[int]]:
+        """Client ``i``'s partners split into survivors and dropped; records the request."""
+        partners = [int(j) for j in self._table[i] if int(j) in self.u2]
+        surv = [j for j in partners if j in self.u3]
+        drop = [j for j in partners if j not in self.u3]
+        self._requested[i] = {j: wire.ShareKind.SELF_MASK_SEED for j in surv} | {
+            j: wire.ShareKind.MASK_KEY for j in drop
+        }
+        return surv, drop
+
+    # -- round 3 (malicious mode) -----------------------------------------------------------
+
+    def receive_consistency(self, sender: int, message: bytes) -> None:
+        """One survivor's signature over ``U3`` (checked; a bad one is rejected)."""
+        self._check_stage(Stage.MASKED)
+        if not self.config.malicious or sender not in self.u3 or sender in self._survivor_sigs:
+            raise IntegrityError()
+        signature = wire.decode_survivors_signature(self._env, message, sender=sender)
+        self._dir().verify(sender, self._statement, signature)
+        self._survivor_sigs[sender] = signature
+
+    def finish_consistency(self) -> dict[int, bytes]:
+        """Close round 3; returns the SIGNED_UNMASK_REQUEST for each signer in ``U4``.
+
+        Each carries the signatures of the receiver's neighbours in ``U4``; a receiver with
+        fewer than ``t`` of them will refuse to unmask, which the server cannot change.
+        """
+        self._check_stage(Stage.MASKED)
+        if not self.config.malicious:
+            raise IntegrityError()
+        self.u4 = frozenset(self._survivor_sigs)
+        self._require(len(self.u4), "signed the survivor set")
+        out = {}
+        for i in sorted(self.u4):
+            self._classify(i)
+            sigs = [(int(j), self._survivor_sigs[int(j)]) for j in self._table[i] if j in self.u4]
+            out[i] = wire.encode_signed_unmask_request(self._env, i, sigs)
+        self.stage = Stage.CONSISTENT
         return out
 
     @property
@@ -159,8 +234,8 @@ class SecAggServer:
     # -- round 4 ----------------------------------------------------------------------------
 
     def receive_unmask_shares(self, sender: int, message: bytes) -> None:
-        self._check_stage(Stage.MASKED)
-        if sender not in self.u3 or sender in self._responded:
+        self._check_stage(self._unmask_stage())
+        if sender not in self._requested or sender in self._responded:
             raise IntegrityError()
         shares = wire.decode_unmask_shares(
             self._env, message, sender=sender, n_clients=self.config.n_clients
@@ -188,7 +263,7 @@ class SecAggServer:
             ShareVerificationFailed: (an :class:`IntegrityError` and a ``RoundAborted``) if
                 some revealed share or reconstructed key fails verification.
         """
-        self._check_stage(Stage.MASKED)
+        self._check_stage(self._unmask_stage())
         t = self.config.t
         try:
             seeds = {
@@ -245,6 +320,14 @@ class SecAggServer:
             return shamir.reconstruct(xs, ys, threshold=t)
         except IntegrityError:
             raise ShareVerificationFailed() from None
+
+    def _unmask_stage(self) -> Stage:
+        return Stage.CONSISTENT if self.config.malicious else Stage.MASKED
+
+    def _dir(self) -> IdentityDirectory:
+        if self._directory is None:
+            raise IntegrityError()
+        return self._directory
 
     def _check_stage(self, expected: Stage) -> None:
         if self.stage is not expected:

@@ -12,12 +12,19 @@ result for the same keys (tests/test_secagg_engines.py):
   bytes a networked deployment would carry; each client does all of its own work.
 
 Both consume masked inputs as a stream, so memory stays ``O(dim * k + n * k)``.
+
+``mode="malicious"`` runs on the objects engine only (the batched engine is semi-honest: it
+has no signatures and no consistency round) and ``secure_sum`` refuses it on the batched
+engine rather than run a weaker protocol. The simulation enrolls the clients itself
+(:func:`~protocols.secagg.identity.enroll`, fresh long-term keys) unless given an enrollment,
+and a client listed under the ``unmask`` dropout stage goes silent from the consistency round
+on (it signs nothing and reveals nothing).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -28,6 +35,7 @@ from protocols.secagg.batched import batched_round, default_workers
 from protocols.secagg.client import SecAggClient, require_modulus
 from protocols.secagg.config import SecAggConfig
 from protocols.secagg.errors import ClientAborted
+from protocols.secagg.identity import ClientIdentity, IdentityDirectory, enroll
 from protocols.secagg.primitives import MaskExpander
 from protocols.secagg.server import SecAggServer
 from protocols.secagg.wire import ring_dtype
@@ -124,6 +132,7 @@ def secure_sum(
     dropouts: DropoutSchedule | None = None,
     engine: Engine = "batched",
     workers: int | None = None,
+    enrollment: tuple[Sequence[ClientIdentity], IdentityDirectory] | None = None,
 ) -> SecureSumResult:
     """Securely sum ``ring_inputs`` over one simulated round of SecAgg / SecAgg+.
 
@@ -139,6 +148,9 @@ def secure_sum(
             machines and wire messages); see the module docstring.
         workers: Threads expanding masks in the batched engine (``None``: the cores available,
             at most ``batched.MAX_WORKERS``); the result does not depend on it.
+        enrollment: Malicious mode: the clients' identities (index = client id) and the
+            directory, e.g. from :func:`~protocols.secagg.identity.enroll`; ``None`` enrolls
+            fresh ones. Ignored in semi-honest mode.
 
     Returns:
         The sum of the survivors' inputs and the transcript statistics.
@@ -164,6 +176,11 @@ def secure_sum(
 
     if engine not in ("batched", "objects"):
         raise ConfigError(f"engine must be 'batched' or 'objects', got {engine!r}")
+    if config.malicious and engine != "objects":
+        raise ConfigError(
+            "mode='malicious' runs on engine='objects' only (the batched engine has no "
+            "signatures or consistency round); pass engine='objects'"
+        )
     n, dim = x.shape
     start = time.perf_counter()
     if engine == "batched":
@@ -190,16 +207,27 @@ def secure_sum(
         )
     expander = MaskExpander(dim, ring_dtype(bits))
     kw = {"config": config, "round_index": round_index, "public_seed": public_seed, "dim": dim}
-    clients = [SecAggClient(i, expander=expander, **kw) for i in range(n)]
-    server = SecAggServer(expander=expander, **kw)
-    traffic = dict.fromkeys(STAGES, 0)
-    timing = dict.fromkeys(STAGES, 0.0)
+    if config.malicious:
+        identities, directory = enrollment if enrollment is not None else enroll(n)
+        if len(identities) != n:
+            raise ConfigError(f"enrollment must hold {n} identities, got {len(identities)}")
+        clients = [
+            SecAggClient(i, expander=expander, identity=identities[i], directory=directory, **kw)
+            for i in range(n)
+        ]
+        server = SecAggServer(expander=expander, directory=directory, **kw)
+    else:
+        clients = [SecAggClient(i, expander=expander, **kw) for i in range(n)]
+        server = SecAggServer(expander=expander, **kw)
+    stages = (*STAGES[:3], "consistency", STAGES[3]) if config.malicious else STAGES
+    traffic = dict.fromkeys(stages, 0)
+    timing = dict.fromkeys(stages, 0.0)
 
     def run(stage: str, inbox: dict[int, bytes | None], step, receive, finish):
         t0 = time.perf_counter()
         for i, msg in inbox.items():
             traffic[stage] += len(msg) if msg is not None else 0  # sent even if i is gone
-            if i in getattr(sched, stage):
+            if i in getattr(sched, "unmask" if stage == "consistency" else stage):
                 continue
             try:
                 reply = step(clients[i], msg)
@@ -232,6 +260,14 @@ def secure_sum(
         server.receive_masked_input,
         server.finish_masked_input,
     )
+    if config.malicious:
+        requests = run(
+            "consistency",
+            requests,
+            lambda c, m: c.consistency(m),
+            server.receive_consistency,
+            server.finish_consistency,
+        )
     total = run(
         "unmask",
         requests,

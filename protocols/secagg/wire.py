@@ -22,6 +22,19 @@ Bodies (``n`` = entry count u32 first):
 * MASKED_INPUT   ``bits u8 | width u8 | dim u32 | dim * width bytes (little-endian)``
 * UNMASK_REQUEST ``n_survivors_total u32 | n | ids | m | ids``    survivors / dropped neighbours
 * UNMASK_SHARES  ``n | (owner u32, kind u8, share 33) * n``       (owner, kind) ascending
+
+Malicious mode (``SecAggConfig(mode="malicious")``; Bonawitz et al. 2017 §4 rounds 0, 1, 3, 4
+with signatures) replaces ADVERTISE, KEYS and UNMASK_REQUEST by signed kinds and adds the
+consistency round:
+
+* SIGNED_ADVERTISE      ``c_pk 32 | s_pk 32 | signature 64``       over :func:`advertise_statement`
+* SIGNED_KEYS           ``n | (id u32, c_pk 32, s_pk 32, signature 64) * n``   ids ascending
+* SURVIVORS             ``n | ids``                                 the survivor set ``U3``
+* SURVIVORS_SIGNATURE   ``signature 64``                           over :func:`survivors_statement`
+* SIGNED_UNMASK_REQUEST ``n | (id u32, signature 64) * n``         neighbours' survivor signatures
+
+A kind is fixed per mode: a semi-honest message handed to a malicious-mode party (a signature
+left out) fails decoding like any other tampered message.
 """
 
 from __future__ import annotations
@@ -33,6 +46,7 @@ from enum import IntEnum
 import numpy as np
 
 from protocols.errors import IntegrityError
+from protocols.secagg.identity import SIGNATURE_BYTES
 from protocols.secagg.primitives import GCM_TAG_BYTES
 from protocols.secagg.shamir import SHARE_BYTES
 
@@ -50,6 +64,9 @@ _U32 = struct.Struct(">I")
 _KEY_ENTRY = struct.Struct(f">I{KEY_BYTES}s{KEY_BYTES}s")
 _BOX_ENTRY = struct.Struct(f">I{CIPHERTEXT_BYTES}s")
 _SHARE_ENTRY = struct.Struct(f">IB{SHARE_BYTES}s")
+_SIGNED_KEY_ENTRY = struct.Struct(f">I{KEY_BYTES}s{KEY_BYTES}s{SIGNATURE_BYTES}s")
+_SIGNATURE_ENTRY = struct.Struct(f">I{SIGNATURE_BYTES}s")
+_STATEMENT_PREFIX = b"securefed/secagg/v1/signed/"
 
 
 class Kind(IntEnum):
@@ -62,6 +79,11 @@ class Kind(IntEnum):
     MASKED_INPUT = 5
     UNMASK_REQUEST = 6
     UNMASK_SHARES = 7
+    SIGNED_ADVERTISE = 8
+    SIGNED_KEYS = 9
+    SURVIVORS = 10
+    SURVIVORS_SIGNATURE = 11
+    SIGNED_UNMASK_REQUEST = 12
 
 
 class ShareKind(IntEnum):
@@ -361,4 +383,130 @@ def decode_unmask_shares(
         if owner <= prev:
             raise IntegrityError()
         prev = owner
+    return out
+
+
+# -- malicious mode: signed statements --------------------------------------------------------
+
+
+def advertise_statement(env: Envelope, client: int, c_pk: bytes, s_pk: bytes) -> bytes:
+    """What a client signs in round 0: both X25519 public keys bound to session, round and id.
+
+    Bonawitz et al. 2017 §4 (Fig. 4 round 0, active adversary) sign ``c_pk || s_pk``; binding
+    the full 32-byte session id, the round and the signer's id as well stops the server from
+    replaying an advertisement from another round or presenting it as another client's.
+    """
+    if len(c_pk) != KEY_BYTES or len(s_pk) != KEY_BYTES:
+        raise IntegrityError()
+    return (
+        _STATEMENT_PREFIX
+        + b"advertise"
+        + env.session
+        + struct.pack(">QI", env.round_index, client)
+        + c_pk
+        + s_pk
+    )
+
+
+def survivors_statement(env: Envelope, survivors: list[int]) -> bytes:
+    """What a client signs in the consistency round: the survivor set ``U3`` of this round.
+
+    Bonawitz et al. 2017 §4 (Fig. 4 round 3) sign ``U3``; the session id and round make a
+    signature useless in any other round. The signer is bound by the key that verifies it.
+    """
+    return (
+        _STATEMENT_PREFIX
+        + b"survivors"
+        + env.session
+        + struct.pack(f">QI{len(survivors)}I", env.round_index, len(survivors), *survivors)
+    )
+
+
+# -- SIGNED_ADVERTISE and SIGNED_KEYS -----------------------------------------------------------
+
+
+def encode_signed_advertise(
+    env: Envelope, sender: int, c_pk: bytes, s_pk: bytes, signature: bytes
+) -> bytes:
+    if len(signature) != SIGNATURE_BYTES:
+        raise ValueError("signature has the wrong length")
+    return env.pack(Kind.SIGNED_ADVERTISE, sender, SERVER, c_pk + s_pk + signature)
+
+
+def decode_signed_advertise(
+    env: Envelope, message: bytes, *, sender: int
+) -> tuple[bytes, bytes, bytes]:
+    """``(c_pk, s_pk, signature)``; the signature is checked by the caller against the directory."""
+    r = _Reader(env.open(message, Kind.SIGNED_ADVERTISE, sender=sender, receiver=SERVER))
+    c_pk, s_pk = bytes(r.take(KEY_BYTES)), bytes(r.take(KEY_BYTES))
+    signature = bytes(r.take(SIGNATURE_BYTES))
+    r.done()
+    return c_pk, s_pk, signature
+
+
+def encode_signed_keys(
+    env: Envelope, receiver: int, keys: list[tuple[int, bytes, bytes, bytes]]
+) -> bytes:
+    body = [_U32.pack(len(keys))]
+    for cid, c_pk, s_pk, signature in keys:
+        body.append(_SIGNED_KEY_ENTRY.pack(cid, c_pk, s_pk, signature))
+    return env.pack(Kind.SIGNED_KEYS, SERVER, receiver, b"".join(body))
+
+
+def decode_signed_keys(
+    env: Envelope, message: bytes, *, receiver: int, n_clients: int
+) -> list[tuple[int, bytes, bytes, bytes]]:
+    r = _Reader(env.open(message, Kind.SIGNED_KEYS, sender=SERVER, receiver=receiver))
+    n = r.count(_SIGNED_KEY_ENTRY.size, n_clients)
+    out = list(_SIGNED_KEY_ENTRY.iter_unpack(r.take(n * _SIGNED_KEY_ENTRY.size)))
+    r.done()
+    _check_ascending([e[0] for e in out], n_clients)
+    return out
+
+
+# -- SURVIVORS, SURVIVORS_SIGNATURE and SIGNED_UNMASK_REQUEST (consistency round) ---------------
+
+
+def encode_survivors(env: Envelope, receiver: int, survivors: list[int]) -> bytes:
+    body = _U32.pack(len(survivors)) + struct.pack(f">{len(survivors)}I", *survivors)
+    return env.pack(Kind.SURVIVORS, SERVER, receiver, body)
+
+
+def decode_survivors(env: Envelope, message: bytes, *, receiver: int, n_clients: int) -> list[int]:
+    r = _Reader(env.open(message, Kind.SURVIVORS, sender=SERVER, receiver=receiver))
+    ids = r.ids(n_clients, n_clients)
+    r.done()
+    return ids
+
+
+def encode_survivors_signature(env: Envelope, sender: int, signature: bytes) -> bytes:
+    if len(signature) != SIGNATURE_BYTES:
+        raise ValueError("signature has the wrong length")
+    return env.pack(Kind.SURVIVORS_SIGNATURE, sender, SERVER, signature)
+
+
+def decode_survivors_signature(env: Envelope, message: bytes, *, sender: int) -> bytes:
+    r = _Reader(env.open(message, Kind.SURVIVORS_SIGNATURE, sender=sender, receiver=SERVER))
+    signature = bytes(r.take(SIGNATURE_BYTES))
+    r.done()
+    return signature
+
+
+def encode_signed_unmask_request(
+    env: Envelope, receiver: int, signatures: list[tuple[int, bytes]]
+) -> bytes:
+    body = [_U32.pack(len(signatures))]
+    for cid, signature in signatures:
+        body.append(_SIGNATURE_ENTRY.pack(cid, signature))
+    return env.pack(Kind.SIGNED_UNMASK_REQUEST, SERVER, receiver, b"".join(body))
+
+
+def decode_signed_unmask_request(
+    env: Envelope, message: bytes, *, receiver: int, n_clients: int
+) -> list[tuple[int, bytes]]:
+    r = _Reader(env.open(message, Kind.SIGNED_UNMASK_REQUEST, sender=SERVER, receiver=receiver))
+    n = r.count(_SIGNATURE_ENTRY.size, n_clients)
+    out = list(_SIGNATURE_ENTRY.iter_unpack(r.take(n * _SIGNATURE_ENTRY.size)))
+    r.done()
+    _check_ascending([e[0] for e in out], n_clients)
     return out
