@@ -4,7 +4,8 @@ Memory and disk come from formulas of the tensors a run allocates, from the data
 the model and its hyperparameters, the cohort and the defenses:
 
 * the model's **persistent state** (:func:`state_bytes`: exactly the tensors its
-  ``state_dict()`` holds, e.g. FedRAP's ``users x items x dim`` private views ``D``);
+  ``state_dict()`` holds, e.g. FedRAP's ``users x items x dim`` private views ``D``, or, held
+  sparsely, the initial view plus a bound on the rows the run's rounds write);
 * the **round working set** (the per-(client, item) pair buffers of local training, the
   dense ``[cohort, d]`` rows that secure aggregation and distributed DP materialise);
 * **evaluation** (a block of users scored against every item) and, for synthetic data, the
