@@ -4,7 +4,8 @@ Memory and disk come from formulas of the tensors a run allocates, from the data
 the model and its hyperparameters, the cohort and the defenses:
 
 * the model's **persistent state** (:func:`state_bytes`: exactly the tensors its
-  ``state_dict()`` holds, e.g. FedRAP's ``users x items x dim`` private views ``D``);
+  ``state_dict()`` holds, e.g. FedRAP's ``users x items x dim`` private views ``D``, or, held
+  sparsely, the initial view plus a bound on the rows the run's rounds write);
 * the **round working set** (the per-(client, item) pair buffers of local training, the
   dense ``[cohort, d]`` rows that secure aggregation and distributed DP materialise);
 * **evaluation** (a block of users scored against every item) and, for synthetic data, the
@@ -75,6 +76,9 @@ EVAL_BLOCK = 256
 #: per-pair indices and sample arrays: fitted from peak RSS on MovieLens 100K and 1M sizes.
 FEDRAP_PAIR_FLOATS = 4.0
 FEDRAP_PAIR_EXTRA = 104
+#: Dense views FedRAP's ``score_all`` builds at a time from sparse views
+#: (``securefed.models.fedrap._SCORE_BLOCK_BYTES``).
+FEDRAP_SCORE_BLOCK_BYTES = 1 << 26
 #: glibc serves larger buffers with fresh mmap pages (securefed.allocator): a round whose
 #: pair buffers pass it is page-fault bound (MovieLens-1M size: 12.9 s instead of ~4 s).
 MMAP_THRESHOLD = 256 * 2**20
@@ -315,19 +319,30 @@ def format_seconds(s: float) -> str:
 _RELEASED: dict[str, tuple[str, ...]] = {"fedrap": ("C",), "fedrecgel": ("shared",)}
 
 
-def state_bytes(model: str, params: Any, shape: RunShape) -> dict[str, int]:
+def state_bytes(
+    model: str, params: Any, shape: RunShape, *, written_rows: int | None = None
+) -> dict[str, int]:
     """The bytes of every tensor entry of ``model``'s ``state_dict()`` at ``shape`` (exact).
 
     Nested entries are summed under their top-level name (FedRecGEL's ``client_adam``); plain
     values (the config, learning-rate scalars) are left out. Unknown models give ``{}``.
+    ``written_rows``: FedRAP's private views held sparsely with that many written rows
+    (``D_base`` once, an ``int64`` key and a row each; entries of zero bytes left out, as
+    :func:`state_bytes_of` does); None: dense ``D``.
     """
     u, i = shape.users, shape.items
     f32, i64 = 4, 8
     if model == "fedrap":
         d = params.dim
+        if written_rows is None:
+            views = {"D": u * i * d * f32}
+        else:
+            views = {"D_base": i * d * f32, "D_keys": written_rows * i64}
+            views["D_rows"] = written_rows * d * f32
+            views = {k: v for k, v in views.items() if v}
         return {
             "C": i * d * f32,
-            "D": u * i * d * f32,
+            **views,
             "d_scale": u * f32,
             "w": u * d * f32,
             "b": u * f32,
@@ -471,6 +486,27 @@ def _secagg_k(m: int, config: TrainConfig) -> int:
         return min(max(m - 1, 1), 30)
 
 
+def _fedrap_written_rows(config: TrainConfig, shape: RunShape, frac: float) -> int | None:
+    """A bound on the rows FedRAP's sparse private views hold after the run's rounds: a round
+    writes at most its cohort's (user, item) sample pairs, its ``frac`` of the training
+    positives (the same pairs every round, so at most all of them over the run) and their
+    ``num_negatives`` fresh negatives each, capped at ``users x items``. None when the views
+    are dense (not FedRAP, or :func:`securefed.models.fedrap.resolve_views` keeps them dense).
+    """
+    if config.model != "fedrap":
+        return None
+    from securefed.models.fedrap import resolve_views
+
+    params = config.params
+    mode = resolve_views(params, shape.users, shape.items, dpsgd=config.privacy.interaction_dp)
+    if mode == "dense":
+        return None
+    per_round = frac * shape.train_interactions
+    positives = min(shape.train_interactions, config.rounds * per_round)
+    negatives = config.rounds * per_round * params.num_negatives
+    return int(min(shape.users * shape.items, math.ceil(positives + negatives)))
+
+
 def _layout_size(config: TrainConfig, shape: RunShape) -> int:
     from types import SimpleNamespace
 
@@ -509,13 +545,16 @@ def estimate_run(
     m = _participants(config, u)
     frac = m / u if u else 0.0
     rounds = max(config.rounds - start_round, 0)
-    formula = state_bytes(model, params, shape)
+    neg = int(getattr(params, "num_negatives", 0))
+    samples = frac * n_train * (1 + neg)  # samples trained per round (positives + negatives)
+    views_rows = _fedrap_written_rows(config, shape, frac)
+    formula = state_bytes(model, params, shape, written_rows=views_rows)
     written = dict(state) if state is not None else formula
+    if views_rows is not None:
+        written = formula  # the live state grows with the rounds: its bound at the end
     state_total = sum(formula.values())
     notes: list[str] = []
 
-    neg = int(getattr(params, "num_negatives", 0))
-    samples = frac * n_train * (1 + neg)  # samples trained per round (positives + negatives)
     memory: dict[str, int] = {
         "process": PROCESS_BYTES,
         "data": int(n_train * 40 + u * 2 * 100 * 8),
@@ -543,6 +582,11 @@ def estimate_run(
             if samples >= 50_000 and params.compile is not False:
                 compile_bytes = COMPILE_BYTES
                 setup_s = _FEDRAP_COMPILE_S
+            if views_rows is not None:
+                # Sparse views: the gathered rows' lookup (a row, a position and a hit flag
+                # per sample) and, at the round's end, the merged copy of the keys and rows.
+                round_bytes += int(samples * (d * 4 + 17)) + views_rows * (d * 4 + 8)
+                eval_bytes += FEDRAP_SCORE_BLOCK_BYTES
         eval_full_s = _DOT_EVAL_S * u * i * d
         eval_s = _DOT_EVAL_S * u * 200 * d
     elif model == "fedrecgel":
@@ -741,7 +785,15 @@ def _suggest(config: TrainConfig, estimate: CostEstimate, available: int) -> str
     dim_field = next(
         (f for f in ("dim", "gmf_dim") if params is not None and hasattr(params, f)), None
     )
-    if config.spec.federated and estimate.memory.get("state", 0) < available:
+    views = getattr(params, "views", None) if config.model == "fedrap" else None
+    dense_dp = views is not None and config.privacy.interaction_dp
+    if views == "dense" and not dense_dp:
+        cfg = dataclasses.replace(config, params=dataclasses.replace(params, views="sparse"))
+        if fits(cfg):
+            return "--param views=sparse would fit"
+    # Sparse private views grow with the cohort: a smaller fraction can fit them too.
+    grows = views is not None and views != "dense" and not dense_dp
+    if config.spec.federated and (grows or estimate.memory.get("state", 0) < available):
         for fraction in (0.5, 0.2, 0.1, 0.05, 0.02, 0.01):
             cfg = dataclasses.replace(config, client_fraction=fraction, clients_per_round=None)
             if fits(cfg):
@@ -756,10 +808,22 @@ def _suggest(config: TrainConfig, estimate: CostEstimate, available: int) -> str
             )
             if fits(cfg):
                 return f"--param {dim_field}={dim} would fit"
+    if grows:
+        for rounds in (config.rounds // 2**k for k in range(1, 12)):
+            if rounds < 1:
+                break
+            if fits(dataclasses.replace(config, rounds=rounds)):
+                return f"--rounds {rounds} would fit (sparse private views grow every round)"
+        return (
+            f"no --client-fraction, smaller dim or fewer --rounds fits {config.model} on "
+            f"{shape.users:,} users x {shape.items:,} items here: choose another --model "
+            "(fedals or fedrecgel keep no users x items state) or a machine with more memory"
+        )
+    why = " (interaction-level DP-SGD keeps FedRAP's private views dense)" if dense_dp else ""
     return (
-        f"no --client-fraction or smaller dim fits {config.model} on {shape.users:,} users x "
-        f"{shape.items:,} items here: choose another --model (fedals or fedrecgel keep no "
-        "users x items state) or a machine with more memory"
+        f"no --client-fraction or smaller dim fits {config.model}{why} on {shape.users:,} "
+        f"users x {shape.items:,} items here: choose another --model (fedals or fedrecgel "
+        "keep no users x items state) or a machine with more memory"
     )
 
 

@@ -106,6 +106,13 @@ class NodeRuntime:
         self.users = partition_users(self.split.n_users, partition_id, num_partitions)
         self.partition_id = partition_id
         self.model = build_model(config, self.split)
+        if getattr(self.model, "views", "dense") == "sparse":
+            # The node saves its users' rows of every private_state entry; FedRAP's sparse
+            # views have no per-user rows to slice yet.
+            raise ConfigError(
+                "a Flower node cannot hold FedRAP's sparse private views yet (the in-process "
+                "simulation can): use --param views=dense where the dense views fit"
+            )
         self.digest = config_digest(config)
         self.path = (
             Path(state_dir) / run_token / f"partition-{partition_id}.pt"

@@ -27,6 +27,18 @@ steps update ``q`` by ``-lr * g / s_u``. ``D`` keeps such a scale across rounds 
 batch per epoch take extra sub-steps on the subset of their pairs. The result equals a per-client
 loop up to float rounding (``tests/test_fedrap.py`` checks it against one).
 
+Storage of the private views
+----------------------------
+Since an untouched row ``D_u[i]`` stays bit for bit the initial ``d0[i]``, ``D`` need not be
+held as ``users x items x dim`` floats (Gowalla, 29,858 x 40,981 at dim 32: 156.6 GB).
+``views="sparse"`` (:class:`~securefed.models.sparse_views.SparseViews`) keeps ``d0`` once and
+only the written rows, keyed by ``user * items + item``: a round gathers its touched rows
+(stored, else ``d0``'s) and merges the new ones back, and scoring builds dense views a block of
+users at a time. The arithmetic is the dense path's on the same rows, so the results are the
+same bits (``tests/test_fedrap_sparse.py``). ``views="dense"`` keeps the ``[users, items,
+dim]`` tensor (faster when most rows get written: MovieLens 100K has 88 % of its rows written
+after 20 rounds); ``"auto"`` (default) is dense up to :data:`DENSE_VIEWS_MAX_BYTES`.
+
 Interaction-level DP (``dpsgd=...``)
 ------------------------------------
 With a :class:`~protocols.dp.dpsgd.DPSGDConfig` every client runs DP-SGD on its own
@@ -39,7 +51,10 @@ step clips every example's gradient over ``D_u``, ``C_u`` and the scorer (closed
 all items, and with weight decay enter unclipped (they do not depend on the data). Batches
 hold ``batch_size // (num_negatives + 1)`` examples and partition the client's examples in
 every epoch; ``local_epochs`` epochs always run (no loss-based early stop). The state is
-dense per client (``C_u`` differs everywhere once noised), processed in chunks of clients.
+dense per client (``C_u`` differs everywhere once noised), processed in chunks of clients, and
+so are the stored views: the noise writes every row of every participant's ``D_u``, so
+DP-SGD always keeps ``D`` dense (``views="sparse"`` is refused; at Gowalla scale the memory
+estimate refuses the run).
 """
 
 from __future__ import annotations
@@ -72,6 +87,7 @@ from securefed.federation.base import (
     UpdateLayout,
 )
 from securefed.models.registry import ModelSpec, ObserverHooks
+from securefed.models.sparse_views import SparseViews
 from securefed.validation import positive_int
 
 
@@ -94,6 +110,7 @@ class FedRAPConfig:
     negatives_from: Literal["train", "history"] = "train"
     curriculum: Literal["tanh", "none"] = "tanh"
     compile: bool | None = None
+    views: Literal["auto", "dense", "sparse"] = "auto"
 
     def __post_init__(self) -> None:
         positive_int("dim", self.dim)
@@ -118,6 +135,42 @@ class FedRAPConfig:
             )
         if self.curriculum not in ("tanh", "none"):
             raise ConfigError(f"curriculum must be 'tanh' or 'none', got {self.curriculum!r}")
+        if self.views not in ("auto", "dense", "sparse"):
+            raise ConfigError(f"views must be 'auto', 'dense' or 'sparse', got {self.views!r}")
+
+
+#: Bytes of dense private views ``users x items x dim`` float32 that ``views="auto"`` keeps
+#: dense (MovieLens 100K: 203 MB, MovieLens 1M: 2.9 GB); larger ones are stored sparsely.
+DENSE_VIEWS_MAX_BYTES = 4 * 1024**3
+
+
+def resolve_views(
+    config: FedRAPConfig,
+    n_users: int,
+    n_items: int,
+    *,
+    dpsgd: bool,
+    budget: int | None = None,
+) -> Literal["dense", "sparse"]:
+    """How a run stores the private views ``D``: ``config.views``, or for ``"auto"`` dense
+    when ``users x items x dim`` float32 fit in ``budget`` bytes (default
+    :data:`DENSE_VIEWS_MAX_BYTES`) and sparse otherwise. Interaction-level DP-SGD noises every
+    coordinate of every ``D_u``, so it always keeps them dense.
+
+    Raises:
+        ConfigError: ``views="sparse"`` with interaction-level DP-SGD.
+    """
+    if dpsgd:
+        if config.views == "sparse":
+            raise ConfigError(
+                "views='sparse' cannot hold interaction-level DP-SGD's private views (its "
+                "noise writes every row of every D_u): use --param views=dense or views=auto"
+            )
+        return "dense"
+    if config.views != "auto":
+        return config.views
+    limit = DENSE_VIEWS_MAX_BYTES if budget is None else budget
+    return "dense" if n_users * n_items * config.dim * 4 <= limit else "sparse"
 
 
 def curriculum_weights(config: FedRAPConfig, round_index: int) -> tuple[float, float]:
@@ -184,6 +237,9 @@ class DPSGDPlan:
     example_batch: torch.Tensor
     example_weight: torch.Tensor
 
+
+#: Bytes of dense views :meth:`FedRAP.score_all` builds at a time from sparse views.
+_SCORE_BLOCK_BYTES = 1 << 26
 
 #: Bytes of dense per-client state a DP-SGD chunk may hold (about 8 ``items x dim`` buffers
 #: per client); MovieLens 100K's 943 clients fit in one chunk.
@@ -511,7 +567,12 @@ def epoch_batches(
 
 
 class FedRAP:
-    """Batched FedRAP over every user of a split (see the module docstring)."""
+    """Batched FedRAP over every user of a split (see the module docstring).
+
+    The private views ``D`` are held densely (``users x items x dim``, :attr:`D`) or as the
+    initial view plus the written rows (:class:`SparseViews`), as :func:`resolve_views`
+    chooses; both give the same bits everywhere (a storage choice, not an algorithm change).
+    """
 
     name = "fedrap"
 
@@ -524,7 +585,20 @@ class FedRAP:
         device: str | torch.device = "cpu",
         dpsgd: DPSGDConfig | None = None,
         noise_seed: int = 0,
+        views_budget: int | None = None,
     ) -> None:
+        """Initialise every user's state as the official code does.
+
+        Args:
+            split: The data.
+            config: Hyperparameters (``config.views``: how ``D`` is stored).
+            generator: Draws the initial parameters.
+            device: Where the state lives.
+            dpsgd: Interaction-level DP-SGD (dense views only).
+            noise_seed: Seed of DP-SGD's noise generators (outside secure mode).
+            views_budget: ``views="auto"``'s bytes of dense views (default
+                :data:`DENSE_VIEWS_MAX_BYTES`).
+        """
         self.split = split
         self.config = config
         self.dpsgd = dpsgd
@@ -539,9 +613,17 @@ class FedRAP:
         bound = 1.0 / math.sqrt(dim)
         w0 = (torch.rand(dim, generator=generator) * 2 - 1) * bound
         b0 = (torch.rand((), generator=generator) * 2 - 1) * bound
-        self.D = d0.unsqueeze(0).repeat(n_users, 1, 1).to(self.device)
+        self.views = resolve_views(
+            config, n_users, n_items, dpsgd=dpsgd is not None, budget=views_budget
+        )
         # Every user's initial view: a checkpoint stores only the rows of D that differ from it.
         self._d_base = d0.to(self.device)
+        self._D: torch.Tensor | None = None
+        self._sparse: SparseViews | None = None
+        if self.views == "dense":
+            self._D = d0.unsqueeze(0).repeat(n_users, 1, 1).to(self.device)
+        else:
+            self._sparse = SparseViews(self._d_base, n_users)
         self._d_scale = torch.ones(n_users, device=self.device)
         self.w = w0.unsqueeze(0).repeat(n_users, 1).to(self.device)
         self.b = b0.repeat(n_users).to(self.device)
@@ -551,6 +633,63 @@ class FedRAP:
         self._sampler = NegativeSampler(split, config.negatives_from)
         self._train_indptr = torch.from_numpy(np.asarray(split.train_indptr, dtype=np.int64))
         self._train_items = torch.from_numpy(np.asarray(split.train_items, dtype=np.int64))
+
+    # ------------------------------------------------------------------ private views
+    @property
+    def D(self) -> torch.Tensor:
+        """The dense private views ``[users, items, dim]`` (live: writes change the model).
+
+        Raises:
+            ConfigError: the views are stored sparsely (:meth:`dense_views` builds a copy).
+        """
+        if self._D is None:
+            raise ConfigError(
+                "FedRAP holds its private views sparsely (views='sparse'): use dense_views() "
+                "for a dense copy"
+            )
+        return self._D
+
+    @D.setter
+    def D(self, value: torch.Tensor) -> None:
+        if self._sparse is not None:
+            self._sparse = SparseViews.from_dense(value, self._d_base)
+        else:
+            self._D = value
+
+    def dense_views(self, users: torch.Tensor | None = None) -> torch.Tensor:
+        """``D`` of ``users`` (default: all) as a dense ``[n, items, dim]`` tensor: the live
+        :attr:`D` (all users, dense storage), else a copy."""
+        if self._sparse is None:
+            return self.D if users is None else self.D[users]
+        if users is None:
+            return self._sparse.dense()
+        return self._sparse.user_block(users.to(torch.long))
+
+    def written_rows(self) -> int:
+        """Rows ``D_u[i]`` a checkpoint stores: those written by a local step (sparse views)
+        or whose bits differ from the initial view (dense views)."""
+        if self._sparse is not None:
+            return len(self._sparse)
+        dim = self.config.dim
+        base = self._d_base.view(torch.int32)
+        step = max(1, (1 << 24) // max(1, self.split.n_items * dim))
+        return sum(
+            int((self.D[lo : lo + step].view(torch.int32) != base).any(dim=2).sum())
+            for lo in range(0, self.split.n_users, step)
+        )
+
+    def _gather_views(self, flat: torch.Tensor) -> torch.Tensor:
+        """Stored rows ``D.view(-1, dim)[flat]`` (``[k, dim]``, a copy)."""
+        if self._sparse is not None:
+            return self._sparse.gather(flat)
+        return self.D.view(-1, self.config.dim).index_select(0, flat)
+
+    def _put_views(self, flat: torch.Tensor, rows: torch.Tensor) -> None:
+        """Store ``rows`` ``[k, dim]`` at the unique flat positions ``flat``."""
+        if self._sparse is not None:
+            self._sparse.put(flat, rows)
+        else:
+            self.D.view(-1, self.config.dim).index_copy_(0, flat, rows)
 
     # ------------------------------------------------------------------ planning
     def plan_round(self, participants: torch.Tensor, generator: torch.Generator) -> RoundPlan:
@@ -749,9 +888,8 @@ class FedRAP:
 
         # Gather the touched rows once: actual values, with a fresh in-round scale of 1.
         g_user = glob[pair_user]
-        d_flat = self.D.view(-1, self.config.dim)
         flat = g_user * n_items + pair_item
-        q_d = d_flat.index_select(0, flat) * self._d_scale.index_select(0, g_user).unsqueeze(1)
+        q_d = self._gather_views(flat) * self._d_scale.index_select(0, g_user).unsqueeze(1)
         q_c = self.C.index_select(0, pair_item)
         w = self.w[glob].clone()
         b = self.b[glob].clone()
@@ -841,8 +979,8 @@ class FedRAP:
         # Scatter back: D rows (persistent scale), scorers; C rows become the upload.
         new_d_scale = self._d_scale[glob] * scale
         self._d_scale[glob] = new_d_scale
-        d_flat.index_copy_(
-            0, flat, q_d * (scale[pair_user] / self._d_scale.index_select(0, g_user)).unsqueeze(1)
+        self._put_views(
+            flat, q_d * (scale[pair_user] / self._d_scale.index_select(0, g_user)).unsqueeze(1)
         )
         self.w[glob] = w
         self.b[glob] = b
@@ -871,13 +1009,38 @@ class FedRAP:
 
     # ------------------------------------------------------------------ scoring
     def score(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
-        d = self.D[users.unsqueeze(1), items] * self._d_scale[users].view(-1, 1, 1)
+        """``sigmoid(w_u . (D_u[i] + C[i]) + b_u)`` of ``users`` ``[n]`` x ``items`` ``[n, k]``."""
+        if self._sparse is not None:
+            d = self._sparse.gather(users.unsqueeze(1) * self.split.n_items + items)
+        else:
+            d = self.D[users.unsqueeze(1), items]
+        d = d * self._d_scale[users].view(-1, 1, 1)
         v = d + self.C[items]
         return torch.sigmoid((v * self.w[users].unsqueeze(1)).sum(-1) + self.b[users].unsqueeze(1))
 
     def score_all(self, users: torch.Tensor) -> torch.Tensor:
+        """Scores of ``users`` ``[n]`` against every item, ``[n, items]``.
+
+        Sparse views are made dense a block of users at a time (about
+        :data:`_SCORE_BLOCK_BYTES` each), so memory stays bounded whatever ``n``. ``bmm`` gives
+        every user the bits it gives in one call over all ``n`` users, except in a call with a
+        single user (torch then takes a matrix-vector product, which sums in another order):
+        no block holds one user unless ``n`` is 1.
+        """
         w = self.w[users]
         n = users.shape[0]
+        if self._sparse is not None:
+            step = max(2, _SCORE_BLOCK_BYTES // (self.split.n_items * self.config.dim * 4))
+            starts = list(range(0, n, step))
+            if n > 1 and n - starts[-1] == 1:
+                starts.pop()  # the last user joins the block before
+            dw = torch.empty(n, self.split.n_items, device=w.device)
+            for lo, hi in zip(starts, starts[1:] + [n], strict=True):
+                d = self._sparse.user_block(users[lo:hi].to(torch.long))
+                dw[lo:hi] = torch.bmm(d, w[lo:hi].unsqueeze(2)).squeeze(2)
+            dw = dw * self._d_scale[users].unsqueeze(1)
+            logits = dw + w @ self.C.T + self.b[users].unsqueeze(1)
+            return torch.sigmoid(logits)
         if n and int(users[-1]) - int(users[0]) + 1 == n and bool((users.diff() == 1).all()):
             d = self.D[int(users[0]) : int(users[0]) + n]  # a view: no copy of the rows
         else:
@@ -917,11 +1080,23 @@ class FedRAP:
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """The live global and private state (not copies: the private views are users x items
-        x dim, so serialise it, or clone what you keep, before training continues)."""
+        x dim, so serialise it, or clone what you keep, before training continues).
+
+        Dense views are the entry ``D``; sparse ones are ``D_base`` (the initial view),
+        ``D_keys`` (sorted ``user * items + item`` of the written rows) and ``D_rows``.
+        """
+        if self._sparse is not None:
+            views = {
+                "D_base": self._sparse.base,
+                "D_keys": self._sparse.keys,
+                "D_rows": self._sparse.rows,
+            }
+        else:
+            views = {"D": self.D}
         return {
             "config": asdict(self.config),
             "C": self.C,
-            "D": self.D,
+            **views,
             "d_scale": self._d_scale,
             "w": self.w,
             "b": self.b,
@@ -941,8 +1116,13 @@ class FedRAP:
         saving would be small, and the gathered rows would be one more copy of most of ``D``
         in memory. Every other entry is :meth:`state_dict`'s (live tensors, not copies), and
         :meth:`load_state_dict` reads both forms back to the same bits.
+
+        Sparse views are stored as they are held (:meth:`state_dict`: ``D_base``, ``D_keys``
+        and ``D_rows``, the rows some local step wrote).
         """
         state = self.state_dict()
+        if self._sparse is not None:
+            return state
         n_users, n_items, dim = self.D.shape
         base = self._d_base.view(torch.int32)
         changed = torch.empty(n_users, n_items, dtype=torch.bool, device=self.D.device)
@@ -968,41 +1148,37 @@ class FedRAP:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Adopt a :meth:`state_dict` or a :meth:`checkpoint_state` (tensors are taken over,
-        not copied; the sparse form's ``D`` is rebuilt from its base, mask and rows)."""
-        self.C = state["C"].contiguous()
+        not copied) into this model's storage of the views (:attr:`views`): a dense ``D``, the
+        dense model's checkpoint form (base, mask, rows) or the sparse one (base, keys, rows)
+        are all read back to the same bits, dense or sparse.
+
+        Raises:
+            ValueError: if a sparse form's parts do not describe one ``D``.
+        """
+        n_users = int(state["d_scale"].shape[0])
         if "D" in state:
-            self.D = state["D"].contiguous()
+            dense = state["D"].contiguous()
+            if self._sparse is not None:
+                self._sparse = SparseViews.from_dense(dense, self._d_base)
+            else:
+                self._D = dense
         else:
-            self.D = _dense_views(
-                state["D_base"], state["D_mask"], state["D_rows"], int(state["d_scale"].shape[0])
-            ).to(self.device)
-            self._d_base = state["D_base"].contiguous().to(self.device)
+            base = state["D_base"].contiguous().to(self.device)
+            if "D_keys" in state:
+                sparse = SparseViews(base, n_users, state["D_keys"], state["D_rows"])
+            else:
+                sparse = SparseViews.from_mask(base, state["D_mask"], state["D_rows"], n_users)
+            if self._sparse is not None:
+                self._sparse = sparse
+            else:
+                self._D = sparse.dense()
+            self._d_base = base
+        self.C = state["C"].contiguous()
         self._d_scale = state["d_scale"].contiguous()
         self.w = state["w"].contiguous()
         self.b = state["b"].contiguous()
         self.lr_args = float(state["lr_args"])
         self.lr_network = float(state["lr_network"])
-
-
-def _dense_views(
-    base: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, n_users: int
-) -> torch.Tensor:
-    """``D`` ``[n_users, items, dim]`` from :meth:`FedRAP.checkpoint_state`'s sparse form.
-
-    Raises:
-        ValueError: if the mask, the rows and the base do not describe one matrix.
-    """
-    n_items, dim = base.shape
-    cells = n_users * n_items
-    if mask.dtype != torch.uint8 or mask.numel() != (cells + 7) // 8:
-        raise ValueError(f"D_mask holds {mask.numel()} bytes, expected {(cells + 7) // 8}")
-    changed = torch.from_numpy(np.unpackbits(mask.numpy(), count=cells).astype(bool))
-    idx = torch.nonzero(changed).squeeze(1)
-    if rows.shape != (idx.shape[0], dim):
-        raise ValueError(f"D_rows has shape {tuple(rows.shape)}, expected {(idx.shape[0], dim)}")
-    d = base.unsqueeze(0).repeat(n_users, 1, 1)
-    d.view(-1, dim).index_copy_(0, idx, rows.to(d.dtype))
-    return d
 
 
 def subset_plan(plan: RoundPlan, keep: torch.Tensor) -> RoundPlan:
