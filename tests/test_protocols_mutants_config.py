@@ -191,13 +191,21 @@ def test_privacy_summary_before_any_round_and_with_mixed_events() -> None:
     assert one["epsilon"] == PrivacyLedger(events[:1]).epsilon(1e-5, "rdp")
 
 
+class _UnboundedLedger(PrivacyLedger):
+    """A ledger whose accountant answers infinity (no noise multiplier accepted by
+    ``check_noise_multiplier``, 2**-500 and up, gets there in one event)."""
+
+    def epsilon(self, delta: float, accountant: str = "prv") -> float:
+        return math.inf
+
+
 def test_privacy_summary_reports_an_infinite_epsilon_as_none() -> None:
-    cfg = DPConfig(noise_multiplier=1e-160, clip=1.0, accountant="rdp")
-    ledger = PrivacyLedger(
-        [CentralGaussian(clip=1.0, noise_multiplier=1e-160).event(0, sample_rate=1.0)]
+    cfg = DPConfig(noise_multiplier=2.0**-500, clip=1.0, accountant="rdp")
+    ledger = _UnboundedLedger(
+        [CentralGaussian(clip=1.0, noise_multiplier=2.0**-500).event(0, sample_rate=1.0)]
     )
-    assert not math.isfinite(ledger.epsilon(1e-5, "rdp"))
     assert privacy_summary(cfg, ledger)["epsilon"] is None
+    assert math.isfinite(PrivacyLedger(ledger.events).epsilon(1e-5, "rdp"))
 
 
 @pytest.mark.parametrize(

@@ -41,6 +41,16 @@ PRV_MIN_SIGMA = 0.5
 #: grid of 1000 rounds at sample rate 0.1 and sigma 1 has 0.8e6, of 1e6 rounds at least 1.9e6.
 PRV_MAX_POINTS = 1 << 20
 _PRV_EPS_ERROR = 0.01
+#: The smallest noise multiplier accepted (``2**-500``, about ``3.1e-151``; the bound of
+#: ``securefed.config.MIN_NOISE_MULTIPLIER``). Opacus divides by ``sigma**2``, which stops
+#: being a normal float64 below about ``1.5e-154``: ``1e-200`` raised ``ZeroDivisionError``
+#: at sample rate 1, and its fractional-order series at sample rate 0.5 never ended for
+#: ``1e-160`` (it meets ``inf - inf`` even just above ``1.5e-154``). Any sigma below about
+#: 0.3 promises nothing anyway (epsilon is above 1e301 here); the bound turns a crash or a
+#: hang into a clear error.
+MIN_NOISE_MULTIPLIER = 2.0**-500
+#: Calibration gives up when even this noise multiplier does not reach the target.
+MAX_NOISE_MULTIPLIER = 1e6
 
 #: Integer RDP orders used whenever a discrete-Gaussian event is in the composition (the
 #: subsampling bound of Zhu and Wang is stated for integer orders).
@@ -106,11 +116,17 @@ def check_steps(steps: int) -> int:
 
 
 def check_noise_multiplier(noise_multiplier: float) -> float:
-    """Return the noise multiplier as float if it is finite and > 0, else raise ConfigError."""
+    """Return the noise multiplier as float if it is finite and at least
+    ``MIN_NOISE_MULTIPLIER`` (``2**-500``), else raise ConfigError."""
     if isinstance(noise_multiplier, bool) or not isinstance(noise_multiplier, numbers.Real):
         raise ConfigError(f"noise multiplier must be a number > 0, got {noise_multiplier!r}")
     if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
         raise ConfigError(f"noise multiplier must be a finite number > 0, got {noise_multiplier!r}")
+    if noise_multiplier < MIN_NOISE_MULTIPLIER:
+        raise ConfigError(
+            f"noise multiplier must be >= 2**-500 (a smaller one underflows in the "
+            f"accountant; below ~0.3 it promises nothing anyway), got {noise_multiplier!r}"
+        )
     return float(noise_multiplier)
 
 
@@ -238,7 +254,8 @@ def calibrate_noise_multiplier(
         sigma such that the composition is (epsilon', delta)-DP with epsilon' <= epsilon.
 
     Raises:
-        ConfigError: On invalid input or if no sigma below 1e6 reaches the target.
+        ConfigError: On invalid input or if no sigma up to ``MAX_NOISE_MULTIPLIER`` (1e6)
+            reaches the target.
     """
     eps = check_epsilon(epsilon)
     d = check_delta(delta, n_users=n_users)
@@ -255,12 +272,13 @@ def calibrate_noise_multiplier(
     low, high = 0.0, 10.0
     eps_high = spent(high)
     while eps_high > eps:
-        low, high = high, 2.0 * high
-        if high > 1e6:
+        if high >= MAX_NOISE_MULTIPLIER:
             raise ConfigError(
                 f"cannot reach epsilon={eps!r} at delta={d!r} with {n} rounds at sample rate "
                 f"{q!r}: the required noise multiplier exceeds 1e6; raise epsilon or lower rounds"
             )
+        # The last step is cut to the bound, so that 1e6 itself is tried.
+        low, high = high, min(2.0 * high, MAX_NOISE_MULTIPLIER)
         eps_high = spent(high)
     # Invariant: spent(high) <= eps < spent(low), so high never overshoots.
     while eps - eps_high > _CALIBRATION_TOLERANCE and high - low > 1e-9 * high:

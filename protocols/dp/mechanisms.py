@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from protocols.dp.accounting import (
+    MAX_NOISE_MULTIPLIER,
     check_delta,
     check_epsilon,
     check_noise_multiplier,
@@ -511,6 +512,10 @@ def calibrate_distributed_noise_multiplier(
 
     Bisects on the RDP accounting of :func:`distributed_epsilon` at ``t`` survivors every
     round (the worst case the protocol admits); the result never overshoots.
+
+    Raises:
+        ConfigError: On invalid input or if no sigma up to ``MAX_NOISE_MULTIPLIER`` (1e6)
+            reaches the target.
     """
     eps = check_epsilon(epsilon)
     d = check_delta(delta, n_users=n_users)
@@ -540,12 +545,12 @@ def calibrate_distributed_noise_multiplier(
         return lo
     hi = max(2.0 * lo, 1.0)
     while eps_at(hi) > eps:
-        hi *= 2.0
-        if hi > 1e6:
+        if hi >= MAX_NOISE_MULTIPLIER:
             raise ConfigError(
                 f"cannot reach epsilon={eps!r} at delta={d!r} with {n} rounds: the required "
                 "noise multiplier exceeds 1e6 (or discretisation dominates: raise the scale)"
             )
+        hi = min(2.0 * hi, MAX_NOISE_MULTIPLIER)  # the last step tries 1e6 itself
     while hi - lo > rel_tol * hi:
         mid = 0.5 * (lo + hi)
         if eps_at(mid) > eps:
