@@ -208,14 +208,14 @@ def main() -> None:
     ap.add_argument("--share", type=float, default=0.9)
     ap.add_argument(
         "--weighting",
-        default="sqrt",
+        default="capped",
         choices=("sqrt", "capped", "sample"),
         help="--prior-weighting (cells are cached by name: give each weighting its own --out)",
     )
     ap.add_argument(
         "--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data")
     )
-    ap.add_argument("--out", default="benchmarks/out/private_prior")
+    ap.add_argument("--out", default="benchmarks/out/private_prior_capped")
     ap.add_argument("--also", default="", help="more cache folders to read cells from")
     ap.add_argument(
         "--only-finished", action="store_true", help="tabulate cached cells only; run nothing"

@@ -235,9 +235,9 @@ def train(
     prior_weighting: Annotated[
         str | None,
         typer.Option(
-            help="--private-prior: sqrt (every item of a user at sqrt(k / n_u), the default), "
-            "capped (the same up to 80 items, beyond that the weight of 80 shared) or sample "
-            "(k sampled items, DP-MostPop's count)."
+            help="--private-prior: capped (the default: every item of a user at sqrt(k / n_u) "
+            "up to 80 items, beyond that the weight of 80 shared), sqrt (sqrt(k / n_u) at any "
+            "n_u) or sample (k sampled items, DP-MostPop's count)."
         ),
     ] = None,
     synthetic_users: SyntheticUsers = None,

@@ -75,7 +75,7 @@ class PrivacyConfig:
     prior_share: float | None = None
     prior_items: int = 20
     prior_weight: float | None = None
-    prior_weighting: Literal["sqrt", "capped", "sample"] = "sqrt"
+    prior_weighting: Literal["sqrt", "capped", "sample"] = "capped"
 
     def __post_init__(self) -> None:
         if self.epsilon is not None and not (self.epsilon > 0):

@@ -5,9 +5,12 @@ Issue 14: under user-level DP the models that privatise every coordinate of a la
 prior mode gives a model that count as well, at a share of the same budget:
 
 1. **One release, before any model release.** Every user contributes a vector over the items
-   of L2 norm at most ``sqrt(k)``, formed on the device (``--prior-weighting``): ``sqrt``
-   (the default), each of its ``n_u`` training items weighted ``sqrt(k / n_u)``, so the norm
-   is exactly ``sqrt(k)`` whatever ``n_u`` is and every item of the user counts; ``sample``,
+   of L2 norm at most ``sqrt(k)``, formed on the device (``--prior-weighting``): ``capped``
+   (the default), each of its ``n_u`` training items weighted
+   ``sqrt(k) min(1 / sqrt(n_u), sqrt(K) / n_u)`` (``K`` = :data:`CAPPED_ITEMS`), so every item
+   of the user counts and a user with more than ``K`` items weighs, in total, as one with
+   ``K``; ``sqrt``, every item at ``sqrt(k / n_u)``, so the norm is exactly ``sqrt(k)``
+   whatever ``n_u`` is; ``sample``,
    the indicator of at most ``k`` items sampled uniformly (DP-MostPop's contribution bound).
    Either way the L2 sensitivity is ``sqrt(k)``; the server sums (plainly, or through secure
    aggregation) and adds ``N(0, (sigma_p sqrt(k))^2)`` per item. The release is accounted in
@@ -170,10 +173,11 @@ def capped_weights(
 
 
 def prior_updates(
-    split: Split, *, max_items: int, seed: int, weighting: str = "sqrt"
+    split: Split, *, max_items: int, seed: int, weighting: str = "capped"
 ) -> ClientUpdates:
     """Every user's upload for the prior, L2 norm at most ``sqrt(max_items)``, formed on the
-    device: ``sqrt`` weights each of the user's ``n_u`` training items ``sqrt(k / n_u)``;
+    device: ``sqrt`` weights each of the user's ``n_u`` training items ``sqrt(k / n_u)``,
+    ``capped`` the same up to :data:`CAPPED_ITEMS` items (:func:`capped_weights`);
     ``sample`` is the indicator of at most ``k`` of them, sampled uniformly (a generator derived
     from the run seed: the bound, not the secrecy of the sample, is what the guarantee relies
     on)."""
