@@ -42,6 +42,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Any
 
 import numpy as np
 
@@ -216,11 +217,7 @@ def decode_keys(
     env: Envelope, message: bytes, *, receiver: int, n_clients: int
 ) -> list[tuple[int, bytes, bytes]]:
     r = _Reader(env.open(message, Kind.KEYS, sender=SERVER, receiver=receiver))
-    n = r.count(_KEY_ENTRY.size, n_clients)
-    out = list(_KEY_ENTRY.iter_unpack(r.take(n * _KEY_ENTRY.size)))
-    r.done()
-    _check_ascending([e[0] for e in out], n_clients)
-    return out
+    return _decode_table(r, _KEY_ENTRY, n_clients)
 
 
 # -- SHARES (client -> server) and FORWARD (server -> client) ---------------------------------
@@ -235,12 +232,18 @@ def _encode_boxes(entries: list[tuple[int, bytes]]) -> bytes:
     return b"".join(body)
 
 
-def _decode_boxes(r: _Reader, n_clients: int) -> list[tuple[int, bytes]]:
-    n = r.count(_BOX_ENTRY.size, n_clients)
-    out = list(_BOX_ENTRY.iter_unpack(r.take(n * _BOX_ENTRY.size)))
+def _decode_table(r: _Reader, entry: struct.Struct, n_clients: int) -> list[Any]:
+    """The rest of ``r``: a count, then that many ``entry`` records whose first field is a
+    client id, ids strictly ascending and below ``n_clients``."""
+    n = r.count(entry.size, n_clients)
+    out = list(entry.iter_unpack(r.take(n * entry.size)))
     r.done()
     _check_ascending([e[0] for e in out], n_clients)
     return out
+
+
+def _decode_boxes(r: _Reader, n_clients: int) -> list[tuple[int, bytes]]:
+    return _decode_table(r, _BOX_ENTRY, n_clients)
 
 
 def encode_shares(env: Envelope, sender: int, boxes: list[tuple[int, bytes]]) -> bytes:
@@ -457,11 +460,7 @@ def decode_signed_keys(
     env: Envelope, message: bytes, *, receiver: int, n_clients: int
 ) -> list[tuple[int, bytes, bytes, bytes]]:
     r = _Reader(env.open(message, Kind.SIGNED_KEYS, sender=SERVER, receiver=receiver))
-    n = r.count(_SIGNED_KEY_ENTRY.size, n_clients)
-    out = list(_SIGNED_KEY_ENTRY.iter_unpack(r.take(n * _SIGNED_KEY_ENTRY.size)))
-    r.done()
-    _check_ascending([e[0] for e in out], n_clients)
-    return out
+    return _decode_table(r, _SIGNED_KEY_ENTRY, n_clients)
 
 
 # -- SURVIVORS, SURVIVORS_SIGNATURE and SIGNED_UNMASK_REQUEST (consistency round) ---------------
@@ -505,8 +504,4 @@ def decode_signed_unmask_request(
     env: Envelope, message: bytes, *, receiver: int, n_clients: int
 ) -> list[tuple[int, bytes]]:
     r = _Reader(env.open(message, Kind.SIGNED_UNMASK_REQUEST, sender=SERVER, receiver=receiver))
-    n = r.count(_SIGNATURE_ENTRY.size, n_clients)
-    out = list(_SIGNATURE_ENTRY.iter_unpack(r.take(n * _SIGNATURE_ENTRY.size)))
-    r.done()
-    _check_ascending([e[0] for e in out], n_clients)
-    return out
+    return _decode_table(r, _SIGNATURE_ENTRY, n_clients)
