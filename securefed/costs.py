@@ -76,9 +76,6 @@ EVAL_BLOCK = 256
 #: per-pair indices and sample arrays: fitted from peak RSS on MovieLens 100K and 1M sizes.
 FEDRAP_PAIR_FLOATS = 4.0
 FEDRAP_PAIR_EXTRA = 104
-#: Dense views FedRAP's ``score_all`` builds at a time from sparse views
-#: (``securefed.models.fedrap._SCORE_BLOCK_BYTES``).
-FEDRAP_SCORE_BLOCK_BYTES = 1 << 26
 #: glibc serves larger buffers with fresh mmap pages (securefed.allocator): a round whose
 #: pair buffers pass it is page-fault bound (MovieLens-1M size: 12.9 s instead of ~4 s).
 MMAP_THRESHOLD = 256 * 2**20
@@ -586,7 +583,6 @@ def estimate_run(
                 # Sparse views: the gathered rows' lookup (a row, a position and a hit flag
                 # per sample) and, at the round's end, the merged copy of the keys and rows.
                 round_bytes += int(samples * (d * 4 + 17)) + views_rows * (d * 4 + 8)
-                eval_bytes += FEDRAP_SCORE_BLOCK_BYTES
         eval_full_s = _DOT_EVAL_S * u * i * d
         eval_s = _DOT_EVAL_S * u * 200 * d
     elif model == "fedrecgel":

@@ -238,9 +238,6 @@ class DPSGDPlan:
     example_weight: torch.Tensor
 
 
-#: Bytes of dense views :meth:`FedRAP.score_all` builds at a time from sparse views.
-_SCORE_BLOCK_BYTES = 1 << 26
-
 #: Bytes of dense per-client state a DP-SGD chunk may hold (about 8 ``items x dim`` buffers
 #: per client); MovieLens 100K's 943 clients fit in one chunk.
 _DPSGD_MAX_BYTES = 2 * 1024**3
@@ -1021,23 +1018,15 @@ class FedRAP:
     def score_all(self, users: torch.Tensor) -> torch.Tensor:
         """Scores of ``users`` ``[n]`` against every item, ``[n, items]``.
 
-        Sparse views are made dense a block of users at a time (about
-        :data:`_SCORE_BLOCK_BYTES` each), so memory stays bounded whatever ``n``. ``bmm`` gives
-        every user the bits it gives in one call over all ``n`` users, except in a call with a
-        single user (torch then takes a matrix-vector product, which sums in another order):
-        no block holds one user unless ``n`` is 1.
+        With sparse views the product ``D_u . w_u`` is one matmul against the shared base
+        plus the users' written rows (:meth:`SparseViews.user_products`): no ``[n, items,
+        dim]`` views are built. It equals the dense path's ``bmm`` up to float summation order
+        (tests/test_fedrap_sparse.py bounds the difference); training is bit for bit the same.
         """
         w = self.w[users]
         n = users.shape[0]
         if self._sparse is not None:
-            step = max(2, _SCORE_BLOCK_BYTES // (self.split.n_items * self.config.dim * 4))
-            starts = list(range(0, n, step))
-            if n > 1 and n - starts[-1] == 1:
-                starts.pop()  # the last user joins the block before
-            dw = torch.empty(n, self.split.n_items, device=w.device)
-            for lo, hi in zip(starts, starts[1:] + [n], strict=True):
-                d = self._sparse.user_block(users[lo:hi].to(torch.long))
-                dw[lo:hi] = torch.bmm(d, w[lo:hi].unsqueeze(2)).squeeze(2)
+            dw = self._sparse.user_products(users.to(torch.long), w)
             dw = dw * self._d_scale[users].unsqueeze(1)
             logits = dw + w @ self.C.T + self.b[users].unsqueeze(1)
             return torch.sigmoid(logits)

@@ -131,26 +131,42 @@ class SparseViews:
         rows.index_copy_(0, old_at, self.rows)
         self.keys, self.rows = keys, rows
 
+    def _written_of(self, users: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The written rows of ``users`` ``[n]``: ``(position in users, index in rows, item)``,
+        each ``int64 [k]``, grouped by position."""
+        n_items = self.base.shape[0]
+        dev = self.keys.device
+        lo = torch.searchsorted(self.keys, users * n_items)
+        count = torch.searchsorted(self.keys, (users + 1) * n_items) - lo
+        total = int(count.sum())
+        local = torch.repeat_interleave(torch.arange(users.shape[0], device=dev), count)
+        idx = lo.index_select(0, local) + torch.arange(total, device=dev)
+        idx -= (torch.cumsum(count, 0) - count).index_select(0, local)
+        return local, idx, self.keys.index_select(0, idx) % n_items
+
     def user_block(self, users: torch.Tensor) -> torch.Tensor:
         """The dense views of ``users`` ``[n]``: a new ``[n, items, dim]`` tensor."""
         n_items, dim = self.base.shape
-        n = users.shape[0]
-        out = self.base.unsqueeze(0).repeat(n, 1, 1)
-        if not self.keys.numel() or not n:
-            return out
-        lo = torch.searchsorted(self.keys, users * n_items)
-        hi = torch.searchsorted(self.keys, (users + 1) * n_items)
-        count = hi - lo
-        total = int(count.sum())
-        if not total:
-            return out
-        first = torch.cumsum(count, 0) - count
-        dev = self.keys.device
-        local = torch.repeat_interleave(torch.arange(n, device=dev), count)
-        idx = lo.index_select(0, local) + torch.arange(total, device=dev)
-        idx -= first.index_select(0, local)
-        item = self.keys.index_select(0, idx) % n_items
-        out.view(-1, dim).index_copy_(0, local * n_items + item, self.rows.index_select(0, idx))
+        out = self.base.unsqueeze(0).repeat(users.shape[0], 1, 1)
+        if self.keys.numel() and users.shape[0]:
+            local, idx, item = self._written_of(users)
+            out.view(-1, dim).index_copy_(0, local * n_items + item, self.rows.index_select(0, idx))
+        return out
+
+    def user_products(self, users: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``D_u[i] . w_u`` for ``users`` ``[n]`` against every item, ``[n, items]``.
+
+        One matmul against the base for every (user, item), then the written rows of these
+        users replace their entries: ``n x items`` floats and the users' written rows, never
+        their ``[n, items, dim]`` views. Equal to the dense product up to float summation
+        order (the matmul and a per-row dot product may add the ``dim`` terms differently).
+        """
+        n_items = self.base.shape[0]
+        out = w @ self.base.T
+        if self.keys.numel() and users.shape[0]:
+            local, idx, item = self._written_of(users)
+            dots = (self.rows.index_select(0, idx) * w.index_select(0, local)).sum(dim=1)
+            out.view(-1).index_copy_(0, local * n_items + item, dots.to(out.dtype))
         return out
 
     def dense(self) -> torch.Tensor:
