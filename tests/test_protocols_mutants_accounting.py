@@ -283,3 +283,24 @@ def test_the_source_check_refuses_a_generator_in_secure_mode_and_none_in_plain_m
         noise.gaussian_noise((3,), 1.0, generator=None, secure=False)
     assert noise.gaussian_noise((3,), 1.0, generator=g, secure=False).shape == (3,)
     assert noise.gaussian_noise((3,), 1.0, generator=None, secure=True).shape == (3,)
+
+
+def test_calibration_stops_at_a_jump_of_the_spent_epsilon_within_relative_1e9(monkeypatch):
+    """Where the accountant's epsilon jumps over the target (no sigma reaches it within the
+    0.01 tolerance), the bisection still stops, at the first sigma past the jump to a relative
+    1e-9 (its width rule), never at one that overshoots. At a jump near 5,000 an absolute or
+    inverted width rule (``1e-9 / high``) asks for a width below the float spacing there and
+    never stops."""
+    from protocols.dp import accounting
+
+    jump = 5_000.0 + 1.0 / 3.0
+
+    def step(history, *, delta, accountant):
+        ((sigma, _q, _n),) = history
+        return 0.5 if sigma >= jump else 10.0
+
+    monkeypatch.setattr(accounting, "gaussian_epsilon", step)
+    sigma = accounting.calibrate_noise_multiplier(
+        epsilon=1.0, delta=1e-5, sample_rate=1.0, steps=1
+    )
+    assert jump <= sigma <= jump * (1 + 2e-9)
