@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-ENGINES = ("inprocess", "transport", "simulation", "deployment")
+ENGINES = ("inprocess", "transport", "simulation", "deployment", "deployment-insecure")
 
 
 def _config(args: argparse.Namespace):
@@ -68,12 +68,19 @@ def measure(engine: str, args: argparse.Namespace, work: Path) -> dict:
         from securefed.flower.deploy import run_local_deployment
 
         run_local_deployment(
-            cfg, run_dir=run_dir, nodes=args.nodes, work_dir=work / engine / "work"
+            cfg,
+            run_dir=run_dir,
+            nodes=args.nodes,
+            work_dir=work / engine / "work",
+            insecure=engine == "deployment-insecure",
         )
     wall = time.perf_counter() - t0
+    secure = engine == "deployment"  # TLS + SuperNode authentication (the default)
     return {
         "engine": engine,
         "nodes": args.nodes if engine != "inprocess" else None,
+        "tls": secure,
+        "authenticated": secure,
         "round_seconds": round(_round_seconds(run_dir), 2),
         "wall_seconds": round(wall, 1),
     }
