@@ -6,7 +6,9 @@ Per engine we report the mean ``train_seconds`` of a round (cohort -> local trai
 secure aggregation -> model step; evaluation excluded) and the wall time of the whole run
 (startup included). Engines: ``inprocess`` (``securefed.train``), ``transport`` (the
 distributed protocol over an in-process transport: the protocol's own cost), ``simulation``
-(Flower's simulation engine, Ray) and ``deployment`` (SuperLink + N SuperNodes on 127.0.0.1).
+(Flower's simulation engine, Ray), ``deployment`` (SuperLink + N SuperNodes on 127.0.0.1, TLS
+and SuperNode authentication, the default) and ``deployment-insecure`` (the same with
+``insecure=True``: no TLS, no node authentication). Rows carry ``tls`` and ``authenticated``.
 
     python benchmarks/flower_round.py --rounds 3 --nodes 3 --json
 """
