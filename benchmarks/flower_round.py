@@ -6,7 +6,9 @@ Per engine we report the mean ``train_seconds`` of a round (cohort -> local trai
 secure aggregation -> model step; evaluation excluded) and the wall time of the whole run
 (startup included). Engines: ``inprocess`` (``securefed.train``), ``transport`` (the
 distributed protocol over an in-process transport: the protocol's own cost), ``simulation``
-(Flower's simulation engine, Ray) and ``deployment`` (SuperLink + N SuperNodes on 127.0.0.1).
+(Flower's simulation engine, Ray), ``deployment`` (SuperLink + N SuperNodes on 127.0.0.1, TLS
+and SuperNode authentication, the default) and ``deployment-insecure`` (the same with
+``insecure=True``: no TLS, no node authentication). Rows carry ``tls`` and ``authenticated``.
 
     python benchmarks/flower_round.py --rounds 3 --nodes 3 --json
 """
@@ -23,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-ENGINES = ("inprocess", "transport", "simulation", "deployment")
+ENGINES = ("inprocess", "transport", "simulation", "deployment", "deployment-insecure")
 
 
 def _config(args: argparse.Namespace):
@@ -68,12 +70,19 @@ def measure(engine: str, args: argparse.Namespace, work: Path) -> dict:
         from securefed.flower.deploy import run_local_deployment
 
         run_local_deployment(
-            cfg, run_dir=run_dir, nodes=args.nodes, work_dir=work / engine / "work"
+            cfg,
+            run_dir=run_dir,
+            nodes=args.nodes,
+            work_dir=work / engine / "work",
+            insecure=engine == "deployment-insecure",
         )
     wall = time.perf_counter() - t0
+    secure = engine == "deployment"  # TLS + SuperNode authentication (the default)
     return {
         "engine": engine,
         "nodes": args.nodes if engine != "inprocess" else None,
+        "tls": secure,
+        "authenticated": secure,
         "round_seconds": round(_round_seconds(run_dir), 2),
         "wall_seconds": round(wall, 1),
     }

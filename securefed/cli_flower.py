@@ -164,8 +164,17 @@ def local(
     out_dir: OutOpt = None,
     work_dir: WorkOpt = None,
     stage_timeout: StageTimeout = 120.0,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="DEBUGGING ONLY: no TLS and no SuperNode authentication "
+            "(by default both are on, with a throwaway CA and node keys made for the run).",
+        ),
+    ] = False,
 ) -> None:
-    """Run a local deployment: a SuperLink and N SuperNodes as processes on 127.0.0.1."""
+    """Run a local deployment: a SuperLink and N SuperNodes as processes on 127.0.0.1,
+    over TLS with SuperNode authentication (unless --insecure)."""
     _deploy(locals(), local=True)
 
 
@@ -180,15 +189,39 @@ def _deploy(opts: dict[str, Any], *, local: bool) -> None:
         run_dir, work = _dirs(cfg, opts["out_dir"], opts["work_dir"])
         _check_before_flower(cfg, nodes, run_dir)
         if local:
+            insecure = bool(opts["insecure"])
+            security = (
+                "no TLS, no node authentication"
+                if insecure
+                else "TLS (throwaway CA) + SuperNode authentication"
+            )
             err.print(
-                f"local deployment: 1 SuperLink + {nodes} SuperNodes on 127.0.0.1, logs in {work}"
+                f"local deployment: 1 SuperLink + {nodes} SuperNodes on 127.0.0.1, {security}, "
+                f"logs in {work}"
+            )
+            if insecure:
+                err.print(
+                    "WARNING: --insecure is for debugging only: no TLS and no SuperNode "
+                    "authentication; any process that reaches the port can join or listen",
+                    style="bold red",
+                )
+            summary = run_local_deployment(
+                cfg,
+                run_dir=run_dir,
+                nodes=nodes,
+                work_dir=work,
+                stage_timeout=opts["stage_timeout"],
+                insecure=insecure,
             )
         else:
             err.print(f"Flower simulation: {nodes} virtual SuperNodes, work directory {work}")
-        run = run_local_deployment if local else run_simulation
-        summary = run(
-            cfg, run_dir=run_dir, nodes=nodes, work_dir=work, stage_timeout=opts["stage_timeout"]
-        )
+            summary = run_simulation(
+                cfg,
+                run_dir=run_dir,
+                nodes=nodes,
+                work_dir=work,
+                stage_timeout=opts["stage_timeout"],
+            )
     _show(summary, run_dir)
 
 

@@ -19,6 +19,7 @@ pytest.importorskip("flwr", reason="Flower is not installed (pip install 'secure
 
 from protocols.secagg.wire import ring_dtype  # noqa: E402
 from securefed import runs  # noqa: E402
+from securefed.errors import ConfigError  # noqa: E402
 from securefed.evaluation import evaluate_splits  # noqa: E402
 from securefed.flower import deploy  # noqa: E402
 from securefed.training import PrivacyConfig, TrainConfig, train  # noqa: E402
@@ -73,6 +74,74 @@ def test_local_deployment_matches_in_process_and_server_sees_only_masked_inputs(
         assert np.mean(y == inputs[x["sid"]].astype(dtype)) < 0.01
     # No leftover processes hold the ports: everything was stopped.
     assert not (tmp_path / "work" / "nodes" / "node-0" / "stalled").exists()
+    # Secure by default: the SuperLink served TLS with node authentication, the flwr CLI
+    # trusted the run's own CA, and every node used its own registered key.
+    work = tmp_path / "work"
+    assert "running on https://" in (work / "logs" / "superlink.log").read_text()
+    connection = (work / "flwr-home" / "config.toml").read_text()
+    assert "insecure" not in connection and str(work / "tls" / "ca.crt") in connection
+    assert (work / "logs" / "register.log").read_text().count("registered successfully") == 3
+
+
+def _nodes(dep: deploy.LocalDeployment) -> list[dict]:
+    out = subprocess.run(
+        [deploy._bin("flwr"), "supernode", "ls", "local-deployment", "--format", "json"],
+        capture_output=True,
+        text=True,
+        env=dep.env,
+        timeout=120,
+        check=True,
+    ).stdout
+    return json.loads(out[out.index("{") :])["nodes"]
+
+
+@pytest.mark.slow
+def test_supernode_with_unregistered_key_is_refused(tmp_path):
+    """Issue 16 item 2: a SuperNode whose public key was not registered is refused by the
+    SuperLink (Flower exit code 305, no node id), so no message can ever be addressed to it;
+    the registered node on the same SuperLink is online."""
+    with deploy.local_deployment(tmp_path / "work", nodes=2, unregistered={1}) as dep:
+        assert dep.tls and dep.authenticated
+        outsider = dep.supernodes[1]
+        assert outsider.wait(timeout=180) != 0
+        log = (tmp_path / "work" / "logs" / "supernode-1.log").read_text()
+        assert "Exit Code: 305" in log and "Failed to activate SuperNode" in log
+        assert "SuperNode ID" not in log
+        deadline = time.monotonic() + 180
+        while "SuperNode ID" not in (tmp_path / "work" / "logs" / "supernode-0.log").read_text():
+            assert time.monotonic() < deadline, "the registered node never connected"
+            assert dep.supernodes[0].poll() is None, "the registered node exited"
+            time.sleep(0.5)
+        nodes = _nodes(dep)
+        assert [n["status"] for n in nodes] == ["online"]  # one key registered, one node
+
+
+@pytest.mark.slow
+def test_insecure_deployment_is_plain_and_unauthenticated(tmp_path):
+    with deploy.local_deployment(tmp_path / "work", nodes=1, insecure=True) as dep:
+        assert not dep.tls and not dep.authenticated
+        deadline = time.monotonic() + 180
+        while "SuperNode ID" not in (tmp_path / "work" / "logs" / "supernode-0.log").read_text():
+            assert time.monotonic() < deadline, "the node never connected"
+            time.sleep(0.5)
+        assert [n["status"] for n in _nodes(dep)] == ["online"]
+    work = tmp_path / "work"
+    assert "insecure = true" in (work / "flwr-home" / "config.toml").read_text()
+    assert "running on http://" in (work / "logs" / "superlink.log").read_text()
+    assert not (work / "tls").exists() and not (work / "keys").exists()
+
+
+def test_unregistered_partitions_are_checked_before_anything_starts(tmp_path):
+    with (
+        pytest.raises(ConfigError, match="unregistered partitions"),
+        deploy.local_deployment(tmp_path, nodes=2, unregistered={2}),
+    ):
+        pass
+    with (
+        pytest.raises(ConfigError, match="node authentication"),
+        deploy.local_deployment(tmp_path, nodes=2, unregistered={1}, insecure=True),
+    ):
+        pass
 
 
 @pytest.mark.slow

@@ -316,9 +316,12 @@ def test_cli_deploy_commands_pass_their_options_and_report_errors_in_one_line(
 
     calls = []
 
-    def fake(cfg, *, run_dir, nodes, work_dir, stage_timeout):
+    def fake(cfg, *, run_dir, nodes, work_dir, stage_timeout, **security):
         calls.append((cfg, nodes, stage_timeout))
+        insecure.append(security)
         raise ConfigError(f"stopped before deploying ({runner_name})")
+
+    insecure: list[dict] = []
 
     monkeypatch.setattr(deploy_module, runner_name, fake)
     root = typer.Typer()
@@ -333,6 +336,7 @@ def test_cli_deploy_commands_pass_their_options_and_report_errors_in_one_line(
     assert res.exit_code == 2, res.output
     assert f"stopped before deploying ({runner_name})" in res.output
     assert "Traceback" not in res.output
+    first = res.output
     [(cfg, nodes, stage_timeout)] = calls
     assert (cfg.rounds, cfg.synthetic_users, nodes, stage_timeout) == (3, 50, 4, 7.0)
     assert cfg.privacy.secagg and cfg.privacy.epsilon == 8.0
@@ -345,6 +349,16 @@ def test_cli_deploy_commands_pass_their_options_and_report_errors_in_one_line(
         res = CliRunner().invoke(root, [*args, *bad])
         assert res.exit_code == 2 and what in res.output.replace("\n", ""), res.output
         assert len(calls) == 1  # the runner was not called again
+    if command == "simulate":
+        assert insecure == [{}]
+        return
+    # Issue 16 item 2: TLS + SuperNode authentication unless --insecure, which is labelled.
+    assert insecure == [{"insecure": False}]
+    assert "TLS" in first and "debugging only" not in first
+    res = CliRunner().invoke(root, [*args, "--insecure"])
+    assert res.exit_code == 2 and insecure[-1] == {"insecure": True}
+    text = " ".join(res.output.split())
+    assert "WARNING: --insecure is for debugging only: no TLS and no SuperNode" in text
 
 
 def test_flower_init_writes_a_config_the_deploy_commands_take(tmp_path, monkeypatch):
@@ -371,7 +385,7 @@ def test_flower_init_writes_a_config_the_deploy_commands_take(tmp_path, monkeypa
     assert path.read_bytes() == before
     calls = []
 
-    def fake(cfg, *, run_dir, nodes, work_dir, stage_timeout):
+    def fake(cfg, *, run_dir, nodes, work_dir, stage_timeout, insecure=False):
         calls.append(cfg)
         raise ConfigError("stopped before deploying")
 

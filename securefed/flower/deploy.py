@@ -7,6 +7,12 @@
   own state directory) and ``flwr run`` submitting the app. Every process is stopped when the
   run ends or fails. Across machines, start the same processes by hand (docs/deployment.md).
 
+  Secure by default: every connection to the SuperLink (SuperNodes, ``flwr``, the ServerApp)
+  is TLS, verified against a throwaway CA made for the run, and the SuperLink accepts only
+  SuperNodes whose public keys were registered with it (``--enable-supernode-auth``, keys
+  registered through ``flwr supernode register``). ``insecure=True`` turns both off: for
+  debugging only.
+
 :func:`write_app` writes the Flower app directory both use: a ``pyproject.toml`` that names
 securefed's ``ServerApp``/``ClientApp`` and carries the run config; the code itself is the
 installed ``securefed`` package on every machine.
@@ -23,7 +29,7 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +37,7 @@ from typing import Any
 from securefed import runs
 from securefed.errors import ConfigError, ProtocolError
 from securefed.flower import require_flwr
+from securefed.flower.certs import LocalCertificates, make_local_certificates, make_node_key
 from securefed.flower.server import check_config
 from securefed.training import TrainConfig
 
@@ -210,6 +217,8 @@ class LocalDeployment:
     superlink: subprocess.Popen | None = None
     supernodes: list[subprocess.Popen] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    tls: bool = True  # every connection to the SuperLink is TLS (the run's own CA)
+    authenticated: bool = True  # the SuperLink accepts registered SuperNode keys only
 
     def node_state_dir(self, partition: int) -> Path:
         return self.work_dir / "nodes" / f"node-{partition}"
@@ -262,17 +271,41 @@ def local_deployment(
     *,
     nodes: int,
     node_extra: dict[int, dict[str, str]] | None = None,
+    insecure: bool = False,
+    unregistered: Collection[int] = (),
 ) -> Iterator[LocalDeployment]:
     """Start a SuperLink and ``nodes`` SuperNodes on 127.0.0.1; stop them all on exit.
 
+    By default the SuperLink serves TLS with a certificate from a CA made for this deployment
+    (``WORK/tls``; its private key is never written) and authenticates SuperNodes: each node
+    gets its own P-384 key pair (``WORK/keys``, private keys 0600), its public key is
+    registered with ``flwr supernode register`` before the node starts, and the SuperLink
+    refuses any node whose key it does not know.
+
     Args:
-        work_dir: Logs, Flower's home (``FLWR_HOME``) and the nodes' state directories.
+        work_dir: Logs, Flower's home (``FLWR_HOME``), TLS files, node keys and the nodes'
+            state directories.
         nodes: SuperNodes, one partition each.
         node_extra: Extra ``--node-config`` entries per partition (e.g. the stall hook).
+        insecure: Debugging only: no TLS and no node authentication (``--insecure``).
+        unregistered: Partitions whose SuperNode gets a key that is never registered (an
+            outsider the SuperLink must refuse; for tests).
+
+    Raises:
+        ConfigError: ``nodes`` is not positive, or ``unregistered`` names a partition that
+            does not exist or is given with ``insecure``.
+        ProtocolError: The SuperLink did not start or refused a node key registration.
     """
     require_flwr()
     if nodes < 1:
         raise ConfigError(f"nodes must be a positive integer, got {nodes!r}")
+    outsiders = set(unregistered)
+    if not outsiders <= set(range(nodes)):
+        raise ConfigError(
+            f"unregistered partitions must be in [0, {nodes}), got {sorted(outsiders)!r}"
+        )
+    if insecure and outsiders:
+        raise ConfigError("unregistered nodes need node authentication; drop insecure=True")
     work = Path(work_dir).resolve()
     (work / "logs").mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
@@ -282,12 +315,25 @@ def local_deployment(
         x for x in (env.get("PYTHONWARNINGS"), "ignore::DeprecationWarning") if x
     )
     env.setdefault("PYTHONUNBUFFERED", "1")
-    dep = LocalDeployment(work, free_port(), env=env)
+    dep = LocalDeployment(work, free_port(), env=env, tls=not insecure, authenticated=not insecure)
+    certs = None if insecure else make_local_certificates(work / "tls")
     try:
+        if certs is None:
+            security = ["--insecure"]
+        else:
+            security = [
+                "--ssl-ca-certfile",
+                str(certs.ca_cert),
+                "--ssl-certfile",
+                str(certs.server_cert),
+                "--ssl-keyfile",
+                str(certs.server_key),
+                "--enable-supernode-auth",
+            ]
         dep.superlink = _spawn(
             [
                 _bin("flower-superlink"),
-                "--insecure",
+                *security,
                 "--disable-runtime-dependency-installation",
                 "--host",
                 LOOPBACK,
@@ -298,6 +344,20 @@ def local_deployment(
             env,
         )
         _wait_port(dep.port, dep.superlink, "SuperLink")
+        _write_connection(work / "flwr-home", dep.port, certs)
+        node_security: list[list[str]] = [["--insecure"] for _ in range(nodes)]
+        if certs is not None:
+            keys = [make_node_key(work / "keys", f"node-{p}") for p in range(nodes)]
+            _register(dep, [k.public_key for p, k in enumerate(keys) if p not in outsiders])
+            node_security = [
+                [
+                    "--root-certificates",
+                    str(certs.ca_cert),
+                    "--auth-supernode-private-key",
+                    str(k.private_key),
+                ]
+                for k in keys
+            ]
         for p in range(nodes):
             state = dep.node_state_dir(p)
             state.mkdir(parents=True, exist_ok=True)
@@ -309,7 +369,7 @@ def local_deployment(
                 _spawn(
                     [
                         _bin("flower-supernode"),
-                        "--insecure",
+                        *node_security[p],
                         "--superlink",
                         f"{LOOPBACK}:{dep.port}",
                         "--host",
@@ -323,17 +383,43 @@ def local_deployment(
                     env,
                 )
             )
-        _write_connection(work / "flwr-home", dep.port)
         yield dep
     finally:
         dep.stop()
 
 
-def _write_connection(home: Path, port: int) -> None:
+def _register(dep: LocalDeployment, public_keys: Sequence[Path], timeout: float = 120.0) -> None:
+    """``flwr supernode register KEY local-deployment`` for every key (concurrently)."""
+    log = dep.work_dir / "logs" / "register.log"
+    procs = [
+        _spawn([_bin("flwr"), "supernode", "register", str(key), "local-deployment"], log, dep.env)
+        for key in public_keys
+    ]
+    try:
+        for key, proc in zip(public_keys, procs, strict=True):
+            if proc.wait(timeout=timeout) != 0:
+                raise ProtocolError(
+                    f"the SuperLink did not register the node key {key.name} "
+                    f"(exit code {proc.returncode}); see {log}"
+                )
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                _kill(proc, signal.SIGKILL)
+                proc.wait(timeout=5)
+
+
+def _write_connection(home: Path, port: int, certs: LocalCertificates | None) -> None:
+    """Flower's connection config (``FLWR_HOME/config.toml``) for ``flwr run/supernode``."""
     home.mkdir(parents=True, exist_ok=True)
+    security = (
+        "insecure = true\n"
+        if certs is None
+        else f"root-certificates = {_toml_str(str(certs.ca_cert))}\n"
+    )
     (home / "config.toml").write_text(
         '[superlink]\ndefault = "local-deployment"\n\n'
-        f'[superlink.local-deployment]\naddress = "{LOOPBACK}:{port}"\ninsecure = true\n'
+        f'[superlink.local-deployment]\naddress = "{LOOPBACK}:{port}"\n{security}'
     )
 
 
@@ -372,8 +458,12 @@ def run_local_deployment(
     stage_timeout: float = 120.0,
     timeout: float = 3600.0,
     transcript: bool = False,
+    insecure: bool = False,
 ) -> dict[str, Any]:
-    """A whole run on a local deployment (see the module docstring); returns the summary."""
+    """A whole run on a local deployment (see the module docstring); returns the summary.
+
+    ``insecure=True`` is for debugging only: no TLS and no SuperNode authentication.
+    """
     run_dir, work = Path(run_dir).resolve(), Path(work_dir).resolve()
     config_file = _prepare(config, run_dir, work)
     app = write_app(
@@ -383,7 +473,7 @@ def run_local_deployment(
         stage_timeout=stage_timeout,
         transcript=transcript,
     )
-    with local_deployment(work, nodes=nodes) as dep:
+    with local_deployment(work, nodes=nodes, insecure=insecure) as dep:
         submit(dep, app, timeout=timeout)  # --stream follows the run to its end
         return _finished(run_dir)
 
