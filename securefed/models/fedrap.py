@@ -33,9 +33,10 @@ Since an untouched row ``D_u[i]`` stays bit for bit the initial ``d0[i]``, ``D``
 held as ``users x items x dim`` floats (Gowalla, 29,858 x 40,981 at dim 32: 156.6 GB).
 ``views="sparse"`` (:class:`~securefed.models.sparse_views.SparseViews`) keeps ``d0`` once and
 only the written rows, keyed by ``user * items + item``: a round gathers its touched rows
-(stored, else ``d0``'s) and merges the new ones back, and scoring builds dense views a block of
-users at a time. The arithmetic is the dense path's on the same rows, so the results are the
-same bits (``tests/test_fedrap_sparse.py``). ``views="dense"`` keeps the ``[users, items,
+(stored, else ``d0``'s) and merges the new ones back. Training does the dense path's
+arithmetic on the same rows, so it gives the same bits; full-ranking scores are one matmul
+against ``d0`` plus the users' written rows, equal to the dense scores up to float summation
+order (``tests/test_fedrap_sparse.py``). ``views="dense"`` keeps the ``[users, items,
 dim]`` tensor (faster when most rows get written: MovieLens 100K has 88 % of its rows written
 after 20 rounds); ``"auto"`` (default) is dense up to :data:`DENSE_VIEWS_MAX_BYTES`.
 
@@ -87,7 +88,7 @@ from securefed.federation.base import (
     UpdateLayout,
 )
 from securefed.models.registry import ModelSpec, ObserverHooks
-from securefed.models.sparse_views import SparseViews
+from securefed.models.sparse_views import SparseViews, changed_rows
 from securefed.validation import positive_int
 
 
@@ -667,13 +668,7 @@ class FedRAP:
         or whose bits differ from the initial view (dense views)."""
         if self._sparse is not None:
             return len(self._sparse)
-        dim = self.config.dim
-        base = self._d_base.view(torch.int32)
-        step = max(1, (1 << 24) // max(1, self.split.n_items * dim))
-        return sum(
-            int((self.D[lo : lo + step].view(torch.int32) != base).any(dim=2).sum())
-            for lo in range(0, self.split.n_users, step)
-        )
+        return int(changed_rows(self.D, self._d_base).sum())
 
     def _gather_views(self, flat: torch.Tensor) -> torch.Tensor:
         """Stored rows ``D.view(-1, dim)[flat]`` (``[k, dim]``, a copy)."""
@@ -1113,12 +1108,8 @@ class FedRAP:
         if self._sparse is not None:
             return state
         n_users, n_items, dim = self.D.shape
-        base = self._d_base.view(torch.int32)
-        changed = torch.empty(n_users, n_items, dtype=torch.bool, device=self.D.device)
-        step = max(1, (1 << 24) // max(1, n_items * dim))  # ~64 MiB of comparisons at a time
-        for lo in range(0, n_users, step):
-            block = self.D[lo : lo + step].view(torch.int32)
-            torch.any(block != base, dim=2, out=changed[lo : lo + step])
+        changed = changed_rows(self.D, self._d_base)
+        step = max(1, (1 << 24) // max(1, n_items * dim))  # ~64 MiB of rows gathered at a time
         n_changed = int(changed.sum())
         if 2 * n_changed > n_users * n_items:
             return state

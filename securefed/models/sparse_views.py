@@ -14,7 +14,25 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["SparseViews"]
+__all__ = ["SparseViews", "changed_rows"]
+
+
+def changed_rows(dense: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """``[users, items]`` bool: which rows of a dense ``D`` ``[users, items, dim]`` differ in
+    their bits from ``base`` ``[items, dim]`` (compared about 64 MiB of ``D`` at a time)."""
+    n_users, n_items, dim = dense.shape
+    if base.shape != (n_items, dim):
+        raise ValueError(
+            f"a dense D of shape {tuple(dense.shape)} does not match the base view "
+            f"{tuple(base.shape)}"
+        )
+    bits = base.contiguous().view(torch.int32)
+    out = torch.empty(n_users, n_items, dtype=torch.bool, device=dense.device)
+    step = max(1, (1 << 24) // max(1, n_items * dim))
+    for lo in range(0, n_users, step):
+        block = dense[lo : lo + step].contiguous().view(torch.int32)
+        torch.any(block != bits, dim=2, out=out[lo : lo + step])
+    return out
 
 
 class SparseViews:
@@ -183,33 +201,12 @@ class SparseViews:
         return mask
 
     @classmethod
-    def from_dense(
-        cls, dense: torch.Tensor, base: torch.Tensor, *, block_bytes: int = 1 << 26
-    ) -> SparseViews:
+    def from_dense(cls, dense: torch.Tensor, base: torch.Tensor) -> SparseViews:
         """The sparse form of a dense ``[users, items, dim]``: the rows whose bits differ
-        from ``base`` are stored (compared a block of users of about ``block_bytes`` at a
-        time)."""
-        n_users, n_items, dim = dense.shape
-        if base.shape != (n_items, dim):
-            raise ValueError(
-                f"a dense D of shape {tuple(dense.shape)} does not match the base view "
-                f"{tuple(base.shape)}"
-            )
-        bits = base.contiguous().view(torch.int32)
-        step = max(1, block_bytes // max(1, n_items * dim * 4))
-        keys, rows = [], []
-        for lo in range(0, n_users, step):
-            block = dense[lo : lo + step].contiguous()
-            differ = (block.view(torch.int32) != bits).any(dim=2).reshape(-1)
-            idx = torch.nonzero(differ).squeeze(1)
-            keys.append(idx + lo * n_items)
-            rows.append(block.view(-1, dim).index_select(0, idx))
-        return cls(
-            base,
-            n_users,
-            torch.cat(keys) if keys else None,
-            torch.cat(rows).to(base.dtype) if rows else None,
-        )
+        from ``base`` are stored (:func:`changed_rows`)."""
+        keys = torch.nonzero(changed_rows(dense, base).reshape(-1)).squeeze(1)
+        rows = dense.reshape(-1, dense.shape[2]).index_select(0, keys)
+        return cls(base, dense.shape[0], keys, rows.to(base.dtype))
 
     @classmethod
     def from_mask(
