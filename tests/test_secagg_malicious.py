@@ -352,6 +352,19 @@ def test_honest_server_rejects_a_bad_survivor_signature():
 # -- a server equivocating about the survivors (the consistency round) ----------------------
 
 
+def _signed_survivor_sets(
+    r: Round, env: wire.Envelope, shown: dict[int, list[int]]
+) -> dict[int, bytes]:
+    """The consistency round: client ``i`` is shown ``shown[i]``; each one's signature."""
+    sigs: dict[int, bytes] = {}
+    r.step(
+        {i: wire.encode_survivors(env, i, ids) for i, ids in shown.items()},
+        lambda c, m: c.consistency(m),
+        lambda i, m: sigs.__setitem__(i, wire.decode_survivors_signature(env, m, sender=i)),
+    )
+    return sigs
+
+
 def _signed_requests(env, sigs: dict[int, bytes], relay: dict[int, list[int]]) -> dict[int, bytes]:
     return {
         i: wire.encode_signed_unmask_request(env, i, [(j, sigs[j]) for j in sorted(ids)])
@@ -372,12 +385,7 @@ def test_different_survivor_sets_to_different_clients_release_no_share(relay):
     world_a, world_b = [0, 1, 2, 3], [4, 5, 6]
     set_a, set_b = list(range(7)), [1, 2, 3, 4, 5, 6]  # set_b: client 0 "dropped"
     shown = {i: set_a for i in world_a} | {i: set_b for i in world_b}
-    sigs: dict[int, bytes] = {}
-    r.step(
-        {i: wire.encode_survivors(env, i, shown[i]) for i in range(7)},
-        lambda c, m: c.consistency(m),
-        lambda i, m: sigs.__setitem__(i, wire.decode_survivors_signature(env, m, sender=i)),
-    )
+    sigs = _signed_survivor_sets(r, env, shown)
     assert sorted(sigs) == list(range(7))  # every client signed the set it saw
     if relay == "all-signatures":
         plan = {i: [j for j in range(7) if j != i] for i in range(7)}
@@ -396,12 +404,7 @@ def test_one_survivor_set_with_t_signatures_releases_shares():
     r = Round(cfg, _inputs(7))
     r.mask(r.share(r.advertise()))
     env = _env()
-    sigs: dict[int, bytes] = {}
-    r.step(
-        {i: wire.encode_survivors(env, i, list(range(7))) for i in range(7)},
-        lambda c, m: c.consistency(m),
-        lambda i, m: sigs.__setitem__(i, wire.decode_survivors_signature(env, m, sender=i)),
-    )
+    sigs = _signed_survivor_sets(r, env, {i: list(range(7)) for i in range(7)})
     plan = {i: [j for j in range(7) if j != i][: cfg.t] for i in range(7)}
     r.step(_signed_requests(env, sigs, plan), lambda c, m: c.unmask(m), None)
     assert not r.aborted
@@ -413,12 +416,7 @@ def test_fewer_than_t_signatures_or_a_foreign_one_release_nothing():
     r = Round(cfg, _inputs(7))
     r.mask(r.share(r.advertise()))
     env = _env()
-    sigs: dict[int, bytes] = {}
-    r.step(
-        {i: wire.encode_survivors(env, i, list(range(7))) for i in range(7)},
-        lambda c, m: c.consistency(m),
-        lambda i, m: sigs.__setitem__(i, wire.decode_survivors_signature(env, m, sender=i)),
-    )
+    sigs = _signed_survivor_sets(r, env, {i: list(range(7)) for i in range(7)})
     other_round = r.identities[5].sign(wire.survivors_statement(_env(ROUND + 1), list(range(7))))
     other_seed = _env(seed=b"another-seed-0123")
     other_session = r.identities[5].sign(wire.survivors_statement(other_seed, list(range(7))))
