@@ -162,3 +162,78 @@ def test_full_ranking_of_a_user_sample_equals_the_same_users_ranked_among_all(sp
     for bad in (np.array([3, 3]), np.array([5, 2]), np.array([split.n_users]), np.array([], int)):
         with pytest.raises(ConfigError, match="full_users"):
             evaluate(_Model(table), split, which="test", full_users=bad)
+
+
+class _BlockModel(_Model):
+    """The same table, also scored in item blocks (the early-exit full-ranking path)."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        super().__init__(table)
+        self.block_pairs = 0
+
+    def score_block(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        self.block_pairs += int(users.numel() * items.numel())
+        return self.table[users[:, None], items[None, :]]
+
+
+@pytest.mark.parametrize("k", [1, 5, 10])
+def test_block_ranking_equals_the_dense_pass_below_k_and_bounds_it_above(
+    split: Split, k: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ranks below k are exact (ties and NaN pessimistic, as in the dense pass), ranks from k
+    on are lower bounds that are still >= k, so HR@k and NDCG@k are those of the dense pass;
+    a model scored by popularity lets most users leave early."""
+    import securefed.evaluation as ev
+
+    monkeypatch.setattr(ev, "FIRST_BLOCK", 7)  # several blocks over 120 items
+    monkeypatch.setattr(ev, "LAST_BLOCK", 16)
+    gen = torch.Generator().manual_seed(1)
+    table = torch.randint(0, 6, (split.n_users, split.n_items), generator=gen).float()
+    table[3, :40] = float("nan")  # NaN candidates rank ahead
+    table[4] = float("nan")  # a NaN target ranks last
+    counts = np.bincount(split.train_items, minlength=split.n_items)
+    table += 0.5 * torch.from_numpy(counts).float()  # popular items score high
+    dense = ev.evaluate_splits(_Model(table), split, k=k, per_user=True)
+    block_model = _BlockModel(table)
+    block = ev.evaluate_splits(block_model, split, k=k, per_user=True, batch_size=9)
+    for w in ("val", "test"):
+        d, b = dense[w].full_ranks, block[w].full_ranks
+        assert d is not None and b is not None
+        assert (b[d < k] == d[d < k]).all()
+        assert (b[d >= k] >= k).all() and (b <= d).all()
+        assert block[w].full_hr == dense[w].full_hr
+        assert block[w].full_ndcg == pytest.approx(dense[w].full_ndcg, abs=0)
+        assert (block[w].ranks == dense[w].ranks).all()  # the sampled protocol is unchanged
+    assert 0 < block_model.block_pairs < split.n_users * split.n_items
+
+
+def test_fedrecgel_block_scores_match_its_pair_scores() -> None:
+    """FedRecGEL's factored block scorer gives its per-pair logits (to float tolerance) and
+    the same full-ranking metrics as its dense ``score_all`` pass."""
+    from securefed.evaluation import evaluate_splits
+    from securefed.models.fedrecgel import FedRecGEL, FedRecGELConfig
+
+    data = make_synthetic(n_users=40, n_items=300, seed=5, min_history=8, mean_history=25.0)
+    split = leave_one_out(data, seed=5, n_eval_negatives=30)
+    config = FedRecGELConfig(gmf_dim=8, mlp_dim=8, layers=(16, 8, 4))
+    model = FedRecGEL(split, config, generator=torch.Generator().manual_seed(0))
+    counts = torch.from_numpy(np.bincount(split.train_items, minlength=split.n_items)).float()
+    model.shared["embed_item_gmf"] += 0.2 * torch.log1p(counts)[:, None]
+    users = torch.arange(split.n_users)
+    items = torch.arange(split.n_items)
+    pairs = model.score(users, items.expand(split.n_users, -1))
+    torch.testing.assert_close(model.score_block(users, items), pairs, rtol=1e-5, atol=1e-5)
+
+    class Dense:
+        score = model.score
+        score_all = model.score_all
+
+    block = evaluate_splits(model, split, per_user=True)
+    dense = evaluate_splits(Dense(), split, per_user=True)
+    for w in ("val", "test"):
+        assert block[w].full_hr == dense[w].full_hr
+        assert block[w].full_ndcg == pytest.approx(dense[w].full_ndcg)
+    # The item table is cached per parameter state: an in-place update is seen.
+    before = model.score(users[:3], items[None, :5].expand(3, -1))
+    model.shared["mlp.0.bias"].add_(1.0)
+    assert not torch.equal(model.score(users[:3], items[None, :5].expand(3, -1)), before)
