@@ -37,7 +37,7 @@ run loads them and never releases them twice.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -259,9 +259,25 @@ class PriorScored:
         self.prior = prior
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("inner", "prior"):  # not set yet (e.g. during unpickling)
+        # inner/prior: not set yet (e.g. during unpickling); score_block: never the bare
+        # model's (it would score without the prior), see the property below.
+        if name in ("inner", "prior", "score_block"):
             raise AttributeError(name)
         return getattr(self.inner, name)
+
+    @property
+    def score_block(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """The model's block scorer plus the prior, where the model has one (evaluation then
+        ranks in item blocks, :mod:`securefed.evaluation`); an AttributeError otherwise."""
+        inner = self.inner.score_block  # AttributeError: evaluation takes the dense path
+
+        @torch.no_grad()
+        def scored(users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+            out = inner(users, items)
+            p = self.prior.scores().to(out.device, out.dtype)
+            return out + self.prior.weight * p[items.to(out.device, torch.long)].unsqueeze(0)
+
+        return scored
 
     @torch.no_grad()
     def score(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:

@@ -163,6 +163,40 @@ def test_scores_are_model_scores_plus_weight_times_the_prior(small_split):
     assert torch.equal(fresh.score_all(users), wrapped.score_all(users))
 
 
+def test_a_block_scoring_model_keeps_the_prior_in_its_blocks(small_split):
+    """FedRecGEL ranks in item blocks; wrapped, its blocks carry the prior too (attribute
+    fall-through would hand evaluation the bare model's blocks), and a model without blocks
+    stays without them."""
+    from securefed.evaluation import evaluate_splits
+    from securefed.models.fedrecgel import FedRecGEL, FedRecGELConfig
+
+    config = FedRecGELConfig(gmf_dim=4, mlp_dim=4, layers=(8, 4))
+    model = FedRecGEL(small_split, config, generator=torch.Generator().manual_seed(0))
+    prior = PopularityPrior(small_split.n_items, weight=5.0, max_items=20)
+    prior.install(torch.linspace(-3.0, 40.0, small_split.n_items))
+    wrapped = PriorScored(model, prior)
+    users = torch.arange(small_split.n_users)
+    items = torch.arange(small_split.n_items)
+    torch.testing.assert_close(
+        wrapped.score_block(users, items), wrapped.score_all(users), rtol=1e-5, atol=1e-5
+    )
+
+    class Dense:
+        score = wrapped.score
+        score_all = wrapped.score_all
+
+    block = evaluate_splits(wrapped, small_split)
+    dense = evaluate_splits(Dense(), small_split)
+    for w in ("val", "test"):
+        assert block[w].full_hr == dense[w].full_hr
+        assert block[w].full_ndcg == pytest.approx(dense[w].full_ndcg)
+    bare = PriorScored(
+        FedRAP(small_split, FedRAPConfig(dim=4), generator=torch.Generator().manual_seed(0)),
+        prior,
+    )
+    assert not hasattr(bare, "score_block")
+
+
 def test_sampled_prior_updates_bound_every_user_to_k_items(small_split):
     up = prior_updates(small_split, max_items=3, seed=0, weighting="sample")
     per_user = torch.bincount(up.pair_client, minlength=small_split.n_users)
