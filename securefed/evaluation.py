@@ -371,7 +371,7 @@ def _block_ranks(
         size = min(2 * size, LAST_BLOCK)
         scores = score_block(users[active], items)
         scores = scores.detach().cpu()
-        candidate = ~excluded[active][:, items]
+        candidate = ~excluded[active[:, None], items[None, :]]
         for j in range(len(which)):
             target = targets[active, j, None]
             ahead = (scores >= target) | scores.isnan() | target.isnan()
