@@ -335,7 +335,8 @@ def _substep(
     Per pair: ``count`` samples in this batch, label ``y``; per client (``[m]`` tensors,
     gathered by ``pair_user``): batch ``size``, scorer ``w``/``b``, in-round scale, learning
     rates ``lr`` (C and D) and ``lr_net`` (scorer), zero for clients that do not step.
-    Returns the new ``q_d``, ``q_c``, ``w``, ``b``, ``scale`` and each client's batch loss.
+    Updates ``q_d`` and ``q_c`` in place (under ``torch.compile`` the kernel writes them
+    directly) and returns the new ``w``, ``b``, ``scale`` and each client's batch loss.
     """
     m, dim = w.shape
     coef = count / size.clamp_min(1)[pair_user]
@@ -361,7 +362,9 @@ def _substep(
     f_net = 1 - lr_net * l2
     new_w = f_net.unsqueeze(1) * w - lr_net.unsqueeze(1) * grad_w
     new_b = f_net * b - lr_net * grad_b
-    return q_d - step * grad_d, q_c - step * grad_c, new_w, new_b, new_scale, loss
+    q_d.sub_(step * grad_d)
+    q_c.sub_(step * grad_c)
+    return new_w, new_b, new_scale, loss
 
 
 def dpsgd_clipped_sums(
@@ -1004,12 +1007,10 @@ class FedRAP:
                         mu,
                         cfg.l2,
                     )
-                    q_d[p0:p1] = out[0]
-                    q_c[p0:p1] = out[1]
-                    w[u0:u1] = out[2]
-                    b[u0:u1] = out[3]
-                    scale[u0:u1] = out[4]
-                    loss[u0:u1] = out[5]
+                    w[u0:u1] = out[0]
+                    b[u0:u1] = out[1]
+                    scale[u0:u1] = out[2]
+                    loss[u0:u1] = out[3]
                 steps_done += users_in.double()
                 epoch_loss += torch.where(users_in, loss.double() * sizes[:, sub].double(), 0.0)
             # The official running mean over all epochs so far and its relative-change stop.
