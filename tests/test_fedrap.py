@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -251,3 +252,24 @@ def test_weighted_sum_in_chunks_gives_the_same_bits(small_split, monkeypatch):
     monkeypatch.setattr(fedrap, "PAIR_CHUNK_BYTES", 5 * 4 * cfg.dim)  # 5 pairs per chunk
     assert updates.pair_rows.shape[0] > 50
     assert torch.equal(updates.weighted_sum(weights).view(torch.int32), whole.view(torch.int32))
+
+
+def test_compiled_substep_runs_on_chunks_of_one_client(small_split, monkeypatch):
+    """A chunk may hold a single client; the compiled kernel must not be specialised to it
+    (torch.compile's kernel for a one-client scatter failed to build)."""
+    from securefed.models.fedrap import compile_available
+
+    if not compile_available():
+        pytest.skip("torch.compile needs a C++ compiler")
+    cfg = FedRAPConfig(dim=8, local_epochs=2, batch_size=60, compile=True)
+    monkeypatch.setattr(fedrap, "PAIR_CHUNK_BYTES", 4 * cfg.dim)  # one pair: one client a chunk
+    eager = dataclasses.replace(cfg, compile=False)
+    participants = torch.arange(small_split.n_users)
+    got = {}
+    for c in (cfg, eager):
+        model = FedRAP(small_split, c, generator=torch.Generator().manual_seed(0))
+        plan = model.plan_round(participants, torch.Generator().manual_seed(7))
+        model.train_plan(plan, 1)
+        got[c.compile] = model
+    for name in ("D", "w", "b"):
+        torch.testing.assert_close(getattr(got[True], name), getattr(got[False], name))

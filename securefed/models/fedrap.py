@@ -242,9 +242,11 @@ class DPSGDPlan:
 
 #: Bytes of one ``[pairs, dim]`` float32 buffer of a local-training chunk: sub-steps run on
 #: whole clients' (user, item) pairs in chunks of about this size (MovieLens-1M size: ~3 M
-#: pairs, 384 MB per buffer, in 12 chunks), so their temporaries stay below the allocator's
-#: mmap threshold (:mod:`securefed.allocator`) and are reused from the heap, not page-faulted in.
-PAIR_CHUNK_BYTES = 32 << 20
+#: pairs, 384 MB per buffer, in 3 chunks), so their temporaries stay below the allocator's
+#: mmap threshold (:mod:`securefed.allocator`) and are reused from the heap, not page-faulted
+#: in. Smaller chunks cost more per call: a MovieLens-1M-sized round took 9.5 CPU s of local
+#: training at 128 MiB, 10.6-10.9 at 64, 9.6-12.5 at 32, 18 at 8 and 27-35 at 2 (2026-12-04).
+PAIR_CHUNK_BYTES = 128 << 20
 
 
 def client_chunks(
@@ -946,14 +948,11 @@ class FedRAP:
         # rows each), written back in place: no full-size temporaries per sub-step.
         user_first_pair = torch.searchsorted(pair_user, torch.arange(m + 1)).tolist()
         chunk_rows = max(1, PAIR_CHUNK_BYTES // (4 * cfg.dim))
-        chunk_cache: dict[int, list[tuple[int, int, int, int, torch.Tensor]]] = {}
+        chunk_cache: dict[int, list[tuple[int, int, int, int]]] = {}
 
-        def chunks_of(sub: int) -> list[tuple[int, int, int, int, torch.Tensor]]:
+        def chunks_of(sub: int) -> list[tuple[int, int, int, int]]:
             if sub not in chunk_cache:
-                bounds = client_chunks(user_first_pair, int(first_user[sub]), chunk_rows)
-                chunk_cache[sub] = [
-                    (u0, u1, p0, p1, pair_user[p0:p1] - u0) for u0, u1, p0, p1 in bounds
-                ]
+                chunk_cache[sub] = client_chunks(user_first_pair, int(first_user[sub]), chunk_rows)
             return chunk_cache[sub]
 
         for epoch in range(cfg.local_epochs):
@@ -983,7 +982,8 @@ class FedRAP:
                 lr = torch.where(users_in, self.lr_args * decay, 0.0).to(torch.float32)
                 lr_net = torch.where(users_in, self.lr_network * decay, 0.0).to(torch.float32)
                 loss = torch.zeros(m)
-                for u0, u1, p0, p1, p_user in chunks_of(sub):
+                size = sizes[:, sub].contiguous()
+                for u0, u1, p0, p1 in chunks_of(sub):
                     if not bool(users_in[u0:u1].any()):
                         continue  # lr 0 everywhere: the step leaves these clients as they are
                     if sub == 0:
@@ -991,26 +991,28 @@ class FedRAP:
                     else:
                         assert counts is not None
                         pc = counts[p0 - multi_pair0 : p1 - multi_pair0, sub]
+                    # Every client's scalars go in (a kernel specialised to one client
+                    # fails to compile); only the chunk's clients' results are kept.
                     out = substep(
                         q_d[p0:p1],
                         q_c[p0:p1],
-                        p_user,
+                        pair_user[p0:p1],
                         pair_label[p0:p1],
                         pc,
-                        sizes[u0:u1, sub].contiguous(),
-                        w[u0:u1],
-                        b[u0:u1],
-                        scale[u0:u1],
-                        lr[u0:u1],
-                        lr_net[u0:u1],
+                        size,
+                        w,
+                        b,
+                        scale,
+                        lr,
+                        lr_net,
                         lam,
                         mu,
                         cfg.l2,
                     )
-                    w[u0:u1] = out[0]
-                    b[u0:u1] = out[1]
-                    scale[u0:u1] = out[2]
-                    loss[u0:u1] = out[3]
+                    w[u0:u1] = out[0][u0:u1]
+                    b[u0:u1] = out[1][u0:u1]
+                    scale[u0:u1] = out[2][u0:u1]
+                    loss[u0:u1] = out[3][u0:u1]
                 steps_done += users_in.double()
                 epoch_loss += torch.where(users_in, loss.double() * sizes[:, sub].double(), 0.0)
             # The official running mean over all epochs so far and its relative-change stop.
