@@ -24,8 +24,11 @@ decay on the untouched rows is a per-user scalar: a parameter is stored as ``val
 with a per-user scale ``s_u`` that absorbs each step's ``(1 - lr * l2)`` factor, and gradient
 steps update ``q`` by ``-lr * g / s_u``. ``D`` keeps such a scale across rounds as well
 (``_d_scale``), so untouched rows of ``D_u`` are never rewritten. Users with more than one
-batch per epoch take extra sub-steps on the subset of their pairs. The result equals a per-client
-loop up to float rounding (``tests/test_fedrap.py`` checks it against one).
+batch per epoch take extra sub-steps on the subset of their pairs. A sub-step runs on chunks of
+whole clients' pairs (:data:`PAIR_CHUNK_BYTES`) and updates the gathered rows in place, so no
+buffer of the size of all pairs is allocated per sub-step. The result equals a per-client loop
+up to float rounding (``tests/test_fedrap.py`` checks it against one, and small chunks against
+one chunk).
 
 Storage of the private views
 ----------------------------
