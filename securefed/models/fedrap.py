@@ -24,8 +24,11 @@ decay on the untouched rows is a per-user scalar: a parameter is stored as ``val
 with a per-user scale ``s_u`` that absorbs each step's ``(1 - lr * l2)`` factor, and gradient
 steps update ``q`` by ``-lr * g / s_u``. ``D`` keeps such a scale across rounds as well
 (``_d_scale``), so untouched rows of ``D_u`` are never rewritten. Users with more than one
-batch per epoch take extra sub-steps on the subset of their pairs. The result equals a per-client
-loop up to float rounding (``tests/test_fedrap.py`` checks it against one).
+batch per epoch take extra sub-steps on the subset of their pairs. A sub-step runs on chunks of
+whole clients' pairs (:data:`PAIR_CHUNK_BYTES`) and updates the gathered rows in place, so no
+buffer of the size of all pairs is allocated per sub-step. The result equals a per-client loop
+up to float rounding (``tests/test_fedrap.py`` checks it against one, and small chunks against
+one chunk).
 
 Storage of the private views
 ----------------------------
@@ -60,6 +63,7 @@ estimate refuses the run).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import shutil
@@ -239,6 +243,41 @@ class DPSGDPlan:
     example_weight: torch.Tensor
 
 
+#: Bytes of one ``[pairs, dim]`` float32 buffer of a local-training chunk: sub-steps run on
+#: whole clients' (user, item) pairs in chunks of about this size (MovieLens-1M size: ~3 M
+#: pairs, 384 MB per buffer, in 3 chunks), so their temporaries stay below the allocator's
+#: mmap threshold (:mod:`securefed.allocator`) and are reused from the heap, not page-faulted
+#: in. Smaller chunks cost more per call: a MovieLens-1M-sized round took 9.5 CPU s of local
+#: training at 128 MiB, 10.6-10.9 at 64, 9.6-12.5 at 32, 18 at 8 and 27-35 at 2 (2026-12-04).
+PAIR_CHUNK_BYTES = 128 << 20
+
+
+def client_chunks(
+    user_first_pair: list[int], first: int, max_rows: int
+) -> list[tuple[int, int, int, int]]:
+    """Split clients ``first..m-1`` into consecutive ranges of whole clients.
+
+    Args:
+        user_first_pair: ``[m + 1]`` index of every client's first pair (pairs are grouped
+            by client in client order); the last entry is the number of pairs.
+        first: First client to cover.
+        max_rows: Pairs a range may hold, unless one client alone has more.
+
+    Returns:
+        ``(u0, u1, p0, p1)`` per range: clients ``u0..u1-1`` own pairs ``p0..p1-1``.
+    """
+    m = len(user_first_pair) - 1
+    out = []
+    u0 = first
+    while u0 < m:
+        p0 = user_first_pair[u0]
+        u1 = bisect.bisect_right(user_first_pair, p0 + max_rows, lo=u0 + 1) - 1
+        u1 = min(m, max(u1, u0 + 1))
+        out.append((u0, u1, p0, user_first_pair[u1]))
+        u0 = u1
+    return out
+
+
 #: Bytes of dense per-client state a DP-SGD chunk may hold (about 8 ``items x dim`` buffers
 #: per client); MovieLens 100K's 943 clients fit in one chunk.
 _DPSGD_MAX_BYTES = 2 * 1024**3
@@ -301,7 +340,8 @@ def _substep(
     Per pair: ``count`` samples in this batch, label ``y``; per client (``[m]`` tensors,
     gathered by ``pair_user``): batch ``size``, scorer ``w``/``b``, in-round scale, learning
     rates ``lr`` (C and D) and ``lr_net`` (scorer), zero for clients that do not step.
-    Returns the new ``q_d``, ``q_c``, ``w``, ``b``, ``scale`` and each client's batch loss.
+    Updates ``q_d`` and ``q_c`` in place (under ``torch.compile`` the kernel writes them
+    directly) and returns the new ``w``, ``b``, ``scale`` and each client's batch loss.
     """
     m, dim = w.shape
     coef = count / size.clamp_min(1)[pair_user]
@@ -327,7 +367,9 @@ def _substep(
     f_net = 1 - lr_net * l2
     new_w = f_net.unsqueeze(1) * w - lr_net.unsqueeze(1) * grad_w
     new_b = f_net * b - lr_net * grad_b
-    return q_d - step * grad_d, q_c - step * grad_c, new_w, new_b, new_scale, loss
+    q_d.sub_(step * grad_d)
+    q_c.sub_(step * grad_c)
+    return new_w, new_b, new_scale, loss
 
 
 def dpsgd_clipped_sums(
@@ -517,11 +559,16 @@ class FedRAPUpdates(ClientUpdates):
     def weighted_sum(self, weights: torch.Tensor) -> torch.Tensor:
         w = weights.to(torch.float32)
         total = (w * (self.scale - 1)).sum() * self.global_c
-        pw = w[self.pair_client]
-        ps = self.scale[self.pair_client]
-        base = self.global_c.index_select(0, self.pair_item)
-        rows = pw.unsqueeze(1) * (self.pair_rows - ps.unsqueeze(1) * base)
-        total.index_add_(0, self.pair_item, rows)
+        # In chunks of pairs (no full-size temporaries); index_add_ sums in pair order, so
+        # the chunks give the same bits as one pass.
+        n_pairs, dim = self.pair_rows.shape
+        step = max(1, PAIR_CHUNK_BYTES // (4 * dim))
+        for lo in range(0, n_pairs, step):
+            client = self.pair_client[lo : lo + step]
+            item = self.pair_item[lo : lo + step]
+            rows = self.global_c.index_select(0, item).mul_(self.scale[client].unsqueeze(1))
+            torch.sub(self.pair_rows[lo : lo + step], rows, out=rows)
+            total.index_add_(0, item, rows.mul_(w[client].unsqueeze(1)))
         return total.reshape(-1)
 
 
@@ -881,7 +928,7 @@ class FedRAP:
         # Gather the touched rows once: actual values, with a fresh in-round scale of 1.
         g_user = glob[pair_user]
         flat = g_user * n_items + pair_item
-        q_d = self._gather_views(flat) * self._d_scale.index_select(0, g_user).unsqueeze(1)
+        q_d = self._gather_views(flat).mul_(self._d_scale.index_select(0, g_user).unsqueeze(1))
         q_c = self.C.index_select(0, pair_item)
         w = self.w[glob].clone()
         b = self.b[glob].clone()
@@ -900,6 +947,16 @@ class FedRAP:
         counts0 = torch.bincount(sample_pair, minlength=n_pairs).to(torch.float32)
         multi_pair0 = pair_start[1] if max_batches > 1 else n_pairs
         multi_sample0 = plan.multi_start
+        # Sub-steps run on chunks of whole clients' pairs (PAIR_CHUNK_BYTES of [pairs, dim]
+        # rows each), written back in place: no full-size temporaries per sub-step.
+        user_first_pair = torch.searchsorted(pair_user, torch.arange(m + 1)).tolist()
+        chunk_rows = max(1, PAIR_CHUNK_BYTES // (4 * cfg.dim))
+        chunk_cache: dict[int, list[tuple[int, int, int, int]]] = {}
+
+        def chunks_of(sub: int) -> list[tuple[int, int, int, int]]:
+            if sub not in chunk_cache:
+                chunk_cache[sub] = client_chunks(user_first_pair, int(first_user[sub]), chunk_rows)
+            return chunk_cache[sub]
 
         for epoch in range(cfg.local_epochs):
             if not bool(active.any()):
@@ -927,36 +984,40 @@ class FedRAP:
                 decay = cfg.lr_gamma**steps_done
                 lr = torch.where(users_in, self.lr_args * decay, 0.0).to(torch.float32)
                 lr_net = torch.where(users_in, self.lr_network * decay, 0.0).to(torch.float32)
-                lo = pair_start[sub]
-                if sub == 0:
-                    pc = counts0
-                else:
-                    assert counts is not None
-                    pc = counts[lo - multi_pair0 :, sub]
-                out = substep(
-                    q_d[lo:],
-                    q_c[lo:],
-                    pair_user[lo:],
-                    pair_label[lo:],
-                    pc,
-                    sizes[:, sub].contiguous(),
-                    w,
-                    b,
-                    scale,
-                    lr,
-                    lr_net,
-                    lam,
-                    mu,
-                    cfg.l2,
-                )
-                if lo == 0:
-                    q_d, q_c = out[0], out[1]
-                else:
-                    q_d[lo:] = out[0]
-                    q_c[lo:] = out[1]
-                w, b, scale = out[2], out[3], out[4]
+                loss = torch.zeros(m)
+                size = sizes[:, sub].contiguous()
+                for u0, u1, p0, p1 in chunks_of(sub):
+                    if not bool(users_in[u0:u1].any()):
+                        continue  # lr 0 everywhere: the step leaves these clients as they are
+                    if sub == 0:
+                        pc = counts0[p0:p1]
+                    else:
+                        assert counts is not None
+                        pc = counts[p0 - multi_pair0 : p1 - multi_pair0, sub]
+                    # Every client's scalars go in (a kernel specialised to one client
+                    # fails to compile); only the chunk's clients' results are kept.
+                    out = substep(
+                        q_d[p0:p1],
+                        q_c[p0:p1],
+                        pair_user[p0:p1],
+                        pair_label[p0:p1],
+                        pc,
+                        size,
+                        w,
+                        b,
+                        scale,
+                        lr,
+                        lr_net,
+                        lam,
+                        mu,
+                        cfg.l2,
+                    )
+                    w[u0:u1] = out[0][u0:u1]
+                    b[u0:u1] = out[1][u0:u1]
+                    scale[u0:u1] = out[2][u0:u1]
+                    loss[u0:u1] = out[3][u0:u1]
                 steps_done += users_in.double()
-                epoch_loss += torch.where(users_in, out[5].double() * sizes[:, sub].double(), 0.0)
+                epoch_loss += torch.where(users_in, loss.double() * sizes[:, sub].double(), 0.0)
             # The official running mean over all epochs so far and its relative-change stop.
             ran = active.clone()
             loss_sum += torch.where(ran, epoch_loss, 0.0)
@@ -972,7 +1033,7 @@ class FedRAP:
         new_d_scale = self._d_scale[glob] * scale
         self._d_scale[glob] = new_d_scale
         self._put_views(
-            flat, q_d * (scale[pair_user] / self._d_scale.index_select(0, g_user)).unsqueeze(1)
+            flat, q_d.mul_((scale[pair_user] / self._d_scale.index_select(0, g_user)).unsqueeze(1))
         )
         self.w[glob] = w
         self.b[glob] = b
@@ -983,7 +1044,7 @@ class FedRAP:
             scale=scale,
             pair_client=pair_user,
             pair_item=pair_item,
-            pair_rows=q_c * scale[pair_user].unsqueeze(1),
+            pair_rows=q_c.mul_(scale[pair_user].unsqueeze(1)),
         )
         stats = RoundStats(
             loss=float(final_loss.mean()) if m else float("nan"), samples=int(key.shape[0])
