@@ -598,6 +598,10 @@ def estimate_run(
             + m * (sum(widths[k] * widths[k + 1] for k in range(len(widths) - 1))) * 4 * 2
         )
         tower = sum(widths[k] * widths[k + 1] for k in range(1, len(widths) - 1)) + widths[0]
+        # The dense pass: an upper bound, since full ranking runs in item blocks with early
+        # exit (FedRecGEL.score_block; on Gowalla 1.7 % of the pairs for a model at full
+        # HR@10 0.007, docs/benchmarks.md); the cost depends on the model, so a run's later
+        # estimates take the measured evaluation time.
         eval_full_s = _MLP_EVAL_S * u * i * tower
         eval_s = _MLP_EVAL_S * u * 200 * tower
         # score_all returns [EVAL_BLOCK, items] scores (and evaluation masks them), scoring
