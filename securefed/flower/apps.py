@@ -29,7 +29,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from securefed.flower.messages import SESSION_KEY, Payload, handle_node_message
+from securefed.flower.messages import SESSION_KEY, NodeMemory, Payload, handle_node_message
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,20 @@ MESSAGE_TYPES = {
     "evaluate": "evaluate",
 }
 _STATE_RECORD = "securefed"
+#: Set by :func:`keep_node_state_in_process` in a process that serves every message of its
+#: node (securefed's long-lived ClientApp process); ``None`` in a per-message process.
+_PROCESS_MEMORY: NodeMemory | None = None
+
+
+def keep_node_state_in_process() -> NodeMemory:
+    """From now on the ClientApp keeps the node's round session and model in this process's
+    memory (returned) instead of freezing the session into ``Context.state``. Only for a
+    process that serves every message of one node, for as long as the node runs:
+    :mod:`securefed.flower.worker`."""
+    global _PROCESS_MEMORY
+    if _PROCESS_MEMORY is None:
+        _PROCESS_MEMORY = NodeMemory()
+    return _PROCESS_MEMORY
 
 
 def to_content(payload: Payload) -> RecordDict:
@@ -184,7 +198,9 @@ def make_client_app(defaults: Mapping[str, Any] | None = None) -> ClientApp:
             store: dict[str, bytes] = {}
             if isinstance(record, ConfigRecord) and SESSION_KEY in record:
                 store[SESSION_KEY] = bytes(record[SESSION_KEY])  # type: ignore[arg-type]
-            reply = handle_node_message(stage, payload, node_config=node_config, state=store)
+            reply = handle_node_message(
+                stage, payload, node_config=node_config, state=store, memory=_PROCESS_MEMORY
+            )
             context.state[_STATE_RECORD] = ConfigRecord(dict(store))
             return Message(to_content(reply), reply_to=msg)
 

@@ -1,0 +1,260 @@
+"""One long-lived ClientApp process per SuperNode (Flower's ``process`` isolation mode).
+
+Flower 1.42 runs a ``ClientApp`` in a fresh ``flwr-clientapp`` process per message (the
+SuperNode's default ``--isolation subprocess``: its SuperExec starts one per task), so every
+message of a round pays for a Python start, the torch import and rebuilding the node's model.
+With ``flower-supernode --isolation process`` the SuperNode only queues tasks on its Runtime
+API and leaves running them to an outside process; :func:`serve` is that process, kept alive
+for as long as its SuperNode runs:
+
+* it claims the SuperNode's ClientApp tasks one at a time (``AcquireTask``, as Flower's
+  SuperExec does) and runs each one with Flower's own per-task functions
+  (``pull_task_input``, ``push_message``, ``push_task_output`` of
+  ``flwr.supernode.runtime.run_clientapp``), under the task's own token and with the task
+  heartbeat Flower's ClientApp sends, so a task that fails ends as an error reply, as in a
+  ``flwr-clientapp`` process;
+* the app comes from the run's FAB (installed and loaded with Flower's functions once per
+  FAB), so its modules, torch included, are imported once;
+* securefed's ClientApp is told (:func:`securefed.flower.apps.keep_node_state_in_process`) to
+  keep the node's model and the round's secrets in this process's memory between messages:
+  never on disk, and no longer round-tripped through the SuperNode's ``Context.state``.
+
+It exits when its SuperNode exits (``--parent-pid``). If it dies first, a claimed task fails
+after Flower's task heartbeat expires (an error reply, a dropout to the server) and the
+node's later messages are never answered (the server's stage timeout makes them dropouts).
+
+    python -m securefed.flower.worker --runtime-api-address 127.0.0.1:9094 --parent-pid PID
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between ``AcquireTask`` calls while the SuperNode has no task (loopback HTTP).
+DEFAULT_POLL = 0.1
+
+
+class Worker:
+    """Serves the ClientApp tasks of one SuperNode, one at a time, in this process.
+
+    Args:
+        runtime_api_address: The SuperNode's Runtime API (``--host``/``--port`` of
+            ``flower-supernode``), plain HTTP on loopback as in Flower's own subprocess mode.
+        poll: Seconds between ``AcquireTask`` calls while there is no task.
+    """
+
+    def __init__(self, runtime_api_address: str, *, poll: float = DEFAULT_POLL) -> None:
+        from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+        from flwr.supercore.retry import make_simple_http_retry_invoker
+        from flwr.supercore.runtime import RuntimeHttpClient
+
+        from securefed.flower import apps
+
+        if not poll > 0:
+            raise ValueError(f"poll must be positive, got {poll!r}")
+        self.address = runtime_api_address
+        self.poll = poll
+        self.served = 0
+        self._apps: dict[str, Any] = {}  # FAB hash -> loaded ClientApp
+        self._client = RuntimeHttpClient.from_server_address(
+            server_address=runtime_api_address,
+            insecure=True,
+            root_certificates=None,
+            interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
+            retry_invoker=make_simple_http_retry_invoker(),
+        )
+        apps.keep_node_state_in_process()
+
+    def acquire(self) -> str | None:
+        """Claim the oldest pending ClientApp task; its token, or ``None`` when none waits."""
+        from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=E0611
+        from flwr.supercore.constant import TaskType
+
+        res = self._client.AcquireTask(
+            AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP])
+        )
+        if res.HasField("task") and res.token:
+            return str(res.token)
+        return None
+
+    def serve(self, *, max_tasks: int | None = None) -> None:
+        """Claim and run tasks until stopped (or ``max_tasks`` have run)."""
+        while max_tasks is None or self.served < max_tasks:
+            token = self.acquire()
+            if token is None:
+                time.sleep(self.poll)
+                continue
+            self.run_task(token)
+
+    def run_task(self, token: str) -> None:
+        """Everything ``flwr-clientapp`` does for one task, minus starting a process."""
+        from flwr.app import Message
+        from flwr.app.error import Error
+        from flwr.clientapp.client_app import LoadClientAppError
+        from flwr.common.constant import ErrorCode, SubStatus
+        from flwr.supercore.heartbeat import HeartbeatSender
+        from flwr.supercore.interceptors import (
+            RuntimeTokenHttpInterceptor,
+            RuntimeVersionHttpInterceptor,
+        )
+        from flwr.supercore.retry import make_simple_http_retry_invoker
+        from flwr.supercore.runtime import RuntimeHttpClient
+        from flwr.supernode.runtime.run_clientapp import (
+            pull_task_input,
+            push_message,
+            push_task_output,
+        )
+
+        start = time.perf_counter()
+        client = RuntimeHttpClient.from_server_address(
+            server_address=self.address,
+            insecure=True,
+            root_certificates=None,
+            interceptors=[
+                RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
+                RuntimeTokenHttpInterceptor(token),
+            ],
+            retry_invoker=make_simple_http_retry_invoker(),
+        )
+        heartbeat = HeartbeatSender(_task_heartbeat(client))
+        message = reply = context = None
+        sub_status, details = SubStatus.FAILED, "ClientApp task failed due to unknown reason"
+        kind = "?"
+        try:
+            heartbeat.start()
+            message, context, run, fab = pull_task_input(client)
+            kind = message.metadata.message_type
+            app = self._load(run, fab)
+            reply = app(message=message, context=context)
+            sub_status, details = SubStatus.COMPLETED, ""
+        except Exception as ex:  # as flwr-clientapp: the failure becomes an error reply
+            code = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+            reason = f"{type(ex)}:<'{ex}'>"
+            if isinstance(ex, LoadClientAppError):
+                code = ErrorCode.LOAD_CLIENT_APP_EXCEPTION
+                reason = "An exception was raised when attempting to load `ClientApp`"
+            logger.exception("the ClientApp raised an exception")
+            details = reason
+            if message is not None:
+                reply = Message(Error(code=code, reason=reason), reply_to=message)
+        finally:
+            try:
+                if reply is not None and context is not None:
+                    push_message(client, reply, context)
+            except Exception:
+                logger.exception("could not push the reply to the SuperNode")
+            push_task_output(client=client, context=context, sub_status=sub_status, details=details)
+            if heartbeat.is_running:
+                heartbeat.stop()
+            client.close()
+        self.served += 1
+        logger.info(
+            "securefed worker pid=%d served %s message %d in %.2f s (%s)",
+            os.getpid(),
+            kind,
+            self.served,
+            time.perf_counter() - start,
+            sub_status,
+        )
+
+    def _load(self, run: Any, fab: Any) -> Any:
+        """The run's ClientApp, installed from its FAB and imported once per FAB."""
+        app = self._apps.get(fab.hash_str)
+        if app is None:
+            from flwr.cli.install import install_from_fab
+            from flwr.clientapp.utils import get_load_client_app_fn
+
+            install_from_fab(fab.content, skip_prompt=True)
+            load = get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)
+            app = self._apps[fab.hash_str] = load(run.fab_id, run.fab_version, fab.hash_str)
+        return app
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _task_heartbeat(client: Any) -> Any:
+    """Flower's task heartbeat, except that a refused one does not interrupt this process
+    (``flwr-clientapp`` raises SIGINT in itself: it serves one task, this process many)."""
+    import httpx
+    from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest  # pylint: disable=E0611
+
+    def beat() -> bool:
+        try:
+            return bool(client.SendTaskHeartbeat(SendTaskHeartbeatRequest()).success)
+        except httpx.HTTPError:
+            return False
+
+    return beat
+
+
+def _wait_listening(address: str, parent_pid: int | None, timeout: float = 120.0) -> None:
+    """Wait until the SuperNode's Runtime API accepts connections (it starts first)."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.settimeout(0.5)
+            if s.connect_ex((host.strip("[]"), int(port))) == 0:
+                return
+        if parent_pid is not None and not _alive(parent_pid):
+            raise SystemExit(f"the SuperNode (pid {parent_pid}) exited before its Runtime API")
+        time.sleep(0.1)
+    raise SystemExit(f"the SuperNode's Runtime API at {address} did not listen in {timeout:g} s")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--runtime-api-address", required=True, help="The SuperNode's HOST:PORT.")
+    ap.add_argument("--parent-pid", type=int, help="Exit when this process (the SuperNode) does.")
+    ap.add_argument("--poll", type=float, default=DEFAULT_POLL, help="Idle AcquireTask period.")
+    args = ap.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not every poll of the SuperNode
+    if args.parent_pid is not None:
+        from flwr.supercore.app_utils import start_parent_process_monitor
+
+        start_parent_process_monitor(args.parent_pid)  # SIGINT here when the SuperNode exits
+    _wait_listening(args.runtime_api_address, args.parent_pid)
+    import securefed
+    import securefed.flower.apps
+    import securefed.flower.node  # noqa: F401  (torch and the model code, once, before any task)
+
+    logger.info(
+        "securefed worker pid=%d for the SuperNode at %s (securefed from %s)",
+        os.getpid(),
+        args.runtime_api_address,
+        os.path.dirname(securefed.__file__),
+    )
+    worker = Worker(args.runtime_api_address, poll=args.poll)
+    try:
+        worker.serve()
+    except KeyboardInterrupt:
+        logger.info("securefed worker pid=%d stops: its SuperNode exited", os.getpid())
+    finally:
+        worker.close()
+
+
+if __name__ == "__main__":
+    main()
