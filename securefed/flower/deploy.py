@@ -326,12 +326,7 @@ def local_deployment(
     require_flwr()
     if nodes < 1:
         raise ConfigError(f"nodes must be a positive integer, got {nodes!r}")
-    if isolation not in ISOLATION_MODES:
-        raise ConfigError(
-            f"isolation must be one of {', '.join(ISOLATION_MODES)}, got {isolation!r}"
-        )
-    if idle_poll is not None and not 0 < idle_poll <= 3:
-        raise ConfigError(f"idle_poll must be in (0, 3] seconds, got {idle_poll!r}")
+    _check_scheduling(isolation, idle_poll)
     outsiders = set(unregistered)
     if not outsiders <= set(range(nodes)):
         raise ConfigError(
@@ -449,6 +444,15 @@ def local_deployment(
         dep.stop()
 
 
+def _check_scheduling(isolation: str, idle_poll: float | None) -> None:
+    if isolation not in ISOLATION_MODES:
+        raise ConfigError(
+            f"isolation must be one of {', '.join(ISOLATION_MODES)}, got {isolation!r}"
+        )
+    if idle_poll is not None and not 0 < idle_poll <= 3:
+        raise ConfigError(f"idle_poll must be in (0, 3] seconds, got {idle_poll!r}")
+
+
 def _register(dep: LocalDeployment, public_keys: Sequence[Path], timeout: float = 120.0) -> None:
     """``flwr supernode register KEY local-deployment`` for every key (concurrently)."""
     log = dep.work_dir / "logs" / "register.log"
@@ -528,6 +532,7 @@ def run_local_deployment(
     ``insecure=True`` is for debugging only: no TLS and no SuperNode authentication.
     ``isolation`` and ``idle_poll`` are those of :func:`local_deployment`.
     """
+    _check_scheduling(isolation, idle_poll)
     run_dir, work = Path(run_dir).resolve(), Path(work_dir).resolve()
     config_file = _prepare(config, run_dir, work)
     app = write_app(
