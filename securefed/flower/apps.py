@@ -144,6 +144,19 @@ class GridTransport:
         return got
 
 
+def _shorten_reply_backoff() -> None:
+    """The ServerApp pulls a reply's objects from the SuperLink with Flower's 1 s first
+    backoff when the node has not finished uploading them (see
+    :func:`securefed.flower.supernode.shorten_object_backoff`): start it at 20 ms."""
+    try:
+        from flwr.superlink.grid import http_grid
+    except ImportError:  # another Flower layout: its own backoff applies
+        return
+    from securefed.flower.supernode import shorten_object_backoff
+
+    shorten_object_backoff(http_grid)
+
+
 def make_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
     """A ``ServerApp`` running :class:`FederatedServer`; ``defaults`` fill the run config
     (the simulation engine passes its settings this way)."""
@@ -154,6 +167,7 @@ def make_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
         from securefed.flower.server import FederatedServer, ServerSettings
         from securefed.training import TrainConfig, load_config_file
 
+        _shorten_reply_backoff()
         cfg = {**(defaults or {}), **dict(context.run_config)}
         config = TrainConfig.from_dict(load_config_file(str(cfg["config-file"])))
         settings = ServerSettings(

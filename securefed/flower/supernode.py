@@ -9,6 +9,12 @@ sleeps capped at ``--idle-poll`` seconds (the module's ``time`` is replaced by o
 ``sleep`` is capped; nothing else changes). If Flower's loop no longer has that sleep, the cap
 is not applied and a warning says so: the SuperNode then runs exactly as Flower ships it.
 
+The same holds for the SuperNode's pull of a message's objects from the SuperLink: it may
+start before the sender has finished uploading them, and Flower then backs off 1 s first (10 s
+cap) per object. With ClientApp processes that take seconds to start nobody notices; with a
+long-lived one every such stage waits a second. :func:`shorten_object_backoff` starts that
+backoff at 20 ms (cap 0.5 s); the number of tries and the overall time limit stay Flower's.
+
     python -m securefed.flower.supernode --idle-poll 0.2 [flower-supernode arguments]
 """
 
@@ -54,6 +60,27 @@ def cap_idle_poll(cap: float) -> bool:
     return True
 
 
+#: First and largest backoff (s) while an object is not yet available: Flower's are 1 and 10.
+OBJECT_BACKOFF = (0.02, 0.5)
+
+
+def shorten_object_backoff(module: types.ModuleType) -> bool:
+    """Make ``module``'s ``pull_objects`` (Flower's, imported by name) back off from 20 ms;
+    False (and nothing changed) if it has no such function."""
+    import functools
+
+    from flwr.supercore.inflatable import inflatable_utils
+
+    if getattr(module, "pull_objects", None) is not inflatable_utils.pull_objects:
+        return False
+    module.pull_objects = functools.partial(  # type: ignore[attr-defined]
+        inflatable_utils.pull_objects,
+        initial_backoff=OBJECT_BACKOFF[0],
+        backoff_cap=OBJECT_BACKOFF[1],
+    )
+    return True
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     cap = DEFAULT_IDLE_POLL
@@ -62,6 +89,9 @@ def main(argv: list[str] | None = None) -> None:
         cap = float(args[i + 1])
         del args[i : i + 2]
     cap_idle_poll(cap)
+    from flwr.supernode import start_client_internal
+
+    shorten_object_backoff(start_client_internal)
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
     sys.argv = ["flower-supernode", *args]
