@@ -95,7 +95,7 @@ def from_content(content: RecordDict) -> Payload:
 class GridTransport:
     """:class:`~securefed.flower.server.Transport` over a Flower ``Grid``."""
 
-    def __init__(self, grid: Grid, *, poll: float = 0.2) -> None:
+    def __init__(self, grid: Grid, *, poll: float = 0.05) -> None:
         self.grid = grid
         self.poll = poll
         self.errors: list[tuple[str, int, str]] = []
@@ -130,7 +130,8 @@ class GridTransport:
 
     def _send_and_receive(self, messages: list[Message], timeout: float) -> list[Message]:
         """``Grid.send_and_receive`` polling every ``poll`` seconds instead of Flower's 3 s
-        (a round has five exchanges; the stage latency is the round time)."""
+        (a round has five exchanges; the stage latency is the round time). Only while a
+        stage waits for its replies, against the SuperLink's Runtime API next to it."""
         pending = set(self.grid.push_messages(messages))
         deadline = time.monotonic() + timeout
         got: list[Message] = []

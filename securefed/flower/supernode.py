@@ -4,10 +4,16 @@ Flower 1.42's SuperNode asks the SuperLink for a message, and when there is none
 fixed 3 s (``time.sleep(3)`` in ``flwr.supernode.start_client_internal``; no option, no
 environment variable) and waits for its ClientApp's reply in 0.5 s sleeps. A round is five
 exchanges, and each one waits for the slowest node's poll: 3 s of idle poll cost up to 15 s a
-round whatever the model. This entry point runs Flower's own ``flower-supernode`` with both
-sleeps capped at ``--idle-poll`` seconds (the module's ``time`` is replaced by one whose
-``sleep`` is capped; nothing else changes). If Flower's loop no longer has that sleep, the cap
-is not applied and a warning says so: the SuperNode then runs exactly as Flower ships it.
+round whatever the model. This entry point runs Flower's own ``flower-supernode`` with the
+module's ``time`` replaced by one whose ``sleep`` (nothing else changes):
+
+* for the idle poll, backs off from 20 ms after the node's last message, doubling up to
+  ``--idle-poll`` seconds: the next stage of a round usually comes within a second, so it is
+  noticed within tens of milliseconds, while an idle node polls every ``--idle-poll`` s;
+* for the local waits (its ClientApp's reply, in the SuperNode's own memory), sleeps 20 ms.
+
+If Flower's loop no longer has the fixed sleep, nothing is replaced and a warning says so:
+the SuperNode then runs exactly as Flower ships it.
 
 The same holds for the SuperNode's pull of a message's objects from the SuperLink: it may
 start before the sender has finished uploading them, and Flower then backs off 1 s first (10 s
@@ -29,26 +35,41 @@ import warnings
 #: Default idle poll in seconds (Flower: 3). One small authenticated HTTPS request per idle
 #: SuperNode this often: 5 a second, against up to 3 s of latency per exchange.
 DEFAULT_IDLE_POLL = 0.2
+#: First idle poll after a message, and every local wait (seconds).
+SHORT_WAIT = 0.02
+_FLOWER_IDLE_SLEEP = 3
 
 
-def _capped_time(cap: float) -> types.ModuleType:
+class _Clock:
+    """``time`` for Flower's SuperNode loop: adaptive idle poll, short local waits."""
+
+    def __init__(self, cap: float) -> None:
+        self.cap = cap
+        self.next = SHORT_WAIT
+
+    def sleep(self, seconds: float) -> None:
+        if seconds >= _FLOWER_IDLE_SLEEP:  # nothing to do: poll the SuperLink again soon
+            wait, self.next = self.next, min(self.next * 2, self.cap)
+        else:  # waiting for its ClientApp: the node is busy, keep the idle poll short next
+            wait, self.next = min(seconds, SHORT_WAIT), SHORT_WAIT
+        time.sleep(wait)
+
+
+def _clock_module(cap: float) -> types.ModuleType:
     clock = types.ModuleType("time")
     clock.__dict__.update(time.__dict__)
-
-    def sleep(seconds: float) -> None:
-        time.sleep(min(seconds, cap))
-
-    clock.sleep = sleep  # type: ignore[attr-defined]
+    clock.sleep = _Clock(cap).sleep  # type: ignore[attr-defined]
     return clock
 
 
 def cap_idle_poll(cap: float) -> bool:
-    """Cap the SuperNode loop's sleeps at ``cap`` seconds; False if Flower's loop changed."""
+    """Poll adaptively up to ``cap`` seconds when idle (see the module docstring); False
+    (and nothing changed) if Flower's loop changed."""
     if not 0 < cap <= 3:
         raise ValueError(f"idle poll must be in (0, 3] seconds, got {cap!r}")
     from flwr.supernode import start_client_internal as loop
 
-    if "time.sleep(3)" not in inspect.getsource(loop.start_client_internal):
+    if f"time.sleep({_FLOWER_IDLE_SLEEP})" not in inspect.getsource(loop.start_client_internal):
         warnings.warn(
             "this Flower version's SuperNode loop has no fixed 3 s idle sleep; "
             "its own polling is used",
@@ -56,7 +77,7 @@ def cap_idle_poll(cap: float) -> bool:
             stacklevel=2,
         )
         return False
-    loop.time = _capped_time(cap)
+    loop.time = _clock_module(cap)
     return True
 
 

@@ -38,8 +38,10 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-#: Seconds between ``AcquireTask`` calls while the SuperNode has no task (loopback HTTP).
+#: Longest wait (s) between ``AcquireTask`` calls while the SuperNode has no task (loopback
+#: HTTP); after each task the wait starts at 10 ms and doubles up to it.
 DEFAULT_POLL = 0.1
+FIRST_POLL = 0.01
 
 
 class Worker:
@@ -48,7 +50,7 @@ class Worker:
     Args:
         runtime_api_address: The SuperNode's Runtime API (``--host``/``--port`` of
             ``flower-supernode``), plain HTTP on loopback as in Flower's own subprocess mode.
-        poll: Seconds between ``AcquireTask`` calls while there is no task.
+        poll: Longest wait (s) between ``AcquireTask`` calls while there is no task.
     """
 
     def __init__(self, runtime_api_address: str, *, poll: float = DEFAULT_POLL) -> None:
@@ -87,12 +89,15 @@ class Worker:
 
     def serve(self, *, max_tasks: int | None = None) -> None:
         """Claim and run tasks until stopped (or ``max_tasks`` have run)."""
+        wait = FIRST_POLL
         while max_tasks is None or self.served < max_tasks:
             token = self.acquire()
             if token is None:
-                time.sleep(self.poll)
+                time.sleep(wait)
+                wait = min(wait * 2, self.poll)
                 continue
             self.run_task(token)
+            wait = FIRST_POLL  # the round's next stage usually follows within a second
 
     def run_task(self, token: str) -> None:
         """Everything ``flwr-clientapp`` does for one task, minus starting a process."""
