@@ -63,6 +63,7 @@ def _round_seconds(run_dir: Path) -> float:
 
 def measure(engine: str, args: argparse.Namespace, work: Path) -> dict:
     cfg = _config(args)
+    work = work / f"{len(list(work.iterdir()))}"  # an engine may be listed twice
     run_dir = work / engine / "run"
     t0 = time.perf_counter()
     if engine == "inprocess":

@@ -19,7 +19,9 @@ The same holds for the SuperNode's pull of a message's objects from the SuperLin
 start before the sender has finished uploading them, and Flower then backs off 1 s first (10 s
 cap) per object. With ClientApp processes that take seconds to start nobody notices; with a
 long-lived one every such stage waits a second. :func:`shorten_object_backoff` starts that
-backoff at 20 ms (cap 0.5 s); the number of tries and the overall time limit stay Flower's.
+backoff at 20 ms (cap 0.1 s); tries are then bounded by Flower's overall time limit for a
+pull (``PULL_MAX_TIME``, 2 h) instead of its count of tries, which at these short waits would
+give up on a large upload within a minute.
 
     python -m securefed.flower.supernode --idle-poll 0.2 [flower-supernode arguments]
 """
@@ -82,7 +84,7 @@ def cap_idle_poll(cap: float) -> bool:
 
 
 #: First and largest backoff (s) while an object is not yet available: Flower's are 1 and 10.
-OBJECT_BACKOFF = (0.02, 0.5)
+OBJECT_BACKOFF = (0.02, 0.1)
 
 
 def shorten_object_backoff(module: types.ModuleType) -> bool:
@@ -98,6 +100,7 @@ def shorten_object_backoff(module: types.ModuleType) -> bool:
         inflatable_utils.pull_objects,
         initial_backoff=OBJECT_BACKOFF[0],
         backoff_cap=OBJECT_BACKOFF[1],
+        max_tries_per_object=None,  # Flower's time limit (PULL_MAX_TIME) bounds the wait
     )
     return True
 

@@ -191,8 +191,8 @@ class Worker:
 #: process claims a task as soon as the SuperNode creates it, which is before the SuperNode
 #: has pulled the message's objects from the SuperLink; Flower's own 1 s first backoff
 #: (10 s cap), hidden behind a process start when each message has its own process, would
-#: be paid on most messages here.
-PULL_BACKOFF = (0.02, 0.2)
+#: be paid on most messages here. Tries are bounded by Flower's time limit, not counted.
+PULL_BACKOFF = (0.01, 0.05)
 
 
 def _pull_task_input(client: Any) -> tuple[Any, Any, Any, Any]:
@@ -232,6 +232,7 @@ def _pull_task_input(client: Any) -> tuple[Any, Any, Any, Any]:
         return_type=Message,
         initial_backoff=PULL_BACKOFF[0],
         backoff_cap=PULL_BACKOFF[1],
+        max_tries_per_object=None,  # Flower's time limit (PULL_MAX_TIME) bounds the wait
     )
     message.metadata.__dict__["_message_id"] = tree.object_id  # as Flower sets it
     return message, context, run, fab
