@@ -388,7 +388,7 @@ def test_flower_init_writes_a_config_the_deploy_commands_take(tmp_path, monkeypa
     assert path.read_bytes() == before
     calls = []
 
-    def fake(cfg, *, run_dir, nodes, work_dir, stage_timeout, insecure=False):
+    def fake(cfg, *, run_dir, nodes, work_dir, stage_timeout, insecure=False, isolation="process"):
         calls.append(cfg)
         raise ConfigError("stopped before deploying")
 
