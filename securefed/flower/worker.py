@@ -55,7 +55,6 @@ class Worker:
 
     def __init__(self, runtime_api_address: str, *, poll: float = DEFAULT_POLL) -> None:
         from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
-        from flwr.supercore.retry import make_simple_http_retry_invoker
         from flwr.supercore.runtime import RuntimeHttpClient
 
         from securefed.flower import apps
@@ -71,7 +70,7 @@ class Worker:
             insecure=True,
             root_certificates=None,
             interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
-            retry_invoker=make_simple_http_retry_invoker(),
+            retry_invoker=_retry_invoker(),
         )
         apps.keep_node_state_in_process()
 
@@ -91,7 +90,12 @@ class Worker:
         """Claim and run tasks until stopped (or ``max_tasks`` have run)."""
         wait = FIRST_POLL
         while max_tasks is None or self.served < max_tasks:
-            token = self.acquire()
+            try:
+                token = self.acquire()
+            except Exception as ex:  # the SuperNode's API failed for longer than a retry
+                logger.warning("could not ask the SuperNode for a task (%s); retrying", ex)
+                token = None
+                wait = self.poll
             if token is None:
                 time.sleep(wait)
                 wait = min(wait * 2, self.poll)
@@ -110,7 +114,6 @@ class Worker:
             RuntimeTokenHttpInterceptor,
             RuntimeVersionHttpInterceptor,
         )
-        from flwr.supercore.retry import make_simple_http_retry_invoker
         from flwr.supercore.runtime import RuntimeHttpClient
         from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
@@ -123,13 +126,14 @@ class Worker:
                 RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
                 RuntimeTokenHttpInterceptor(token),
             ],
-            retry_invoker=make_simple_http_retry_invoker(),
+            retry_invoker=_retry_invoker(),
         )
         heartbeat = HeartbeatSender(_task_heartbeat(client))
         message = reply = context = None
         sub_status, details = SubStatus.FAILED, "ClientApp task failed due to unknown reason"
         kind = "?"
         marks = [start]
+        interrupted = False
         try:
             heartbeat.start()
             message, context, run, fab = _pull_task_input(client)
@@ -149,13 +153,19 @@ class Worker:
             details = reason
             if message is not None:
                 reply = Message(Error(code=code, reason=reason), reply_to=message)
+        except BaseException:  # stopping (the SuperNode exited): report nothing, just go
+            interrupted = True
+            raise
         finally:
-            try:
-                if reply is not None and context is not None:
-                    push_message(client, reply, context)
-            except Exception:
-                logger.exception("could not push the reply to the SuperNode")
-            push_task_output(client=client, context=context, sub_status=sub_status, details=details)
+            if not interrupted:
+                try:
+                    if reply is not None and context is not None:
+                        push_message(client, reply, context)
+                except Exception:
+                    logger.exception("could not push the reply to the SuperNode")
+                push_task_output(
+                    client=client, context=context, sub_status=sub_status, details=details
+                )
             if heartbeat.is_running:
                 heartbeat.stop()
             client.close()
@@ -236,6 +246,36 @@ def _pull_task_input(client: Any) -> tuple[Any, Any, Any, Any]:
     )
     message.metadata.__dict__["_message_id"] = tree.object_id  # as Flower sets it
     return message, context, run, fab
+
+
+#: Seconds a Runtime API call is retried (connection errors, 502-504) before it fails.
+RETRY_SECONDS = 60.0
+
+
+def _retry_invoker() -> Any:
+    """Flower's retry policy for Runtime API calls (transport errors and 502/503/504 retried
+    with exponential backoff), but bounded to :data:`RETRY_SECONDS`, and a 401 (a refused
+    task token) fails that call only: Flower's policy retries forever and answers a 401 by
+    sending SIGINT to its own process, right for a ``flwr-clientapp`` that serves one task,
+    wrong for this one, which serves them all."""
+    import httpx
+    from flwr.supercore.retry import RetryInvoker, exponential
+
+    retry_codes = {httpx.codes.BAD_GATEWAY, httpx.codes.SERVICE_UNAVAILABLE}
+    retry_codes.add(httpx.codes.GATEWAY_TIMEOUT)
+
+    def give_up(exc: Exception) -> bool:
+        if isinstance(exc, httpx.HTTPStatusError):
+            return exc.response.status_code not in retry_codes
+        return False
+
+    return RetryInvoker(
+        wait_gen_factory=lambda: exponential(max_delay=5),
+        recoverable_exceptions=(httpx.TransportError, httpx.HTTPStatusError),
+        max_tries=None,
+        max_time=RETRY_SECONDS,
+        should_giveup=give_up,
+    )
 
 
 def _task_heartbeat(client: Any) -> Any:
