@@ -9,9 +9,10 @@
 
   Each SuperNode runs in Flower's ``process`` isolation mode with one long-lived ClientApp
   process beside it (:mod:`securefed.flower.worker`: torch, the node's model and the round's
-  secrets stay in its memory across messages) and polls the SuperLink every 0.2 s when idle
-  (:mod:`securefed.flower.supernode`). ``isolation="subprocess"`` is Flower's default instead:
-  a fresh ClientApp process per message.
+  secrets stay in its memory across messages) and polls the SuperLink from 20 ms after a
+  message up to every 0.2 s when idle (:mod:`securefed.flower.supernode`).
+  ``isolation="subprocess"`` is Flower's default instead: a fresh ClientApp process per
+  message.
 
   Secure by default: every connection to the SuperLink (SuperNodes, ``flwr``, the ServerApp)
   is TLS, verified against a throwaway CA made for the run, and the SuperLink accepts only
@@ -314,8 +315,9 @@ def local_deployment(
             process (:mod:`securefed.flower.worker`, log ``WORK/logs/worker-<p>.log``)
             serves every message; ``"subprocess"``: Flower starts a ClientApp process per
             message.
-        idle_poll: Seconds a SuperNode sleeps between polls of the SuperLink when idle
-            (:mod:`securefed.flower.supernode`); ``None``: Flower's own 3 s.
+        idle_poll: Longest wait (s) of a SuperNode between polls of the SuperLink, reached
+            when idle; after each message it starts at 20 ms
+            (:mod:`securefed.flower.supernode`). ``None``: Flower's own fixed 3 s.
 
     Raises:
         ConfigError: ``nodes`` is not positive, ``isolation`` is not one of
