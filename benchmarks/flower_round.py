@@ -7,8 +7,12 @@ secure aggregation -> model step; evaluation excluded) and the wall time of the 
 (startup included). Engines: ``inprocess`` (``securefed.train``), ``transport`` (the
 distributed protocol over an in-process transport: the protocol's own cost), ``simulation``
 (Flower's simulation engine, Ray), ``deployment`` (SuperLink + N SuperNodes on 127.0.0.1, TLS
-and SuperNode authentication, the default) and ``deployment-insecure`` (the same with
-``insecure=True``: no TLS, no node authentication). Rows carry ``tls`` and ``authenticated``.
+and SuperNode authentication, one long-lived ClientApp process per node: the defaults),
+``deployment-insecure`` (the same with ``insecure=True``: no TLS, no node authentication) and
+``deployment-per-message`` (TLS and authentication, but Flower's own scheduling: a fresh
+ClientApp process per message and the SuperNode's 3 s idle poll; not run by default).
+Deployment rows carry ``tls``, ``authenticated`` and ``isolation``; every row the 1-minute
+load average when it finished (the machine is shared).
 
     python benchmarks/flower_round.py --rounds 3 --nodes 3 --json
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -25,7 +30,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-ENGINES = ("inprocess", "transport", "simulation", "deployment", "deployment-insecure")
+ENGINES = (
+    "inprocess",
+    "transport",
+    "simulation",
+    "deployment",
+    "deployment-insecure",
+    "deployment-per-message",
+)
+DEFAULT_ENGINES = ENGINES[:-1]
 
 
 def _config(args: argparse.Namespace):
@@ -50,6 +63,7 @@ def _round_seconds(run_dir: Path) -> float:
 
 def measure(engine: str, args: argparse.Namespace, work: Path) -> dict:
     cfg = _config(args)
+    work = work / f"{len(list(work.iterdir()))}"  # an engine may be listed twice
     run_dir = work / engine / "run"
     t0 = time.perf_counter()
     if engine == "inprocess":
@@ -69,16 +83,20 @@ def measure(engine: str, args: argparse.Namespace, work: Path) -> dict:
     else:
         from securefed.flower.deploy import run_local_deployment
 
+        per_message = engine == "deployment-per-message"
         run_local_deployment(
             cfg,
             run_dir=run_dir,
             nodes=args.nodes,
             work_dir=work / engine / "work",
             insecure=engine == "deployment-insecure",
+            isolation="subprocess" if per_message else "process",
+            idle_poll=None if per_message else args.idle_poll,
         )
     wall = time.perf_counter() - t0
-    secure = engine == "deployment"  # TLS + SuperNode authentication (the default)
-    return {
+    deployed = engine.startswith("deployment")
+    secure = deployed and engine != "deployment-insecure"  # TLS + SuperNode authentication
+    row = {
         "engine": engine,
         "nodes": args.nodes if engine != "inprocess" else None,
         "tls": secure,
@@ -86,11 +104,22 @@ def measure(engine: str, args: argparse.Namespace, work: Path) -> dict:
         "round_seconds": round(_round_seconds(run_dir), 2),
         "wall_seconds": round(wall, 1),
     }
+    if deployed:
+        row["isolation"] = "subprocess" if engine == "deployment-per-message" else "process"
+    row["load_average"] = round(os.getloadavg()[0], 2)
+    return row
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument(
+        "--engines",
+        default=",".join(DEFAULT_ENGINES),
+        help=f"Comma-separated, from {', '.join(ENGINES)}.",
+    )
+    ap.add_argument(
+        "--idle-poll", type=float, default=0.2, help="SuperNode idle poll (s) of deployments."
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--users", type=int, default=60)
@@ -106,11 +135,12 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows))
         return
-    print("| engine | nodes | s / round | wall s |")
-    print("|---|---|---|---|")
+    print("| engine | nodes | s / round | wall s | load |")
+    print("|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['engine']} | {r['nodes'] or '-'} | {r['round_seconds']} | {r['wall_seconds']} |"
+            f"| {r['engine']} | {r['nodes'] or '-'} | {r['round_seconds']} "
+            f"| {r['wall_seconds']} | {r['load_average']} |"
         )
 
 

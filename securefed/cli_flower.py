@@ -172,6 +172,14 @@ def local(
             "(by default both are on, with a throwaway CA and node keys made for the run).",
         ),
     ] = False,
+    isolation: Annotated[
+        str,
+        typer.Option(
+            help="process (default): one long-lived ClientApp process per SuperNode keeps "
+            "torch, the model and the round's secrets in memory across messages; "
+            "subprocess: Flower starts a ClientApp process per message (slower).",
+        ),
+    ] = "process",
 ) -> None:
     """Run a local deployment: a SuperLink and N SuperNodes as processes on 127.0.0.1,
     over TLS with SuperNode authentication (unless --insecure)."""
@@ -212,6 +220,7 @@ def _deploy(opts: dict[str, Any], *, local: bool) -> None:
                 work_dir=work,
                 stage_timeout=opts["stage_timeout"],
                 insecure=insecure,
+                isolation=opts["isolation"],
             )
         else:
             err.print(f"Flower simulation: {nodes} virtual SuperNodes, work directory {work}")

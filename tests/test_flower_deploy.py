@@ -2,8 +2,9 @@
 
 Each test starts real processes (a SuperLink, SuperNodes, ``flwr run``), bound to loopback
 only, bounded in time, and stopped on success or failure. Flower 1.42 starts a fresh ClientApp
-process per message (each imports torch), so a 2-round run takes minutes on a loaded 2-core
-machine: these tests are marked ``slow`` (run with ``-m slow``).
+process per message unless the SuperNode runs in ``process`` isolation with securefed's
+long-lived ClientApp process beside it (the default here); a 2-round run still takes a minute
+or more on a loaded 2-core machine: these tests are marked ``slow`` (run with ``-m slow``).
 """
 
 from __future__ import annotations
@@ -81,6 +82,40 @@ def test_local_deployment_matches_in_process_and_server_sees_only_masked_inputs(
     connection = (work / "flwr-home" / "config.toml").read_text()
     assert "insecure" not in connection and str(work / "tls" / "ca.crt") in connection
     assert (work / "logs" / "register.log").read_text().count("registered successfully") == 3
+
+
+@pytest.mark.slow
+def test_each_node_serves_every_message_from_one_long_lived_process(tmp_path):
+    """Issue 16 item 1: per SuperNode one ClientApp process (securefed.flower.worker) serves
+    every message of a 2-round run, and Flower starts no ClientApp process of its own."""
+    import re
+
+    cfg = _cfg()
+    work, run_dir = tmp_path / "work", tmp_path / "run"
+    app = deploy.write_app(
+        work / "app",
+        config_file=deploy._prepare(cfg, run_dir, work),
+        run_dir=run_dir,
+        stage_timeout=120,
+    )
+    with deploy.local_deployment(work, nodes=3) as dep:
+        workers = [w.pid for w in dep.workers if w is not None]
+        assert len(workers) == 3
+        assert deploy.submit(dep, app, timeout=900).returncode == 0
+        assert all(w is not None and w.poll() is None for w in dep.workers)  # still serving
+    assert len(runs.read_metrics(run_dir)) == 2
+    for p, pid in enumerate(workers):
+        log = (work / "logs" / f"worker-{p}.log").read_text()
+        started = re.findall(r"securefed worker pid=(\d+) for the SuperNode", log)
+        served = re.findall(r"securefed worker pid=(\d+) served (\S+) message", log)
+        assert started == [str(pid)]
+        # hello, then per round train, share, masked, unmask, and the evaluations.
+        kinds = [k for _, k in served]
+        assert kinds.count("train") == 2 and kinds.count("query.unmask") == 2, kinds
+        assert {q for q, _ in served} == {str(pid)}
+        assert "(failed)" not in log
+        supernode = (work / "logs" / f"supernode-{p}.log").read_text()
+        assert "flwr-clientapp" not in supernode  # no per-message process was started
 
 
 def _nodes(dep: deploy.LocalDeployment) -> list[dict]:

@@ -353,12 +353,15 @@ def test_cli_deploy_commands_pass_their_options_and_report_errors_in_one_line(
         assert insecure == [{}]
         return
     # Issue 16 item 2: TLS + SuperNode authentication unless --insecure, which is labelled.
-    assert insecure == [{"insecure": False}]
+    # Issue 16 item 1: one long-lived ClientApp process per node unless asked otherwise.
+    assert insecure == [{"insecure": False, "isolation": "process"}]
     assert "TLS" in first and "debugging only" not in first
     res = CliRunner().invoke(root, [*args, "--insecure"])
-    assert res.exit_code == 2 and insecure[-1] == {"insecure": True}
+    assert res.exit_code == 2 and insecure[-1] == {"insecure": True, "isolation": "process"}
     text = " ".join(res.output.split())
     assert "WARNING: --insecure is for debugging only: no TLS and no SuperNode" in text
+    res = CliRunner().invoke(root, [*args, "--isolation", "subprocess"])
+    assert res.exit_code == 2 and insecure[-1] == {"insecure": False, "isolation": "subprocess"}
 
 
 def test_flower_init_writes_a_config_the_deploy_commands_take(tmp_path, monkeypatch):
@@ -385,7 +388,7 @@ def test_flower_init_writes_a_config_the_deploy_commands_take(tmp_path, monkeypa
     assert path.read_bytes() == before
     calls = []
 
-    def fake(cfg, *, run_dir, nodes, work_dir, stage_timeout, insecure=False):
+    def fake(cfg, *, run_dir, nodes, work_dir, stage_timeout, insecure=False, isolation="process"):
         calls.append(cfg)
         raise ConfigError("stopped before deploying")
 
@@ -416,3 +419,42 @@ def test_secure_mode_trains_own_users_only_with_os_randomness(tmp_path):
         build_aggregator(_cfg(), load_split(cfg), build_model(cfg, load_split(cfg))), 0
     )
     assert len(seeds) == 2 and seeded not in seeds
+
+
+@pytest.mark.slow
+def test_long_lived_node_keeps_round_secrets_in_memory_and_computes_the_same_run(
+    tmp_path, monkeypatch
+):
+    """Issue 16 item 1: a node served by one long-lived process (securefed.flower.worker)
+    builds its runtime (data, model) once and keeps it and the round session as live objects
+    in its own memory; the run equals the per-message nodes' (session frozen into
+    Context.state, runtime rebuilt per message) and no session bytes reach the transport."""
+    from securefed.flower import node as node_module
+
+    built: list[int] = []
+
+    class Counted(node_module.NodeRuntime):
+        def __init__(self, *args, **kwargs):
+            built.append(kwargs["partition_id"])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(node_module, "NodeRuntime", Counted)
+    cfg = _cfg(rounds=2, checkpoint_every=2)
+    per_message, fresh = _run(cfg, tmp_path, name="per-message")
+    per_message_builds, built[:] = len(built), []
+    long_lived, kept = _run(cfg, tmp_path, name="long-lived", long_lived=True)
+    assert sorted(built) == [0, 1, 2] and per_message_builds > 3 * 2
+    for a, b in zip(per_message.metrics, long_lived.metrics, strict=True):
+        for key in METRICS:
+            if key in a:
+                assert b[key] == a[key], key
+    # Same messages (SecAgg key pairs are fresh per round, so not the same bytes).
+    assert [(s, n, sorted(r.config)) for s, n, r in fresh.seen] == [
+        (s, n, sorted(r.config)) for s, n, r in kept.seen
+    ]
+    assert all(SESSION_KEY in state for state in fresh.states.values())
+    assert all(SESSION_KEY not in state for state in kept.states.values())
+    assert kept.memories is not None
+    for memory in kept.memories.values():
+        assert memory.sessions == {}  # dropped after the last unmask: no secret outlives it
+        assert memory.runtime.trained_rounds == 2

@@ -15,7 +15,10 @@ the app model; every privacy step is securefed's own:
 * :mod:`securefed.flower.local` – an in-process transport (tests, protocol benchmarks);
 * :mod:`securefed.flower.apps` – Flower's ``ServerApp`` / ``ClientApp`` (imports ``flwr``);
 * :mod:`securefed.flower.deploy` – a local deployment (SuperLink + SuperNodes on loopback)
-  and Flower's simulation engine.
+  and Flower's simulation engine;
+* :mod:`securefed.flower.worker` – one long-lived ClientApp process per SuperNode (Flower's
+  ``process`` isolation mode);
+* :mod:`securefed.flower.supernode` – ``flower-supernode`` with a configurable idle poll.
 
 See ``docs/deployment.md``.
 """

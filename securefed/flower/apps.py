@@ -29,7 +29,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from securefed.flower.messages import SESSION_KEY, Payload, handle_node_message
+from securefed.flower.messages import SESSION_KEY, NodeMemory, Payload, handle_node_message
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,20 @@ MESSAGE_TYPES = {
     "evaluate": "evaluate",
 }
 _STATE_RECORD = "securefed"
+#: Set by :func:`keep_node_state_in_process` in a process that serves every message of its
+#: node (securefed's long-lived ClientApp process); ``None`` in a per-message process.
+_PROCESS_MEMORY: NodeMemory | None = None
+
+
+def keep_node_state_in_process() -> NodeMemory:
+    """From now on the ClientApp keeps the node's round session and model in this process's
+    memory (returned) instead of freezing the session into ``Context.state``. Only for a
+    process that serves every message of one node, for as long as the node runs:
+    :mod:`securefed.flower.worker`."""
+    global _PROCESS_MEMORY
+    if _PROCESS_MEMORY is None:
+        _PROCESS_MEMORY = NodeMemory()
+    return _PROCESS_MEMORY
 
 
 def to_content(payload: Payload) -> RecordDict:
@@ -81,7 +95,7 @@ def from_content(content: RecordDict) -> Payload:
 class GridTransport:
     """:class:`~securefed.flower.server.Transport` over a Flower ``Grid``."""
 
-    def __init__(self, grid: Grid, *, poll: float = 0.2) -> None:
+    def __init__(self, grid: Grid, *, poll: float = 0.05) -> None:
         self.grid = grid
         self.poll = poll
         self.errors: list[tuple[str, int, str]] = []
@@ -116,7 +130,8 @@ class GridTransport:
 
     def _send_and_receive(self, messages: list[Message], timeout: float) -> list[Message]:
         """``Grid.send_and_receive`` polling every ``poll`` seconds instead of Flower's 3 s
-        (a round has five exchanges; the stage latency is the round time)."""
+        (a round has five exchanges; the stage latency is the round time). Only while a
+        stage waits for its replies, against the SuperLink's Runtime API next to it."""
         pending = set(self.grid.push_messages(messages))
         deadline = time.monotonic() + timeout
         got: list[Message] = []
@@ -130,6 +145,19 @@ class GridTransport:
         return got
 
 
+def _shorten_reply_backoff() -> None:
+    """The ServerApp pulls a reply's objects from the SuperLink with Flower's 1 s first
+    backoff when the node has not finished uploading them (see
+    :func:`securefed.flower.supernode.shorten_object_backoff`): start it at 20 ms."""
+    try:
+        from flwr.superlink.grid import http_grid
+    except ImportError:  # another Flower layout: its own backoff applies
+        return
+    from securefed.flower.supernode import shorten_object_backoff
+
+    shorten_object_backoff(http_grid)
+
+
 def make_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
     """A ``ServerApp`` running :class:`FederatedServer`; ``defaults`` fill the run config
     (the simulation engine passes its settings this way)."""
@@ -140,6 +168,7 @@ def make_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
         from securefed.flower.server import FederatedServer, ServerSettings
         from securefed.training import TrainConfig, load_config_file
 
+        _shorten_reply_backoff()
         cfg = {**(defaults or {}), **dict(context.run_config)}
         config = TrainConfig.from_dict(load_config_file(str(cfg["config-file"])))
         settings = ServerSettings(
@@ -184,7 +213,9 @@ def make_client_app(defaults: Mapping[str, Any] | None = None) -> ClientApp:
             store: dict[str, bytes] = {}
             if isinstance(record, ConfigRecord) and SESSION_KEY in record:
                 store[SESSION_KEY] = bytes(record[SESSION_KEY])  # type: ignore[arg-type]
-            reply = handle_node_message(stage, payload, node_config=node_config, state=store)
+            reply = handle_node_message(
+                stage, payload, node_config=node_config, state=store, memory=_PROCESS_MEMORY
+            )
             context.state[_STATE_RECORD] = ConfigRecord(dict(store))
             return Message(to_content(reply), reply_to=msg)
 

@@ -7,6 +7,13 @@
   own state directory) and ``flwr run`` submitting the app. Every process is stopped when the
   run ends or fails. Across machines, start the same processes by hand (docs/deployment.md).
 
+  Each SuperNode runs in Flower's ``process`` isolation mode with one long-lived ClientApp
+  process beside it (:mod:`securefed.flower.worker`: torch, the node's model and the round's
+  secrets stay in its memory across messages) and polls the SuperLink from 20 ms after a
+  message up to every 0.2 s when idle (:mod:`securefed.flower.supernode`).
+  ``isolation="subprocess"`` is Flower's default instead: a fresh ClientApp process per
+  message.
+
   Secure by default: every connection to the SuperLink (SuperNodes, ``flwr``, the ServerApp)
   is TLS, verified against a throwaway CA made for the run, and the SuperLink accepts only
   SuperNodes whose public keys were registered with it (``--enable-supernode-auth``, keys
@@ -34,15 +41,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import securefed
 from securefed import runs
 from securefed.errors import ConfigError, ProtocolError
 from securefed.flower import require_flwr
 from securefed.flower.certs import LocalCertificates, make_local_certificates, make_node_key
 from securefed.flower.server import check_config
+from securefed.flower.supernode import DEFAULT_IDLE_POLL
 from securefed.training import TrainConfig
 
 LOOPBACK = "127.0.0.1"
 APP_NAME = "securefed-app"
+#: ``process``: one long-lived securefed ClientApp process per SuperNode (the default);
+#: ``subprocess``: Flower's SuperExec starts a ``flwr-clientapp`` process per message.
+ISOLATION_MODES = ("process", "subprocess")
 
 
 def write_app(
@@ -216,6 +228,8 @@ class LocalDeployment:
     port: int  # the SuperLink's one HTTP port (Fleet, Control and Runtime APIs)
     superlink: subprocess.Popen | None = None
     supernodes: list[subprocess.Popen] = field(default_factory=list)
+    # The long-lived ClientApp process of each SuperNode (``None`` in subprocess isolation).
+    workers: list[subprocess.Popen | None] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     tls: bool = True  # every connection to the SuperLink is TLS (the run's own CA)
     authenticated: bool = True  # the SuperLink accepts registered SuperNode keys only
@@ -224,15 +238,20 @@ class LocalDeployment:
         return self.work_dir / "nodes" / f"node-{partition}"
 
     def kill_node(self, partition: int) -> None:
-        """SIGKILL one SuperNode and everything it started (a crashed device)."""
+        """SIGKILL one SuperNode, its ClientApp process and everything they started (a
+        crashed device)."""
         _kill(self.supernodes[partition], signal.SIGKILL)
+        worker = self.workers[partition] if partition < len(self.workers) else None
+        if worker is not None:
+            _kill(worker, signal.SIGKILL)
 
     def stop(self) -> None:
-        for proc in [*self.supernodes, self.superlink]:
+        procs = [*self.workers, *self.supernodes, self.superlink]
+        for proc in procs:
             if proc is not None:
                 _kill(proc, signal.SIGTERM)
         deadline = time.monotonic() + 10
-        for proc in [*self.supernodes, self.superlink]:
+        for proc in procs:
             if proc is None:
                 continue
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -273,6 +292,8 @@ def local_deployment(
     node_extra: dict[int, dict[str, str]] | None = None,
     insecure: bool = False,
     unregistered: Collection[int] = (),
+    isolation: str = "process",
+    idle_poll: float | None = DEFAULT_IDLE_POLL,
 ) -> Iterator[LocalDeployment]:
     """Start a SuperLink and ``nodes`` SuperNodes on 127.0.0.1; stop them all on exit.
 
@@ -290,15 +311,24 @@ def local_deployment(
         insecure: Debugging only: no TLS and no node authentication (``--insecure``).
         unregistered: Partitions whose SuperNode gets a key that is never registered (an
             outsider the SuperLink must refuse; for tests).
+        isolation: ``"process"`` (default): beside each SuperNode one long-lived ClientApp
+            process (:mod:`securefed.flower.worker`, log ``WORK/logs/worker-<p>.log``)
+            serves every message; ``"subprocess"``: Flower starts a ClientApp process per
+            message.
+        idle_poll: Longest wait (s) of a SuperNode between polls of the SuperLink, reached
+            when idle; after each message it starts at 20 ms
+            (:mod:`securefed.flower.supernode`). ``None``: Flower's own fixed 3 s.
 
     Raises:
-        ConfigError: ``nodes`` is not positive, or ``unregistered`` names a partition that
-            does not exist or is given with ``insecure``.
+        ConfigError: ``nodes`` is not positive, ``isolation`` is not one of
+            :data:`ISOLATION_MODES`, or ``unregistered`` names a partition that does not
+            exist or is given with ``insecure``.
         ProtocolError: The SuperLink did not start or refused a node key registration.
     """
     require_flwr()
     if nodes < 1:
         raise ConfigError(f"nodes must be a positive integer, got {nodes!r}")
+    _check_scheduling(isolation, idle_poll)
     outsiders = set(unregistered)
     if not outsiders <= set(range(nodes)):
         raise ConfigError(
@@ -315,6 +345,11 @@ def local_deployment(
         x for x in (env.get("PYTHONWARNINGS"), "ignore::DeprecationWarning") if x
     )
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # The node processes import the same securefed as this process (an editable install may
+    # point elsewhere).
+    env["PYTHONPATH"] = os.pathsep.join(
+        x for x in (str(Path(securefed.__file__).resolve().parents[1]), env.get("PYTHONPATH")) if x
+    )
     dep = LocalDeployment(work, free_port(), env=env, tls=not insecure, authenticated=not insecure)
     certs = None if insecure else make_local_certificates(work / "tls")
     try:
@@ -365,27 +400,59 @@ def local_deployment(
             entries["state-dir"] = _toml_str(str(state))
             entries.update((node_extra or {}).get(p, {}))
             node_config = " ".join(f"{k}={v}" for k, v in entries.items())
-            dep.supernodes.append(
-                _spawn(
+            runtime_port = free_port()
+            if idle_poll is None:
+                launcher = [_bin("flower-supernode")]
+            else:
+                launcher = [sys.executable, "-m", "securefed.flower.supernode"]
+                launcher += ["--idle-poll", repr(float(idle_poll))]
+            node = _spawn(
+                [
+                    *launcher,
+                    *node_security[p],
+                    "--superlink",
+                    f"{LOOPBACK}:{dep.port}",
+                    "--isolation",
+                    isolation,
+                    "--host",
+                    LOOPBACK,
+                    "--port",
+                    str(runtime_port),
+                    "--node-config",
+                    node_config,
+                ],
+                work / "logs" / f"supernode-{p}.log",
+                env,
+            )
+            dep.supernodes.append(node)
+            worker = None
+            if isolation == "process":
+                worker = _spawn(
                     [
-                        _bin("flower-supernode"),
-                        *node_security[p],
-                        "--superlink",
-                        f"{LOOPBACK}:{dep.port}",
-                        "--host",
-                        LOOPBACK,
-                        "--port",
-                        str(free_port()),
-                        "--node-config",
-                        node_config,
+                        sys.executable,
+                        "-m",
+                        "securefed.flower.worker",
+                        "--runtime-api-address",
+                        f"{LOOPBACK}:{runtime_port}",
+                        "--parent-pid",
+                        str(node.pid),
                     ],
-                    work / "logs" / f"supernode-{p}.log",
+                    work / "logs" / f"worker-{p}.log",
                     env,
                 )
-            )
+            dep.workers.append(worker)
         yield dep
     finally:
         dep.stop()
+
+
+def _check_scheduling(isolation: str, idle_poll: float | None) -> None:
+    if isolation not in ISOLATION_MODES:
+        raise ConfigError(
+            f"isolation must be one of {', '.join(ISOLATION_MODES)}, got {isolation!r}"
+        )
+    if idle_poll is not None and not 0 < idle_poll <= 3:
+        raise ConfigError(f"idle_poll must be in (0, 3] seconds, got {idle_poll!r}")
 
 
 def _register(dep: LocalDeployment, public_keys: Sequence[Path], timeout: float = 120.0) -> None:
@@ -459,11 +526,15 @@ def run_local_deployment(
     timeout: float = 3600.0,
     transcript: bool = False,
     insecure: bool = False,
+    isolation: str = "process",
+    idle_poll: float | None = DEFAULT_IDLE_POLL,
 ) -> dict[str, Any]:
     """A whole run on a local deployment (see the module docstring); returns the summary.
 
     ``insecure=True`` is for debugging only: no TLS and no SuperNode authentication.
+    ``isolation`` and ``idle_poll`` are those of :func:`local_deployment`.
     """
+    _check_scheduling(isolation, idle_poll)
     run_dir, work = Path(run_dir).resolve(), Path(work_dir).resolve()
     config_file = _prepare(config, run_dir, work)
     app = write_app(
@@ -473,7 +544,9 @@ def run_local_deployment(
         stage_timeout=stage_timeout,
         transcript=transcript,
     )
-    with local_deployment(work, nodes=nodes, insecure=insecure) as dep:
+    with local_deployment(
+        work, nodes=nodes, insecure=insecure, isolation=isolation, idle_poll=idle_poll
+    ) as dep:
         submit(dep, app, timeout=timeout)  # --stream follows the run to its end
         return _finished(run_dir)
 

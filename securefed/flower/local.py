@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from securefed.flower.messages import Payload, handle_node_message
+from securefed.flower.messages import NodeMemory, Payload, handle_node_message
 
 DropFn = Callable[[str, int, int], bool]
 
@@ -24,6 +24,9 @@ class LocalTransport:
         num_partitions: How many nodes (one partition each).
         state_dir: Root of the nodes' state directories (one sub-directory per node).
         drop: ``drop(stage, node, round)`` -> True makes the node silent from then on.
+        long_lived: Each node keeps its round session and model in a :class:`NodeMemory`
+            (as a long-lived ClientApp process does) instead of freezing the session into
+            its store between messages.
     """
 
     def __init__(
@@ -32,6 +35,7 @@ class LocalTransport:
         *,
         state_dir: str | Path,
         drop: DropFn | None = None,
+        long_lived: bool = False,
     ) -> None:
         self.node_configs: dict[int, dict[str, Any]] = {}
         for p in range(num_partitions):
@@ -39,6 +43,9 @@ class LocalTransport:
             cfg["state-dir"] = str(Path(state_dir) / f"node-{p}")
             self.node_configs[100 + p] = cfg
         self.states: dict[int, dict[str, bytes]] = {n: {} for n in self.node_configs}
+        self.memories: dict[int, NodeMemory] | None = (
+            {n: NodeMemory() for n in self.node_configs} if long_lived else None
+        )
         self.drop = drop
         self.dead: set[int] = set()
         self.seen: list[tuple[str, int, Payload]] = []  # (stage, node, reply): the server's view
@@ -56,7 +63,11 @@ class LocalTransport:
                 self.dead.add(node)
                 continue
             reply = handle_node_message(
-                stage, payload, node_config=self.node_configs[node], state=self.states[node]
+                stage,
+                payload,
+                node_config=self.node_configs[node],
+                state=self.states[node],
+                memory=None if self.memories is None else self.memories[node],
             )
             self.seen.append((stage, node, reply))
             replies[node] = reply

@@ -17,6 +17,12 @@ Stages of a round (``STAGES``)::
     masked    per-user FORWARD                     per-user MASKED_INPUT
     unmask    per-user UNMASK_REQUEST              per-user UNMASK_SHARES
     evaluate  shared model                         HR/NDCG sums over the node's users
+
+Between the messages of a round a node keeps its round session (the SecAgg secrets) either
+as frozen bytes in a store the transport gives back with the next message (Flower's
+``Context.state``: one ClientApp process per message) or, when the process outlives the
+message, as live objects in a :class:`NodeMemory` (the long-lived ClientApp process of
+:mod:`securefed.flower.worker`), which also keeps the node's model between messages.
 """
 
 from __future__ import annotations
@@ -79,12 +85,31 @@ def _int(config: Mapping[str, Any], key: str) -> int:
     return value
 
 
+@dataclass
+class NodeMemory:
+    """What a long-lived node process keeps between messages, in its memory only.
+
+    ``sessions`` holds the round session of the one run in progress (keyed by the
+    transport's run id), as live objects: never frozen, never written anywhere; it is
+    dropped once the round's unmask stage has run. ``runtime`` is the node's
+    :class:`~securefed.flower.node.NodeRuntime` (split, model, its users' private state,
+    aggregator), rebuilt only when the run, config or partition changes; its private state
+    is still written to ``state-dir`` after every local training, so a restarted node
+    continues from disk.
+    """
+
+    sessions: dict[Any, Any] = field(default_factory=dict)
+    runtime: Any = None
+    runtime_key: tuple[Any, ...] | None = None
+
+
 def handle_node_message(
     stage: str,
     payload: Payload,
     *,
     node_config: Mapping[str, Any],
     state: MutableMapping[str, bytes],
+    memory: NodeMemory | None = None,
 ) -> Payload:
     """Everything a node does with one message (used by the ClientApp and by tests).
 
@@ -93,7 +118,11 @@ def handle_node_message(
         payload: The server's message.
         node_config: The SuperNode's ``--node-config``: ``partition-id``, ``num-partitions``
             and ``state-dir`` (where the users' private state persists).
-        state: The node's ephemeral store between messages of a run (``Context.state``).
+        state: The node's ephemeral store between messages of a run (``Context.state``):
+            the round session travels there, frozen, unless ``memory`` is given.
+        memory: The process's own memory when it serves every message of the node (a
+            long-lived ClientApp process): the round session stays there as live objects
+            and ``state`` holds none; the node's runtime (model, data) is reused.
 
     Returns:
         The reply.
@@ -109,21 +138,26 @@ def handle_node_message(
     nparts = _node_int(node_config, "num-partitions")
     if stage == "hello":
         return Payload(config={"partition-id": pid, "num-partitions": nparts})
+    token = str(payload.config.get("run-token", ""))
     if stage in SECAGG_STAGES:
-        blob = state.get(SESSION_KEY)
-        if blob is None:
+        if memory is not None:
+            session = memory.sessions.get(token)
+        else:
+            blob = state.get(SESSION_KEY)
+            session = NodeSession.thaw(blob) if blob is not None else None
+        if session is None:
             raise ProtocolError(f"{stage} message without a round session on this node")
-        session = NodeSession.thaw(blob)
         if _int(payload.config, "round") != session.round_index:
             raise IntegrityError()
         replies = session.step(stage, unpack_sids(payload.config))
-        state[SESSION_KEY] = session.freeze()
+        if memory is None:
+            state[SESSION_KEY] = session.freeze()
+        elif stage == SECAGG_STAGES[-1]:
+            memory.sessions.pop(token, None)  # the round's secrets are no longer needed
         return Payload(config=pack_sids(replies))
     if stage not in ("train", "evaluate"):
         raise ProtocolError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
-    import torch
-
-    from securefed.flower.node import NodeRuntime, TrainTask
+    from securefed.flower.node import NodeRuntime, config_digest
     from securefed.training import TrainConfig
 
     config = TrainConfig.from_dict(tomllib.loads(str(payload.config["config"])))
@@ -133,13 +167,40 @@ def handle_node_message(
             "the SuperNode needs --node-config 'state-dir=\"/path\"': its users' private "
             "model state persists there between rounds and across restarts"
         )
-    runtime = NodeRuntime(
-        config,
-        run_token=str(payload.config["run-token"]),
-        partition_id=pid,
-        num_partitions=nparts,
-        state_dir=Path(str(state_dir)),
-    )
+    key = (token, config_digest(config), pid, nparts, str(state_dir))
+    if memory is not None and memory.runtime_key == key:
+        runtime = memory.runtime
+    else:
+        runtime = NodeRuntime(
+            config,
+            run_token=str(payload.config["run-token"]),
+            partition_id=pid,
+            num_partitions=nparts,
+            state_dir=Path(str(state_dir)),
+        )
+        if memory is not None:
+            memory.runtime, memory.runtime_key = runtime, key
+    try:
+        return _run_task(stage, payload, runtime, token, state, memory)
+    except BaseException:
+        if memory is not None:  # a failed step may leave the model half-updated: reload
+            memory.runtime = memory.runtime_key = None
+        raise
+
+
+def _run_task(
+    stage: str,
+    payload: Payload,
+    runtime: Any,
+    token: str,
+    state: MutableMapping[str, bytes],
+    memory: NodeMemory | None,
+) -> Payload:
+    """``train`` or ``evaluate`` on the node's runtime."""
+    import torch
+
+    from securefed.flower.node import TrainTask
+
     scalars = _scalars(payload.config)
     if stage == "evaluate":
         return Payload(
@@ -156,7 +217,11 @@ def handle_node_message(
         aggregate=bool(payload.config.get("aggregate", False)),
     )
     reply = runtime.train(task, payload.arrays, scalars)
-    state[SESSION_KEY] = reply.session.freeze()
+    if memory is not None:
+        memory.sessions = {token: reply.session}  # the run in progress only
+        state.pop(SESSION_KEY, None)
+    else:
+        state[SESSION_KEY] = reply.session.freeze()
     return Payload(
         config=pack_sids(reply.adverts),
         metrics={

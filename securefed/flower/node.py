@@ -7,15 +7,17 @@ participants as one :class:`~protocols.secagg.SecAggClient`: four stage messages
 securefed's own wire format, routed by the server. Nothing of a user leaves the node except
 those wire messages and the node's aggregate training/evaluation counters.
 
-Flower runs a ``ClientApp`` in a fresh process per message, so everything here is rebuilt
-from two stores the node owns:
+A node's process may serve one message (Flower's per-message ClientApp processes) or all of
+them (:mod:`securefed.flower.worker`, which keeps a :class:`NodeRuntime` and the round session
+in memory); either way everything here can be rebuilt from two stores the node owns:
 
 * the **state directory** (``<state_dir>/<run_token>/partition-<id>.pt``): every user's
   private model state, written atomically after each local training; a restarted SuperNode
   continues from it;
-* the **round session** (:class:`NodeSession`, kept by Flower in the node's ``Context.state``,
-  i.e. in the SuperNode's memory, never on disk): the round's SecAgg stage machines (fresh
-  key pairs, seeds, received shares) and the encoded inputs, needed between stages only.
+* the **round session** (:class:`NodeSession`: in the long-lived process's memory, or kept
+  by Flower in the node's ``Context.state``, i.e. in the SuperNode's memory; never on disk):
+  the round's SecAgg stage machines (fresh key pairs, seeds, received shares) and the encoded
+  inputs, needed between stages only.
 """
 
 from __future__ import annotations

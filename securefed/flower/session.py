@@ -1,9 +1,13 @@
 """One round's secrets on a node, kept between the messages of a round.
 
-Flower runs a ``ClientApp`` in a fresh process per message; the round's SecAgg stage machines
-(fresh X25519 key pairs, the self-mask seed, received shares) and the encoded inputs are kept
-in the node's ``Context.state``, which Flower holds in the SuperNode's memory (never on disk),
-as the bytes of :meth:`NodeSession.freeze`. This module imports no model code, so the three
+The round's SecAgg stage machines (fresh X25519 key pairs, the self-mask seed, received
+shares) and the encoded inputs. In securefed's long-lived ClientApp process
+(:mod:`securefed.flower.worker`, the local deployment's default) the session stays a live
+object in that process's memory (:class:`~securefed.flower.messages.NodeMemory`). Where Flower
+runs a ``ClientApp`` in a fresh process per message (its ``subprocess`` isolation) or lets
+virtual nodes share worker processes (the simulation engine), it is kept in the node's
+``Context.state``, which Flower holds in the SuperNode's memory (never on disk), as the bytes
+of :meth:`NodeSession.freeze`. This module imports no model code, so the three
 SecAgg stages start fast.
 """
 
