@@ -146,7 +146,13 @@ def run_simulation(
         }
     )
     client = make_client_app({"state-root": str(work / "nodes")})
-    with quiet_flower_deprecations():
+    from threadpoolctl import threadpool_limits
+
+    # Flower starts the ServerApp in a thread while its main thread starts Ray, which forks
+    # processes; OpenBLAS's fork handler stops its thread pool, and a numpy call of the
+    # ServerApp (the accountant's PRV, numpy dot) that is waiting on that pool then spins
+    # forever (seen in CI: exec_blas with no BLAS threads left). One BLAS thread: no pool.
+    with quiet_flower_deprecations(), threadpool_limits(limits=1, user_api="blas"):
         flwr_run_simulation(
             server_app=server,
             client_app=client,
