@@ -90,7 +90,7 @@ SECAGG_CHUNK_BYTES = 2 * 64_000_000 * 4
 # Rates on the development machine (2 cores, torch 2.13 CPU, docs/benchmarks.md), in seconds
 # per unit of work named beside each; machine_speed() scales them to the machine at hand.
 _FEDRAP_S = 4.0e-9  # per sample x local epoch x dim
-_FEDRAP_PAGED_S = 1.3e-8  # the same once pair buffers pass MMAP_THRESHOLD
+_FEDRAP_PAGED_S = 1.3e-8  # the same with dense per-client buffers (interaction-level DP-SGD)
 _FEDRAP_COMPILE_S = 5.0  # torch.compile in round 1
 _DOT_EVAL_S = 1.9e-9  # per user x item x dim scored (dot-product models)
 _MLP_S = 6.5e-11  # FedRecGEL: per sample x MLP multiply-add x pass
@@ -574,8 +574,10 @@ def estimate_run(
         else:
             pair_bytes = d * 4 * FEDRAP_PAIR_FLOATS + FEDRAP_PAIR_EXTRA
             round_bytes = int(samples * pair_bytes)
-            rate = _FEDRAP_PAGED_S if samples * d * 4 > MMAP_THRESHOLD else _FEDRAP_S
-            round_s = rate * samples * params.local_epochs * d
+            # Local training runs in chunks of PAIR_CHUNK_BYTES (below MMAP_THRESHOLD), so
+            # no round page-faults its pair buffers any more: the MovieLens-1M-sized round
+            # measured 4.21 s on the quiet machine (docs/benchmarks.md), 4.3e-9 per unit.
+            round_s = _FEDRAP_S * samples * params.local_epochs * d
             if samples >= 50_000 and params.compile is not False:
                 compile_bytes = COMPILE_BYTES
                 setup_s = _FEDRAP_COMPILE_S
