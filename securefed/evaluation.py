@@ -29,6 +29,7 @@ correction: the sample is drawn without replacement from the ``N`` users).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -272,18 +273,20 @@ def evaluate_splits(
                 scores = scores.detach().cpu()
                 sampled_ranks[w].append(rank_of_target(scores[:, 0], scores[:, 1:]))
         n_ranked = 0 if ranked is None else int(ranked.numel())
-        block_scorer = getattr(model, "score_block", None)
-        if ranked is not None and callable(block_scorer):
-            order = _popularity_order(split)
-            for start in range(0, n_ranked, batch_size):
-                users = ranked[start : start + batch_size]
-                block_ranks = _block_ranks(model, block_scorer, split, users, held, which, order, k)
-                for w in which:
-                    full_ranks[w].append(block_ranks[w])
-            n_ranked = 0  # ranked above
+        found = getattr(model, "score_block", None)
+        block_scorer: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = (
+            found if callable(found) else None
+        )
+        order = _popularity_order(split) if block_scorer is not None and n_ranked else None
         for start in range(0, n_ranked, batch_size):
             assert ranked is not None
             users = ranked[start : start + batch_size]
+            candidate = _candidate_mask(split, users, held)
+            if block_scorer is not None and order is not None:  # ranked in item blocks
+                blocks = _block_ranks(model, block_scorer, users, candidate, held, which, order, k)
+                for w in which:
+                    full_ranks[w].append(blocks[w])
+                continue
             b = int(users.numel())
             row_ids = torch.arange(b)
             all_scores = model.score_all(users)
@@ -293,14 +296,9 @@ def evaluate_splits(
                     f"expected {(b, split.n_items)}"
                 )
             all_scores = all_scores.detach().cpu()
-            mask = torch.ones((b, split.n_items), dtype=torch.bool)
-            rows, cols = split.train_pairs(users.numpy())
-            mask[torch.from_numpy(rows), torch.from_numpy(cols)] = False
-            mask[row_ids, held["val"][users]] = False
-            mask[row_ids, held["test"][users]] = False
             for w in which:
                 target_scores = all_scores[row_ids, held[w][users]]
-                full_ranks[w].append(rank_of_target(target_scores, all_scores, mask))
+                full_ranks[w].append(rank_of_target(target_scores, all_scores, candidate))
 
     sample = full_users is not None and ranked is not None and n_ranked < split.n_users
     out: dict[str, EvalResult] = {}
@@ -340,42 +338,50 @@ def _popularity_order(split: Split) -> torch.Tensor:
     return torch.from_numpy(np.argsort(-counts, kind="stable").astype(np.int64))
 
 
+def _candidate_mask(
+    split: Split, users: torch.Tensor, held: dict[str, torch.Tensor]
+) -> torch.Tensor:
+    """``[B, n_items]``: True where an item is a full-ranking candidate for the user (not a
+    training positive, not one of its held-out items)."""
+    b = int(users.numel())
+    row_ids = torch.arange(b)
+    mask = torch.ones((b, split.n_items), dtype=torch.bool)
+    rows, cols = split.train_pairs(users.numpy())
+    mask[torch.from_numpy(rows), torch.from_numpy(cols)] = False
+    mask[row_ids, held["val"][users]] = False
+    mask[row_ids, held["test"][users]] = False
+    return mask
+
+
 def _block_ranks(
     model: Scorer,
-    score_block: object,
-    split: Split,
+    score_block: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     users: torch.Tensor,
+    candidate: torch.Tensor,
     held: dict[str, torch.Tensor],
     which: tuple[str, ...],
     order: torch.Tensor,
     k: int,
 ) -> dict[str, torch.Tensor]:
-    """Full-ranking ranks of ``users`` from blocks of items, most popular first; a user leaves
-    once every held-out set has ``k`` candidates at or above its target (module docstring)."""
-    assert callable(score_block)
-    b = int(users.numel())
-    row_ids = torch.arange(b)
-    excluded = torch.zeros((b, split.n_items), dtype=torch.bool)
-    rows, cols = split.train_pairs(users.numpy())
-    excluded[torch.from_numpy(rows), torch.from_numpy(cols)] = True
-    excluded[row_ids, held["val"][users]] = True
-    excluded[row_ids, held["test"][users]] = True
+    """Full-ranking ranks of ``users`` (``candidate``: their :func:`_candidate_mask`) from
+    blocks of items, most popular first; a user leaves once every held-out set has ``k``
+    candidates at or above its target (module docstring)."""
     pairs = torch.stack([held[w][users] for w in which], dim=1)
     targets = model.score(users, pairs).detach().cpu()
-    counts = torch.zeros((b, len(which)), dtype=torch.int64)
-    active = torch.arange(b)
+    counts = torch.zeros((int(users.numel()), len(which)), dtype=torch.int64)
+    active = torch.arange(int(users.numel()))
+    n_items = int(order.numel())
     start, size = 0, FIRST_BLOCK
-    while start < split.n_items and active.numel():
+    while start < n_items and active.numel():
         items = order[start : start + size]
         start += int(items.numel())
         size = min(2 * size, LAST_BLOCK)
-        scores = score_block(users[active], items)
-        scores = scores.detach().cpu()
-        candidate = ~excluded[active[:, None], items[None, :]]
+        scores = score_block(users[active], items).detach().cpu()
+        allowed = candidate[active[:, None], items[None, :]]
         for j in range(len(which)):
             target = targets[active, j, None]
             ahead = (scores >= target) | scores.isnan() | target.isnan()
-            counts[active, j] += (ahead & candidate).sum(dim=1)
+            counts[active, j] += (ahead & allowed).sum(dim=1)
         active = active[(counts[active] < k).any(dim=1)]
     return {w: counts[:, j] for j, w in enumerate(which)}
 

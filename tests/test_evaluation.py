@@ -205,6 +205,9 @@ def test_block_ranking_equals_the_dense_pass_below_k_and_bounds_it_above(
         assert block[w].full_ndcg == pytest.approx(dense[w].full_ndcg, abs=0)
         assert (block[w].ranks == dense[w].ranks).all()  # the sampled protocol is unchanged
     assert 0 < block_model.block_pairs < split.n_users * split.n_items
+    # Every user named as the sample is no sample: no interval, as on the dense path.
+    every = ev.evaluate_splits(block_model, split, k=k, full_users=np.arange(split.n_users))
+    assert every["val"].full_hr_ci is None and every["val"].full_users is None
 
 
 def test_fedrecgel_block_scores_match_its_pair_scores() -> None:
