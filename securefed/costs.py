@@ -76,9 +76,6 @@ EVAL_BLOCK = 256
 #: per-pair indices and sample arrays: fitted from peak RSS on MovieLens 100K and 1M sizes.
 FEDRAP_PAIR_FLOATS = 4.0
 FEDRAP_PAIR_EXTRA = 104
-#: glibc serves larger buffers with fresh mmap pages (securefed.allocator): a round whose
-#: pair buffers pass it is page-fault bound (MovieLens-1M size: 12.9 s instead of ~4 s).
-MMAP_THRESHOLD = 256 * 2**20
 #: Bytes secure aggregation holds per client coordinate (the uint64 ring inputs, their masked
 #: copies and the expanded masks): fitted to FedRAP --secagg on MovieLens 100K (3.36 GB peak RSS
 #: measured, 3.49 GB estimated).
@@ -574,9 +571,10 @@ def estimate_run(
         else:
             pair_bytes = d * 4 * FEDRAP_PAIR_FLOATS + FEDRAP_PAIR_EXTRA
             round_bytes = int(samples * pair_bytes)
-            # Local training runs in chunks of PAIR_CHUNK_BYTES (below MMAP_THRESHOLD), so
-            # no round page-faults its pair buffers any more: the MovieLens-1M-sized round
-            # measured 4.21 s on the quiet machine (docs/benchmarks.md), 4.3e-9 per unit.
+            # Local training runs in chunks of PAIR_CHUNK_BYTES (below the allocator's mmap
+            # threshold, securefed.allocator), so no round page-faults its pair buffers: the
+            # MovieLens-1M-sized round measured 4.21 s on the quiet machine
+            # (docs/benchmarks.md), 4.3e-9 per unit.
             round_s = _FEDRAP_S * samples * params.local_epochs * d
             if samples >= 50_000 and params.compile is not False:
                 compile_bytes = COMPILE_BYTES

@@ -252,6 +252,11 @@ class DPSGDPlan:
 PAIR_CHUNK_BYTES = 128 << 20
 
 
+def pair_chunk_rows(dim: int) -> int:
+    """Pairs per chunk: the ``[pairs, dim]`` float32 rows that fill :data:`PAIR_CHUNK_BYTES`."""
+    return max(1, PAIR_CHUNK_BYTES // (4 * dim))
+
+
 def client_chunks(
     user_first_pair: list[int], first: int, max_rows: int
 ) -> list[tuple[int, int, int, int]]:
@@ -562,7 +567,7 @@ class FedRAPUpdates(ClientUpdates):
         # In chunks of pairs (no full-size temporaries); index_add_ sums in pair order, so
         # the chunks give the same bits as one pass.
         n_pairs, dim = self.pair_rows.shape
-        step = max(1, PAIR_CHUNK_BYTES // (4 * dim))
+        step = pair_chunk_rows(dim)
         for lo in range(0, n_pairs, step):
             client = self.pair_client[lo : lo + step]
             item = self.pair_item[lo : lo + step]
@@ -950,13 +955,10 @@ class FedRAP:
         # Sub-steps run on chunks of whole clients' pairs (PAIR_CHUNK_BYTES of [pairs, dim]
         # rows each), written back in place: no full-size temporaries per sub-step.
         user_first_pair = torch.searchsorted(pair_user, torch.arange(m + 1)).tolist()
-        chunk_rows = max(1, PAIR_CHUNK_BYTES // (4 * cfg.dim))
-        chunk_cache: dict[int, list[tuple[int, int, int, int]]] = {}
-
-        def chunks_of(sub: int) -> list[tuple[int, int, int, int]]:
-            if sub not in chunk_cache:
-                chunk_cache[sub] = client_chunks(user_first_pair, int(first_user[sub]), chunk_rows)
-            return chunk_cache[sub]
+        sub_chunks = [
+            client_chunks(user_first_pair, int(first), pair_chunk_rows(cfg.dim))
+            for first in first_user.tolist()
+        ]
 
         for epoch in range(cfg.local_epochs):
             if not bool(active.any()):
@@ -986,7 +988,7 @@ class FedRAP:
                 lr_net = torch.where(users_in, self.lr_network * decay, 0.0).to(torch.float32)
                 loss = torch.zeros(m)
                 size = sizes[:, sub].contiguous()
-                for u0, u1, p0, p1 in chunks_of(sub):
+                for u0, u1, p0, p1 in sub_chunks[sub]:
                     if not bool(users_in[u0:u1].any()):
                         continue  # lr 0 everywhere: the step leaves these clients as they are
                     if sub == 0:
