@@ -47,7 +47,7 @@ from securefed.errors import ConfigError, ProtocolError
 from securefed.flower import require_flwr
 from securefed.flower.certs import LocalCertificates, make_local_certificates, make_node_key
 from securefed.flower.server import check_config
-from securefed.flower.supernode import DEFAULT_IDLE_POLL
+from securefed.flower.supernode import DEFAULT_IDLE_POLL, MAX_IDLE_POLL
 from securefed.training import TrainConfig
 
 LOOPBACK = "127.0.0.1"
@@ -457,8 +457,8 @@ def _check_scheduling(isolation: str, idle_poll: float | None) -> None:
         raise ConfigError(
             f"isolation must be one of {', '.join(ISOLATION_MODES)}, got {isolation!r}"
         )
-    if idle_poll is not None and not 0 < idle_poll <= 3:
-        raise ConfigError(f"idle_poll must be in (0, 3] seconds, got {idle_poll!r}")
+    if idle_poll is not None and not 0 < idle_poll <= MAX_IDLE_POLL:
+        raise ConfigError(f"idle_poll must be in (0, {MAX_IDLE_POLL}] seconds, got {idle_poll!r}")
 
 
 def _register(dep: LocalDeployment, public_keys: Sequence[Path], timeout: float = 120.0) -> None:

@@ -40,6 +40,8 @@ DEFAULT_IDLE_POLL = 0.2
 #: First idle poll after a message, and every local wait (seconds).
 SHORT_WAIT = 0.02
 _FLOWER_IDLE_SLEEP = 3
+#: Longest idle poll accepted (seconds): Flower's own fixed sleep.
+MAX_IDLE_POLL = _FLOWER_IDLE_SLEEP
 
 
 class _Clock:
@@ -67,8 +69,8 @@ def _clock_module(cap: float) -> types.ModuleType:
 def cap_idle_poll(cap: float) -> bool:
     """Poll adaptively up to ``cap`` seconds when idle (see the module docstring); False
     (and nothing changed) if Flower's loop changed."""
-    if not 0 < cap <= 3:
-        raise ValueError(f"idle poll must be in (0, 3] seconds, got {cap!r}")
+    if not 0 < cap <= MAX_IDLE_POLL:
+        raise ValueError(f"idle poll must be in (0, {MAX_IDLE_POLL}] seconds, got {cap!r}")
     from flwr.supernode import start_client_internal as loop
 
     if f"time.sleep({_FLOWER_IDLE_SLEEP})" not in inspect.getsource(loop.start_client_internal):
