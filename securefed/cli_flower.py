@@ -22,6 +22,10 @@ aggregation is always on.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -123,7 +127,19 @@ DataDir = Annotated[
 Rounds = Annotated[int | None, typer.Option(help="Federated rounds.")]
 Seed = Annotated[int | None, typer.Option(help="Root seed (same model as `securefed train`).")]
 Eps = Annotated[float | None, typer.Option(help="Target user-level epsilon.")]
-Nodes = Annotated[int, typer.Option(help="SuperNodes, one partition of users each.")]
+Nodes = Annotated[
+    int | None,
+    typer.Option(
+        help="SuperNodes, one partition of users each (default 3; a resume: as recorded)."
+    ),
+]
+Resume = Annotated[
+    Path | None,
+    typer.Option(
+        help="Continue this interrupted Flower run directory from its last checkpoint, with "
+        "its recorded settings (the nodes' state is in its work directory, --work-dir).",
+    ),
+]
 StageTimeout = Annotated[
     float, typer.Option(help="Seconds to wait for a stage's replies; silent nodes drop.")
 ]
@@ -132,7 +148,7 @@ StageTimeout = Annotated[
 @flower_app.command()
 def simulate(
     config: ConfigOpt = None,
-    nodes: Nodes = 3,
+    nodes: Nodes = None,
     model: Model = None,
     dataset: Dataset = None,
     data_dir: DataDir = None,
@@ -144,6 +160,7 @@ def simulate(
     out_dir: OutOpt = None,
     work_dir: WorkOpt = None,
     stage_timeout: StageTimeout = 120.0,
+    resume: Resume = None,
 ) -> None:
     """Run on Flower's simulation engine (Ray) with N virtual SuperNodes."""
     _deploy(locals(), local=False)
@@ -152,7 +169,7 @@ def simulate(
 @flower_app.command()
 def local(
     config: ConfigOpt = None,
-    nodes: Nodes = 3,
+    nodes: Nodes = None,
     model: Model = None,
     dataset: Dataset = None,
     data_dir: DataDir = None,
@@ -180,6 +197,7 @@ def local(
             "subprocess: Flower starts a ClientApp process per message (slower).",
         ),
     ] = "process",
+    resume: Resume = None,
 ) -> None:
     """Run a local deployment: a SuperLink and N SuperNodes as processes on 127.0.0.1,
     over TLS with SuperNode authentication (unless --insecure)."""
@@ -188,50 +206,132 @@ def local(
 
 def _deploy(opts: dict[str, Any], *, local: bool) -> None:
     """The body of ``simulate`` and ``local``: resolve the config, run, show the summary."""
-    from securefed.flower.deploy import run_local_deployment, run_simulation
+    from securefed.training import RunFinished
 
     nodes = opts["nodes"]
+    resume = opts["resume"]
     with _user_errors():
-        overrides = {k: opts[k] for k in _OVERRIDES}
-        cfg = _config(opts["config"], **overrides)
-        run_dir, work = _dirs(cfg, opts["out_dir"], opts["work_dir"])
-        _check_before_flower(cfg, nodes, run_dir)
-        if local:
-            insecure = bool(opts["insecure"])
-            security = (
-                "no TLS, no node authentication"
-                if insecure
-                else "TLS (throwaway CA) + SuperNode authentication"
-            )
-            err.print(
-                f"local deployment: 1 SuperLink + {nodes} SuperNodes on 127.0.0.1, {security}, "
-                f"logs in {work}"
-            )
-            if insecure:
-                err.print(
-                    "WARNING: --insecure is for debugging only: no TLS and no SuperNode "
-                    "authentication; any process that reaches the port can join or listen",
-                    style="bold red",
+        if resume is not None:
+            given = [k for k in ("config", "out_dir", *_OVERRIDES) if opts[k] is not None]
+            if given:
+                names = ", ".join(
+                    "--" + {"out_dir": "out"}.get(k, k).replace("_", "-") for k in given
                 )
-            summary = run_local_deployment(
-                cfg,
-                run_dir=run_dir,
-                nodes=nodes,
-                work_dir=work,
-                stage_timeout=opts["stage_timeout"],
-                insecure=insecure,
-                isolation=opts["isolation"],
-            )
+                raise ConfigError(
+                    f"--resume continues a run with its recorded settings; drop {names}"
+                )
+            try:
+                cfg, nodes = _check_resume(resume, nodes)
+            except RunFinished as exc:
+                out.print(str(exc), highlight=False, soft_wrap=True)
+                return
+            run_dir, work = _dirs(cfg, resume, opts["work_dir"])
+            err.print(f"resuming {run_dir} from its last checkpoint ({nodes} partitions)")
         else:
-            err.print(f"Flower simulation: {nodes} virtual SuperNodes, work directory {work}")
-            summary = run_simulation(
-                cfg,
-                run_dir=run_dir,
-                nodes=nodes,
-                work_dir=work,
-                stage_timeout=opts["stage_timeout"],
+            nodes = 3 if nodes is None else nodes
+            overrides = {k: opts[k] for k in _OVERRIDES}
+            cfg = _config(opts["config"], **overrides)
+            run_dir, work = _dirs(cfg, opts["out_dir"], opts["work_dir"])
+            _check_before_flower(cfg, nodes, run_dir)
+        command = "local" if local else "simulate"
+        with _stopped_as_interrupt(run_dir, command):
+            summary = _launch(
+                opts, cfg, nodes, run_dir, work, local=local, resume=resume is not None
             )
     _show(summary, run_dir)
+
+
+@contextlib.contextmanager
+def _stopped_as_interrupt(run_dir: Path, command: str) -> Iterator[None]:
+    """SIGTERM (a service manager, ``kill``) stops a deployment as Ctrl-C does: the
+    SuperLink and SuperNodes (in their own sessions) are stopped, not orphaned, and the one
+    line says how to resume."""
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+
+        def stop(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    except KeyboardInterrupt:
+        from securefed import runs
+
+        hint = (
+            f"; resume with: securefed flower {command} --resume {run_dir}"
+            if (run_dir / runs.CONFIG_FILE).exists()
+            else ""
+        )
+        raise KeyboardInterrupt(f"interrupted: every Flower process was stopped{hint}") from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _launch(
+    opts: dict[str, Any],
+    cfg: Any,
+    nodes: int,
+    run_dir: Path,
+    work: Path,
+    *,
+    local: bool,
+    resume: bool,
+) -> dict[str, Any]:
+    """Start the local deployment or the simulation and run it to its end."""
+    from securefed.flower.deploy import run_local_deployment, run_simulation
+
+    if not local:
+        err.print(f"Flower simulation: {nodes} virtual SuperNodes, work directory {work}")
+        return run_simulation(
+            cfg,
+            run_dir=run_dir,
+            nodes=nodes,
+            work_dir=work,
+            stage_timeout=opts["stage_timeout"],
+            resume=resume,
+        )
+    insecure = bool(opts["insecure"])
+    security = (
+        "no TLS, no node authentication"
+        if insecure
+        else "TLS (throwaway CA) + SuperNode authentication"
+    )
+    err.print(
+        f"local deployment: 1 SuperLink + {nodes} SuperNodes on 127.0.0.1, {security}, "
+        f"logs in {work}"
+    )
+    if insecure:
+        err.print(
+            "WARNING: --insecure is for debugging only: no TLS and no SuperNode "
+            "authentication; any process that reaches the port can join or listen",
+            style="bold red",
+        )
+    return run_local_deployment(
+        cfg,
+        run_dir=run_dir,
+        nodes=nodes,
+        work_dir=work,
+        stage_timeout=opts["stage_timeout"],
+        insecure=insecure,
+        isolation=opts["isolation"],
+        resume=resume,
+    )
+
+
+def _check_resume(run_dir: Path, nodes: int | None) -> tuple[Any, int]:
+    """The recorded config and partition count of the Flower run to resume; ``--nodes``,
+    if given, must be that count (each node's users and state depend on it)."""
+    from securefed.flower.deploy import check_resumable
+
+    cfg, recorded = check_resumable(run_dir)
+    if nodes is not None and nodes != recorded:
+        raise ConfigError(
+            f"{run_dir} was run on {recorded} nodes (one partition each); resume it with "
+            f"--nodes {recorded} or without --nodes"
+        )
+    return cfg, recorded
 
 
 def _check_before_flower(cfg: Any, nodes: int, run_dir: Path) -> None:

@@ -234,6 +234,61 @@ def test_supernode_killed_after_masked_input_round_completes_with_survivors(tmp_
 
 
 @pytest.mark.slow
+def test_deployment_stopped_mid_round_resumes_to_the_uninterrupted_result(tmp_path):
+    """Issue 16 item 4: every process of a local deployment (SuperLink, SuperNodes, their
+    ClientApp processes, ``flwr run``) is stopped in the middle of round 3, after the
+    checkpoint of round 2; a fresh deployment on the same work directory resumes the run and
+    ends where an uninterrupted run ends."""
+    cfg = TrainConfig(
+        synthetic_users=60,
+        synthetic_items=400,
+        rounds=4,
+        checkpoint_every=2,
+        privacy=PrivacyConfig(secagg=True, noise_multiplier=1.0, replay=True),
+    )
+    ref = train(cfg, out=tmp_path / "ref")
+    work, run_dir = tmp_path / "work", tmp_path / "run"
+    config_file = deploy._prepare(cfg, run_dir, work)
+    app = deploy.write_app(work / "app", config_file=config_file, run_dir=run_dir, stage_timeout=90)
+    stall = {0: {"fault-stall-at": '"masked:2"'}}
+    with deploy.local_deployment(work, nodes=3, node_extra=stall) as dep:
+        log = (work / "logs" / "flwr-run.log").open("ab")
+        proc = subprocess.Popen(
+            [deploy._bin("flwr"), "run", str(app), "local-deployment", "--stream"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dep.env,
+        )
+        try:
+            marker = dep.node_state_dir(0) / "stalled"
+            deadline = time.monotonic() + 600
+            while not marker.exists():
+                assert time.monotonic() < deadline, "node 0 never reached round 3's masked stage"
+                assert proc.poll() is None, "the run ended before round 3"
+                time.sleep(0.5)
+        finally:
+            proc.kill()
+            proc.wait()
+    # Everything is stopped; the run directory holds the checkpoint of round 2.
+    assert runs.load_checkpoint(run_dir)["round"] == 2
+    assert [m["round"] for m in runs.read_metrics(run_dir)] == [1, 2]
+    summary = deploy.run_local_deployment(
+        cfg, run_dir=run_dir, nodes=3, work_dir=work, stage_timeout=120, timeout=900, resume=True
+    )
+    assert summary["rounds"] == 4
+    got = runs.read_metrics(run_dir)
+    assert [m["round"] for m in got] == [1, 2, 3, 4]
+    for a, b in zip(ref.metrics, got, strict=True):
+        assert a["contributors"] == b["contributors"] == 60
+        for key in KEYS:
+            if key in a:
+                assert b[key] == pytest.approx(a[key], abs=1e-12), (a["round"], key)
+    # Round 3 was never unmasked before the stop: four releases, none counted twice.
+    ledger = json.loads((run_dir / runs.LEDGER_FILE).read_text())["events"]
+    assert len(ledger) == 4
+
+
+@pytest.mark.slow
 def test_simulation_engine_matches_in_process(tmp_path):
     pytest.importorskip("ray", reason="Flower's simulation engine needs Ray")
     cfg = _cfg()

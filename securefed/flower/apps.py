@@ -12,8 +12,10 @@ Components (referenced by the app's ``pyproject.toml``)::
 
 Run config of the ``ServerApp`` (``[tool.flwr.app.config]`` or ``flwr run --run-config``):
 ``config-file`` (the run's securefed TOML, a path on the SuperLink's machine), ``run-dir``
-(created there), ``stage-timeout`` (seconds), ``transcript`` (bool). Node config of each
-SuperNode (``--node-config``): ``partition-id``, ``num-partitions``, ``state-dir``.
+(created there), ``stage-timeout`` (seconds), ``transcript`` (bool), ``resume`` (bool:
+continue the interrupted run in ``run-dir`` from its last checkpoint with the config it
+recorded). Node config of each SuperNode (``--node-config``): ``partition-id``,
+``num-partitions``, ``state-dir``.
 """
 
 from __future__ import annotations
@@ -170,18 +172,22 @@ def make_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
 
         _shorten_reply_backoff()
         cfg = {**(defaults or {}), **dict(context.run_config)}
-        config = TrainConfig.from_dict(load_config_file(str(cfg["config-file"])))
         settings = ServerSettings(
             stage_timeout=float(cfg.get("stage-timeout", 120.0)),
             connect_timeout=float(cfg.get("connect-timeout", 300.0)),
             transcript=bool(cfg.get("transcript", False)),
         )
-        FederatedServer(
-            config,
-            run_dir=Path(str(cfg["run-dir"])),
-            transport=GridTransport(grid),
-            settings=settings,
-        ).run()
+        run_dir = Path(str(cfg["run-dir"]))
+        if bool(cfg.get("resume", False)):  # continue from the run directory's checkpoint
+            server = FederatedServer.resume(
+                run_dir, transport=GridTransport(grid), settings=settings
+            )
+        else:
+            config = TrainConfig.from_dict(load_config_file(str(cfg["config-file"])))
+            server = FederatedServer(
+                config, run_dir=run_dir, transport=GridTransport(grid), settings=settings
+            )
+        server.run()
 
     return app
 

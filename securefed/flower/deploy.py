@@ -46,9 +46,9 @@ from securefed import runs
 from securefed.errors import ConfigError, ProtocolError
 from securefed.flower import require_flwr
 from securefed.flower.certs import LocalCertificates, make_local_certificates, make_node_key
-from securefed.flower.server import check_config
+from securefed.flower.server import FLOWER_FILE, check_config, read_flower_record
 from securefed.flower.supernode import DEFAULT_IDLE_POLL, MAX_IDLE_POLL
-from securefed.training import TrainConfig
+from securefed.training import TrainConfig, check_resume
 
 LOOPBACK = "127.0.0.1"
 APP_NAME = "securefed-app"
@@ -64,8 +64,10 @@ def write_app(
     run_dir: Path,
     stage_timeout: float,
     transcript: bool = False,
+    resume: bool = False,
 ) -> Path:
-    """Write the Flower app directory (``pyproject.toml`` only) and return it."""
+    """Write the Flower app directory (``pyproject.toml`` only) and return it; with
+    ``resume`` the app continues the interrupted run in ``run_dir``."""
     app_dir.mkdir(parents=True, exist_ok=True)
     text = f"""[build-system]
 requires = ["hatchling"]
@@ -90,6 +92,7 @@ config-file = {_toml_str(str(config_file.resolve()))}
 run-dir = {_toml_str(str(run_dir.resolve()))}
 stage-timeout = {float(stage_timeout)!r}
 transcript = {"true" if transcript else "false"}
+resume = {"true" if resume else "false"}
 """
     (app_dir / "pyproject.toml").write_text(text)
     return app_dir
@@ -99,14 +102,35 @@ def _toml_str(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _prepare(config: TrainConfig, run_dir: Path, work_dir: Path) -> Path:
+def _prepare(config: TrainConfig, run_dir: Path, work_dir: Path, *, resume: bool = False) -> Path:
+    """The config file the app reads; for a resume, the run directory's own."""
     check_config(config)
+    if resume:
+        check_resumable(run_dir)
+        work_dir.mkdir(parents=True, exist_ok=True)
+        return run_dir / runs.CONFIG_FILE
     if (run_dir / runs.CONFIG_FILE).exists():
         raise ConfigError(f"{run_dir} already holds a run; choose another --out")
     work_dir.mkdir(parents=True, exist_ok=True)
     config_file = work_dir / "securefed.toml"
     runs.atomic_write_text(config_file, runs.dumps_toml(config.to_dict()))
     return config_file
+
+
+def check_resumable(run_dir: Path) -> tuple[TrainConfig, int]:
+    """The recorded config and partition count of a Flower run that can be resumed.
+
+    Raises:
+        ConfigError: ``run_dir`` is not an unfinished Flower run (``RunFinished`` when it
+            completed its rounds).
+    """
+    config = check_resume(run_dir)
+    if not (run_dir / FLOWER_FILE).exists():
+        raise ConfigError(
+            f"{run_dir} was not started by `securefed flower` (no {FLOWER_FILE}); resume it "
+            "with `securefed train --resume`"
+        )
+    return config, len(read_flower_record(run_dir)["nodes"])
 
 
 def run_simulation(
@@ -118,8 +142,13 @@ def run_simulation(
     stage_timeout: float = 120.0,
     cpus_per_node: float = 1.0,
     transcript: bool = False,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Run on Flower's simulation engine with ``nodes`` virtual SuperNodes; returns the summary.
+
+    With ``resume`` the interrupted run in ``run_dir`` continues from its last checkpoint
+    (``config`` must be its recorded one, :func:`check_resumable`; the nodes' state is
+    under ``work_dir`` as when it started).
 
     Raises:
         ConfigError: Flower or Ray is not installed, or the config is not distributable.
@@ -136,13 +165,14 @@ def run_simulation(
     from securefed.flower.apps import make_client_app, make_server_app
 
     run_dir, work = Path(run_dir), Path(work_dir)
-    config_file = _prepare(config, run_dir, work)
+    config_file = _prepare(config, run_dir, work, resume=resume)
     server = make_server_app(
         {
             "config-file": str(config_file),
             "run-dir": str(run_dir),
             "stage-timeout": stage_timeout,
             "transcript": transcript,
+            "resume": resume,
         }
     )
     client = make_client_app({"state-root": str(work / "nodes")})
@@ -534,21 +564,26 @@ def run_local_deployment(
     insecure: bool = False,
     isolation: str = "process",
     idle_poll: float | None = DEFAULT_IDLE_POLL,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """A whole run on a local deployment (see the module docstring); returns the summary.
 
     ``insecure=True`` is for debugging only: no TLS and no SuperNode authentication.
-    ``isolation`` and ``idle_poll`` are those of :func:`local_deployment`.
+    ``isolation`` and ``idle_poll`` are those of :func:`local_deployment`. With ``resume``
+    the interrupted run in ``run_dir`` continues from its last checkpoint on a fresh
+    SuperLink and SuperNodes, which find their users' state in ``work_dir`` (``config``
+    and ``nodes`` as recorded: :func:`check_resumable`).
     """
     _check_scheduling(isolation, idle_poll)
     run_dir, work = Path(run_dir).resolve(), Path(work_dir).resolve()
-    config_file = _prepare(config, run_dir, work)
+    config_file = _prepare(config, run_dir, work, resume=resume)
     app = write_app(
         work / "app",
         config_file=config_file,
         run_dir=run_dir,
         stage_timeout=stage_timeout,
         transcript=transcript,
+        resume=resume,
     )
     with local_deployment(
         work, nodes=nodes, insecure=insecure, isolation=isolation, idle_poll=idle_poll
@@ -559,6 +594,7 @@ def run_local_deployment(
 
 __all__ = [
     "LocalDeployment",
+    "check_resumable",
     "local_deployment",
     "quiet_flower_deprecations",
     "run_local_deployment",

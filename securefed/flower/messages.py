@@ -215,6 +215,7 @@ def _run_task(
         public_seed=bytes(payload.config.get("public-seed", b"")),
         fingerprint=str(payload.config.get("fingerprint", "")),
         aggregate=bool(payload.config.get("aggregate", False)),
+        resume=bool(payload.config.get("resume", False)),
     )
     reply = runtime.train(task, payload.arrays, scalars)
     if memory is not None:

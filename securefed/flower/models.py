@@ -59,6 +59,35 @@ def load_private(name: str, model: Recommender, users: torch.Tensor, saved: dict
     model.load_state_dict(state)
 
 
+def server_state(name: str, model: Recommender) -> dict[str, Any]:
+    """What the server's checkpoint keeps of its model: every ``state_dict`` entry except the
+    users' private ones (the shared tensors, schedule scalars and the server step's own
+    state, e.g. FedRecGEL's server Adam moments)."""
+    private = set(get_spec(name).private_state)
+    return {k: _copy(v) for k, v in model.state_dict().items() if k not in private}
+
+
+def load_server_state(name: str, model: Recommender, saved: dict[str, Any]) -> None:
+    """Put a :func:`server_state` back into the server's model (private entries untouched).
+
+    Raises:
+        KeyError: ``saved`` lacks an entry the model's server state has.
+    """
+    private = set(get_spec(name).private_state)
+    state = model.state_dict()
+    missing = sorted(set(state) - private - set(saved))
+    if missing:
+        raise KeyError(f"server state lacks {missing[:3]}")
+    state.update({k: v for k, v in saved.items() if k not in private})
+    model.load_state_dict(state)
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
 def global_payload(name: str, model: Recommender) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """The shared tensors and schedule scalars the server sends to every node."""
     arrays = {
@@ -127,4 +156,12 @@ def train_own(
     return updates, keep, stats
 
 
-__all__ = ["global_payload", "load_global", "load_private", "private_state", "train_own"]
+__all__ = [
+    "global_payload",
+    "load_global",
+    "load_private",
+    "load_server_state",
+    "private_state",
+    "server_state",
+    "train_own",
+]

@@ -13,7 +13,10 @@ in memory); either way everything here can be rebuilt from two stores the node o
 
 * the **state directory** (``<state_dir>/<run_token>/partition-<id>.pt``): every user's
   private model state, written atomically after each local training; a restarted SuperNode
-  continues from it;
+  continues from it. Beside it, ``partition-<id>.at-<R>.pt`` keeps the state as of round
+  ``R`` for the last two checkpoint rounds ``R`` (multiples of ``checkpoint_every``, and 0)
+  the node trained past, so that a resumed run (the server back at its checkpoint of round
+  ``R``) rewinds the node to exactly that state;
 * the **round session** (:class:`NodeSession`: in the long-lived process's memory, or kept
   by Flower in the node's ``Context.state``, i.e. in the SuperNode's memory; never on disk):
   the round's SecAgg stage machines (fresh key pairs, seeds, received shares) and the encoded
@@ -23,6 +26,7 @@ in memory); either way everything here can be rebuilt from two stores the node o
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +74,7 @@ class TrainTask:
     public_seed: bytes
     fingerprint: str  # RoundParameters.fingerprint() of the server, "" when not aggregating
     aggregate: bool
+    resume: bool = False  # the first round of a resumed run: rewind to it if trained past
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,7 @@ class NodeRuntime:
         )
         self.trained_rounds = 0
         self._aggregator: Any = None
+        self._snapshots: dict[int, dict[str, Any]] = {}  # without a state directory
         self._load()
 
     # -- persistence --------------------------------------------------------------------
@@ -141,19 +147,88 @@ class NodeRuntime:
         models.load_private(self.config.model, self.model, self.users, saved["private"])
         self.trained_rounds = int(saved["trained_rounds"])
 
+    def _state(self) -> dict[str, Any]:
+        return {
+            "config_digest": self.digest,
+            "users": self.users,
+            "trained_rounds": self.trained_rounds,
+            "private": models.private_state(self.config.model, self.model, self.users),
+        }
+
     def save(self) -> None:
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        runs.save_state(
-            self.path,
-            {
-                "config_digest": self.digest,
-                "users": self.users,
-                "trained_rounds": self.trained_rounds,
-                "private": models.private_state(self.config.model, self.model, self.users),
-            },
-        )
+        runs.save_state(self.path, self._state())
+
+    def _snapshot_path(self, round_index: int) -> Path | None:
+        if self.path is None:
+            return None
+        return self.path.with_name(f"{self.path.stem}.at-{round_index}.pt")
+
+    def _snapshot_rounds(self) -> list[int]:
+        if self.path is None:
+            return sorted(self._snapshots)
+        prefix = f"{self.path.stem}.at-"
+        found = []
+        for f in self.path.parent.glob(f"{prefix}*.pt"):
+            digits = f.name[len(prefix) : -len(".pt")]
+            if digits.isdigit():
+                found.append(int(digits))
+        return sorted(found)
+
+    def _keep_snapshot(self, round_index: int) -> None:
+        """Before training ``round_index``: if a checkpoint round ``R`` lies between the
+        rounds already trained and this one, the current state is the state as of ``R``
+        (nothing trained in between): keep it for a resume to ``R``; drop all but the two
+        newest snapshots (the server may die before writing its checkpoint of ``R``, and
+        resume from the one before)."""
+        every = self.config.checkpoint_every
+        boundary = (round_index // every) * every
+        if boundary < self.trained_rounds:
+            return
+        path = self._snapshot_path(boundary)
+        if path is None:
+            self._snapshots[boundary] = self._state()
+        else:
+            assert self.path is not None
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.unlink(missing_ok=True)
+            if self.trained_rounds and self.path.exists():
+                # The state file holds exactly this state (written after the last training,
+                # replaced by rename, never in place): a second name for it costs nothing.
+                os.link(self.path, path)
+            else:
+                runs.save_state(path, self._state())
+        for old in self._snapshot_rounds()[:-2]:
+            self._drop_snapshot(old)
+
+    def _drop_snapshot(self, round_index: int) -> None:
+        path = self._snapshot_path(round_index)
+        if path is None:
+            self._snapshots.pop(round_index, None)
+        else:
+            path.unlink(missing_ok=True)
+
+    def _rewind(self, round_index: int) -> None:
+        """Put back the users' private state as of ``round_index`` (a resumed run)."""
+        path = self._snapshot_path(round_index)
+        saved = self._snapshots.get(round_index) if path is None else runs.load_state(path)
+        if saved is None:
+            raise ProtocolError(
+                f"the server resumes at round {round_index}, but this node has trained "
+                f"{self.trained_rounds} rounds and keeps no snapshot of round {round_index} "
+                f"(it has {self._snapshot_rounds()}); resume the run from a checkpoint this "
+                "node took part in, or start a new run"
+            )
+        if saved.get("config_digest") != self.digest:
+            raise ConfigError(f"node snapshot {path} was written for another config")
+        models.load_private(self.config.model, self.model, self.users, saved["private"])
+        self.trained_rounds = int(saved["trained_rounds"])
+        for later in self._snapshot_rounds():
+            if later > round_index:  # the abandoned rounds' snapshots
+                self._drop_snapshot(later)
+        self.save()
 
     # -- rounds --------------------------------------------------------------------------
 
@@ -182,14 +257,17 @@ class NodeRuntime:
         if cohort.ndim != 1 or (cohort.numel() > 1 and bool((cohort.diff() <= 0).any())):
             raise ProtocolError("the round's cohort must be strictly increasing user ids")
         if task.round_index < self.trained_rounds:
-            raise ProtocolError(
-                f"round {task.round_index} was already trained on this node "
-                f"(it has trained {self.trained_rounds} rounds)"
-            )
+            if not task.resume:
+                raise ProtocolError(
+                    f"round {task.round_index} was already trained on this node "
+                    f"(it has trained {self.trained_rounds} rounds)"
+                )
+            self._rewind(task.round_index)
         own = cohort[torch.isin(cohort, self.users)]
         session = NodeSession(round_index=task.round_index)
         if own.numel() == 0:
             return TrainReply({}, session, 0.0, 0, 0)
+        self._keep_snapshot(task.round_index)
         models.load_global(self.config.model, self.model, arrays, scalars)
         if self.replay:
             gen = torch_generator(self.config.seed, "train", task.round_index)

@@ -57,6 +57,7 @@ from securefed.training import (
     TrainConfig,
     _data_record,
     _is_better,
+    _selected_round,
     _selection_keys,
     _summary,
     build_aggregator,
@@ -65,6 +66,8 @@ from securefed.training import (
 )
 
 TRANSCRIPT_FILE = "flower_transcript.jsonl"
+#: The run token and partition sizes of a Flower run (a resume reads them).
+FLOWER_FILE = "flower.json"
 
 
 class Transport(Protocol):
@@ -123,6 +126,9 @@ class FederatedServer:
         transport: How messages reach the nodes.
         settings: Timeouts and auditing.
         progress: Called after every round with that round's metrics.
+        resume: Continue the interrupted run in ``run_dir`` from its last checkpoint (its
+            ``config.toml`` and run token; ``config`` must be that config, see
+            :meth:`resume`) instead of starting a new one.
     """
 
     def __init__(
@@ -134,18 +140,58 @@ class FederatedServer:
         settings: ServerSettings | None = None,
         progress: Callable[[RoundRecord], None] | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        resume: bool = False,
     ) -> None:
         check_config(config)
         self.config = config
         self.run_dir = Path(run_dir)
-        if (self.run_dir / runs.CONFIG_FILE).exists():
+        self.resuming = resume
+        self._partitions: int | None = None
+        if resume:
+            recorded = read_flower_record(self.run_dir)
+            self.run_token = str(recorded["run_token"])
+            self._partitions = len(recorded["nodes"])
+        elif (self.run_dir / runs.CONFIG_FILE).exists():
             raise ConfigError(f"{self.run_dir} already holds a run; choose another run directory")
+        else:
+            self.run_token = secrets.token_hex(8)
         self.transport = transport
         self.settings = settings or ServerSettings()
         self.progress = progress
         self._sleep = sleep
-        self.run_token = secrets.token_hex(8)
         self.config_toml = runs.dumps_toml(config.to_dict())
+
+    @classmethod
+    def resume(
+        cls,
+        run_dir: str | Path,
+        *,
+        transport: Transport,
+        settings: ServerSettings | None = None,
+        progress: Callable[[RoundRecord], None] | None = None,
+    ) -> FederatedServer:
+        """The server of an interrupted Flower run, to continue from its last checkpoint.
+
+        The run's own ``config.toml`` (resolved when it started) and run token are used, so
+        the nodes find their state; the nodes' partitions must be those of the first start.
+        Rounds after the checkpoint run again and their releases are counted again (the
+        ledger file, written ahead, already holds them: docs/privacy.md, "Resume").
+
+        Raises:
+            ConfigError: ``run_dir`` is not a Flower run directory, or it finished.
+        """
+        from securefed.training import check_resume
+
+        run_dir = Path(run_dir)
+        config = check_resume(run_dir)
+        return cls(
+            config,
+            run_dir=run_dir,
+            transport=transport,
+            settings=settings,
+            progress=progress,
+            resume=True,
+        )
 
     # ------------------------------------------------------------------ setup
     def _base(self) -> dict[str, Any]:
@@ -191,6 +237,12 @@ class FederatedServer:
                 )
             self._sleep(1.0)
         nparts = len(ids)
+        if self._partitions is not None and nparts != self._partitions:
+            raise ConfigError(
+                f"the run was started with {self._partitions} partitions and {nparts} nodes "
+                f"connected; resume it with {self._partitions} SuperNodes (num-partitions="
+                f"{self._partitions}), each with its own partition-id and state-dir"
+            )
         return {node: partition_users(n_users, p, nparts) for node, (p, _) in parts.items()}
 
     # ------------------------------------------------------------------ the run
@@ -200,7 +252,8 @@ class FederatedServer:
         config = self.config
         split = load_split(config)
         resolve_for_data = config.spec.resolve_for_data
-        if resolve_for_data is not None:  # settled before the nodes receive the config
+        if resolve_for_data is not None and not self.resuming:
+            # Settled before the nodes receive the config; a resume keeps config.toml's.
             config, _ = resolve_for_data(config, split)
             self.config = config
             self.config_toml = runs.dumps_toml(config.to_dict())
@@ -218,24 +271,31 @@ class FederatedServer:
         for node, users in holders.items():
             for u in users.tolist():
                 owner[u] = node
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        runs.atomic_write_text(self.run_dir / runs.CONFIG_FILE, self.config_toml)
-        agg.attach(self.run_dir, resume=False)
-        runs.write_json(self.run_dir / "data.json", _data_record(split.report, split))
-        runs.write_json(
-            self.run_dir / "flower.json",
-            {
-                "protocol": PROTOCOL,
-                "run_token": self.run_token,
-                "nodes": {str(n): int(u.numel()) for n, u in holders.items()},
-                "stage_timeout": self.settings.stage_timeout,
-            },
-        )
+        start_round, elapsed_before = 0, 0.0
         metrics: list[dict[str, Any]] = []
-        best: dict[str, Any] | None = None
+        if self.resuming:
+            start_round, elapsed_before = self._restore(model, agg)
+            metrics = runs.read_metrics(self.run_dir, upto_round=start_round)
+            runs.rewrite_metrics(self.run_dir, metrics)
+        else:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            runs.atomic_write_text(self.run_dir / runs.CONFIG_FILE, self.config_toml)
+            agg.attach(self.run_dir, resume=False)
+            runs.write_json(self.run_dir / "data.json", _data_record(split.report, split))
+            runs.write_json(
+                self.run_dir / FLOWER_FILE,
+                {
+                    "protocol": PROTOCOL,
+                    "run_token": self.run_token,
+                    "nodes": {str(n): int(u.numel()) for n, u in holders.items()},
+                    "stage_timeout": self.settings.stage_timeout,
+                },
+            )
+        started -= elapsed_before
+        best = _selected_round(metrics, config)
         stopped: str | None = None
-        train_seconds = 0.0
-        for r in range(config.rounds):
+        train_seconds = sum(float(m.get("train_seconds", 0.0)) for m in metrics)
+        for r in range(start_round, config.rounds):
             t0 = time.perf_counter()
             try:  # client-side DP (interaction unit) is accounted before anyone trains
                 agg.begin_round(r)
@@ -250,7 +310,10 @@ class FederatedServer:
                 secure=config.privacy.os_randomness,
             )
             try:
-                agg_result, stats = self._round(r, participants, owner, model, agg)
+                resumed_at = start_round if self.resuming and r == start_round else None
+                agg_result, stats = self._round(
+                    r, participants, owner, model, agg, resumed_at=resumed_at
+                )
             except PrivacyBudgetError as exc:
                 stopped = str(exc)
                 break
@@ -285,21 +348,45 @@ class FederatedServer:
         summary = _summary(config, split, metrics, seconds, agg, stopped)
         summary["train_seconds"] = round(train_seconds, 3)
         summary["engine"] = "flower"
+        if stopped is not None:  # no later round can be released: finished, not resumable
+            summary["budget_spent"] = True
         runs.write_json(self.run_dir / runs.SUMMARY_FILE, summary)
         return FederatedResult(run_dir=self.run_dir, summary=summary, metrics=metrics)
 
     def _checkpoint(self, model: Any, agg: Any, rounds_done: int, seconds: float) -> None:
-        # The server holds only the shared model; private rows stay on the nodes.
+        # The server holds only the shared model and its own step's state (e.g. FedRecGEL's
+        # server Adam); every user's private rows stay on the nodes, which keep their own
+        # snapshot at each checkpoint round (node.py) for a resume.
         runs.save_checkpoint(
             self.run_dir,
             {
                 "round": rounds_done,
                 "global": {k: v.clone() for k, v in model.global_parameters().items()},
+                "server": models.server_state(self.config.model, model),
                 "aggregator": agg.state_dict(),
                 "seconds": seconds,
             },
         )
         runs.write_json(self.run_dir / runs.LEDGER_FILE, agg.ledger_dicts())
+
+    def _restore(self, model: Any, agg: Any) -> tuple[int, float]:
+        """Load the checkpoint of a resumed run (if it wrote one) and continue its ledger
+        file; returns the rounds it keeps and the seconds they took."""
+        path = self.run_dir / runs.CHECKPOINT_FILE
+        if not path.exists():  # interrupted before its first checkpoint: start over
+            agg.attach(self.run_dir, resume=True)
+            return 0, 0.0
+        ckpt = runs.load_checkpoint(self.run_dir)
+        try:
+            models.load_server_state(self.config.model, model, ckpt["server"])
+            agg.load_state_dict(ckpt.get("aggregator", {}))
+        except (RuntimeError, KeyError, ValueError, TypeError, AttributeError) as exc:
+            raise IntegrityError(
+                f"{path} does not fit this run's model and privacy settings "
+                f"({type(exc).__name__}); resume the run it was written by, or start a new run"
+            ) from None
+        agg.attach(self.run_dir, resume=True)
+        return int(ckpt["round"]), float(ckpt.get("seconds", 0.0))
 
     def _shared(self, model: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         arrays, scalars = models.global_payload(self.config.model, model)
@@ -313,6 +400,8 @@ class FederatedServer:
         owner: list[int],
         model: Any,
         agg: Any,
+        *,
+        resumed_at: int | None = None,
     ) -> tuple[Any, dict[str, float]]:
         m = int(participants.shape[0])
         timeout = self.settings.stage_timeout
@@ -334,6 +423,10 @@ class FederatedServer:
             "fingerprint": params.fingerprint() if params is not None else "",
             "aggregate": aggregate,
         }
+        if resumed_at is not None:
+            # The first round of a resume: a node that trained past it rewinds its users'
+            # private state to its snapshot of this round.
+            task["resume"] = True
         replies = self.transport.exchange(
             "train", {n: Payload(config=task, arrays=arrays) for n in nodes}, timeout=timeout
         )
@@ -491,6 +584,26 @@ class _Transcript:
         line["bytes"] = len(msg)
         with (self.run_dir / TRANSCRIPT_FILE).open("a") as fh:
             fh.write(json.dumps(line) + "\n")
+
+
+def read_flower_record(run_dir: Path) -> dict[str, Any]:
+    """The run token and node partition sizes a Flower run recorded (``flower.json``).
+
+    Raises:
+        ConfigError: the file is missing or malformed.
+    """
+    path = run_dir / FLOWER_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        token, nodes = record["run_token"], record["nodes"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ConfigError(
+            f"{run_dir} is not a Flower run that can be resumed (no readable {FLOWER_FILE}); "
+            "resume a run that `securefed flower` started, or start a new one"
+        ) from None
+    if not isinstance(token, str) or not token.isalnum() or not isinstance(nodes, dict):
+        raise ConfigError(f"{path} is malformed; resume a run that `securefed flower` started")
+    return record
 
 
 def check_config(config: TrainConfig) -> None:

@@ -1,0 +1,264 @@
+"""Resuming a distributed run: the server back at its checkpoint, the nodes back at theirs.
+
+The server keeps the shared model, its own step's state and the ledger; every user's private
+state stays on the nodes, which keep a snapshot at each checkpoint round. A run interrupted
+mid-round and resumed must compute what the uninterrupted run computes (same seeds), and
+count the releases made after the checkpoint again. Flower's processes are not needed for
+this (``LocalTransport`` runs the same message code); ``test_flower_deploy.py`` restarts a
+real local deployment.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from securefed import runs
+from securefed.errors import ConfigError, ProtocolError
+from securefed.flower import models
+from securefed.flower.local import LocalTransport
+from securefed.flower.node import NodeRuntime, TrainTask
+from securefed.flower.server import FederatedServer, ServerSettings
+from securefed.training import PrivacyConfig, RunFinished, TrainConfig, build_model
+
+RESULT_KEYS = ("loss", "participants", "contributors", "epsilon", "val_hr@10", "val_ndcg@10")
+RESULT_KEYS += ("test_hr@10", "test_ndcg@10", "test_full_hr@10", "test_full_ndcg@10")
+
+
+def _cfg(model: str = "fedrap", **kw) -> TrainConfig:
+    base = dict(
+        model=model,
+        synthetic_users=60,
+        synthetic_items=400,
+        rounds=4,
+        checkpoint_every=2,
+        privacy=PrivacyConfig(secagg=True, epsilon=8.0, replay=True),
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+class _Crash(Exception):
+    """The server process dies here."""
+
+
+class CrashingTransport:
+    """Forwards to ``inner`` until the server asks for ``stage`` of round ``round_index``:
+    then the server 'dies' (an exception out of ``run``) and the nodes live on."""
+
+    def __init__(self, inner: LocalTransport, stage: str, round_index: int) -> None:
+        self.inner, self.stage, self.round_index = inner, stage, round_index
+        self.current = -1  # the round of the last train message (evaluate carries none)
+
+    def node_ids(self) -> list[int]:
+        return self.inner.node_ids()
+
+    def exchange(self, stage, messages, *, timeout):
+        if stage == "train":
+            self.current = int(next(iter(messages.values())).config["round"])
+        if stage == self.stage and self.current == self.round_index:
+            raise _Crash(f"{stage} of round {self.round_index}")
+        return self.inner.exchange(stage, messages, timeout=timeout)
+
+
+def _run(cfg, tmp_path, name, transport):
+    return FederatedServer(
+        cfg, run_dir=tmp_path / name, transport=transport, settings=ServerSettings()
+    ).run()
+
+
+def _ledger(run_dir) -> list:
+    return json.loads((run_dir / runs.LEDGER_FILE).read_text())["events"]
+
+
+SIGMA = PrivacyConfig(secagg=True, noise_multiplier=1.0, replay=True)  # no epsilon cap
+
+
+@pytest.mark.parametrize(
+    ("model", "stage", "long_lived"),
+    [
+        ("fedrap", "masked", False),  # before the round's release: nothing to count again
+        ("fedrap", "evaluate", True),  # after the release (ledger written ahead of unmask)
+        ("fedrecgel", "unmask", False),  # server Adam state comes back from the checkpoint
+    ],
+)
+def test_resumed_run_computes_the_uninterrupted_run(tmp_path, model, stage, long_lived):
+    cfg = _cfg(model, privacy=SIGMA)
+    ref = _run(cfg, tmp_path, "ref", LocalTransport(3, state_dir=tmp_path / "ref-nodes"))
+
+    nodes = LocalTransport(3, state_dir=tmp_path / "nodes", long_lived=long_lived)
+    with pytest.raises(_Crash):
+        _run(cfg, tmp_path, "run", CrashingTransport(nodes, stage, round_index=2))
+    run_dir = tmp_path / "run"
+    assert runs.load_checkpoint(run_dir)["round"] == 2  # rounds 1-2 kept, round 3 lost
+    released_before = len(_ledger(run_dir))
+
+    res = FederatedServer.resume(run_dir, transport=nodes).run()
+
+    assert [m["round"] for m in res.metrics] == [1, 2, 3, 4]
+    assert [m["round"] for m in runs.read_metrics(run_dir)] == [1, 2, 3, 4]
+    counted_twice = 1 if stage in ("unmask", "evaluate") else 0  # written ahead of unmask
+    for a, b in zip(ref.metrics, res.metrics, strict=True):
+        for key in RESULT_KEYS:
+            if key == "epsilon" and counted_twice and a["round"] > 2:
+                assert b[key] > a[key]  # round 3's first release is counted too
+            elif key in a:
+                assert b[key] == a[key], (a["round"], key)
+    got = runs.load_checkpoint(run_dir)["global"]
+    want = runs.load_checkpoint(tmp_path / "ref")["global"]
+    for key, value in want.items():
+        assert torch.equal(got[key], value), key
+    # Every release is counted: round 3's, if it happened before the crash, twice.
+    assert released_before == 2 + counted_twice
+    assert len(_ledger(run_dir)) == len(_ledger(tmp_path / "ref")) + counted_twice
+    assert res.summary["epsilon"] >= ref.summary["epsilon"]
+
+
+def test_a_resume_that_counts_a_release_again_stops_at_the_epsilon_cap(tmp_path):
+    cfg = _cfg()  # epsilon 8, the noise sized for 4 releases
+    nodes = LocalTransport(3, state_dir=tmp_path / "nodes", long_lived=True)
+    with pytest.raises(_Crash):
+        _run(cfg, tmp_path, "run", CrashingTransport(nodes, "evaluate", round_index=2))
+    res = FederatedServer.resume(tmp_path / "run", transport=nodes).run()
+    # Round 3 was released before the crash and again after it: 5 releases would pass the
+    # budget, so the run stops after round 3 with its budget spent, never above it.
+    assert [m["round"] for m in res.metrics] == [1, 2, 3]
+    assert res.summary["budget_spent"] is True
+    assert res.summary["epsilon"] <= 8.0
+    assert len(_ledger(tmp_path / "run")) == 4
+
+
+def test_resume_without_a_checkpoint_starts_over_and_counts_what_was_released(tmp_path):
+    cfg = _cfg(checkpoint_every=3, privacy=SIGMA)
+    ref = _run(cfg, tmp_path, "ref", LocalTransport(3, state_dir=tmp_path / "ref-nodes"))
+    nodes = LocalTransport(3, state_dir=tmp_path / "nodes")
+    with pytest.raises(_Crash):
+        _run(cfg, tmp_path, "run", CrashingTransport(nodes, "train", round_index=2))
+    run_dir = tmp_path / "run"
+    assert not (run_dir / runs.CHECKPOINT_FILE).exists()
+    res = FederatedServer.resume(run_dir, transport=nodes).run()
+    assert [m["test_hr@10"] for m in res.metrics] == [m["test_hr@10"] for m in ref.metrics]
+    assert len(_ledger(run_dir)) == len(_ledger(tmp_path / "ref")) + 2  # rounds 1-2 again
+
+
+def test_a_finished_run_or_a_foreign_directory_is_not_resumed(tmp_path):
+    cfg = _cfg(rounds=2)
+    nodes = LocalTransport(3, state_dir=tmp_path / "nodes")
+    _run(cfg, tmp_path, "done", nodes)
+    with pytest.raises(RunFinished):
+        FederatedServer.resume(tmp_path / "done", transport=nodes)
+    with pytest.raises(ConfigError, match="not a run directory"):
+        FederatedServer.resume(tmp_path / "nothing", transport=nodes)
+    (tmp_path / "done" / "flower.json").unlink()
+    (tmp_path / "done" / runs.SUMMARY_FILE).unlink()
+    with pytest.raises(ConfigError, match="flower.json"):
+        FederatedServer.resume(tmp_path / "done", transport=nodes)
+
+
+def test_resume_refuses_another_number_of_partitions(tmp_path):
+    cfg = _cfg()
+    with pytest.raises(_Crash):
+        _run(
+            cfg,
+            tmp_path,
+            "run",
+            CrashingTransport(LocalTransport(3, state_dir=tmp_path / "n"), "train", 2),
+        )
+    other = LocalTransport(2, state_dir=tmp_path / "n2")
+    with pytest.raises(ConfigError, match="started with 3 partitions and 2 nodes"):
+        FederatedServer.resume(tmp_path / "run", transport=other).run()
+
+
+def _task(cfg, runtime, r, *, resume=False):
+    return TrainTask(
+        round_index=r,
+        cohort=torch.arange(runtime.split.n_users),
+        public_seed=b"\0" * 16,
+        fingerprint="",
+        aggregate=False,
+        resume=resume,
+    )
+
+
+def _private(cfg, runtime):
+    return models.private_state(cfg.model, runtime.model, runtime.users)
+
+
+@pytest.mark.parametrize("on_disk", [True, False])
+def test_node_rewinds_to_its_snapshot_of_the_resumed_round_only(tmp_path, on_disk):
+    cfg = _cfg(rounds=6, checkpoint_every=2, privacy=PrivacyConfig())
+    state_dir = tmp_path / "state" if on_disk else None
+    runtime = NodeRuntime(
+        cfg, run_token="t0", partition_id=0, num_partitions=1, state_dir=state_dir
+    )
+    arrays, scalars = models.global_payload(cfg.model, build_model(cfg, runtime.split))
+    states = {}
+    for r in range(5):
+        states[r] = _private(cfg, runtime)
+        runtime.train(_task(cfg, runtime, r), arrays, scalars)
+    assert runtime.trained_rounds == 5
+    # Snapshots of the two newest checkpoint rounds only (2 and 4), never of round 0 now.
+    assert runtime._snapshot_rounds() == [2, 4]
+    with pytest.raises(ProtocolError, match="already trained"):
+        runtime.train(_task(cfg, runtime, 2), arrays, scalars)
+    with pytest.raises(ProtocolError, match="keeps no snapshot of round 3"):
+        runtime.train(_task(cfg, runtime, 3, resume=True), arrays, scalars)
+    # A restarted node (from disk) rewinds as well as a running one.
+    if on_disk:
+        runtime = NodeRuntime(
+            cfg, run_token="t0", partition_id=0, num_partitions=1, state_dir=state_dir
+        )
+        assert runtime.trained_rounds == 5
+    runtime._rewind(2)
+    assert runtime.trained_rounds == 2
+    for key, value in _private(cfg, runtime).items():
+        assert torch.equal(value, states[2][key]), key
+    assert runtime._snapshot_rounds() == [2]  # round 4's belonged to the abandoned future
+
+
+@pytest.mark.parametrize("command", ["local", "simulate"])
+def test_cli_resume_takes_the_recorded_run_and_refuses_new_settings(tmp_path, monkeypatch, command):
+    pytest.importorskip("flwr", reason="Flower is not installed")
+    import typer
+    from typer.testing import CliRunner
+
+    from securefed.cli_flower import flower_app
+    from securefed.flower import deploy
+
+    cfg = _cfg(rounds=3)
+    nodes = LocalTransport(3, state_dir=tmp_path / "nodes")
+    with pytest.raises(_Crash):
+        _run(cfg, tmp_path, "run", CrashingTransport(nodes, "train", round_index=2))
+    calls = []
+
+    def fake(config, *, run_dir, nodes, work_dir, stage_timeout, resume, **_):
+        calls.append((config, run_dir, nodes, work_dir, resume))
+        return {"model": config.model, "dataset": "synthetic", "rounds": 3, "seconds": 1.0}
+
+    runner = "run_local_deployment" if command == "local" else "run_simulation"
+    monkeypatch.setattr(deploy, runner, fake)
+    root = typer.Typer()
+    root.add_typer(flower_app, name="flower")
+    run_dir = tmp_path / "run"
+    res = CliRunner().invoke(root, ["flower", command, "--resume", str(run_dir)])
+    assert res.exit_code == 0, res.output
+    [(config, got_dir, n, work, resume)] = calls
+    assert (got_dir, n, work, resume) == (run_dir, 3, tmp_path / "run.flower", True)
+    assert config.to_dict() == cfg.to_dict()  # the recorded config, nothing re-resolved
+    for bad, what in (
+        (["--rounds", "9"], "drop --rounds"),
+        (["--nodes", "2"], "resume it with --nodes 3"),
+    ):
+        res = CliRunner().invoke(root, ["flower", command, "--resume", str(run_dir), *bad])
+        assert res.exit_code == 2 and what in " ".join(res.output.split()), res.output
+        assert "Traceback" not in res.output
+    res = CliRunner().invoke(root, ["flower", command, "--resume", str(tmp_path / "nothing")])
+    assert res.exit_code == 2 and "not a run directory" in " ".join(res.output.split())
+    assert len(calls) == 1
+    # A finished run: nothing to do, said in one line, exit 0.
+    _run(_cfg(rounds=2), tmp_path, "done", LocalTransport(3, state_dir=tmp_path / "n2"))
+    res = CliRunner().invoke(root, ["flower", command, "--resume", str(tmp_path / "done")])
+    assert res.exit_code == 0 and "nothing to resume" in " ".join(res.output.split())
+    assert len(calls) == 1
