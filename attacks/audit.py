@@ -29,7 +29,7 @@ import json
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -66,6 +66,7 @@ __all__ = [
     "AuditConfig",
     "AuditResult",
     "audit",
+    "AuditSetup",
     "estimate_audit_seconds",
     "kept_bytes_bound",
 ]
@@ -122,6 +123,19 @@ class AuditResult:
         return self.report.get("accounted_epsilon")
 
 
+@dataclass(frozen=True)
+class AuditSetup:
+    """What an audit that trains will do, told to ``before_train`` (for its estimate).
+
+    Attributes:
+        attacks: The attacks that will be scored (the chosen ones the run supports).
+        recorder_bytes: Memory of the recorder's ``[users, items]`` float32 tables.
+    """
+
+    attacks: tuple[str, ...]
+    recorder_bytes: int
+
+
 def _default_attacks(train_cfg: TrainConfig) -> tuple[list[str], int]:
     """The attacks a default audit of ``train_cfg`` runs, and how many of them keep a
     ``[users, items]`` float32 score matrix (all but ``attribute``)."""
@@ -158,8 +172,9 @@ def estimate_audit_seconds(
     full_eval_seconds: float = 0.0,
     speed: float = 1.0,
     canaries_included: bool = False,
+    attacks: Sequence[str] | None = None,
 ) -> float:
-    """Seconds an audit of ``train_cfg`` with every attack takes, roughly.
+    """Seconds an audit of ``train_cfg`` takes, roughly: with every attack, or ``attacks``.
 
     Args:
         train_cfg: The audited run's configuration.
@@ -172,6 +187,7 @@ def estimate_audit_seconds(
             optimization attacks score the model many times.
         speed: The machine probe's factor (:func:`securefed.costs.machine_speed`).
         canaries_included: ``users`` and ``train_seconds`` already count the canary clients.
+        attacks: The attacks that will run (default: those of a default audit).
 
     The replay trains with the canary clients added (its estimate scaled by the users it
     adds) and the recorder attached (:data:`securefed.costs.AUDIT_COST_FACTOR`), plus a fixed
@@ -184,7 +200,11 @@ def estimate_audit_seconds(
     real = users - DEFAULT_CANARIES if canaries_included else users
     replayed = users if canaries_included else users + DEFAULT_CANARIES
     replay = train_seconds * (1.0 if canaries_included else replayed / max(users, 1))
-    chosen, matrices = _default_attacks(train_cfg)
+    if attacks is None:
+        chosen, matrices = _default_attacks(train_cfg)
+    else:
+        chosen = list(attacks)
+        matrices = sum(1 for a in chosen if a != "attribute")
     fixed = (
         _REPLAY_S_PER_ENTRY * replayed * items
         + _SCORE_S_PER_ENTRY * matrices * max(real, 1) * items
@@ -196,6 +216,66 @@ def estimate_audit_seconds(
     if "optimization" in chosen:
         evals += _OPTIMIZATION_EVALS_PER_TARGET * cfg.target_users
     return AUDIT_COST_FACTOR * replay + speed * fixed + evals * full_eval_seconds
+
+
+def _check_audit_memory(
+    train_cfg: TrainConfig,
+    split: Split,
+    chosen: list[str],
+    *,
+    upload: bool,
+    available: int | None = None,
+) -> int:
+    """Refuse an audit whose replay training plus the recorder's ``[users, items]`` tables
+    (:func:`attacks.recorder.recorder_tables`) would not fit; returns the tables' bytes.
+
+    Raises:
+        InsufficientMemory: one line with the estimate, what is available and the chosen
+            attacks whose tables would fit (or that none would).
+    """
+    from attacks.recorder import RECORDER_TABLES, recorder_bytes, recorder_tables
+    from securefed.costs import (
+        InsufficientMemory,
+        RunShape,
+        available_memory,
+        check_memory,
+        estimate_run,
+        format_bytes,
+    )
+
+    u, i = split.n_users, split.n_items
+    tables = recorder_bytes(set(chosen), u, i, upload=upload)
+    if available is None:
+        available = available_memory()
+    if available is None or tables == 0:
+        return tables
+    estimate = estimate_run(train_cfg, RunShape.of(split), speed=1.0)
+    training = estimate.peak_memory
+    if training + tables <= available:
+        return tables
+    if training > available:  # no choice of attacks helps: the training's own refusal
+        check_memory(train_cfg, estimate, available)
+    # The attacks that fit: those without tables, then whole groups, smallest first.
+    keep = {a for a in chosen if not recorder_tables({a}, upload=upload)}
+    groups = sorted(RECORDER_TABLES, key=lambda g: len(RECORDER_TABLES[g]))
+    for group in groups:
+        group_tables = set(RECORDER_TABLES[group])
+        members = {a for a in chosen if set(recorder_tables({a}, upload=upload)) & group_tables}
+        trial = keep | members
+        if members and training + recorder_bytes(trial, u, i, upload=upload) <= available:
+            keep = trial
+    n_tables = len(recorder_tables(set(chosen), upload=upload))
+    order = [a for a in chosen if a in keep]
+    hint = (
+        f"--attacks {','.join(order)} would fit"
+        if order
+        else "audit a dataset with fewer users x items (a sample of its users)"
+    )
+    raise InsufficientMemory(
+        f"this audit needs about {format_bytes(training + tables)} of memory (mostly the attack "
+        f"recorder's {n_tables} users x items tables, {u:,} x {i:,}: {format_bytes(tables)}) "
+        f"but {format_bytes(available)} is available; {hint}"
+    )
 
 
 def _resolve_attacks(cfg: AuditConfig, train_cfg: TrainConfig) -> tuple[list[str], dict[str, str]]:
@@ -259,7 +339,7 @@ def audit(
     *,
     out: str | Path,
     progress: Any = None,
-    before_train: Callable[[TrainConfig, Split], None] | None = None,
+    before_train: Callable[[TrainConfig, Split, AuditSetup], None] | None = None,
 ) -> AuditResult:
     """Train (or load) a run, record what each observer sees, score the attacks and audit.
 
@@ -272,7 +352,8 @@ def audit(
         config: An :class:`AuditConfig`, or a :class:`TrainConfig` to audit with every attack.
         out: Output directory (created; must not hold another audit).
         progress: Passed to :func:`securefed.train` (called after every round).
-        before_train: Called with the replay's config and split (canaries planted) before
+        before_train: Called with the replay's config, split (canaries planted) and
+            :class:`AuditSetup` (the attacks that will run, the recorder's table bytes) before
             any model is built, when the audit trains (a cost estimate and memory check:
             :mod:`securefed.costs`); an exception it raises stops the audit.
 
@@ -283,23 +364,28 @@ def audit(
     Raises:
         ConfigError: Bad settings, a per-client attack under secure aggregation, or a
             DP run with OS randomness (the default) to re-simulate.
+        InsufficientMemory: The replay training and the attack recorder's tables would not
+            fit in the available memory (one line naming the attacks that would).
         DataError: The dataset or a recorded file is missing or malformed.
     """
     cfg = config if isinstance(config, AuditConfig) else AuditConfig(train=config or TrainConfig())
     out_dir = Path(out)
+    created = not out_dir.exists()
     try:
         return _audit(cfg, out_dir, progress, before_train)
     finally:
         # Ours, or left by an audit killed mid-way (only an audit in progress holds one).
         for scratch in out_dir.glob(f"{_SCRATCH}*"):
             shutil.rmtree(scratch, ignore_errors=True)
+        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()  # refused before writing anything: leave nothing behind
 
 
 def _audit(
     cfg: AuditConfig,
     out_dir: Path,
     progress: Any,
-    before_train: Callable[[TrainConfig, Split], None] | None,
+    before_train: Callable[[TrainConfig, Split, AuditSetup], None] | None,
 ) -> AuditResult:
     from attacks.canaries import plant_canaries, plant_interaction_canaries
     from attacks.recorder import AttackRecorder, RecordPlan, load_accumulators, save_accumulators
@@ -373,8 +459,11 @@ def _audit(
             "aggregate": _aggregate_note(train_cfg, noise_std),
             "release": RELEASE_NOTE,
         }
+        recorder_memory = _check_audit_memory(train_cfg, split, chosen, upload=channel is not None)
         if before_train is not None:
-            before_train(train_cfg, split)
+            before_train(
+                train_cfg, split, AuditSetup(attacks=tuple(chosen), recorder_bytes=recorder_memory)
+            )
         initial = build_model(train_cfg, split)
         hooks = train_cfg.spec.observer
         private = (

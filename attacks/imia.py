@@ -42,6 +42,7 @@ Departures from the paper, stated:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -201,23 +202,29 @@ class _FedRAPShadow(_Shadow):
     ) -> None:
         from securefed.models.fedrap import FedRAP
 
+        # Sparse views: the shadows hold only the rows they train on, never users x items
+        # x dim (156 GB at Gowalla's size); training is the same bits as with dense views.
+        sparse = dataclasses.replace(config, views="sparse")
         super().__init__(
-            FedRAP(split, config, generator=generator), config, global_before, round_index, users
+            FedRAP(split, sparse, generator=generator), config, global_before, round_index, users
         )
-        n_users, n_items, dim = split.n_users, split.n_items, config.dim
+        n_users, dim = split.n_users, config.dim
         m = users.shape[0]
         # A fresh private part per target, drawn as the recipe draws it (Embedding N(0, 1),
-        # Linear U(+-1/sqrt(dim))); the real client's values are never read.
-        d = torch.zeros(n_users, n_items, dim)
-        d[users] = torch.randn(m, n_items, dim, generator=generator)
+        # Linear U(+-1/sqrt(dim))); the real client's values are never read. Of D_u only the
+        # rows the shadow trains on exist, each drawn N(0, 1) the first time it is needed
+        # (:meth:`_fresh_rows`) and the same in every later iteration.
         bound = 1.0 / math.sqrt(dim)
         w = torch.zeros(n_users, dim)
         w[users] = (torch.rand(m, dim, generator=generator) * 2 - 1) * bound
         b = torch.zeros(n_users)
         b[users] = (torch.rand(m, generator=generator) * 2 - 1) * bound
+        self._keys = torch.zeros(0, dtype=torch.long)  # sorted user * items + item
+        self._rows = torch.zeros(0, dim)
+        self._generator = generator
         self.fresh = {
             "C": global_before["C"].detach().clone(),
-            "D": d,
+            "D_base": self.model.state_dict()["D_base"].clone(),
             "d_scale": torch.ones(n_users),
             "w": w,
             "b": b,
@@ -225,6 +232,17 @@ class _FedRAPShadow(_Shadow):
             "lr_args": config.lr_args * config.decay**round_index,
             "lr_network": config.lr_network * config.decay**round_index,
         }
+
+    def _fresh_rows(self, keys: torch.Tensor) -> None:
+        """Draw the fresh ``D_u[i]`` of the (target, item) ``keys`` not drawn yet."""
+        new = keys[~torch.isin(keys, self._keys)]
+        if new.numel() == 0:
+            return
+        rows = torch.randn(new.shape[0], self._rows.shape[1], generator=self._generator)
+        keys_all = torch.cat([self._keys, new])
+        order = torch.argsort(keys_all)
+        self._keys = keys_all[order]
+        self._rows = torch.cat([self._rows, rows])[order]
 
     def run(
         self, client: np.ndarray, item: np.ndarray, label: np.ndarray, generator: torch.Generator
@@ -234,13 +252,16 @@ class _FedRAPShadow(_Shadow):
 
         cfg = self.config
         model = self.model
-        state = dict(self.fresh)
-        state["D"] = self.fresh["D"].clone()
-        for name in ("d_scale", "w", "b"):
-            state[name] = self.fresh[name].clone()
-        model.load_state_dict(state)
         m = self.users.shape[0]
         sc = torch.from_numpy(client)
+        n_items = self.n_items
+        self._fresh_rows(torch.unique(self.users[sc] * n_items + torch.from_numpy(item)))
+        state = dict(self.fresh)
+        state["D_keys"] = self._keys.clone()
+        state["D_rows"] = self._rows.clone()  # taken over by the model: training writes it
+        for name in ("D_base", "d_scale", "w", "b"):
+            state[name] = self.fresh[name].clone()
+        model.load_state_dict(state)
         counts = torch.bincount(sc, minlength=m)
         batches = (counts + cfg.batch_size - 1) // cfg.batch_size
         order = torch.argsort(batches, stable=True)

@@ -33,7 +33,15 @@ from protocols.dp import clip_scales
 from protocols.seeding import torch_generator
 from securefed.models.registry import get_spec
 
-__all__ = ["AttackRecorder", "RecordPlan", "UPLOAD_ATTACKS", "AGGREGATE_ATTACKS"]
+__all__ = [
+    "AGGREGATE_ATTACKS",
+    "RECORDER_TABLES",
+    "UPLOAD_ATTACKS",
+    "AttackRecorder",
+    "RecordPlan",
+    "recorder_bytes",
+    "recorder_tables",
+]
 
 #: Attacks that need the per-client uploads (the upload observer).
 UPLOAD_ATTACKS = frozenset(
@@ -43,6 +51,35 @@ UPLOAD_ATTACKS = frozenset(
 AGGREGATE_ATTACKS = frozenset({"union", "differencing"})
 #: Attacks on the released global model (the release observer).
 RELEASE_ATTACKS = frozenset({"released"})
+
+
+#: The ``[users, items]`` float32 tables the recorder keeps, by the attacks that read them
+#: (``upload``: every upload attack but IMIA). A table no chosen attack reads is not held.
+RECORDER_TABLES: dict[str, tuple[str, ...]] = {
+    "upload": ("first_change", "first_label", "change_sum", "touched_count", "label_sum"),
+    "differencing": ("diff_change", "diff_label"),
+    "union": ("union_sum",),
+    "imia": ("imia_score",),
+}
+
+
+def recorder_tables(attacks: frozenset[str] | set[str], *, upload: bool) -> tuple[str, ...]:
+    """The ``[users, items]`` tables a recorder of ``attacks`` holds (``upload``: the run's
+    uploads are observable, i.e. an upload channel exists)."""
+    groups = []
+    if upload and attacks & (UPLOAD_ATTACKS - {"imia"}):
+        groups.append("upload")
+    groups += [g for g in ("differencing", "union") if g in attacks]
+    if upload and "imia" in attacks:
+        groups.append("imia")
+    return tuple(t for g in groups for t in RECORDER_TABLES[g])
+
+
+def recorder_bytes(
+    attacks: frozenset[str] | set[str], n_users: int, n_items: int, *, upload: bool
+) -> int:
+    """Memory the recorder's ``[users, items]`` float32 tables take (the rest is per user)."""
+    return len(recorder_tables(attacks, upload=upload)) * n_users * n_items * 4
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,23 +151,30 @@ class AttackRecorder:
         u, i = plan.n_users, plan.n_items
         m = plan.canaries.size if plan.canaries is not None else 0
         f32 = np.float32
+        held = set(recorder_tables(plan.attacks, upload=plan.upload is not None))
+
+        def table(name: str, fill: float) -> np.ndarray:
+            # [users, items] when a chosen attack reads it, else empty (never read).
+            return np.full((u, i) if name in held else (0, 0), fill, dtype=f32)
+
+        nan = float("nan")
         self.acc = _Acc(
             first_round=np.full(u, -1, dtype=np.int64),
             first_label_round=np.full(u, -1, dtype=np.int64),
-            first_change=np.full((u, i), np.nan, dtype=f32),
-            first_label=np.full((u, i), np.nan, dtype=f32),
-            change_sum=np.zeros((u, i), dtype=f32),
-            touched_count=np.zeros((u, i), dtype=f32),
-            label_sum=np.zeros((u, i), dtype=f32),
+            first_change=table("first_change", nan),
+            first_label=table("first_label", nan),
+            change_sum=table("change_sum", 0.0),
+            touched_count=table("touched_count", 0.0),
+            label_sum=table("label_sum", 0.0),
             observed=np.zeros(u, dtype=np.int64),
             cos_direction=np.full(u, np.nan),
             cos_embedding=np.full(u, np.nan),
-            diff_change=np.full((u, i), np.nan, dtype=f32),
-            diff_label=np.full((u, i), np.nan, dtype=f32),
-            union_sum=np.zeros((u, i), dtype=f32),
+            diff_change=table("diff_change", nan),
+            diff_label=table("diff_label", nan),
+            union_sum=table("union_sum", 0.0),
             union_obs=np.zeros(u, dtype=np.int64),
             canary_score=np.zeros(m),
-            imia_score=np.full((u, i) if "imia" in plan.attacks else (0, 0), np.nan, dtype=f32),
+            imia_score=table("imia_score", nan),
             imia_round=np.full(u, -1, dtype=np.int64),
         )
         # Private state before each round, for scoring only (see the module docstring).

@@ -244,9 +244,7 @@ def released_scores(
     """
     fits: dict[str, Any] = {"fedrap": _FedRAPFit, "fedrecgel": _FedRecGELFit}
     if model not in fits:
-        raise ConfigError(
-            f"the released-model attack supports {', '.join(fits)}, got {model!r}"
-        )
+        raise ConfigError(f"the released-model attack supports {', '.join(fits)}, got {model!r}")
     make: Any = fits[model]
     sub = train_config.params
     k = sub.num_negatives

@@ -189,7 +189,7 @@ def _announce() -> tuple[Any, Any]:
     """``before_train``: the replay training's estimate (one line) or a refusal when it cannot
     fit; ``progress``: a plain line per round (for stderr that is not a terminal)."""
 
-    def before_train(train_cfg: Any, split: Any) -> None:
+    def before_train(train_cfg: Any, split: Any, setup: Any) -> None:
         from attacks.audit import estimate_audit_seconds
         from securefed.costs import (
             RunShape,
@@ -209,11 +209,16 @@ def _announce() -> tuple[Any, Any]:
             full_eval_seconds=est.full_eval_seconds,
             speed=est.speed,
             canaries_included=True,
+            attacks=setup.attacks,
+        )
+        recorder_bytes = setup.recorder_bytes
+        tables = (
+            f" and {format_bytes(recorder_bytes)} of attack statistics" if recorder_bytes else ""
         )
         err.print(
             f"estimate: the audit's replay training {format_seconds(est.seconds)} (peak memory "
-            f"{format_bytes(est.peak_memory)}, disk {format_bytes(est.disk_bytes)} plus the "
-            f"observers' recording), about {format_seconds(whole)} with the attacks "
+            f"{format_bytes(est.peak_memory)}{tables}, disk {format_bytes(est.disk_bytes)} plus "
+            f"the observers' recording), about {format_seconds(whole)} with the attacks "
             f"({est.basis})",
             highlight=False,
             soft_wrap=True,

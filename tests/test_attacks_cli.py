@@ -155,3 +155,53 @@ def test_audit_of_an_interaction_level_run(tmp_path) -> None:
     assert rep["audit"]["epsilon_lower_bound"] <= rep["accounted_epsilon"]
     notes = {a["name"]: a["observes"] for a in rep["attacks"]}
     assert "own DP-SGD" in notes["row-change"] and "DP-SGD noise" in notes["union"]
+
+
+def test_recorder_holds_only_the_tables_its_attacks_read() -> None:
+    from attacks.recorder import recorder_bytes, recorder_tables
+
+    assert recorder_tables({"released"}, upload=True) == ()
+    assert recorder_tables({"union"}, upload=False) == ("union_sum",)
+    # Upload attacks read nothing when the uploads are not observable (secure aggregation).
+    assert recorder_tables({"row-change", "imia"}, upload=False) == ()
+    assert len(recorder_tables({"row-change", "attribute"}, upload=True)) == 5
+    assert recorder_bytes({"imia", "union"}, 10, 7, upload=True) == 2 * 10 * 7 * 4
+
+
+def test_audit_too_big_for_memory_is_refused_in_one_line_and_leaves_nothing(
+    tmp_path, monkeypatch
+) -> None:
+    """Issue 17: an audit of a 30k x 41k catalogue was killed by the kernel after 33 s at
+    24 GB (nine users x items float32 tables in the recorder, 4.9 GB each); it is now
+    refused before any model is built, naming the chosen attacks that would fit."""
+    import dataclasses
+
+    from attacks.canaries import plant_canaries
+    from protocols.seeding import numpy_generator
+    from securefed import costs
+    from securefed.training import TrainConfig, load_split
+
+    cfg = TrainConfig(model="fedrap", synthetic_users=50, synthetic_items=600, rounds=2)
+    split, _ = plant_canaries(load_split(cfg), 40, numpy_generator(0, "audit-canaries"))
+    table = split.n_users * split.n_items * 4
+    real_estimate = costs.estimate_run
+    # The training alone fits in any memory here; the tables get room for three of them.
+    monkeypatch.setattr(
+        costs,
+        "estimate_run",
+        lambda *a, **k: dataclasses.replace(real_estimate(*a, **k), peak_memory=0),
+    )
+    monkeypatch.setattr(costs, "available_memory", lambda: 3 * table)
+    out = tmp_path / "audit"
+    res = runner.invoke(app, ["--attacks", "row-change,union,released", "--out", str(out)] + SMALL)
+    assert res.exit_code == 2, res.output
+    text = " ".join(res.output.split())
+    assert "mostly the attack recorder's 6 users x items tables" in text
+    assert "--attacks union,released would fit" in text
+    assert "Traceback" not in res.output and not out.exists()
+    # Room for the five upload tables and the union table: nothing refused.
+    monkeypatch.setattr(costs, "available_memory", lambda: 6 * table)
+    from attacks.audit import _check_audit_memory
+
+    chosen = ["row-change", "union", "released"]
+    assert _check_audit_memory(cfg, split, chosen, upload=True) == 6 * table

@@ -300,7 +300,5 @@ def test_calibration_stops_at_a_jump_of_the_spent_epsilon_within_relative_1e9(mo
         return 0.5 if sigma >= jump else 10.0
 
     monkeypatch.setattr(accounting, "gaussian_epsilon", step)
-    sigma = accounting.calibrate_noise_multiplier(
-        epsilon=1.0, delta=1e-5, sample_rate=1.0, steps=1
-    )
+    sigma = accounting.calibrate_noise_multiplier(epsilon=1.0, delta=1e-5, sample_rate=1.0, steps=1)
     assert jump <= sigma <= jump * (1 + 2e-9)
