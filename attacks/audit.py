@@ -67,6 +67,7 @@ __all__ = [
     "AuditResult",
     "audit",
     "AuditSetup",
+    "audit_memory_bytes",
     "estimate_audit_seconds",
     "kept_bytes_bound",
 ]
@@ -129,11 +130,12 @@ class AuditSetup:
 
     Attributes:
         attacks: The attacks that will be scored (the chosen ones the run supports).
-        recorder_bytes: Memory of the recorder's ``[users, items]`` float32 tables.
+        array_bytes: Memory of its ``[users, items]`` arrays beside the replay training
+            (:func:`audit_memory_bytes`: the recorder's tables, the scores, the labels).
     """
 
     attacks: tuple[str, ...]
-    recorder_bytes: int
+    array_bytes: int
 
 
 def _default_attacks(train_cfg: TrainConfig) -> tuple[list[str], int]:
@@ -218,6 +220,20 @@ def estimate_audit_seconds(
     return AUDIT_COST_FACTOR * replay + speed * fixed + evals * full_eval_seconds
 
 
+def audit_memory_bytes(attacks: Sequence[str], users: int, items: int, *, upload: bool) -> int:
+    """Memory an audit's ``[users, items]`` arrays take beside its replay training: the
+    recorder's tables (:func:`attacks.recorder.recorder_tables`), then at scoring one float32
+    score matrix per membership attack (all but ``attribute``, kept for ``scores.npz``), the
+    boolean membership labels (twice with ``released``) and two bytes of candidate masks.
+    """
+    from attacks.recorder import recorder_bytes
+
+    chosen = set(attacks)
+    matrices = sum(1 for a in chosen if a != "attribute")
+    per_entry = 4 * matrices + 1 + ("released" in chosen) + 2 if matrices else 0
+    return recorder_bytes(chosen, users, items, upload=upload) + per_entry * users * items
+
+
 def _check_audit_memory(
     train_cfg: TrainConfig,
     split: Split,
@@ -226,14 +242,14 @@ def _check_audit_memory(
     upload: bool,
     available: int | None = None,
 ) -> int:
-    """Refuse an audit whose replay training plus the recorder's ``[users, items]`` tables
-    (:func:`attacks.recorder.recorder_tables`) would not fit; returns the tables' bytes.
+    """Refuse an audit whose replay training plus its ``[users, items]`` arrays
+    (:func:`audit_memory_bytes`) would not fit; returns those arrays' bytes.
 
     Raises:
         InsufficientMemory: one line with the estimate, what is available and the chosen
-            attacks whose tables would fit (or that none would).
+            attacks that would fit (or that none would).
     """
-    from attacks.recorder import RECORDER_TABLES, recorder_bytes, recorder_tables
+    from attacks.recorder import UPLOAD_ATTACKS, recorder_bytes, recorder_tables
     from securefed.costs import (
         InsufficientMemory,
         RunShape,
@@ -245,35 +261,40 @@ def _check_audit_memory(
 
     u, i = split.n_users, split.n_items
     tables = recorder_bytes(set(chosen), u, i, upload=upload)
+    arrays = audit_memory_bytes(chosen, u, i, upload=upload)
     if available is None:
         available = available_memory()
-    if available is None or tables == 0:
-        return tables
+    if available is None or arrays == 0:
+        return arrays
     estimate = estimate_run(train_cfg, RunShape.of(split), speed=1.0)
     training = estimate.peak_memory
-    if training + tables <= available:
-        return tables
+    if training + arrays <= available:
+        return arrays
     if training > available:  # no choice of attacks helps: the training's own refusal
         check_memory(train_cfg, estimate, available)
-    # The attacks that fit: those without tables, then whole groups, smallest first.
-    keep = {a for a in chosen if not recorder_tables({a}, upload=upload)}
-    groups = sorted(RECORDER_TABLES, key=lambda g: len(RECORDER_TABLES[g]))
-    for group in groups:
-        group_tables = set(RECORDER_TABLES[group])
-        members = {a for a in chosen if set(recorder_tables({a}, upload=upload)) & group_tables}
-        trial = keep | members
-        if members and training + recorder_bytes(trial, u, i, upload=upload) <= available:
-            keep = trial
-    n_tables = len(recorder_tables(set(chosen), upload=upload))
+
+    def need(attacks: set[str]) -> int:
+        return training + audit_memory_bytes(sorted(attacks), u, i, upload=upload)
+
+    # The attacks that fit: the upload attacks (one shared set of tables) as one unit, every
+    # other attack alone; cheapest units first.
+    sharing = {a for a in chosen if a in UPLOAD_ATTACKS - {"imia"}}
+    units = ([sharing] if sharing else []) + [{a} for a in chosen if a not in sharing]
+    keep: set[str] = set()
+    for unit in sorted(units, key=need):
+        if need(keep | unit) <= available:
+            keep |= unit
     order = [a for a in chosen if a in keep]
     hint = (
         f"--attacks {','.join(order)} would fit"
         if order
         else "audit a dataset with fewer users x items (a sample of its users)"
     )
+    n_tables = len(recorder_tables(set(chosen), upload=upload))
     raise InsufficientMemory(
-        f"this audit needs about {format_bytes(training + tables)} of memory (mostly the attack "
-        f"recorder's {n_tables} users x items tables, {u:,} x {i:,}: {format_bytes(tables)}) "
+        f"this audit needs about {format_bytes(training + arrays)} of memory (mostly its "
+        f"users x items arrays, {u:,} x {i:,}: {n_tables} recorder tables, "
+        f"{format_bytes(tables)}, and the attack scores, {format_bytes(arrays - tables)}) "
         f"but {format_bytes(available)} is available; {hint}"
     )
 
@@ -353,7 +374,7 @@ def audit(
         out: Output directory (created; must not hold another audit).
         progress: Passed to :func:`securefed.train` (called after every round).
         before_train: Called with the replay's config, split (canaries planted) and
-            :class:`AuditSetup` (the attacks that will run, the recorder's table bytes) before
+            :class:`AuditSetup` (the attacks that will run, their arrays' bytes) before
             any model is built, when the audit trains (a cost estimate and memory check:
             :mod:`securefed.costs`); an exception it raises stops the audit.
 
@@ -459,11 +480,9 @@ def _audit(
             "aggregate": _aggregate_note(train_cfg, noise_std),
             "release": RELEASE_NOTE,
         }
-        recorder_memory = _check_audit_memory(train_cfg, split, chosen, upload=channel is not None)
+        arrays = _check_audit_memory(train_cfg, split, chosen, upload=channel is not None)
         if before_train is not None:
-            before_train(
-                train_cfg, split, AuditSetup(attacks=tuple(chosen), recorder_bytes=recorder_memory)
-            )
+            before_train(train_cfg, split, AuditSetup(attacks=tuple(chosen), array_bytes=arrays))
         initial = build_model(train_cfg, split)
         hooks = train_cfg.spec.observer
         private = (

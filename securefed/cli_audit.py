@@ -211,10 +211,8 @@ def _announce() -> tuple[Any, Any]:
             canaries_included=True,
             attacks=setup.attacks,
         )
-        recorder_bytes = setup.recorder_bytes
-        tables = (
-            f" and {format_bytes(recorder_bytes)} of attack statistics" if recorder_bytes else ""
-        )
+        arrays = setup.array_bytes
+        tables = f" and {format_bytes(arrays)} of attack statistics and scores" if arrays else ""
         err.print(
             f"estimate: the audit's replay training {format_seconds(est.seconds)} (peak memory "
             f"{format_bytes(est.peak_memory)}{tables}, disk {format_bytes(est.disk_bytes)} plus "

@@ -176,6 +176,7 @@ def test_audit_too_big_for_memory_is_refused_in_one_line_and_leaves_nothing(
     refused before any model is built, naming the chosen attacks that would fit."""
     import dataclasses
 
+    from attacks.audit import _check_audit_memory, audit_memory_bytes
     from attacks.canaries import plant_canaries
     from protocols.seeding import numpy_generator
     from securefed import costs
@@ -183,25 +184,27 @@ def test_audit_too_big_for_memory_is_refused_in_one_line_and_leaves_nothing(
 
     cfg = TrainConfig(model="fedrap", synthetic_users=50, synthetic_items=600, rounds=2)
     split, _ = plant_canaries(load_split(cfg), 40, numpy_generator(0, "audit-canaries"))
-    table = split.n_users * split.n_items * 4
+    # row-change: 5 tables + a score matrix; union: 1 + 1; released: a matrix, its labels;
+    # labels and masks for all. Room for union and released (5 + 3 + 1 + 2 bytes an entry).
+    room = audit_memory_bytes(["union", "released"], split.n_users, split.n_items, upload=True)
+    assert room == split.n_users * split.n_items * (4 + 8 + 1 + 1 + 2)
     real_estimate = costs.estimate_run
-    # The training alone fits in any memory here; the tables get room for three of them.
+    # The training takes nothing here; the arrays get room for union and released only.
     monkeypatch.setattr(
         costs,
         "estimate_run",
         lambda *a, **k: dataclasses.replace(real_estimate(*a, **k), peak_memory=0),
     )
-    monkeypatch.setattr(costs, "available_memory", lambda: 3 * table)
+    monkeypatch.setattr(costs, "available_memory", lambda: room)
     out = tmp_path / "audit"
     res = runner.invoke(app, ["--attacks", "row-change,union,released", "--out", str(out)] + SMALL)
     assert res.exit_code == 2, res.output
     text = " ".join(res.output.split())
-    assert "mostly the attack recorder's 6 users x items tables" in text
+    assert "6 recorder tables" in text
     assert "--attacks union,released would fit" in text
     assert "Traceback" not in res.output and not out.exists()
-    # Room for the five upload tables and the union table: nothing refused.
-    monkeypatch.setattr(costs, "available_memory", lambda: 6 * table)
-    from attacks.audit import _check_audit_memory
-
+    # Room for all three: nothing refused; the arrays' bytes are returned.
     chosen = ["row-change", "union", "released"]
-    assert _check_audit_memory(cfg, split, chosen, upload=True) == 6 * table
+    everything = audit_memory_bytes(chosen, split.n_users, split.n_items, upload=True)
+    monkeypatch.setattr(costs, "available_memory", lambda: everything)
+    assert _check_audit_memory(cfg, split, chosen, upload=True) == everything
