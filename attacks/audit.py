@@ -480,9 +480,10 @@ def _audit(
             "aggregate": _aggregate_note(train_cfg, noise_std),
             "release": RELEASE_NOTE,
         }
-        arrays = _check_audit_memory(train_cfg, split, chosen, upload=channel is not None)
+        array_bytes = _check_audit_memory(train_cfg, split, chosen, upload=channel is not None)
         if before_train is not None:
-            before_train(train_cfg, split, AuditSetup(attacks=tuple(chosen), array_bytes=arrays))
+            setup = AuditSetup(attacks=tuple(chosen), array_bytes=array_bytes)
+            before_train(train_cfg, split, setup)
         initial = build_model(train_cfg, split)
         hooks = train_cfg.spec.observer
         private = (

@@ -72,6 +72,7 @@ class PrivacyConfig:
     secagg_corrupt: float = 0.05
     secagg_scale_bits: int = 16
     secagg_simulate_dropout: float = 0.0
+    secagg_mode: Literal["semi-honest", "malicious"] = "semi-honest"
     prior_share: float | None = None
     prior_items: int = 20
     prior_weight: float | None = None
@@ -144,6 +145,15 @@ class PrivacyConfig:
             raise ConfigError(
                 "--replay-from-seed derives DP noise and cohorts from --seed, but this run has "
                 "no DP (no --epsilon or --noise-multiplier) and is seeded already; drop it"
+            )
+        if self.secagg_mode not in ("semi-honest", "malicious"):
+            raise ConfigError(
+                f"secagg mode must be semi-honest or malicious, got {self.secagg_mode!r}"
+            )
+        if self.secagg_mode == "malicious" and not self.secagg:
+            raise ConfigError(
+                "secagg_mode = 'malicious' hardens secure aggregation against an active server; "
+                "turn secure aggregation on (--secagg, privacy.secagg = true)"
             )
         if not 0 <= self.secagg_corrupt < 1:
             raise ConfigError(

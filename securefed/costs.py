@@ -474,6 +474,7 @@ def _secagg_k(m: int, config: TrainConfig) -> int:
                 dropout_tolerance=p.secagg_dropout,
                 corrupt_fraction=p.secagg_corrupt,
                 modulus_bits=64,
+                mode=p.secagg_mode,
             ).k
         )
     except (ImportError, ConfigError, ValueError, TypeError):

@@ -36,7 +36,7 @@ import secrets
 import time
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -88,6 +88,13 @@ REPLAY_WARNING = (
     "experiments; never publish a model trained this way on real users' data: train without "
     "--replay-from-seed, which draws all of it from the OS."
 )
+
+
+def secagg_engine(config: Any) -> Literal["batched", "objects"]:
+    """The simulation engine of a secure round: the batched one, or in malicious mode (which
+    the batched engine does not run: no signatures, no consistency round) the per-client
+    stage machines, with fresh enrollments each round (slower; docs/secagg.md)."""
+    return "objects" if config.malicious else "batched"
 
 
 class PrivateAggregator:
@@ -357,6 +364,7 @@ class PrivateAggregator:
             dropout_tolerance=self.p.secagg_dropout,
             corrupt_fraction=self.p.secagg_corrupt,
             modulus_bits=codec.modulus_bits,
+            mode=self.p.secagg_mode,
         )
         rng = numpy_generator(self.seed, "secagg-encode-prior", round_index)
         ring = np.empty((m, dim), dtype=np.uint64)
@@ -367,7 +375,13 @@ class PrivateAggregator:
             ring[lo : lo + rows.shape[0]] = codec.encode(x.double().numpy(), rng=rng)
         seed = derive_seed(self.seed, "secagg-public-prior", round_index).to_bytes(8, "little")
         public_seed = secrets.token_bytes(16) if self.secure else seed * 2
-        result = secure_sum(ring, config=sa_cfg, round_index=round_index, public_seed=public_seed)
+        result = secure_sum(
+            ring,
+            config=sa_cfg,
+            round_index=round_index,
+            public_seed=public_seed,
+            engine=secagg_engine(sa_cfg),
+        )
         return torch.from_numpy(codec.decode_sum(result.sum)).to(torch.float32)
 
     def _noise_std(self) -> float:
@@ -503,6 +517,7 @@ class PrivateAggregator:
             dropout_tolerance=self.p.secagg_dropout,
             corrupt_fraction=self.p.secagg_corrupt,
             modulus_bits=codec.modulus_bits,
+            mode=self.p.secagg_mode,
         )
         rng = numpy_generator(self.seed, "secagg-encode", round_index)
         ring = np.empty((m, self.dim), dtype=np.uint64)
@@ -556,6 +571,7 @@ class PrivateAggregator:
                 round_index=round_index,
                 public_seed=public_seed,
                 dropouts=dropouts,
+                engine=secagg_engine(sa_cfg),
             )
         except RoundAborted as exc:
             if event is not None:

@@ -289,6 +289,33 @@ def test_deployment_stopped_mid_round_resumes_to_the_uninterrupted_result(tmp_pa
 
 
 @pytest.mark.slow
+def test_malicious_mode_deployment_enrolls_signs_and_matches_in_process(tmp_path):
+    """Issue 16 item 3 across real processes: the local deployment enrolls every node's
+    users (keys in each node's state directory, the public directory beside them), every
+    round runs the signed consistency stage, and the result is the in-process run's."""
+    cfg = _cfg(secagg_mode="malicious")
+    ref = train(cfg, out=tmp_path / "ref")
+    work = tmp_path / "work"
+    summary = deploy.run_local_deployment(
+        cfg, run_dir=tmp_path / "run", nodes=3, work_dir=work, stage_timeout=120, timeout=900
+    )
+    assert summary["rounds"] == 2
+    got = runs.read_metrics(tmp_path / "run")
+    for a, b in zip(ref.metrics, got, strict=True):
+        assert a["contributors"] == b["contributors"] == 60
+        for key in KEYS:
+            assert b[key] == pytest.approx(a[key], abs=1e-12), key
+    assert (work / "enrollment.json").exists()
+    for p in range(3):
+        keys = work / "nodes" / f"node-{p}" / "identity-keys.json"
+        assert keys.stat().st_mode & 0o777 == 0o600
+    log = (work / "logs" / "superlink.log").read_text() + "".join(
+        (work / "logs" / f"worker-{p}.log").read_text() for p in range(3)
+    )
+    assert "Traceback" not in log
+
+
+@pytest.mark.slow
 def test_simulation_engine_matches_in_process(tmp_path):
     pytest.importorskip("ray", reason="Flower's simulation engine needs Ray")
     cfg = _cfg()

@@ -41,6 +41,7 @@ MESSAGE_TYPES = {
     "train": "train",
     "share": "query.share",
     "masked": "query.masked",
+    "consistency": "query.consistency",
     "unmask": "query.unmask",
     "evaluate": "evaluate",
 }
@@ -176,6 +177,7 @@ def make_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
             stage_timeout=float(cfg.get("stage-timeout", 120.0)),
             connect_timeout=float(cfg.get("connect-timeout", 300.0)),
             transcript=bool(cfg.get("transcript", False)),
+            enrollment=str(cfg["enrollment"]) if cfg.get("enrollment") else None,
         )
         run_dir = Path(str(cfg["run-dir"]))
         if bool(cfg.get("resume", False)):  # continue from the run directory's checkpoint
@@ -231,6 +233,7 @@ def make_client_app(defaults: Mapping[str, Any] | None = None) -> ClientApp:
     app.train()(handler("train"))
     app.query("share")(handler("share"))
     app.query("masked")(handler("masked"))
+    app.query("consistency")(handler("consistency"))
     app.query("unmask")(handler("unmask"))
     app.evaluate()(handler("evaluate"))
     return app

@@ -65,9 +65,11 @@ def write_app(
     stage_timeout: float,
     transcript: bool = False,
     resume: bool = False,
+    enrollment: Path | None = None,
 ) -> Path:
     """Write the Flower app directory (``pyproject.toml`` only) and return it; with
-    ``resume`` the app continues the interrupted run in ``run_dir``."""
+    ``resume`` the app continues the interrupted run in ``run_dir``; ``enrollment`` is the
+    enrollment directory file a malicious-mode run's server reads."""
     app_dir.mkdir(parents=True, exist_ok=True)
     text = f"""[build-system]
 requires = ["hatchling"]
@@ -94,6 +96,8 @@ stage-timeout = {float(stage_timeout)!r}
 transcript = {"true" if transcript else "false"}
 resume = {"true" if resume else "false"}
 """
+    if enrollment is not None:
+        text += f"enrollment = {_toml_str(str(enrollment.resolve()))}\n"
     (app_dir / "pyproject.toml").write_text(text)
     return app_dir
 
@@ -115,6 +119,24 @@ def _prepare(config: TrainConfig, run_dir: Path, work_dir: Path, *, resume: bool
     config_file = work_dir / "securefed.toml"
     runs.atomic_write_text(config_file, runs.dumps_toml(config.to_dict()))
     return config_file
+
+
+def node_state_dir(work_dir: Path, partition: int) -> Path:
+    """Where the local deployment's node ``partition`` keeps its state."""
+    return Path(work_dir).resolve() / "nodes" / f"node-{partition}"
+
+
+def _enroll(config: TrainConfig, state_dirs: list[Path], work: Path) -> Path | None:
+    """A malicious-mode run: enroll every node's users (keys kept in its state directory,
+    reused by a resume) and write the enrollment directory into the work directory; the
+    operator's step across machines (docs/deployment.md, 'Malicious server')."""
+    if config.privacy.secagg_mode != "malicious":
+        return None
+    from securefed.flower.enrollment import DIRECTORY_FILE, enroll_partitions
+    from securefed.training import load_split
+
+    n_users = load_split(config).n_users
+    return enroll_partitions(n_users, state_dirs, work / DIRECTORY_FILE)
 
 
 def check_resumable(run_dir: Path) -> tuple[TrainConfig, int]:
@@ -166,6 +188,8 @@ def run_simulation(
 
     run_dir, work = Path(run_dir), Path(work_dir)
     config_file = _prepare(config, run_dir, work, resume=resume)
+    states = [work / "nodes" / f"node-{p}" for p in range(nodes)]
+    enrolled = _enroll(config, states, work)
     server = make_server_app(
         {
             "config-file": str(config_file),
@@ -173,9 +197,13 @@ def run_simulation(
             "stage-timeout": stage_timeout,
             "transcript": transcript,
             "resume": resume,
+            **({"enrollment": str(enrolled)} if enrolled is not None else {}),
         }
     )
-    client = make_client_app({"state-root": str(work / "nodes")})
+    client_defaults = {"state-root": str(work / "nodes")}
+    if enrolled is not None:
+        client_defaults["enrollment"] = str(enrolled)
+    client = make_client_app(client_defaults)
     from threadpoolctl import threadpool_limits
 
     # Flower starts the ServerApp in a thread while its main thread starts Ray, which forks
@@ -271,7 +299,7 @@ class LocalDeployment:
     authenticated: bool = True  # the SuperLink accepts registered SuperNode keys only
 
     def node_state_dir(self, partition: int) -> Path:
-        return self.work_dir / "nodes" / f"node-{partition}"
+        return node_state_dir(self.work_dir, partition)
 
     def kill_node(self, partition: int) -> None:
         """SIGKILL one SuperNode, its ClientApp process and everything they started (a
@@ -577,6 +605,7 @@ def run_local_deployment(
     _check_scheduling(isolation, idle_poll)
     run_dir, work = Path(run_dir).resolve(), Path(work_dir).resolve()
     config_file = _prepare(config, run_dir, work, resume=resume)
+    enrolled = _enroll(config, [node_state_dir(work, p) for p in range(nodes)], work)
     app = write_app(
         work / "app",
         config_file=config_file,
@@ -584,9 +613,20 @@ def run_local_deployment(
         stage_timeout=stage_timeout,
         transcript=transcript,
         resume=resume,
+        enrollment=enrolled,
+    )
+    extra = (
+        {p: {"enrollment": _toml_str(str(enrolled))} for p in range(nodes)}
+        if enrolled is not None
+        else None
     )
     with local_deployment(
-        work, nodes=nodes, insecure=insecure, isolation=isolation, idle_poll=idle_poll
+        work,
+        nodes=nodes,
+        node_extra=extra,
+        insecure=insecure,
+        isolation=isolation,
+        idle_poll=idle_poll,
     ) as dep:
         submit(dep, app, timeout=timeout)  # --stream follows the run to its end
         return _finished(run_dir)

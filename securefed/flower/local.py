@@ -27,6 +27,7 @@ class LocalTransport:
         long_lived: Each node keeps its round session and model in a :class:`NodeMemory`
             (as a long-lived ClientApp process does) instead of freezing the session into
             its store between messages.
+        node_extra: Node config entries every node gets (e.g. ``enrollment``).
     """
 
     def __init__(
@@ -36,11 +37,13 @@ class LocalTransport:
         state_dir: str | Path,
         drop: DropFn | None = None,
         long_lived: bool = False,
+        node_extra: dict[str, Any] | None = None,
     ) -> None:
         self.node_configs: dict[int, dict[str, Any]] = {}
         for p in range(num_partitions):
             cfg: dict[str, Any] = {"partition-id": p, "num-partitions": num_partitions}
             cfg["state-dir"] = str(Path(state_dir) / f"node-{p}")
+            cfg.update(node_extra or {})
             self.node_configs[100 + p] = cfg
         self.states: dict[int, dict[str, bytes]] = {n: {} for n in self.node_configs}
         self.memories: dict[int, NodeMemory] | None = (

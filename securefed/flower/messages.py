@@ -15,6 +15,7 @@ Stages of a round (``STAGES``)::
     train     shared model, cohort, public seed    per-user ADVERTISE, loss/clip counters
     share     per-user KEYS                        per-user SHARES
     masked    per-user FORWARD                     per-user MASKED_INPUT
+    consistency  per-user SURVIVORS (malicious mode)  per-user SURVIVORS_SIGNATURE
     unmask    per-user UNMASK_REQUEST              per-user UNMASK_SHARES
     evaluate  shared model                         HR/NDCG sums over the node's users
 
@@ -38,8 +39,9 @@ import numpy as np
 from securefed.errors import ConfigError, IntegrityError, ProtocolError
 
 PROTOCOL = "securefed-flower/1"
-STAGES = ("hello", "train", "share", "masked", "unmask", "evaluate")
-SECAGG_STAGES = ("share", "masked", "unmask")
+STAGES = ("hello", "train", "share", "masked", "consistency", "unmask", "evaluate")
+#: ``consistency`` runs in malicious mode only (the signed survivor set); ``unmask`` is last.
+SECAGG_STAGES = ("share", "masked", "consistency", "unmask")
 #: Prefix of per-user SecAgg entries in a config record.
 SID = "sid."
 #: Prefix of schedule scalars (e.g. FedRAP's learning rates) in a config record.
@@ -117,7 +119,8 @@ def handle_node_message(
         stage: One of :data:`STAGES`.
         payload: The server's message.
         node_config: The SuperNode's ``--node-config``: ``partition-id``, ``num-partitions``
-            and ``state-dir`` (where the users' private state persists).
+            and ``state-dir`` (where the users' private state persists); ``enrollment`` (the
+            enrollment directory file) for malicious-mode secure aggregation.
         state: The node's ephemeral store between messages of a run (``Context.state``):
             the round session travels there, frozen, unless ``memory`` is given.
         memory: The process's own memory when it serves every message of the node (a
@@ -167,7 +170,8 @@ def handle_node_message(
             "the SuperNode needs --node-config 'state-dir=\"/path\"': its users' private "
             "model state persists there between rounds and across restarts"
         )
-    key = (token, config_digest(config), pid, nparts, str(state_dir))
+    enrolled = node_config.get("enrollment")
+    key = (token, config_digest(config), pid, nparts, str(state_dir), str(enrolled))
     if memory is not None and memory.runtime_key == key:
         runtime = memory.runtime
     else:
@@ -177,6 +181,7 @@ def handle_node_message(
             partition_id=pid,
             num_partitions=nparts,
             state_dir=Path(str(state_dir)),
+            enrollment=Path(str(enrolled)) if enrolled else None,
         )
         if memory is not None:
             memory.runtime, memory.runtime_key = runtime, key

@@ -35,12 +35,13 @@ import numpy as np
 import torch
 
 from protocols.secagg import SecAggClient, wire
+from protocols.secagg.identity import ClientIdentity, IdentityDirectory
 from protocols.secagg.primitives import MaskExpander
 from protocols.seeding import torch_generator
 from securefed import runs
 from securefed.errors import ConfigError, ProtocolError
 from securefed.evaluation import evaluate_splits
-from securefed.flower import models
+from securefed.flower import enrollment, models
 from securefed.flower.pipeline import RoundParameters, encode_updates, round_parameters
 from securefed.flower.session import NodeSession
 from securefed.training import TrainConfig, build_model, load_split
@@ -95,6 +96,9 @@ class NodeRuntime:
         partition_id: This node's partition.
         num_partitions: How many partitions the users are split into.
         state_dir: Where private state persists (``None``: memory only, for tests).
+        enrollment: The enrollment directory file (:mod:`securefed.flower.enrollment`) of a
+            run whose secure aggregation is in malicious mode; the users' private signing
+            keys are then in ``state_dir`` (``identity-keys.json``).
     """
 
     def __init__(
@@ -105,6 +109,7 @@ class NodeRuntime:
         partition_id: int,
         num_partitions: int,
         state_dir: str | Path | None,
+        enrollment: str | Path | None = None,
     ) -> None:
         if not run_token.isalnum():
             raise ConfigError(f"run token must be alphanumeric, got {run_token!r}")
@@ -127,6 +132,9 @@ class NodeRuntime:
             else None
         )
         self.trained_rounds = 0
+        self.state_dir = Path(state_dir) if state_dir is not None else None
+        self.enrollment = Path(enrollment) if enrollment is not None else None
+        self._identity_keys: tuple[dict[int, bytes], dict[int, Any]] | None = None
         self._aggregator: Any = None
         self._snapshots: dict[int, dict[str, Any]] = {}  # without a state directory
         self._load()
@@ -300,14 +308,41 @@ class NodeRuntime:
         )
         sid_of = {int(u): i for i, u in enumerate(cohort.tolist())}
         expander = MaskExpander(ring.shape[1], wire.ring_dtype(params.codec.modulus_bits))
+        directory, identities = self._round_identities(params, cohort, own)
         adverts = {}
         for row, user in enumerate(updates.clients.tolist()):
             sid = sid_of[int(user)]
-            client = _new_client(sid, params, task, expander)
+            client = _new_client(sid, params, task, expander, identities.get(sid), directory)
             session.clients[sid] = client
             session.inputs[sid] = ring[row]
             adverts[sid] = client.advertise()
         return TrainReply(adverts, session, loss_sum, trained, clipped)
+
+    def _round_identities(
+        self, params: RoundParameters, cohort: torch.Tensor, own: torch.Tensor
+    ) -> tuple[IdentityDirectory | None, dict[int, ClientIdentity]]:
+        """In malicious mode: the round's directory (cohort position -> enrolled key) and this
+        node's users' signing identities; ``(None, {})`` otherwise."""
+        if not params.secagg.malicious:
+            return None, {}
+        if self.enrollment is None or self.state_dir is None:
+            raise ConfigError(
+                "this run's secure aggregation is in malicious mode: every user signs with an "
+                "enrolled key; give the SuperNode --node-config 'enrollment=\"/path/"
+                "enrollment.json\"' and keep its users' keys in its state-dir "
+                "(docs/deployment.md, 'Malicious server')"
+            )
+        if self._identity_keys is None:
+            self._identity_keys = (
+                enrollment.load_directory(self.enrollment),
+                enrollment.load_private_keys(self.state_dir),
+            )
+        public, private = self._identity_keys
+        users = cohort.tolist()
+        return (
+            enrollment.round_directory(users, public),
+            enrollment.round_identities(users, own.tolist(), private),
+        )
 
     def evaluate(
         self, arrays: dict[str, np.ndarray], scalars: dict[str, float], *, full: bool
@@ -332,7 +367,12 @@ def _sums(prefix: str, ranks: np.ndarray) -> dict[str, float]:
 
 
 def _new_client(
-    sid: int, params: RoundParameters, task: TrainTask, expander: MaskExpander
+    sid: int,
+    params: RoundParameters,
+    task: TrainTask,
+    expander: MaskExpander,
+    identity: ClientIdentity | None = None,
+    directory: IdentityDirectory | None = None,
 ) -> SecAggClient:
     return SecAggClient(
         sid,
@@ -341,4 +381,6 @@ def _new_client(
         public_seed=task.public_seed,
         dim=expander.dim,
         expander=expander,  # one scratch buffer for all of this node's users
+        identity=identity,
+        directory=directory,
     )

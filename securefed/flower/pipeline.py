@@ -64,7 +64,9 @@ class RoundParameters:
     def fingerprint(self) -> str:
         """A short public summary both sides compare before any secret is used."""
         c, s = self.codec, self.secagg
-        return f"bits={c.modulus_bits};scale={c.scale!r};n={s.n_clients};k={s.k};t={s.t}"
+        return (
+            f"bits={c.modulus_bits};scale={c.scale!r};n={s.n_clients};k={s.k};t={s.t};mode={s.mode}"
+        )
 
 
 def round_parameters(agg: PrivateAggregator, m: int) -> RoundParameters:
@@ -88,6 +90,7 @@ def round_parameters(agg: PrivateAggregator, m: int) -> RoundParameters:
         dropout_tolerance=agg.p.secagg_dropout,
         corrupt_fraction=agg.p.secagg_corrupt,
         modulus_bits=codec.modulus_bits,
+        mode=agg.p.secagg_mode,
     )
     return RoundParameters(codec=codec, secagg=sa_cfg)
 

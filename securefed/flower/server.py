@@ -7,6 +7,7 @@ the ``ServerApp``; a direct call in tests). A round reads top to bottom::
       -> train:    nodes train their participants, clip, noise, encode, ADVERTISE
       -> share:    KEYS -> SHARES             (SecAggServer.receive_shares / finish_shares)
       -> masked:   FORWARD -> MASKED_INPUT    (streamed into the running sum)
+      -> consistency (malicious mode): SURVIVORS -> signatures (finish_consistency)
       -> ledger:   the round's privacy event, written ahead to privacy_ledger.json (fsync);
                    a round the budget refuses, or with fewer inputs than the noise is
                    sized for, is never unmasked
@@ -41,7 +42,7 @@ from protocols.secagg import RoundAborted, SecAggServer
 from securefed import runs
 from securefed.errors import ConfigError, IntegrityError, PrivacyBudgetError, ProtocolError
 from securefed.federation.cohort import round_cohort
-from securefed.flower import models
+from securefed.flower import enrollment, models
 from securefed.flower.messages import PROTOCOL, SCALAR, Payload, pack_sids, unpack_sids
 from securefed.flower.node import partition_users
 from securefed.flower.pipeline import (
@@ -95,11 +96,15 @@ class ServerSettings:
         connect_timeout: Seconds to wait for every partition's node to connect.
         transcript: Also write every received per-user message to ``transcript/`` in the run
             directory (an audit of what the server saw; large).
+        enrollment: The enrollment directory file (:mod:`securefed.flower.enrollment`), needed
+            when the run's secure aggregation is in malicious mode: the server checks each
+            advertisement's signature and drops a forger (the clients check them anyway).
     """
 
     stage_timeout: float = 120.0
     connect_timeout: float = 300.0
     transcript: bool = False
+    enrollment: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("stage_timeout", "connect_timeout"):
@@ -160,6 +165,7 @@ class FederatedServer:
         self.progress = progress
         self._sleep = sleep
         self.config_toml = runs.dumps_toml(config.to_dict())
+        self._enrolled: dict[int, bytes] = {}
 
     @classmethod
     def resume(
@@ -250,6 +256,14 @@ class FederatedServer:
         """Train ``config.rounds`` rounds and write the run directory."""
         started = time.perf_counter()
         config = self.config
+        if config.privacy.secagg_mode == "malicious":
+            if self.settings.enrollment is None:
+                raise ConfigError(
+                    "this run's secure aggregation is in malicious mode: the server needs the "
+                    "enrollment directory (run config 'enrollment', ServerSettings.enrollment; "
+                    "docs/deployment.md, 'Malicious server')"
+                )
+            self._enrolled = enrollment.load_directory(self.settings.enrollment)
         split = load_split(config)
         resolve_for_data = config.spec.resolve_for_data
         if resolve_for_data is not None and not self.resuming:
@@ -439,7 +453,12 @@ class FederatedServer:
             record_abort(agg, "fewer than 2 participants", clipped=clipped, participants=m)
             return None, stats
         assert params is not None
-        server = SecAggServer(config=params.secagg, round_index=r, public_seed=seed, dim=agg.dim)
+        directory = (
+            enrollment.round_directory(cohort, self._enrolled) if params.secagg.malicious else None
+        )
+        server = SecAggServer(
+            config=params.secagg, round_index=r, public_seed=seed, dim=agg.dim, directory=directory
+        )
         transcript = _Transcript(self.run_dir, r, enabled=self.settings.transcript)
         try:
             inbox = self._collect(
@@ -453,6 +472,8 @@ class FederatedServer:
                 replies = self._send(stage, r, outbox, node_of_sid, timeout)
                 inbox = self._collect(receive, replies, node_of_sid, transcript, stage)
                 outbox = finish()
+            if params.secagg.malicious:
+                outbox = self._consistency(server, outbox, r, node_of_sid, transcript)
         except RoundAborted as exc:
             record_abort(agg, str(exc), clipped=clipped, participants=m)
             return None, stats
@@ -489,6 +510,21 @@ class FederatedServer:
         )
         agg._last["secagg_dropped"] = len(server.dropped)
         return result, stats
+
+    def _consistency(
+        self,
+        server: SecAggServer,
+        survivors: Mapping[int, bytes],
+        r: int,
+        node_of_sid: Mapping[int, int],
+        transcript: _Transcript,
+    ) -> dict[int, bytes]:
+        """Malicious mode's round 3 (Bonawitz et al.'s ConsistencyCheck): every survivor is
+        sent the survivor set and signs it; returns the signed unmask requests. (A test
+        overrides this to play a server that equivocates.)"""
+        replies = self._send("consistency", r, survivors, node_of_sid, self.settings.stage_timeout)
+        self._collect(server.receive_consistency, replies, node_of_sid, transcript, "consistency")
+        return server.finish_consistency()
 
     def _send(
         self,

@@ -19,15 +19,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from protocols.secagg import ClientAborted, SecAggClient
+from protocols.secagg.identity import ClientIdentity, IdentityDirectory
 from protocols.secagg.primitives import MaskExpander
 from securefed.errors import IntegrityError, ProtocolError
 
 
 def _x25519(raw: bytes) -> X25519PrivateKey:
     return X25519PrivateKey.from_private_bytes(raw)
+
+
+def _identity(client_id: int, raw: bytes) -> ClientIdentity:
+    return ClientIdentity(client_id, Ed25519PrivateKey.from_private_bytes(raw))
+
+
+def _directory(keys: dict[int, bytes]) -> IdentityDirectory:
+    return IdentityDirectory(keys)
 
 
 def _expander(dim: int, dtype: str) -> MaskExpander:
@@ -38,6 +48,10 @@ class _Pickler(pickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, X25519PrivateKey):
             return _x25519, (obj.private_bytes_raw(),)
+        if isinstance(obj, ClientIdentity):  # malicious mode: the user's signing key
+            return _identity, (obj.client_id, obj._sk.private_bytes_raw())
+        if isinstance(obj, IdentityDirectory):
+            return _directory, (dict(obj.public_keys),)
         if isinstance(obj, MaskExpander):  # a scratch buffer: rebuilt, never stored
             return _expander, (obj.dim, obj.dtype.str)
         return NotImplemented
@@ -45,6 +59,8 @@ class _Pickler(pickle.Pickler):
 
 _ALLOWED = {
     ("securefed.flower.session", "_x25519"),
+    ("securefed.flower.session", "_identity"),
+    ("securefed.flower.session", "_directory"),
     ("securefed.flower.session", "_expander"),
     ("securefed.flower.session", "NodeSession"),
     ("protocols.secagg.client", "SecAggClient"),
@@ -109,6 +125,8 @@ class NodeSession:
                     out[sid] = client.share_keys(msg)
                 elif stage == "masked":
                     out[sid] = client.masked_input(msg, self.inputs.pop(sid))
+                elif stage == "consistency":
+                    out[sid] = client.consistency(msg)
                 elif stage == "unmask":
                     out[sid] = client.unmask(msg)
                 else:

@@ -1,0 +1,227 @@
+"""Malicious-mode secure aggregation across nodes (issue 16 item 3), without Flower's processes.
+
+Every user signs its key advertisement and the survivor set with a long-term Ed25519 key from
+an enrollment step (:mod:`securefed.flower.enrollment`); nodes check every peer's signature
+against the enrollment directory, never against keys the server hands them. A server that
+swaps a relayed key, or shows different survivor sets to different users, is detected: the
+affected users abort without releasing a share and the round releases nothing. The honest
+path computes what the in-process run computes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from protocols.secagg import wire
+from protocols.secagg.client import Stage
+from securefed import runs
+from securefed.errors import ConfigError
+from securefed.flower import enrollment
+from securefed.flower.local import LocalTransport
+from securefed.flower.messages import Payload, pack_sids, unpack_sids
+from securefed.flower.server import FederatedServer, ServerSettings
+from securefed.training import PrivacyConfig, TrainConfig, train
+
+KEYS = ("val_hr@10", "test_hr@10", "test_full_hr@10", "contributors", "epsilon")
+
+
+def _cfg(**privacy) -> TrainConfig:
+    base = dict(secagg=True, epsilon=8.0, replay=True, secagg_mode="malicious")
+    base.update(privacy)
+    return TrainConfig(
+        model="fedrap",
+        synthetic_users=60,
+        synthetic_items=400,
+        rounds=2,
+        checkpoint_every=1,
+        privacy=PrivacyConfig(**base),
+    )
+
+
+def _enrolled(tmp_path, n_users=60, nodes=3, **kw) -> tuple[LocalTransport, ServerSettings]:
+    state = tmp_path / "nodes"
+    directory = enrollment.enroll_partitions(
+        n_users, [state / f"node-{p}" for p in range(nodes)], tmp_path / "enrollment.json"
+    )
+    transport = LocalTransport(
+        nodes, state_dir=state, node_extra={"enrollment": str(directory)}, **kw
+    )
+    return transport, ServerSettings(enrollment=str(directory))
+
+
+@pytest.mark.parametrize("long_lived", [False, True])
+def test_honest_malicious_mode_run_equals_the_in_process_run(tmp_path, long_lived):
+    cfg = _cfg()
+    ref = train(cfg, out=tmp_path / "ref")  # the objects engine, fresh enrollments per round
+    transport, settings = _enrolled(tmp_path, long_lived=long_lived)
+    res = FederatedServer(cfg, run_dir=tmp_path / "run", transport=transport, settings=settings)
+    out = res.run()
+    for a, b in zip(ref.metrics, out.metrics, strict=True):
+        for key in KEYS:
+            assert b[key] == pytest.approx(a[key], abs=1e-12), key
+    stages = [stage for stage, _, _ in transport.seen]
+    assert stages.count("consistency") == 2 * 3  # every node, every round
+    # Every user signed the survivor set before any unmask share left its node.
+    first_unmask = stages.index("unmask")
+    assert "consistency" in stages[:first_unmask]
+
+
+def test_private_keys_stay_on_their_node_and_the_directory_holds_public_keys(tmp_path):
+    _enrolled(tmp_path)
+    public = enrollment.load_directory(tmp_path / "enrollment.json")
+    assert sorted(public) == list(range(60))
+    for p in range(3):
+        keys = enrollment.load_private_keys(tmp_path / "nodes" / f"node-{p}")
+        assert sorted(keys) == list(range(p, 60, 3))  # its partition's users only
+        path = tmp_path / "nodes" / f"node-{p}" / enrollment.KEYS_FILE
+        assert path.stat().st_mode & 0o777 == 0o600
+        for u, k in keys.items():
+            assert k.public_key().public_bytes_raw() == public[u]
+    assert "private" not in (tmp_path / "enrollment.json").read_text()
+    # Enrolling again keeps every key (they are long-term).
+    again = enrollment.enroll_users(range(0, 60, 3), tmp_path / "nodes" / "node-0")
+    assert all(again[u] == public[u] for u in again)
+
+
+def test_malicious_mode_needs_the_enrollment_on_both_sides(tmp_path):
+    cfg = _cfg()
+    plain = LocalTransport(3, state_dir=tmp_path / "plain")
+    with pytest.raises(ConfigError, match="needs the enrollment directory"):
+        FederatedServer(cfg, run_dir=tmp_path / "a", transport=plain).run()
+    _, settings = _enrolled(tmp_path)
+    with pytest.raises(ConfigError, match="enrollment="):
+        FederatedServer(cfg, run_dir=tmp_path / "b", transport=plain, settings=settings).run()
+    with pytest.raises(ConfigError, match="turn secure aggregation on"):
+        PrivacyConfig(secagg_mode="malicious")
+
+
+class KeySwappingTransport:
+    """A server in the middle of key agreement: in round 0 it replaces ``victim``'s X25519
+    keys, in the KEYS message to each of the victim's neighbours, by its own (keeping the
+    victim's signature: it cannot make one)."""
+
+    def __init__(self, inner: LocalTransport, victim: int) -> None:
+        self.inner, self.victim = inner, victim
+        self.swapped: list[int] = []
+        self.replies: dict[str, dict[int, Payload]] = {}
+
+    def node_ids(self):
+        return self.inner.node_ids()
+
+    def exchange(self, stage, messages, *, timeout):
+        if stage == "share" and all(p.config.get("round") == 0 for p in messages.values()):
+            messages = {n: self._swap(p) for n, p in messages.items()}
+        replies = self.inner.exchange(stage, messages, timeout=timeout)
+        self.replies.setdefault(stage, {}).update(replies)
+        return replies
+
+    def _swap(self, payload: Payload) -> Payload:
+        env = self.env
+        mitm_c = X25519PrivateKey.generate().public_key().public_bytes_raw()
+        mitm_s = X25519PrivateKey.generate().public_key().public_bytes_raw()
+        out = {}
+        for sid, msg in unpack_sids(payload.config).items():
+            entries = wire.decode_signed_keys(env, msg, receiver=sid, n_clients=1 << 20)
+            if any(c == self.victim for c, *_ in entries):
+                self.swapped.append(sid)
+                entries = [
+                    (c, mitm_c, mitm_s, sig) if c == self.victim else (c, cp, sp, sig)
+                    for c, cp, sp, sig in entries
+                ]
+            out[sid] = wire.encode_signed_keys(env, sid, entries)
+        config = {k: v for k, v in payload.config.items() if not k.startswith("sid.")}
+        return Payload(config={**config, **pack_sids(out)})
+
+
+def test_a_server_that_swaps_a_public_key_is_detected_and_nobody_reveals_a_share(
+    tmp_path, monkeypatch
+):
+    from securefed.flower import server as server_module
+
+    cfg = _cfg(epsilon=None, noise_multiplier=1.0)
+    transport, settings = _enrolled(tmp_path)
+    mitm = KeySwappingTransport(transport, victim=0)
+    envs = []
+    original = server_module.SecAggServer
+
+    def capture(*args, **kwargs):  # the round's envelope, to re-encode what is relayed
+        s = original(*args, **kwargs)
+        envs.append(s._env)
+        mitm.env = s._env
+        return s
+
+    monkeypatch.setattr(server_module, "SecAggServer", capture)
+    res = FederatedServer(
+        dataclasses.replace(cfg, rounds=1),
+        run_dir=tmp_path / "run",
+        transport=mitm,
+        settings=settings,
+    ).run()
+    assert mitm.swapped, "the victim had no neighbour"
+    # The victim's neighbours refused at once: no share box for anyone came from them ...
+    shares = {}
+    for payload in mitm.replies.get("share", {}).values():
+        shares.update(unpack_sids(payload.config))
+    assert not set(mitm.swapped) & set(shares)
+    # ... nothing was unmasked, nothing released or charged.
+    assert not any(unpack_sids(p.config) for p in mitm.replies.get("unmask", {}).values())
+    [record] = res.metrics
+    assert record["contributors"] == 0 and "aborted" in record
+    ledger = json.loads((tmp_path / "run" / runs.LEDGER_FILE).read_text())["events"]
+    assert ledger == []
+
+
+class EquivocatingServer(FederatedServer):
+    """Round 3 played by a server that tells half of the users that user 0 survived and
+    the other half that it dropped (to collect both kinds of its shares), then relays every
+    signature it got."""
+
+    def _consistency(self, server, survivors, r, node_of_sid, transcript):
+        env = server._env
+        full = sorted(server.u3)
+        partial = [i for i in full if i != 0]
+        shown = {sid: (full if sid % 2 == 0 else partial) for sid in survivors}
+        outbox = {sid: wire.encode_survivors(env, sid, ids) for sid, ids in shown.items()}
+        replies = self._send("consistency", r, outbox, node_of_sid, 60.0)
+        sigs = {}
+        for payload in replies.values():
+            for sid, msg in unpack_sids(payload.config).items():
+                sigs[sid] = wire.decode_survivors_signature(env, msg, sender=sid)
+        self.signed = sorted(sigs)
+        server.u4 = frozenset(sigs)
+        server.stage = Stage.CONSISTENT  # its own bookkeeping: it goes on to ask for shares
+        requests = {
+            sid: wire.encode_signed_unmask_request(
+                env, sid, [(j, sigs[j]) for j in sorted(sigs) if j != sid]
+            )
+            for sid in sigs
+        }
+        return requests
+
+
+def test_a_server_that_shows_different_survivor_sets_gets_no_share(tmp_path):
+    # Seven users on the complete graph, no dropout tolerance: k = 6, t = 4.
+    cfg = _cfg(
+        epsilon=None,
+        noise_multiplier=1.0,
+        secagg_neighbours=6,
+        secagg_dropout=0.0,
+        secagg_corrupt=0.0,
+    )
+    cfg = dataclasses.replace(cfg, rounds=1, clients_per_round=7)
+    transport, settings = _enrolled(tmp_path)
+    server = EquivocatingServer(
+        cfg, run_dir=tmp_path / "run", transport=transport, settings=settings
+    )
+    res = server.run()
+    assert len(server.signed) == 7  # every user signed the set it was shown
+    unmask = [r for stage, _, r in transport.seen if stage == "unmask"]
+    assert unmask and not any(unpack_sids(p.config) for p in unmask)  # no share revealed
+    [record] = res.metrics
+    assert "aborted" in record and record["contributors"] == 0
+    assert torch.isfinite(torch.tensor(record["loss"]))
