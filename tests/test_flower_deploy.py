@@ -9,9 +9,11 @@ or more on a loaded 2-core machine: these tests are marked ``slow`` (run with ``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -37,6 +39,38 @@ def _cfg(**privacy) -> TrainConfig:
         # Replay: the deployment is compared with the seeded in-process simulation.
         privacy=PrivacyConfig(secagg=True, epsilon=8.0, replay=True, **privacy),
     )
+
+
+@contextlib.contextmanager
+def _run_until_stalled(
+    cfg: TrainConfig, work, run_dir, *, partition: int, at: str
+) -> Iterator[tuple[deploy.LocalDeployment, subprocess.Popen]]:
+    """A local deployment of 3 nodes running ``cfg`` until node ``partition`` hangs on the
+    message ``at`` (``"<stage>:<round>"``, the ClientApp's stall hook); yields the deployment
+    and the ``flwr run`` process; leaving kills that process and stops every other."""
+    config_file = deploy._prepare(cfg, run_dir, work)
+    app = deploy.write_app(work / "app", config_file=config_file, run_dir=run_dir, stage_timeout=90)
+    stall = {partition: {"fault-stall-at": f'"{at}"'}}
+    with deploy.local_deployment(work, nodes=3, node_extra=stall) as dep:
+        log = (work / "logs" / "flwr-run.log").open("ab")
+        proc = subprocess.Popen(
+            [deploy._bin("flwr"), "run", str(app), "local-deployment", "--stream"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dep.env,
+        )
+        try:
+            marker = dep.node_state_dir(partition) / "stalled"
+            deadline = time.monotonic() + 600
+            while not marker.exists():
+                assert time.monotonic() < deadline, f"node {partition} never reached {at}"
+                assert proc.poll() is None, f"the run ended before {at}"
+                time.sleep(0.5)
+            yield dep, proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
 
 
 @pytest.mark.slow
@@ -183,30 +217,9 @@ def test_unregistered_partitions_are_checked_before_anything_starts(tmp_path):
 def test_supernode_killed_after_masked_input_round_completes_with_survivors(tmp_path):
     cfg = _cfg(secagg_dropout=0.4)  # one of three nodes is a third of the users
     work, run_dir = tmp_path / "work", tmp_path / "run"
-    config_file = deploy._prepare(cfg, run_dir, work)
-    app = deploy.write_app(work / "app", config_file=config_file, run_dir=run_dir, stage_timeout=90)
-    stall = {1: {"fault-stall-at": '"unmask:0"'}}
-    with deploy.local_deployment(work, nodes=3, node_extra=stall) as dep:
-        log = (work / "logs" / "flwr-run.log").open("ab")
-        proc = subprocess.Popen(
-            [deploy._bin("flwr"), "run", str(app), "local-deployment", "--stream"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=dep.env,
-        )
-        try:
-            marker = dep.node_state_dir(1) / "stalled"
-            deadline = time.monotonic() + 600
-            while not marker.exists():
-                assert time.monotonic() < deadline, "node 1 never reached the unmask stage"
-                assert proc.poll() is None, "the run ended before the unmask stage"
-                time.sleep(0.5)
-            dep.kill_node(1)  # SIGKILL the SuperNode and its ClientApp mid-round
-            proc.wait(timeout=600)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    with _run_until_stalled(cfg, work, run_dir, partition=1, at="unmask:0") as (dep, proc):
+        dep.kill_node(1)  # SIGKILL the SuperNode and its ClientApp mid-round
+        proc.wait(timeout=600)
     got = runs.read_metrics(run_dir)
     assert len(got) == 2
     first, second = got
@@ -248,27 +261,8 @@ def test_deployment_stopped_mid_round_resumes_to_the_uninterrupted_result(tmp_pa
     )
     ref = train(cfg, out=tmp_path / "ref")
     work, run_dir = tmp_path / "work", tmp_path / "run"
-    config_file = deploy._prepare(cfg, run_dir, work)
-    app = deploy.write_app(work / "app", config_file=config_file, run_dir=run_dir, stage_timeout=90)
-    stall = {0: {"fault-stall-at": '"masked:2"'}}
-    with deploy.local_deployment(work, nodes=3, node_extra=stall) as dep:
-        log = (work / "logs" / "flwr-run.log").open("ab")
-        proc = subprocess.Popen(
-            [deploy._bin("flwr"), "run", str(app), "local-deployment", "--stream"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=dep.env,
-        )
-        try:
-            marker = dep.node_state_dir(0) / "stalled"
-            deadline = time.monotonic() + 600
-            while not marker.exists():
-                assert time.monotonic() < deadline, "node 0 never reached round 3's masked stage"
-                assert proc.poll() is None, "the run ended before round 3"
-                time.sleep(0.5)
-        finally:
-            proc.kill()
-            proc.wait()
+    with _run_until_stalled(cfg, work, run_dir, partition=0, at="masked:2"):
+        pass  # node 0 hangs in round 3; leaving stops every process
     # Everything is stopped; the run directory holds the checkpoint of round 2.
     assert runs.load_checkpoint(run_dir)["round"] == 2
     assert [m["round"] for m in runs.read_metrics(run_dir)] == [1, 2]
