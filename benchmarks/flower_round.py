@@ -15,6 +15,14 @@ Deployment rows carry ``tls``, ``authenticated`` and ``isolation``; every row th
 load average when it finished (the machine is shared).
 
     python benchmarks/flower_round.py --rounds 3 --nodes 3 --json
+    python benchmarks/flower_round.py --rounds 2 --nodes 3 --write    # docs/deployment.md
+    python benchmarks/flower_round.py --model fedrecgel --dataset ml-100k \
+        --engines inprocess,deployment --rounds 2 --write-mark flower-round-ml100k-fedrecgel
+
+``--write`` puts the table between the ``flower-round`` markers of docs/deployment.md
+(``--write-mark NAME``: between ``<!-- NAME -->`` markers, added at the end of the "Round
+time" section if missing), with each row's time per round as a multiple of the in-process
+row's measured in the same run.
 """
 
 from __future__ import annotations
@@ -44,9 +52,14 @@ DEFAULT_ENGINES = ENGINES[:-1]
 def _config(args: argparse.Namespace):
     from securefed.training import PrivacyConfig, TrainConfig
 
+    data = (
+        {"synthetic_users": args.users, "synthetic_items": args.items}
+        if args.dataset == "synthetic"
+        else {"dataset": args.dataset, "data_dir": args.data_dir}
+    )
     return TrainConfig(
-        synthetic_users=args.users,
-        synthetic_items=args.items,
+        model=args.model,
+        **data,
         rounds=args.rounds,
         eval_every=args.rounds,
         checkpoint_every=args.rounds,
@@ -125,7 +138,12 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=60)
     ap.add_argument("--items", type=int, default=400)
     ap.add_argument("--epsilon", type=float, default=8.0)
+    ap.add_argument("--model", default="fedrap")
+    ap.add_argument("--dataset", default="synthetic", help="synthetic (--users x --items), ...")
+    ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--json", action="store_true", help="Print one JSON list.")
+    ap.add_argument("--write", action="store_true", help="Write the table into docs/deployment.md.")
+    ap.add_argument("--write-mark", default="flower-round", help="Marker name for --write.")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="flower-bench-") as tmp:
@@ -134,14 +152,59 @@ def main() -> None:
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(rows))
-        return
-    print("| engine | nodes | s / round | wall s | load |")
-    print("|---|---|---|---|---|")
+    table = _table(rows, args)
+    if not args.json:
+        print(table)
+    if args.write or args.write_mark != "flower-round":
+        _write(table, args.write_mark)
+
+
+_LABELS = {
+    "inprocess": "in-process (`securefed.train`)",
+    "transport": "distributed protocol, in-process transport",
+    "simulation": "Flower simulation engine (Ray)",
+    "deployment": "local deployment, TLS + node auth, long-lived ClientApp",
+    "deployment-insecure": "local deployment, `--insecure`, long-lived ClientApp",
+    "deployment-per-message": "local deployment, TLS + node auth, ClientApp per message",
+}
+
+
+def _table(rows: list[dict], args: argparse.Namespace) -> str:
+    """The markdown table, each row's s/round also as a multiple of the in-process row's."""
+    base = next((r["round_seconds"] for r in rows if r["engine"] == "inprocess"), None)
+    data = f"synthetic {args.users} x {args.items}" if args.dataset == "synthetic" else args.dataset
+    head = (
+        f"Written by `python benchmarks/flower_round.py --model {args.model} --dataset "
+        f"{args.dataset} --engines {args.engines} --rounds {args.rounds} --nodes {args.nodes}` "
+        f"({time.strftime('%Y-%m-%d')}, {args.model} on {data}, `--secagg --epsilon "
+        f"{args.epsilon:g}`, engines one after another in one run; `load` is the 1-minute "
+        "load average when the row finished, on this shared 2-core machine)."
+    )
+    lines = [
+        head,
+        "",
+        "| engine | nodes | s / round | x in-process | wall s | load |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        print(
-            f"| {r['engine']} | {r['nodes'] or '-'} | {r['round_seconds']} "
-            f"| {r['wall_seconds']} | {r['load_average']} |"
+        ratio = f"{r['round_seconds'] / base:.1f}" if base else "-"
+        lines.append(
+            f"| {_LABELS.get(r['engine'], r['engine'])} | {r['nodes'] or '-'} | "
+            f"{r['round_seconds']} | {ratio} | {r['wall_seconds']} | {r['load_average']} |"
         )
+    return "\n".join(lines)
+
+
+def _write(table: str, mark: str) -> None:
+    doc = ROOT / "docs" / "deployment.md"
+    text = doc.read_text()
+    start, end = f"<!-- {mark} -->", f"<!-- /{mark} -->"
+    if start not in text:
+        anchor = text.index("\n## ", text.index("## Round time") + 1)
+        text = text[:anchor] + f"\n{start}\n{end}\n" + text[anchor:]
+    a = text.index(start) + len(start)
+    b = text.index(end)
+    doc.write_text(text[:a] + "\n" + table + "\n" + text[b:])
 
 
 if __name__ == "__main__":
