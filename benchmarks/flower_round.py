@@ -199,9 +199,10 @@ def _write(table: str, mark: str) -> None:
     doc = ROOT / "docs" / "deployment.md"
     text = doc.read_text()
     start, end = f"<!-- {mark} -->", f"<!-- /{mark} -->"
-    if start not in text:
-        anchor = text.index("\n## ", text.index("## Round time") + 1)
-        text = text[:anchor] + f"\n{start}\n{end}\n" + text[anchor:]
+    if start not in text:  # at the end of the "Round time" section
+        anchor = text.find("\n## ", text.index("## Round time") + 1)
+        anchor = len(text) if anchor < 0 else anchor
+        text = text[:anchor].rstrip("\n") + f"\n\n{start}\n{end}\n" + text[anchor:]
     a = text.index(start) + len(start)
     b = text.index(end)
     doc.write_text(text[:a] + "\n" + table + "\n" + text[b:])
