@@ -12,7 +12,9 @@ Commands:
   127.0.0.1, one partition of users each, ``flwr run`` submitting the app;
 * ``securefed flower init`` – write a complete config file to edit (secure aggregation on);
 * ``securefed flower app`` – write the Flower app directory to submit by hand with
-  ``flwr run`` against a SuperLink on other machines (docs/deployment.md).
+  ``flwr run`` against a SuperLink on other machines (docs/deployment.md);
+* ``securefed flower enroll`` / ``directory`` – malicious-mode secure aggregation across
+  machines: a node's users' signing keys, and the operator's enrollment directory.
 
 Each takes the run's settings from a securefed TOML config (``--config``, as ``securefed
 train --config``; optional: without one the defaults of ``securefed train`` apply) plus a few
@@ -400,6 +402,66 @@ def init(
 
 
 @flower_app.command()
+def enroll(
+    config: Annotated[Path, typer.Option(help="The run's securefed TOML config (its dataset).")],
+    state_dir: Annotated[
+        Path, typer.Option(help="This node's state directory (its users' private keys stay here).")
+    ],
+    partition_id: Annotated[int, typer.Option(help="This node's partition.")],
+    num_partitions: Annotated[int, typer.Option(help="How many partitions (nodes).")],
+    out_file: Annotated[
+        Path, typer.Option("--out", help="Public keys file to write (to the operator).")
+    ],
+) -> None:
+    """On a node: create its users' long-term signing keys (malicious-mode secure
+    aggregation; kept in --state-dir) and write their public keys for the operator."""
+    from securefed.flower.enrollment import enroll_users, write_directory
+    from securefed.flower.node import partition_users
+    from securefed.training import TrainConfig, load_config_file, load_split
+
+    with _user_errors():
+        if out_file.exists():
+            raise ConfigError(f"{out_file} exists; choose another --out or delete it")
+        cfg = TrainConfig.from_dict(load_config_file(config))
+        users = partition_users(load_split(cfg).n_users, partition_id, num_partitions).tolist()
+        write_directory(out_file, enroll_users(users, state_dir))
+    out.print(
+        f"enrolled {len(users)} users (private keys in {state_dir}); send {out_file} to the "
+        "operator, who merges every node's file with `securefed flower directory`",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+@flower_app.command()
+def directory(
+    public_keys: Annotated[list[Path], typer.Argument(help="Every node's `enroll --out` file.")],
+    out_file: Annotated[
+        Path, typer.Option("--out", help="Enrollment directory to write (enrollment.json).")
+    ],
+) -> None:
+    """For the operator: merge every node's public keys into the enrollment directory that
+    every node (--node-config enrollment=...) and the server (run config enrollment) read."""
+    from securefed.flower.enrollment import load_directory, write_directory
+
+    with _user_errors():
+        if out_file.exists():
+            raise ConfigError(f"{out_file} exists; choose another --out or delete it")
+        merged: dict[int, bytes] = {}
+        for path in public_keys:
+            keys = load_directory(path)
+            twice = sorted(set(keys) & set(merged))
+            if twice:
+                raise ConfigError(
+                    f"user {twice[0]} is enrolled in {path} and in an earlier file; give each "
+                    "node's file once, from nodes with distinct partitions"
+                )
+            merged.update(keys)
+        write_directory(out_file, merged)
+    out.print(f"wrote {out_file}: {len(merged)} users", highlight=False, soft_wrap=True)
+
+
+@flower_app.command()
 def app(
     app_dir: Annotated[Path, typer.Argument(help="Directory to write the Flower app into.")],
     config: Annotated[Path, typer.Option(help="securefed TOML config (on the SuperLink host).")],
@@ -407,13 +469,37 @@ def app(
         Path, typer.Option("--out", help="Run directory (created on the SuperLink host).")
     ],
     stage_timeout: StageTimeout = 120.0,
+    enrollment: Annotated[
+        Path | None,
+        typer.Option(
+            help="Enrollment directory (`securefed flower directory`) on the SuperLink host: "
+            "needed when the config's secagg_mode is malicious."
+        ),
+    ] = None,
 ) -> None:
-    """Write a Flower app directory to submit with `flwr run APP_DIR <connection>`."""
+    """Write a Flower app directory to submit with `flwr run APP_DIR <connection>`
+    (add `--run-config resume=true` to continue a stopped run)."""
     from securefed.flower.deploy import write_app
+    from securefed.flower.enrollment import load_directory
     from securefed.flower.server import check_config
     from securefed.training import TrainConfig, load_config_file
 
     with _user_errors():
-        check_config(TrainConfig.from_dict(load_config_file(config)))
-        write_app(app_dir, config_file=config, run_dir=out_dir, stage_timeout=stage_timeout)
+        cfg = TrainConfig.from_dict(load_config_file(config))
+        check_config(cfg)
+        malicious = cfg.privacy.secagg_mode == "malicious"
+        if malicious and enrollment is None:
+            raise ConfigError(
+                "the config's secure aggregation is in malicious mode: give --enrollment "
+                "enrollment.json (securefed flower enroll on each node, then flower directory)"
+            )
+        if enrollment is not None:
+            load_directory(enrollment)  # refused now, not when the run starts
+        write_app(
+            app_dir,
+            config_file=config,
+            run_dir=out_dir,
+            stage_timeout=stage_timeout,
+            enrollment=enrollment,
+        )
     out.print(f"wrote {app_dir / 'pyproject.toml'}; submit with: flwr run {app_dir} <connection>")

@@ -225,3 +225,51 @@ def test_a_server_that_shows_different_survivor_sets_gets_no_share(tmp_path):
     [record] = res.metrics
     assert "aborted" in record and record["contributors"] == 0
     assert torch.isfinite(torch.tensor(record["loss"]))
+
+
+def test_cli_enrollment_across_machines_feeds_a_malicious_mode_run(tmp_path):
+    """The documented multi-machine steps: `flower enroll` on each node, `flower directory`
+    by the operator, `flower app --enrollment`; the files they write run a round."""
+    pytest.importorskip("flwr", reason="Flower is not installed")
+    import tomllib
+
+    import typer
+    from typer.testing import CliRunner
+
+    from securefed.cli_flower import flower_app
+
+    root = typer.Typer()
+    root.add_typer(flower_app, name="flower")
+    cli = CliRunner()
+    cfg = dataclasses.replace(_cfg(), rounds=1)
+    config = tmp_path / "run.toml"
+    config.write_text(runs.dumps_toml(cfg.to_dict()))
+    state = tmp_path / "nodes"
+    for p in range(3):
+        args = ["flower", "enroll", "--config", str(config), "--state-dir"]
+        args += [str(state / f"node-{p}"), "--partition-id", str(p), "--num-partitions", "3"]
+        res = cli.invoke(root, [*args, "--out", str(tmp_path / f"keys-{p}.json")])
+        assert res.exit_code == 0, res.output
+        assert "enrolled 20 users" in " ".join(res.output.split())
+    files = [str(tmp_path / f"keys-{p}.json") for p in range(3)]
+    directory = tmp_path / "enrollment.json"
+    res = cli.invoke(root, ["flower", "directory", *files, "--out", str(directory)])
+    assert res.exit_code == 0 and "60 users" in res.output, res.output
+    twice = cli.invoke(root, ["flower", "directory", files[0], files[0], "--out", "x.json"])
+    assert twice.exit_code == 2 and "enrolled in" in twice.output
+    app = tmp_path / "app"
+    res = cli.invoke(root, ["flower", "app", str(app), "--config", str(config), "--out", "r"])
+    assert res.exit_code == 2 and "--enrollment" in " ".join(res.output.split())
+    res = cli.invoke(
+        root,
+        ["flower", "app", str(app), "--config", str(config), "--out", str(tmp_path / "r")]
+        + ["--enrollment", str(directory)],
+    )
+    assert res.exit_code == 0, res.output
+    run_config = tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    assert run_config["config"]["enrollment"] == str(directory.resolve())
+    transport = LocalTransport(3, state_dir=state, node_extra={"enrollment": str(directory)})
+    settings = ServerSettings(enrollment=run_config["config"]["enrollment"])
+    out = FederatedServer(cfg, run_dir=tmp_path / "run", transport=transport, settings=settings)
+    [record] = out.run().metrics
+    assert record["contributors"] == 60 and "aborted" not in record
