@@ -166,6 +166,8 @@ class FederatedServer:
         self._sleep = sleep
         self.config_toml = runs.dumps_toml(config.to_dict())
         self._enrolled: dict[int, bytes] = {}
+        # Seconds of each stage's exchange in the current round (metrics: flower_*_seconds).
+        self._stage_seconds: dict[str, float] = {}
 
     @classmethod
     def resume(
@@ -323,6 +325,7 @@ class FederatedServer:
                 round_index=r,
                 secure=config.privacy.os_randomness,
             )
+            self._stage_seconds = {}
             try:
                 resumed_at = start_round if self.resuming and r == start_round else None
                 agg_result, stats = self._round(
@@ -341,6 +344,7 @@ class FederatedServer:
                 "participants": int(participants.shape[0]),
                 "contributors": agg_result.contributors if agg_result is not None else 0,
                 "train_seconds": t1 - t0,
+                **{k: round(v, 4) for k, v in self._stage_seconds.items()},
             }
             record.update(agg.round_record())
             if (r + 1) % config.eval_every == 0 or r + 1 == config.rounds:
@@ -441,7 +445,7 @@ class FederatedServer:
             # The first round of a resume: a node that trained past it rewinds its users'
             # private state to its snapshot of this round.
             task["resume"] = True
-        replies = self.transport.exchange(
+        replies = self._exchange(
             "train", {n: Payload(config=task, arrays=arrays) for n in nodes}, timeout=timeout
         )
         stats = {"loss_sum": 0.0, "trained": 0.0, "clipped": 0.0}
@@ -526,6 +530,20 @@ class FederatedServer:
         self._collect(server.receive_consistency, replies, node_of_sid, transcript, "consistency")
         return server.finish_consistency()
 
+    def _exchange(
+        self, stage: str, messages: Mapping[int, Payload], *, timeout: float
+    ) -> dict[int, Payload]:
+        """``transport.exchange``, its wall time added to the round's ``flower_<stage>_seconds``
+        (the message path there and back plus the nodes' work)."""
+        t0 = time.perf_counter()
+        try:
+            return self.transport.exchange(stage, messages, timeout=timeout)
+        finally:
+            key = f"flower_{stage}_seconds"
+            self._stage_seconds[key] = self._stage_seconds.get(key, 0.0) + (
+                time.perf_counter() - t0
+            )
+
     def _send(
         self,
         stage: str,
@@ -541,7 +559,7 @@ class FederatedServer:
             node: Payload(config={**self._base(), "round": r, **pack_sids(msgs)})
             for node, msgs in per_node.items()
         }
-        return self.transport.exchange(stage, messages, timeout=timeout)
+        return self._exchange(stage, messages, timeout=timeout)
 
     @staticmethod
     def _collect(
