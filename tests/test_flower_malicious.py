@@ -273,3 +273,25 @@ def test_cli_enrollment_across_machines_feeds_a_malicious_mode_run(tmp_path):
     out = FederatedServer(cfg, run_dir=tmp_path / "run", transport=transport, settings=settings)
     [record] = out.run().metrics
     assert record["contributors"] == 60 and "aborted" not in record
+
+
+def test_a_malicious_mode_run_resumes_with_the_same_enrollment(tmp_path):
+    from test_flower_resume import CrashingTransport, _Crash  # tests/ is on sys.path
+
+    cfg = dataclasses.replace(_cfg(epsilon=None, noise_multiplier=1.0), rounds=3)
+    ref_nodes, ref_settings = _enrolled(tmp_path / "ref")
+    ref = FederatedServer(
+        cfg, run_dir=tmp_path / "ref" / "run", transport=ref_nodes, settings=ref_settings
+    ).run()
+    nodes, settings = _enrolled(tmp_path / "b")
+    with pytest.raises(_Crash):
+        FederatedServer(
+            cfg,
+            run_dir=tmp_path / "b" / "run",
+            transport=CrashingTransport(nodes, "consistency", round_index=1),
+            settings=settings,
+        ).run()
+    res = FederatedServer.resume(tmp_path / "b" / "run", transport=nodes, settings=settings).run()
+    for a, b in zip(ref.metrics, res.metrics, strict=True):
+        for key in ("test_hr@10", "contributors", "loss"):
+            assert b[key] == a[key], key
