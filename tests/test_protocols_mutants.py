@@ -785,7 +785,7 @@ def test_would_exceed_and_spend_at_the_exact_budget():
     with pytest.raises(
         PrivacyBudgetError,
         match=_exact(
-            f"round 1 would raise epsilon to {eps:.4g} above the target {target:.4g} "
+            f"round index 1 would raise epsilon to {eps:.4g} above the target {target:.4g} "
             f"(delta={_DELTA!r}); stop training or raise the budget"
         ),
     ):

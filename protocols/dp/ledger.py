@@ -305,7 +305,7 @@ class PrivacyLedger:
         eps = _epsilon_of((*self._events, event), delta=delta, accountant=accountant)
         if eps > target:
             raise PrivacyBudgetError(
-                f"round {event.round} would raise epsilon to {eps:.4g} above the target "
+                f"round index {event.round} would raise epsilon to {eps:.4g} above the target "
                 f"{target:.4g} (delta={delta!r}); stop training or raise the budget"
             )
         self.record(event)
