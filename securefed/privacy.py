@@ -422,7 +422,8 @@ class PrivateAggregator:
         if check_budget and cfg.epsilon is not None and eps > cfg.epsilon:
             unit = "interaction-level " if self.interaction is not None else ""
             raise PrivacyBudgetError(
-                f"round {events[0].round} would raise {unit}epsilon to {eps:.4g} above the "
+                # Rounds as the metrics count them (from 1); the ledger keeps the index.
+                f"round {events[0].round + 1} would raise {unit}epsilon to {eps:.4g} above the "
                 f"target {cfg.epsilon:.4g} (delta={cfg.delta!r}); stop training or raise the "
                 "budget"
             )

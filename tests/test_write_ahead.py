@@ -54,7 +54,8 @@ def test_capped_distributed_secagg_run_never_unmasks_a_refused_round(tmp_path, m
     cfg = TrainConfig(rounds=4, privacy=PrivacyConfig(epsilon=cap, **privacy), **SMALL)
     res = train(cfg, out=run)
     assert unmasked == [0, 1]  # round 2 was refused before unmasking
-    assert "would raise epsilon" in res.summary["stopped"]
+    # Named as the metrics count rounds (two lines, then the refused third).
+    assert len(res.metrics) == 2 and "round 3 would raise epsilon" in res.summary["stopped"]
     assert len(_events(run)) == len(unmasked) == res.summary["releases"] == 2
     assert res.summary["epsilon"] <= cap
 
