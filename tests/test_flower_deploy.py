@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -357,3 +359,28 @@ def test_flower_deprecation_notices_are_filtered_and_other_lines_kept(monkeypatc
     assert [str(w.message) for w in caught] == ["kept"]
     assert "PYTHONWARNINGS" not in os.environ
     assert logging.getLogger("flwr").propagate
+
+
+def test_stopping_a_deployment_leaves_no_process_of_its_groups(tmp_path):
+    """A process that outlives its group's leader or ignores SIGTERM (Flower's serverapp,
+    started by the SuperLink, was once found retrying a dead SuperLink 1.5 h later) is
+    killed when the deployment stops."""
+    pid_file = tmp_path / "straggler.pid"
+    script = f"sh -c 'trap \"\" TERM; echo $$ > {pid_file}; sleep 300' & sleep 300"
+    leader = deploy._spawn(["sh", "-c", script], tmp_path / "log", dict(os.environ))
+    deadline = time.monotonic() + 10
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    straggler = int(pid_file.read_text())
+    dep = deploy.LocalDeployment(tmp_path, port=0, superlink=leader)
+    try:
+        dep.stop()
+        assert leader.poll() is not None
+        deadline = time.monotonic() + 5
+        while deploy._group_members(leader.pid):
+            assert time.monotonic() < deadline, f"{straggler} survived the stop"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader.pid, signal.SIGKILL)

@@ -323,16 +323,29 @@ class LocalDeployment:
             if proc.poll() is None:
                 _kill(proc, signal.SIGKILL)
                 proc.wait(timeout=5)
+        # Whatever is left in a group outlived its leader or ignored SIGTERM (seen: the
+        # SuperLink's flwr-serverapp, retrying a dead SuperLink for hours): no stragglers.
+        for proc in procs:
+            if proc is not None and _group_members(proc.pid):
+                _kill(proc, signal.SIGKILL)
 
 
 def _kill(proc: subprocess.Popen, sig: int) -> None:
-    """Signal the process group started for ``proc`` (it runs in its own session)."""
-    if proc.poll() is not None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)  # children may outlive the leader
-        return
+    """Signal the process group started for ``proc`` (it runs in its own session; its
+    children may outlive the leader)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live processes of the process group ``pgid`` (from ``/proc``; empty elsewhere)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(stat.parent.name))
+    return members
 
 
 def _spawn(cmd: Sequence[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
