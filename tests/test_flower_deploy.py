@@ -366,7 +366,10 @@ def test_stopping_a_deployment_leaves_no_process_of_its_groups(tmp_path):
     started by the SuperLink, was once found retrying a dead SuperLink 1.5 h later) is
     killed when the deployment stops."""
     pid_file = tmp_path / "straggler.pid"
-    script = f"sh -c 'trap \"\" TERM; echo $$ > {pid_file}; sleep 300' & sleep 300"
+    # The straggler runs in a session of its own (as Flower's serverapp does) and ignores
+    # SIGTERM; the group has a second TERM-ignoring member.
+    inner = f'trap "" TERM; echo $$ > {pid_file}; sleep 300'
+    script = f"setsid sh -c '{inner}' & sh -c 'trap \"\" TERM; sleep 300' & sleep 300"
     leader = deploy._spawn(["sh", "-c", script], tmp_path / "log", dict(os.environ))
     deadline = time.monotonic() + 10
     while not pid_file.exists() or not pid_file.read_text().strip():
@@ -378,9 +381,11 @@ def test_stopping_a_deployment_leaves_no_process_of_its_groups(tmp_path):
         dep.stop()
         assert leader.poll() is not None
         deadline = time.monotonic() + 5
-        while deploy._group_members(leader.pid):
-            assert time.monotonic() < deadline, f"{straggler} survived the stop"
+        while deploy._group_members(leader.pid) or deploy._start_time(straggler) is not None:
+            assert time.monotonic() < deadline, f"{straggler} or a group member survived"
             time.sleep(0.05)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(leader.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(straggler, signal.SIGKILL)

@@ -311,6 +311,9 @@ class LocalDeployment:
 
     def stop(self) -> None:
         procs = [*self.workers, *self.supernodes, self.superlink]
+        # Every process they started, even in a session of its own (the SuperLink's
+        # flwr-serverapp): one stopped mid-run was found retrying a dead SuperLink for hours.
+        started = _descendants([p.pid for p in procs if p is not None])
         for proc in procs:
             if proc is not None:
                 _kill(proc, signal.SIGTERM)
@@ -323,11 +326,15 @@ class LocalDeployment:
             if proc.poll() is None:
                 _kill(proc, signal.SIGKILL)
                 proc.wait(timeout=5)
-        # Whatever is left in a group outlived its leader or ignored SIGTERM (seen: the
-        # SuperLink's flwr-serverapp, retrying a dead SuperLink for hours): no stragglers.
+        # Whatever is left in a group, or of what they started, outlived its leader or
+        # ignored SIGTERM: no stragglers.
         for proc in procs:
             if proc is not None and _group_members(proc.pid):
                 _kill(proc, signal.SIGKILL)
+        for pid, start in started.items():
+            if _start_time(pid) == start:  # the same process, not a reused pid
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 def _kill(proc: subprocess.Popen, sig: int) -> None:
@@ -335,6 +342,38 @@ def _kill(proc: subprocess.Popen, sig: int) -> None:
     children may outlive the leader)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (None if unreadable)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _start_time(pid: int) -> str | None:
+    fields = _proc_stat(pid)
+    return fields[19] if fields is not None and fields[0] != "Z" else None
+
+
+def _descendants(roots: list[int]) -> dict[int, str]:
+    """Every live descendant of ``roots`` (by parent pid, from ``/proc``) with its start time;
+    empty where ``/proc`` is missing."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        fields = _proc_stat(int(entry.name))
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    out: dict[int, str] = {}
+    todo = list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            start = _start_time(child)
+            if start is not None and child not in out:
+                out[child] = start
+                todo.append(child)
+    return out
 
 
 def _group_members(pgid: int) -> list[int]:
