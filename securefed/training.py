@@ -586,29 +586,16 @@ def _train(
     # resumed run continues that file, which counts the rounds released after the checkpoint
     # (they are released again, and counted again: docs/privacy.md, "Resume").
     attach = getattr(aggregator, "attach", None)
-    if resume is not None and (run_dir / runs.CHECKPOINT_FILE).exists():
-        ckpt = runs.load_checkpoint(run_dir)
-        # A corrupt best model is refused now, not after the resumed rounds have run.
-        runs.load_state(run_dir / runs.BEST_FILE)
-        try:
+    if resume is not None:
+
+        def restore_model(ckpt: dict[str, Any]) -> None:
+            # A corrupt best model is refused now, not after the resumed rounds have run.
+            runs.load_state(run_dir / runs.BEST_FILE)
             model.load_state_dict(ckpt["model"])
-            aggregator.load_state_dict(ckpt.get("aggregator", {}))
-        except (RuntimeError, KeyError, ValueError, TypeError, AttributeError) as exc:
-            raise IntegrityError(
-                f"{run_dir / runs.CHECKPOINT_FILE} does not fit this run's model and privacy "
-                f"settings ({type(exc).__name__}); resume the run it was written by, or start "
-                "a new run"
-            ) from None
-        if attach is not None:
-            attach(run_dir, resume=True)
-        start_round = int(ckpt["round"])
-        elapsed_before = float(ckpt.get("seconds", 0.0))
-        metrics = runs.read_metrics(run_dir, upto_round=start_round)
-        runs.rewrite_metrics(run_dir, metrics)
-    elif resume is not None:
-        if attach is not None:
-            attach(run_dir, resume=True)
-        runs.rewrite_metrics(run_dir, [])
+
+        start_round, elapsed_before, metrics = restore_checkpoint(
+            run_dir, aggregator, restore_model
+        )
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
         runs.atomic_write_text(run_dir / runs.CONFIG_FILE, runs.dumps_toml(config.to_dict()))
@@ -800,6 +787,39 @@ def _train(
         model=model,
         checkpoint_bytes=checkpoint_bytes,
     )
+
+
+def restore_checkpoint(
+    run_dir: Path, aggregator: Any, restore_model: Callable[[dict[str, Any]], None]
+) -> tuple[int, float, list[dict[str, Any]]]:
+    """Continue an interrupted run in ``run_dir``: its checkpoint, if it wrote one, goes back
+    into the model (``restore_model(checkpoint)``) and ``aggregator``; the aggregator
+    continues the run's ledger file (docs/privacy.md, "Resume"); ``metrics.jsonl`` is cut
+    back to the rounds the checkpoint keeps. Returns those rounds, the seconds they took and
+    their metrics lines (``0, 0.0, []`` without a checkpoint: the run starts over).
+
+    Raises:
+        IntegrityError: the checkpoint does not fit the model or the privacy settings.
+    """
+    start_round, elapsed = 0, 0.0
+    if (run_dir / runs.CHECKPOINT_FILE).exists():
+        ckpt = runs.load_checkpoint(run_dir)
+        try:
+            restore_model(ckpt)
+            aggregator.load_state_dict(ckpt.get("aggregator", {}))
+        except (RuntimeError, KeyError, ValueError, TypeError, AttributeError) as exc:
+            raise IntegrityError(
+                f"{run_dir / runs.CHECKPOINT_FILE} does not fit this run's model and privacy "
+                f"settings ({type(exc).__name__}); resume the run it was written by, or start "
+                "a new run"
+            ) from None
+        start_round, elapsed = int(ckpt["round"]), float(ckpt.get("seconds", 0.0))
+    attach = getattr(aggregator, "attach", None)
+    if attach is not None:
+        attach(run_dir, resume=True)
+    metrics = runs.read_metrics(run_dir, upto_round=start_round)
+    runs.rewrite_metrics(run_dir, metrics)
+    return start_round, elapsed, metrics
 
 
 def check_resume(run_dir: Path) -> TrainConfig:

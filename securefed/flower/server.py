@@ -64,6 +64,7 @@ from securefed.training import (
     build_aggregator,
     build_model,
     load_split,
+    restore_checkpoint,
 )
 
 TRANSCRIPT_FILE = "flower_transcript.jsonl"
@@ -290,9 +291,12 @@ class FederatedServer:
         start_round, elapsed_before = 0, 0.0
         metrics: list[dict[str, Any]] = []
         if self.resuming:
-            start_round, elapsed_before = self._restore(model, agg)
-            metrics = runs.read_metrics(self.run_dir, upto_round=start_round)
-            runs.rewrite_metrics(self.run_dir, metrics)
+            # The server keeps only its own part of the model; the nodes rewind theirs.
+            start_round, elapsed_before, metrics = restore_checkpoint(
+                self.run_dir,
+                agg,
+                lambda ckpt: models.load_server_state(config.model, model, ckpt["server"]),
+            )
         else:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             runs.atomic_write_text(self.run_dir / runs.CONFIG_FILE, self.config_toml)
@@ -386,25 +390,6 @@ class FederatedServer:
             },
         )
         runs.write_json(self.run_dir / runs.LEDGER_FILE, agg.ledger_dicts())
-
-    def _restore(self, model: Any, agg: Any) -> tuple[int, float]:
-        """Load the checkpoint of a resumed run (if it wrote one) and continue its ledger
-        file; returns the rounds it keeps and the seconds they took."""
-        path = self.run_dir / runs.CHECKPOINT_FILE
-        if not path.exists():  # interrupted before its first checkpoint: start over
-            agg.attach(self.run_dir, resume=True)
-            return 0, 0.0
-        ckpt = runs.load_checkpoint(self.run_dir)
-        try:
-            models.load_server_state(self.config.model, model, ckpt["server"])
-            agg.load_state_dict(ckpt.get("aggregator", {}))
-        except (RuntimeError, KeyError, ValueError, TypeError, AttributeError) as exc:
-            raise IntegrityError(
-                f"{path} does not fit this run's model and privacy settings "
-                f"({type(exc).__name__}); resume the run it was written by, or start a new run"
-            ) from None
-        agg.attach(self.run_dir, resume=True)
-        return int(ckpt["round"]), float(ckpt.get("seconds", 0.0))
 
     def _shared(self, model: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         arrays, scalars = models.global_payload(self.config.model, model)
