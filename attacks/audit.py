@@ -138,11 +138,17 @@ class AuditSetup:
     array_bytes: int
 
 
+def _score_matrices(attacks: Sequence[str] | set[str]) -> int:
+    """How many of ``attacks`` keep a ``[users, items]`` float32 score matrix (all but
+    ``attribute``)."""
+    return sum(1 for a in attacks if a != "attribute")
+
+
 def _default_attacks(train_cfg: TrainConfig) -> tuple[list[str], int]:
     """The attacks a default audit of ``train_cfg`` runs, and how many of them keep a
-    ``[users, items]`` float32 score matrix (all but ``attribute``)."""
+    ``[users, items]`` float32 score matrix."""
     chosen, _ = _resolve_attacks(AuditConfig(), train_cfg)
-    return chosen, sum(1 for a in chosen if a != "attribute")
+    return chosen, _score_matrices(chosen)
 
 
 def kept_bytes_bound(train_cfg: TrainConfig, users: int, items: int) -> int:
@@ -205,8 +211,7 @@ def estimate_audit_seconds(
     if attacks is None:
         chosen, matrices = _default_attacks(train_cfg)
     else:
-        chosen = list(attacks)
-        matrices = sum(1 for a in chosen if a != "attribute")
+        chosen, matrices = list(attacks), _score_matrices(attacks)
     fixed = (
         _REPLAY_S_PER_ENTRY * replayed * items
         + _SCORE_S_PER_ENTRY * matrices * max(real, 1) * items
@@ -229,7 +234,7 @@ def audit_memory_bytes(attacks: Sequence[str], users: int, items: int, *, upload
     from attacks.recorder import recorder_bytes
 
     chosen = set(attacks)
-    matrices = sum(1 for a in chosen if a != "attribute")
+    matrices = _score_matrices(chosen)
     per_entry = 4 * matrices + 1 + ("released" in chosen) + 2 if matrices else 0
     return recorder_bytes(chosen, users, items, upload=upload) + per_entry * users * items
 

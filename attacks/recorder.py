@@ -179,9 +179,9 @@ class AttackRecorder:
         )
         # Private state before each round, for scoring only (see the module docstring).
         self._private = plan.initial_private.clone()
-        self._wants_upload = (
-            bool(plan.attacks & (UPLOAD_ATTACKS - {"imia"})) and plan.upload is not None
-        )
+        # The upload attacks' rounds run exactly when their tables are held.
+        self._wants_upload = set(RECORDER_TABLES["upload"]) <= held
+        self._wants_imia = "imia_score" in held
         self._absent: torch.Tensor | None = None
         # Canaries seen in an earlier round (FedRAP flips the sign of their own-row push).
         self._canary_seen: torch.Tensor | None = None
@@ -212,7 +212,7 @@ class AttackRecorder:
         record: dict[str, Any] = {"participants": clients.numpy()}
         if len(updates) and self._wants_upload:
             self._upload_round(r, view, updates, clients, norms)
-        if len(updates) and "imia" in plan.attacks and plan.upload is not None:
+        if len(updates) and self._wants_imia:
             self._imia_round(r, view, updates, clients, norms)
         if len(updates) and "differencing" in plan.attacks and r == 0:
             self._differencing(view, updates, clients, norms)

@@ -43,6 +43,7 @@ from securefed.cli_common import (
     err,
     out,
     parse_params,
+    refuse_flags_with_resume,
 )
 
 if TYPE_CHECKING:
@@ -265,12 +266,7 @@ def train(
 
     with _user_errors():
         if resume is not None:
-            if flags_given:
-                names = {"out_dir": "out", "lam": "lambda"}
-                raise _fail(
-                    "--resume continues a run with its recorded settings; drop "
-                    + ", ".join("--" + names.get(g, g).replace("_", "-") for g in flags_given)
-                )
+            refuse_flags_with_resume(flags_given, {"out_dir": "out", "lam": "lambda"})
             try:
                 check_resume(resume)  # one line, before any progress or data
             except RunFinished as exc:

@@ -64,6 +64,16 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(code=EXIT_USER_ERROR)
 
 
+def refuse_flags_with_resume(given: list[str], renamed: dict[str, str] | None = None) -> None:
+    """``--resume`` continues a run with its recorded settings: any setting flag beside it
+    (parameter names in ``given``; ``renamed`` maps a parameter to its flag's name) is
+    refused in one line."""
+    if given:
+        names = renamed or {}
+        flags = ", ".join("--" + names.get(g, g).replace("_", "-") for g in given)
+        raise _fail(f"--resume continues a run with its recorded settings; drop {flags}")
+
+
 def _interrupted(message: str) -> typer.Exit:
     """One line on stderr and exit code 130 for Ctrl-C."""
     err.print(f"[bold yellow]{escape(message)}[/]", highlight=False, soft_wrap=True)

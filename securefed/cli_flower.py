@@ -41,6 +41,7 @@ from securefed.cli_common import (
     _user_errors,
     err,
     out,
+    refuse_flags_with_resume,
 )
 from securefed.errors import ConfigError
 
@@ -215,13 +216,7 @@ def _deploy(opts: dict[str, Any], *, local: bool) -> None:
     with _user_errors():
         if resume is not None:
             given = [k for k in ("config", "out_dir", *_OVERRIDES) if opts[k] is not None]
-            if given:
-                names = ", ".join(
-                    "--" + {"out_dir": "out"}.get(k, k).replace("_", "-") for k in given
-                )
-                raise ConfigError(
-                    f"--resume continues a run with its recorded settings; drop {names}"
-                )
+            refuse_flags_with_resume(given, {"out_dir": "out"})
             try:
                 cfg, nodes = _check_resume(resume, nodes)
             except RunFinished as exc:

@@ -188,8 +188,8 @@ def run_simulation(
 
     run_dir, work = Path(run_dir), Path(work_dir)
     config_file = _prepare(config, run_dir, work, resume=resume)
-    states = [work / "nodes" / f"node-{p}" for p in range(nodes)]
-    enrolled = _enroll(config, states, work)
+    # The ClientApp's state-root layout: node p keeps its state in <state-root>/node-<p>.
+    enrolled = _enroll(config, [node_state_dir(work, p) for p in range(nodes)], work)
     server = make_server_app(
         {
             "config-file": str(config_file),
@@ -379,11 +379,10 @@ def _descendants(roots: list[int]) -> dict[int, str]:
 def _group_members(pgid: int) -> list[int]:
     """Live processes of the process group ``pgid`` (from ``/proc``; empty elsewhere)."""
     members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                members.append(int(stat.parent.name))
+    for entry in Path("/proc").glob("[0-9]*"):
+        fields = _proc_stat(int(entry.name))
+        if fields is not None and int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
     return members
 
 
