@@ -43,6 +43,19 @@ DIRECTORY_FILE = "enrollment.json"
 _FORMAT = "securefed-enrollment/1"
 
 
+#: What reading a keys file that is missing or not ours raises (:func:`_read_keys`).
+_UNREADABLE = (OSError, ValueError, KeyError, TypeError, AttributeError)
+
+
+def _read_keys(path: Path, field: str) -> dict[int, bytes]:
+    """``user id -> raw key`` of a keys file of ours (``field``: ``private_keys`` or
+    ``public_keys``); raises one of :data:`_UNREADABLE` otherwise."""
+    record = json.loads(path.read_text(encoding="utf-8"))
+    if record.get("format") != _FORMAT:
+        raise ValueError(f"not {_FORMAT}")
+    return {int(u): bytes.fromhex(h) for u, h in record[field].items()}
+
+
 def enroll_users(users: Iterable[int], state_dir: str | Path) -> dict[int, bytes]:
     """Long-term Ed25519 keys for ``users`` on this node: created once from the OS's
     randomness and kept (private keys, mode 0600) in ``state_dir/identity-keys.json``; users
@@ -71,14 +84,9 @@ def load_private_keys(state_dir: str | Path) -> dict[int, Ed25519PrivateKey]:
     """
     path = Path(state_dir) / KEYS_FILE
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-        if record.get("format") != _FORMAT:
-            raise ValueError
-        return {
-            int(u): Ed25519PrivateKey.from_private_bytes(bytes.fromhex(h))
-            for u, h in record["private_keys"].items()
-        }
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raw = _read_keys(path, "private_keys")
+        return {u: Ed25519PrivateKey.from_private_bytes(k) for u, k in raw.items()}
+    except _UNREADABLE:
         raise ConfigError(
             f"{path} holds no enrolled user keys; enroll this node's users first "
             "(securefed.flower.enrollment.enroll_users, docs/deployment.md)"
@@ -102,11 +110,8 @@ def load_directory(path: str | Path) -> dict[int, bytes]:
         ConfigError: the file is missing or malformed, or two users share a key.
     """
     try:
-        record = json.loads(Path(path).read_text(encoding="utf-8"))
-        if record.get("format") != _FORMAT:
-            raise ValueError
-        keys = {int(u): bytes.fromhex(h) for u, h in record["public_keys"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        keys = _read_keys(Path(path), "public_keys")
+    except _UNREADABLE:
         raise ConfigError(
             f"{path} is not an enrollment directory; give the file "
             "securefed.flower.enrollment.write_directory wrote"
