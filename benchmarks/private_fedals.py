@@ -7,14 +7,20 @@ release, each user contributing at most 20 sampled items). Variants:
 
 * ``fedals``: the private mode as shipped: the population rule (docs/privacy.md) picks the
   small or the large mode from ``N / sigma``. Small: one count round with each user's items
-  weighted ``1/sqrt(n)``, one ALS round on the items with a positive released count,
-  popularity prior in the scores; below 300 users per unit of noise the count-only rule makes
-  the ALS round a second count round. Large: see ``large population`` (with the tail ranked
-  last);
+  weighted ``1/sqrt(n)``, then two co-occurrence rounds over the 400 items with the largest
+  released counts (item factors from the leading eigenvectors of the averaged release),
+  popularity prior in the scores; below 300 users per unit of noise (``N sqrt(R) / sigma``)
+  the count-only rule makes every round a count round. Large: see ``large population``
+  (with the tail ranked last);
 * ``small population``: the small mode whatever the population (``population small``);
-* ``no count-only rule``: the same with the rule off (``count_only_below 0``): the private
-  mode before the rule;
+* ``no count-only rule``: the same with the rule off (``count_only_below 0``);
 * ``no-prior``: the same without the prior in the scores (``prior_weight 0``);
+* ``one co-occurrence round``: the count round and one co-occurrence round (``--rounds 2``;
+  the count then has half the run's precision instead of a third);
+* ``600 co-occurrence items``: ``gram_items 600``;
+* ``ALS round (before)``: the small mode before the co-occurrence rounds (``ALS`` below: one
+  ALS round on the items with a positive count, prior weight 0.3, 2 rounds); the next four
+  variants change one thing of it:
 * ``head z 3``: factors only for items whose released count clears 3 noise stds;
 * ``k = 20 count``: the count round counts 20 sampled items per user (as DP-MostPop does)
   instead of weighting all of them;
@@ -42,20 +48,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import time
 from pathlib import Path
 from typing import Any
+
+#: The private small mode before the co-occurrence rounds (2026-12-05): one ALS round after the
+#: count, prior weight 0.3, and the count-only rule at 300 users per unit of noise of one of
+#: its two releases (``N / sigma_2 < 300`` is ``N sqrt(2) / sigma_2 < 300 sqrt(2)`` in the
+#: rule's present terms). The ALS variants below start from it.
+ALS = {"gram_items": 0, "prior_weight": 0.3, "count_only_below": 300.0 * math.sqrt(2.0)}
 
 VARIANTS: dict[str, tuple[dict[str, Any], int | None, float | None]] = {
     # name: (fedals params, rounds (None: the model's default), clip)
     "fedals": ({}, None, None),
     "no count-only rule": ({"count_only_below": 0.0}, None, None),
     "no-prior": ({"prior_weight": 0.0}, None, None),
-    "head z 3": ({"head_z": 3.0}, None, None),
-    "k = 20 count": ({"count_items": 20}, None, None),
-    "2 ALS rounds": ({}, 3, None),
-    "large population": ({"head_z": 3.0, "prior_weight": 0.0}, 4, None),
+    "one co-occurrence round": ({}, 2, None),
+    "600 co-occurrence items": ({"gram_items": 600}, None, None),
+    "ALS round (before)": (ALS, 2, None),
+    "head z 3": ({**ALS, "head_z": 3.0}, 2, None),
+    "k = 20 count": ({**ALS, "count_items": 20}, 2, None),
+    "2 ALS rounds": (ALS, 3, None),
+    "large population": ({**ALS, "head_z": 3.0, "prior_weight": 0.0}, 4, None),
     "small population": ({"population": "small"}, None, None),
     "large population 2 rounds": ({"population": "large"}, 2, None),
     "count only": ({}, 1, None),

@@ -58,17 +58,22 @@ def test_fedals_undefended_attacks_succeed(tmp_path) -> None:
     assert res.report["audit"]["epsilon_lower_bound"] > 1.0
 
 
-@pytest.mark.parametrize("count_only_below", [300.0, 0.0])
-def test_private_fedals_audit_sees_the_release(tmp_path, count_only_below) -> None:
+@pytest.mark.parametrize(
+    "params",
+    [{}, {"count_only_below": 0.0}, {"count_only_below": 0.0, "gram_items": 0}],
+    ids=["count-only", "co-occurrence", "als"],
+)
+def test_private_fedals_audit_sees_the_release(tmp_path, params) -> None:
     """Epsilon 2: the upload observer (central DP trusts the server) still reads every item,
     and the canary bound stays below the accountant's. At 300 users the count-only rule
     makes both rounds count rounds (default); ``count_only_below=0`` gives a count round and
-    an ALS round (the canary test reads gradient row and count)."""
+    a co-occurrence round (nothing of a canary item, never among the most counted, enters
+    it), with ``gram_items=0`` an ALS round (the canary test reads gradient row and count)."""
     res = _fedals(
         tmp_path,
         privacy=PrivacyConfig(epsilon=2.0),
         attacks=("row-change", "intersection"),
-        count_only_below=count_only_below,
+        **params,
     )
     for name in ("row-change", "intersection"):
         assert _by_name(res, name).metrics["auc"] >= 0.9, name
@@ -79,21 +84,27 @@ def test_private_fedals_audit_sees_the_release(tmp_path, count_only_below) -> No
     assert set(block["releases"]) == {"rounds"}
 
 
-@pytest.mark.parametrize("count_only_below", [1e12, 300.0])
-def test_private_fedals_positive_control(tmp_path, count_only_below) -> None:
+@pytest.mark.parametrize(
+    "params, auc, bound",
+    [({"count_only_below": 1e12}, 0.95, 2.0), ({"gram_items": 0}, 0.95, 2.0), ({}, 0.85, 1.0)],
+    ids=["count-only", "als", "co-occurrence"],
+)
+def test_private_fedals_positive_control(tmp_path, params, auc, bound) -> None:
     """The same private-mode audit at epsilon 50 (noise std 0.22 against a canary item's
     contribution of 1/sqrt(3) a round): the bound is near the cap of 256 canaries (~3.2).
     ``count_only_below=1e12``: two count rounds (the statistic must read the count);
-    the default at epsilon 50: a count round and an ALS round."""
+    ``gram_items=0``: a count round and an ALS round; the default at epsilon 50: a count
+    round and a co-occurrence round, which a canary item (count 1, never among the most
+    counted) does not enter: the statistic has the count round alone (measured AUC 0.91)."""
     res = _fedals(
         tmp_path,
         privacy=PrivacyConfig(epsilon=50.0),
         attacks=("row-change",),
-        count_only_below=count_only_below,
+        **params,
     )
     block = res.report["audit"]
-    assert block["canary_auc"] > 0.95
-    assert block["epsilon_lower_bound"] > 2.0
+    assert block["canary_auc"] > auc
+    assert block["epsilon_lower_bound"] > bound
 
 
 def _prior(tmp_path, *, epsilon, share):

@@ -82,14 +82,15 @@ class FedALSConfig:
             runs with user-level DP and off otherwise (``config.toml`` records the choice).
         private_dim: Factor size in the private mode.
         count_rounds: Private mode: rounds at the start in which clients only count.
-        population: Private mode: ``"small"`` (one count round, one ALS round, factors for
-            every counted item, a popularity prior in the scores) or ``"large"`` (factors only
-            for items whose count clears 3 noise stds, two Newton rounds after the ALS round,
-            no prior; items without a factor rank below every item with one). None: chosen
-            from the data when the run starts, by :func:`resolve_population` (``"large"``
-            when ``N / sigma`` of a 4-round run is at least ``large_above``); ``config.toml``
-            records the choice. It sets ``head_z``, ``prior_weight`` and ``tail_last`` where
-            they are not given (docs/privacy.md, "The population rule").
+        population: Private mode: ``"small"`` (one count round, then co-occurrence rounds
+            over the ``gram_items`` most counted items, a popularity prior in the scores) or
+            ``"large"`` (factors only for items whose count clears 3 noise stds, an ALS round
+            and two Newton rounds, no prior; items without a factor rank below every item with
+            one). None: chosen from the data when the run starts, by
+            :func:`resolve_population` (``"large"`` when ``N / sigma`` of a 4-round run is at
+            least ``large_above``); ``config.toml`` records the choice. It sets ``head_z``,
+            ``prior_weight``, ``tail_last``, ``combine_counts`` and ``gram_items`` where they
+            are not given (docs/privacy.md, "The population rule").
         large_above: Private mode: the users per unit of noise from which the population
             rule chooses ``"large"``.
         head_z: Private mode: items whose released count exceeds ``head_z`` times its noise
@@ -110,10 +111,23 @@ class FedALSConfig:
         item_reg: Private mode: ridge of the server's item solve.
         prior_weight: Private mode: weight of ``log(1 + count)`` added to every score (None:
             from ``population``: 0.3 small, 0 large).
-        count_only_below: Private mode: when the first count round's users per unit of noise,
-            ``N / sigma`` (``sigma`` the noise std of that release over the unit upload bound),
-            is below this, every later round is a count round too and the model is the count
-            at the whole budget (docs/privacy.md, "A count-only rule"); 0: never.
+        count_only_below: Private mode: when the run's users per unit of noise,
+            ``N sqrt(R) / sigma`` (``sigma`` the noise multiplier of each of its ``R`` releases
+            over the unit upload bound: ``sigma / sqrt(R)`` is the noise of one release with
+            the whole run's precision), is below this, every round is a count round and the
+            model is the count at the whole budget (docs/privacy.md, "A count-only rule");
+            0: never. Decided by :func:`resolve_population` before any data is read.
+        count_only: Private mode: every round is a count round (None: from
+            ``count_only_below`` when the run starts; unresolved models count only when set).
+        gram_items: Private mode: after the count rounds, the clients release the
+            co-occurrence of the ``gram_items`` items with the largest released counts (each
+            client's pairs weighted to L2 norm 1), and the server sets those items' factors
+            from its leading eigenvectors (the other items keep none); 0: the ALS round instead
+            (None: from ``population``: 400 small, 0 large). docs/privacy.md, "The
+            co-occurrence round".
+        gram_scale: Private mode: the co-occurrence round's factors are ``gram_scale``
+            times the eigenvectors, each scaled by the square root of its eigenvalue over the
+            largest (the scale sets how strongly the users' ``reg`` shrinks their solves).
     """
 
     dim: int = 32
@@ -137,6 +151,9 @@ class FedALSConfig:
     item_reg: float = 10.0
     prior_weight: float | None = None
     count_only_below: float = 300.0
+    count_only: bool | None = None
+    gram_items: int | None = None
+    gram_scale: float = 10.0
 
     @property
     def factor_dim(self) -> int:
@@ -169,7 +186,19 @@ class FedALSConfig:
         object.__setattr__(self, "shares", shares)
         if self.population not in (None, "small", "large"):
             raise ConfigError(f"population must be small, large or unset, got {self.population!r}")
-        for name in ("tail_last", "combine_counts"):
+        if self.gram_items is not None and (
+            isinstance(self.gram_items, bool)
+            or not isinstance(self.gram_items, int)
+            or self.gram_items < 0
+        ):
+            raise ConfigError(f"gram_items must be an integer >= 0, got {self.gram_items!r}")
+        if not (
+            isinstance(self.gram_scale, int | float)
+            and math.isfinite(self.gram_scale)
+            and self.gram_scale > 0
+        ):
+            raise ConfigError(f"gram_scale must be a finite number > 0, got {self.gram_scale!r}")
+        for name in ("tail_last", "combine_counts", "count_only"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ConfigError(f"{name} must be true, false or unset, got {value!r}")
@@ -217,8 +246,20 @@ def resolve_reg(params: FedALSConfig) -> FedALSConfig:
 
 #: The private mode's settings per population (fields the user did not set).
 POPULATION_SETTINGS: dict[str, dict[str, Any]] = {
-    "small": {"head_z": 0.0, "prior_weight": 0.3, "tail_last": False, "combine_counts": True},
-    "large": {"head_z": 3.0, "prior_weight": 0.0, "tail_last": True, "combine_counts": False},
+    "small": {
+        "head_z": 0.0,
+        "prior_weight": 0.1,
+        "tail_last": False,
+        "combine_counts": True,
+        "gram_items": 400,
+    },
+    "large": {
+        "head_z": 3.0,
+        "prior_weight": 0.0,
+        "tail_last": True,
+        "combine_counts": False,
+        "gram_items": 0,
+    },
 }
 #: How far below the items with factors ``tail_last`` puts the rest (factor scores are
 #: orders of magnitude smaller; float32 still orders log counts 0.001 apart at this offset).
@@ -239,32 +280,48 @@ def with_population(params: FedALSConfig, population: str | None = None) -> FedA
     return dataclasses.replace(params, **changes)
 
 
+def _noise_multiplier(config: Any, n_users: int, rounds: int) -> float:
+    """The noise multiplier of each release of a run of this config with ``rounds`` releases:
+    given, or calibrated for its epsilon, delta, accountant and cohort as a central Gaussian."""
+    p = config.privacy
+    if p.noise_multiplier is not None:
+        return float(p.noise_multiplier)
+    from securefed.privacy import account
+
+    # The sample rate the run's accountant uses (amplification only for Poisson cohorts).
+    fraction = config.cohort(n_users).sample_rate(n_users)
+    return float(
+        account(
+            epsilon=p.epsilon,
+            delta=p.delta,
+            rounds=rounds,
+            client_fraction=fraction,
+            users=n_users,
+            accountant=p.accountant or "prv",
+            model="fedals",
+        )["noise_multiplier"]
+    )
+
+
 def population_ratio(config: Any, n_users: int) -> float:
     """Users per unit of noise, ``N / sigma``, of a run of this config with
     :data:`LARGE_ROUNDS` releases: ``sigma`` is the noise multiplier over the unit upload
     bound (given, or calibrated for the config's epsilon, delta, accountant and cohort as a
     central Gaussian). A function of public quantities only (the population size is treated
     as public, as everywhere in securefed's accounting)."""
-    p = config.privacy
-    if p.noise_multiplier is not None:
-        sigma = float(p.noise_multiplier)
-    else:
-        from securefed.privacy import account
-
-        # The sample rate the run's accountant uses (amplification only for Poisson cohorts).
-        fraction = config.cohort(n_users).sample_rate(n_users)
-        sigma = float(
-            account(
-                epsilon=p.epsilon,
-                delta=p.delta,
-                rounds=LARGE_ROUNDS,
-                client_fraction=fraction,
-                users=n_users,
-                accountant=p.accountant or "prv",
-                model="fedals",
-            )["noise_multiplier"]
-        )
+    sigma = _noise_multiplier(config, n_users, LARGE_ROUNDS)
     return math.inf if sigma <= 0 else n_users / sigma
+
+
+def count_only_ratio(config: Any, n_users: int) -> float:
+    """The count-only rule's users per unit of noise, ``N sqrt(R) / sigma``, for the config's
+    ``R`` rounds at noise multiplier ``sigma`` each: ``sigma / sqrt(R)`` is the noise of one
+    release with the run's whole precision (Gaussian releases compose in precision), so the
+    ratio does not depend on how many rounds the budget is spread over. Public quantities
+    only."""
+    rounds = max(int(config.rounds), 1)
+    sigma = _noise_multiplier(config, n_users, rounds)
+    return math.inf if sigma <= 0 else n_users * math.sqrt(rounds) / sigma
 
 
 def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
@@ -305,34 +362,69 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
         # apart (0.3318-0.3324 on Gowalla), the full ranking is what the factors change.
         changes["select_on"] = "full"
     resolved = dataclasses.replace(config, **changes)
-    what = (
-        "a count round, then ALS on the items with a positive count, a popularity prior"
-        if population == "small"
-        else "a count round, then ALS and Newton rounds on the items whose count clears "
-        f"{resolved.params.head_z:g} noise stds, the rest ranked last by count; round "
-        f"selected on {resolved.select_on or 'sampled'} validation HR@10"
-    )
+    rp = resolved.params
+    count_why = ""
+    if rp.count_only is None:
+        ratio1 = count_only_ratio(resolved, split.n_users)
+        rp = dataclasses.replace(rp, count_only=bool(ratio1 < rp.count_only_below))
+        resolved = dataclasses.replace(resolved, params=rp)
+        count_why = (
+            f"; {split.n_users:,} users x sqrt({resolved.rounds} rounds) / noise multiplier = "
+            f"{ratio1:,.0f} {'<' if rp.count_only else '>='} count_only_below "
+            f"{rp.count_only_below:,.0f}"
+        )
+    if rp.count_only:
+        what = "every round a count release, the model is the count (the count-only rule)"
+    elif population == "small" and rp.gram_items:
+        what = (
+            f"a count round, then co-occurrence rounds on the {rp.gram_items} items with the "
+            "largest counts, a popularity prior"
+        )
+    elif population == "small":
+        what = "a count round, then ALS on the items with a positive count, a popularity prior"
+    else:
+        what = (
+            "a count round, then ALS and Newton rounds on the items whose count clears "
+            f"{rp.head_z:g} noise stds, the rest ranked last by count; round "
+            f"selected on {resolved.select_on or 'sampled'} validation HR@10"
+        )
     note = (
-        f"private fedals: {population} population ({why}): {what}; {resolved.rounds} rounds "
-        '(docs/privacy.md, "The population rule")'
+        f"private fedals: {population} population ({why}{count_why}): {what}; "
+        f'{resolved.rounds} rounds (docs/privacy.md, "The population rule")'
     )
     return resolved, note
 
 
-def fedals_layout(n_items: int, dim: int) -> UpdateLayout:
-    """``item_grad [n_items, d] | gram [d, d] | count [n_items]`` (item rows first)."""
-    return UpdateLayout(
-        names=("item_grad", "gram", "count"),
-        shapes=((n_items, dim), (dim, dim), (n_items,)),
-    )
+def gram_size(params: FedALSConfig, n_items: int) -> int:
+    """How many items the private mode's co-occurrence rounds cover (0: none)."""
+    if not params.private or params.count_only:
+        return 0
+    m = params.gram_items
+    if m is None:
+        m = int(POPULATION_SETTINGS[params.population or "small"]["gram_items"])
+    return min(int(m), n_items) if m >= 2 else 0
+
+
+def fedals_layout(n_items: int, dim: int, gram: int = 0) -> UpdateLayout:
+    """``item_grad [n_items, d] | gram [d, d] | count [n_items]`` (item rows first), and with
+    ``gram`` co-occurrence items ``| cooc [gram (gram - 1) / 2]`` (the upper triangle, row
+    by row)."""
+    names: tuple[str, ...] = ("item_grad", "gram", "count")
+    shapes: tuple[tuple[int, ...], ...] = ((n_items, dim), (dim, dim), (n_items,))
+    if gram >= 2:
+        names += ("cooc",)
+        shapes += ((gram * (gram - 1) // 2,),)
+    return UpdateLayout(names=names, shapes=shapes)
 
 
 class FedALSUpdates(ClientUpdates):
     """fedals uploads in structured form: each client's factor and per-pair multipliers.
 
     Client ``c`` uploads ``coef_p * x_c`` on the row of each of its items ``p``,
-    ``gram_scale_c * x_c x_c^T`` and ``count_p`` on the count of each of its items; norms and
-    weighted sums are computed from these without the dense ``[m, d]`` matrix.
+    ``gram_scale_c * x_c x_c^T`` and ``count_p`` on the count of each of its items; in the
+    private mode's co-occurrence rounds ``cooc_value_q`` at position ``cooc_index_q`` of the
+    ``cooc`` part for each of its pairs ``q`` (client ``cooc_client_q``). Norms and weighted
+    sums are computed from these without the dense ``[m, d]`` matrix.
     """
 
     def __init__(
@@ -346,6 +438,9 @@ class FedALSUpdates(ClientUpdates):
         coef: torch.Tensor,
         count: torch.Tensor | None = None,
         gram_scale: torch.Tensor | None = None,
+        cooc_client: torch.Tensor | None = None,
+        cooc_index: torch.Tensor | None = None,
+        cooc_value: torch.Tensor | None = None,
     ) -> None:
         self.clients = clients
         self.layout = layout
@@ -359,6 +454,13 @@ class FedALSUpdates(ClientUpdates):
         )
         self.n_items = int(layout.shapes[0][0])
         self.dim = int(layout.shapes[0][1])
+        empty = torch.zeros(0, dtype=torch.long)
+        self.cooc_client = empty if cooc_client is None else cooc_client
+        self.cooc_index = empty if cooc_index is None else cooc_index
+        self.cooc_value = torch.zeros(0, dtype=x.dtype) if cooc_value is None else cooc_value
+        if self.cooc_client.numel() and "cooc" not in layout.names:
+            raise ConfigError("co-occurrence pairs need a layout with a cooc part")
+        self._cooc_offset = self.n_items * self.dim + self.dim * self.dim + self.n_items
 
     def dense(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         if rows is None:
@@ -375,7 +477,13 @@ class FedALSUpdates(ClientUpdates):
         grad[row, item] = self.coef[keep].to(torch.float32).unsqueeze(1) * x[self.pair_client[keep]]
         xr = x[rows] * self.gram_scale[rows].to(torch.float32).sqrt().unsqueeze(1)
         out[:, n * d : n * d + d * d] = (xr.unsqueeze(2) * xr.unsqueeze(1)).reshape(-1, d * d)
-        out[:, n * d + d * d :][row, item] = self.count[keep].to(torch.float32)
+        out[:, n * d + d * d : n * d + d * d + n][row, item] = self.count[keep].to(torch.float32)
+        if self.cooc_client.numel():
+            keep = position[self.cooc_client] >= 0
+            cooc = out[:, self._cooc_offset :]
+            cooc[position[self.cooc_client[keep]], self.cooc_index[keep]] = self.cooc_value[
+                keep
+            ].to(torch.float32)
         return out
 
     def norms(self) -> torch.Tensor:
@@ -392,7 +500,10 @@ class FedALSUpdates(ClientUpdates):
             0, self.pair_client, self.count.double() ** 2
         )
         gram_sq = (self.gram_scale.double() * xsq) ** 2
-        return (grad_sq + gram_sq + count_sq).sqrt()
+        cooc_sq = torch.zeros(m, dtype=torch.float64).index_add_(
+            0, self.cooc_client, self.cooc_value.double() ** 2
+        )
+        return (grad_sq + gram_sq + count_sq + cooc_sq).sqrt()
 
     def weighted_sum(self, weights: torch.Tensor) -> torch.Tensor:
         w = weights.to(torch.float64)
@@ -406,7 +517,15 @@ class FedALSUpdates(ClientUpdates):
         count = torch.zeros(n, dtype=torch.float64).index_add_(
             0, self.pair_item, w[self.pair_client] * self.count.double()
         )
-        return torch.cat([grad.reshape(-1), gram.reshape(-1), count]).to(torch.float32)
+        parts = [grad.reshape(-1), gram.reshape(-1), count]
+        if "cooc" in self.layout.names:
+            size = self.layout.size - self._cooc_offset
+            parts.append(
+                torch.zeros(size, dtype=torch.float64).index_add_(
+                    0, self.cooc_index, w[self.cooc_client] * self.cooc_value.double()
+                )
+            )
+        return torch.cat(parts).to(torch.float32)
 
 
 @dataclass(frozen=True)
@@ -443,7 +562,8 @@ class FedALS:
         self.config = config
         self.device = torch.device(device)
         d = config.factor_dim
-        self.layout = fedals_layout(split.n_items, d)
+        self.gram = gram_size(config, split.n_items)
+        self.layout = fedals_layout(split.n_items, d, self.gram)
         self.V = torch.randn(split.n_items, d, generator=generator) * config.init_std
         self._eval_x: torch.Tensor | None = None
         # Private mode: the released counts (inverse-variance combined over rounds), the
@@ -452,8 +572,13 @@ class FedALS:
         self._prior_precision = 0.0
         self.head = torch.ones(split.n_items, dtype=torch.bool)
         self.rounds_applied = 0
-        # Private mode: whether the count-only rule switched every round to counting.
-        self.count_only = False
+        # Private mode: whether the count-only rule made every round a count round.
+        self.count_only = bool(config.private and config.count_only)
+        if self.count_only:
+            self.V = torch.zeros_like(self.V)  # no factors: scores are the count alone
+        # Private mode, co-occurrence rounds: the sum of their releases and how many.
+        self._cooc_sum: torch.Tensor | None = None
+        self._cooc_releases = 0
 
     # ------------------------------------------------------------------ clients
     def _pairs(self, users: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -553,6 +678,58 @@ class FedALS:
     def _counting(self) -> bool:
         return self.count_only or self.rounds_applied < self.config.count_rounds
 
+    def _gram_round(self) -> bool:
+        """Private mode: a co-occurrence round (after the count rounds, with ``gram_items``)."""
+        return self.gram > 0 and not self._counting()
+
+    def _gram_items(self) -> torch.Tensor:
+        """The co-occurrence rounds' items (the head, ascending), a public function of the
+        released counts (every client derives it from the ``head`` it receives)."""
+        return torch.nonzero(self.head).reshape(-1)
+
+    def _gram_upload(
+        self, users: torch.Tensor, x: torch.Tensor, local: torch.Tensor, items: torch.Tensor
+    ) -> FedALSUpdates:
+        """A co-occurrence round's upload: a client with ``k >= 2`` of the round's ``M`` items
+        sends ``sqrt(2 / (k (k - 1)))`` at each of its ``k (k - 1) / 2`` pairs ``a < b``
+        (positions in the ``cooc`` part's upper triangle), L2 norm exactly 1; fewer items,
+        nothing. Nothing else is sent (no factor, counts or Gramian)."""
+        m, big = users.shape[0], self.gram
+        position = torch.full((self.split.n_items,), -1, dtype=torch.long)
+        gram_items = self._gram_items()
+        position[gram_items] = torch.arange(gram_items.shape[0])
+        pos = position[items]
+        keep = pos >= 0
+        client, pos = local[keep], pos[keep]
+        order = torch.argsort(client * big + pos)
+        client, pos = client[order], pos[order]
+        k = torch.bincount(client, minlength=m)
+        start = torch.cumsum(k, 0) - k
+        rank = torch.arange(client.shape[0]) - start[client]
+        after = k[client] - rank - 1  # partners after each entry within its client
+        first = torch.repeat_interleave(torch.arange(client.shape[0]), after)
+        j = torch.arange(first.shape[0]) - (torch.cumsum(after, 0) - after)[first]
+        a, b = pos[first], pos[first + 1 + j]
+        index = a * big - a * (a + 1) // 2 + (b - a - 1)
+        kf = k.to(x.dtype)
+        weight = torch.where(
+            k >= 2, torch.sqrt(2.0 / (kf * (kf - 1.0)).clamp_min(1.0)), torch.zeros_like(kf)
+        )
+        none = torch.zeros(0, dtype=torch.long)
+        return FedALSUpdates(
+            clients=users,
+            layout=self.layout,
+            x=torch.zeros_like(x),
+            pair_client=none,
+            pair_item=none,
+            coef=torch.zeros(0, dtype=x.dtype),
+            count=torch.zeros(0, dtype=x.dtype),
+            gram_scale=torch.zeros(m, dtype=x.dtype),
+            cooc_client=client[first],
+            cooc_index=index,
+            cooc_value=weight[client[first]],
+        )
+
     def _newton_round(self) -> bool:
         """Private mode: ALS rounds after the first take a Newton step on V (the first, from
         the random initialisation, solves for V directly)."""
@@ -570,6 +747,8 @@ class FedALS:
         of their ``shares`` of the unit budget.
         """
         cfg = self.config
+        if self._gram_round():
+            return self._gram_upload(users, x, local, items)
         m = users.shape[0]
         zeros = torch.zeros(local.shape[0], dtype=x.dtype)
         if not self._counting():
@@ -666,13 +845,14 @@ class FedALS:
             ).to(torch.float32)
             self._prior_precision = total
         if counting:
-            if self.rounds_applied == 0:
-                self._apply_count_only_rule(noise_std)
             if self.rounds_applied + 1 == cfg.count_rounds or cfg.count_rounds == 0:
                 self._choose_head(noise_std)
             return
         if self.rounds_applied == 0:  # no count round: every item keeps a factor
             self._choose_head(noise_std)
+        if self.gram:
+            self._gram_step(scale * parts["cooc"].double())
+            return
         s_rows = math.sqrt(cfg.shares[0])
         if s_rows == 0:
             return
@@ -702,18 +882,45 @@ class FedALS:
         v[~self.head] = 0.0
         self.V = v.to(torch.float32)
 
-    def _apply_count_only_rule(self, noise_std: float) -> None:
-        """After the first count release: the count-only rule (``count_only_below``), a
-        function of public quantities only (the population size and the noise std of the
-        release, fixed by epsilon, delta and the rounds before any data is read)."""
-        threshold = self.config.count_only_below
-        if noise_std > 0 and threshold > 0 and self.split.n_users / noise_std < threshold:
-            self.count_only = True
-            self.V = torch.zeros_like(self.V)  # no factors: scores are the count alone
+    def _gram_step(self, cooc: torch.Tensor) -> None:
+        """A co-occurrence release: average it with the earlier ones (equal noise), and set
+        the head items' factors to ``gram_scale * u_j sqrt(lambda_j / lambda_1)`` for the
+        ``d`` leading eigenpairs of the symmetric matrix (zero diagonal) it fills: the item
+        factors of the unweighted ALS fixed point (PureSVD) of the released co-occurrence.
+        The other items keep none."""
+        self._cooc_sum = cooc if self._cooc_sum is None else self._cooc_sum + cooc
+        self._cooc_releases += 1
+        self._set_gram_factors()
+
+    def _set_gram_factors(self) -> None:
+        assert self._cooc_sum is not None
+        big = self.gram
+        mean = self._cooc_sum / self._cooc_releases
+        rows, cols = torch.triu_indices(big, big, offset=1)
+        c = torch.zeros(big, big, dtype=torch.float64)
+        c[rows, cols] = mean
+        c = c + c.T
+        evals, evecs = torch.linalg.eigh(c)
+        d = min(self.config.factor_dim, big)
+        top = torch.argsort(evals, descending=True, stable=True)[:d]
+        lam = evals[top].clamp_min(0.0)
+        lead = float(lam[0]) if d else 0.0
+        v = torch.zeros(self.split.n_items, self.config.factor_dim, dtype=torch.float64)
+        if lead > 0:
+            factors = evecs[:, top] * torch.sqrt(lam / lead)
+            v[self._gram_items(), :d] = self.config.gram_scale * factors
+        self.V = v.to(torch.float32)
 
     def _choose_head(self, noise_std: float) -> None:
         """Items whose released count clears ``head_z`` noise stds (all counted items without
-        noise); the others get no factor and are ranked by the count alone."""
+        noise); the others get no factor and are ranked by the count alone. With
+        co-occurrence rounds: the ``gram_items`` items with the largest released counts."""
+        if self.gram:
+            top = torch.argsort(self.prior, descending=True, stable=True)[: self.gram]
+            self.head = torch.zeros(self.split.n_items, dtype=torch.bool)
+            self.head[top] = True
+            self.V = torch.zeros_like(self.V)
+            return
         std = noise_std / math.sqrt(max(self._prior_precision, 1e-12)) if noise_std > 0 else 0.0
         threshold = float(self.config.head_z or 0.0) * std  # settled by with_population
         self.head = self.prior > max(threshold, 0.0)
@@ -801,6 +1008,8 @@ class FedALS:
             "head": self.head.clone(),
             "rounds_applied": self.rounds_applied,
             "count_only": self.count_only,
+            "cooc_sum": None if self._cooc_sum is None else self._cooc_sum.clone(),
+            "cooc_releases": self._cooc_releases,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -822,6 +1031,13 @@ class FedALS:
         self._prior_precision = float(state.get("prior_precision", 0.0))
         self.rounds_applied = int(state.get("rounds_applied", 0))
         self.count_only = bool(state.get("count_only", False))
+        cooc = state.get("cooc_sum")
+        if cooc is not None and (
+            not isinstance(cooc, torch.Tensor) or cooc.shape != (self.gram * (self.gram - 1) // 2,)
+        ):
+            raise ConfigError("state entry cooc_sum does not match this model's gram_items")
+        self._cooc_sum = None if cooc is None else cooc.to(torch.float64).clone()
+        self._cooc_releases = int(state.get("cooc_releases", 0))
         self._eval_x = None
 
 
@@ -850,10 +1066,11 @@ def _resolve(params: FedALSConfig, privacy: Any) -> FedALSConfig:
 
 
 def _rounds(privacy: Any) -> int:
-    """20 rounds without DP; under user-level DP one count round and one ALS round (every
-    round is a release, and fewer releases cost less noise each: on MovieLens 100K at
-    epsilon 2 a second ALS round lowered validation HR@10, docs/privacy.md)."""
-    return 2 if privacy is not None and getattr(privacy, "dp", False) else 20
+    """20 rounds without DP; under user-level DP three releases: the count round and two
+    co-occurrence rounds, so the count has a third of the run's precision (chosen on
+    MovieLens 100K validation at epsilon 2, docs/privacy.md, "The co-occurrence round"; the
+    large mode runs :data:`LARGE_ROUNDS`)."""
+    return 3 if privacy is not None and getattr(privacy, "dp", False) else 20
 
 
 SPEC = ModelSpec(
@@ -868,7 +1085,7 @@ SPEC = ModelSpec(
     resolve_params=_resolve,
     resolve_for_data=resolve_population,
     layout_size=lambda p, split: (
-        split.n_items * p.factor_dim + p.factor_dim * p.factor_dim + split.n_items
+        fedals_layout(split.n_items, p.factor_dim, gram_size(p, split.n_items)).size
     ),
     observer=ObserverHooks(
         item_rows=_item_rows,
