@@ -33,6 +33,8 @@ release, each user contributing at most 20 sampled items). Variants:
   factor last (``tail_last``), as the rule's large mode does;
 * ``large population 2 rounds``: the large mode at the private default of 2 rounds (count,
   ALS);
+* ``large population, ALS (before)``: the large mode before the co-occurrence rounds
+  (``population large``, ``gram_items 0``: count, ALS and two Newton rounds);
 * ``count only``: the count round alone (``--rounds 1``): the prior by itself;
 * ``DP-FedAvg``: the non-private fedals upload clipped and noised as FedRAP's is
   (``private false``, clip 10, 5 rounds).
@@ -74,6 +76,7 @@ VARIANTS: dict[str, tuple[dict[str, Any], int | None, float | None]] = {
     "large population": ({**ALS, "head_z": 3.0, "prior_weight": 0.0}, 4, None),
     "small population": ({"population": "small"}, None, None),
     "large population 2 rounds": ({"population": "large"}, 2, None),
+    "large population, ALS (before)": ({"population": "large", "gram_items": 0}, None, None),
     "count only": ({}, 1, None),
     "DP-FedAvg": ({"private": False}, 5, 10.0),
 }

@@ -570,6 +570,7 @@ def test_population_rule_is_recorded_and_sets_the_large_mode(tmp_path, sigma, ex
     assert raw["rounds"] == (4 if expect == "large" else 3)
     assert raw["fedals"]["head_z"] == (3.0 if expect == "large" else 0.0)
     assert raw["fedals"]["tail_last"] is (expect == "large")
+    assert raw["fedals"]["gram_items"] == 400  # co-occurrence rounds in both populations
     assert raw.get("select_on") == ("full" if expect == "large" else None)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert ("full-ranking" in summary["selection"]) is (expect == "large")

@@ -82,13 +82,16 @@ class FedALSConfig:
             runs with user-level DP and off otherwise (``config.toml`` records the choice).
         private_dim: Factor size in the private mode.
         count_rounds: Private mode: rounds at the start in which clients only count.
-        population: Private mode: ``"small"`` (one count round, then co-occurrence rounds
-            over the ``gram_items`` most counted items, a popularity prior in the scores) or
-            ``"large"`` (factors only for items whose count clears 3 noise stds, an ALS round
-            and two Newton rounds, no prior; items without a factor rank below every item with
-            one). None: chosen from the data when the run starts, by
-            :func:`resolve_population` (``"large"`` when ``N / sigma`` of a 4-round run is at
-            least ``large_above``); ``config.toml`` records the choice. It sets ``head_z``,
+        population: Private mode: ``"small"`` (one count round, then two co-occurrence
+            rounds over the ``gram_items`` most counted items, a popularity prior in the
+            scores, the round selected on sampled validation HR@10) or ``"large"`` (the count
+            round and three co-occurrence rounds, no prior, items without a factor ranked
+            below every item with one by their count, the round selected on full-ranking
+            validation HR@10; with ``gram_items`` 0 the ALS mode: factors for items whose count
+            clears ``head_z`` noise stds, an ALS round and two Newton rounds). None: chosen
+            from the data when the run starts, by :func:`resolve_population` (``"large"``
+            when ``N / sigma`` of a 4-round run is at least ``large_above``); ``config.toml``
+            records the choice. It sets ``head_z``,
             ``prior_weight``, ``tail_last``, ``combine_counts`` and ``gram_items`` where they
             are not given (docs/privacy.md, "The population rule").
         large_above: Private mode: the users per unit of noise from which the population
@@ -123,8 +126,7 @@ class FedALSConfig:
             co-occurrence of the ``gram_items`` items with the largest released counts (each
             client's pairs weighted to L2 norm 1), and the server sets those items' factors
             from its leading eigenvectors (the other items keep none); 0: the ALS round instead
-            (None: from ``population``: 400 small, 0 large). docs/privacy.md, "The
-            co-occurrence round".
+            (None: 400 in both populations). docs/privacy.md, "The co-occurrence rounds".
         gram_scale: Private mode: the co-occurrence round's factors are ``gram_scale``
             times the eigenvectors, each scaled by the square root of its eigenvalue over the
             largest (the scale sets how strongly the users' ``reg`` shrinks their solves).
@@ -258,14 +260,15 @@ POPULATION_SETTINGS: dict[str, dict[str, Any]] = {
         "prior_weight": 0.0,
         "tail_last": True,
         "combine_counts": False,
-        "gram_items": 0,
+        "gram_items": 400,
     },
 }
 #: How far below the items with factors ``tail_last`` puts the rest (factor scores are
 #: orders of magnitude smaller; float32 still orders log counts 0.001 apart at this offset).
 TAIL_OFFSET = 1.0e4
 #: Rounds of the large-population mode when ``--rounds`` is left at the private default:
-#: the count round, the ALS round and two Newton rounds.
+#: the count round and three co-occurrence rounds (with ``gram_items`` 0: the count round,
+#: the ALS round and two Newton rounds).
 LARGE_ROUNDS = 4
 
 
@@ -382,6 +385,12 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
         )
     elif population == "small":
         what = "a count round, then ALS on the items with a positive count, a popularity prior"
+    elif rp.gram_items:
+        what = (
+            f"a count round, then co-occurrence rounds on the {rp.gram_items} items with the "
+            "largest counts, the rest ranked last by count; round selected on "
+            f"{resolved.select_on or 'sampled'} validation HR@10"
+        )
     else:
         what = (
             "a count round, then ALS and Newton rounds on the items whose count clears "
