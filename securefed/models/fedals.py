@@ -725,18 +725,38 @@ class FedALS:
             k >= 2, torch.sqrt(2.0 / (kf * (kf - 1.0)).clamp_min(1.0)), torch.zeros_like(kf)
         )
         none = torch.zeros(0, dtype=torch.long)
+        return self._factorless_upload(
+            users,
+            x,
+            none,
+            none,
+            torch.zeros(0, dtype=x.dtype),
+            cooc_client=client[first],
+            cooc_index=index,
+            cooc_value=weight[client[first]],
+        )
+
+    def _factorless_upload(
+        self,
+        users: torch.Tensor,
+        x: torch.Tensor,
+        local: torch.Tensor,
+        items: torch.Tensor,
+        count: torch.Tensor,
+        **cooc: torch.Tensor,
+    ) -> FedALSUpdates:
+        """An upload without factor, gradient rows or Gramian: a count round's counts
+        (``count`` at each ``(local, items)`` pair) or a co-occurrence round's pairs."""
         return FedALSUpdates(
             clients=users,
             layout=self.layout,
             x=torch.zeros_like(x),
-            pair_client=none,
-            pair_item=none,
-            coef=torch.zeros(0, dtype=x.dtype),
-            count=torch.zeros(0, dtype=x.dtype),
-            gram_scale=torch.zeros(m, dtype=x.dtype),
-            cooc_client=client[first],
-            cooc_index=index,
-            cooc_value=weight[client[first]],
+            pair_client=local,
+            pair_item=items,
+            coef=torch.zeros(local.shape[0], dtype=x.dtype),
+            count=count,
+            gram_scale=torch.zeros(users.shape[0], dtype=x.dtype),
+            **cooc,
         )
 
     def _newton_round(self) -> bool:
@@ -759,7 +779,6 @@ class FedALS:
         if self._gram_round():
             return self._gram_upload(users, x, local, items)
         m = users.shape[0]
-        zeros = torch.zeros(local.shape[0], dtype=x.dtype)
         if not self._counting():
             keep = self.head[items]
             local, items = local[keep], items[keep]
@@ -768,16 +787,7 @@ class FedALS:
         if self._counting() and cfg.count_items is not None:
             w = torch.full_like(w, 1.0 / math.sqrt(cfg.count_items))
         if self._counting():
-            return FedALSUpdates(
-                clients=users,
-                layout=self.layout,
-                x=torch.zeros_like(x),
-                pair_client=local,
-                pair_item=items,
-                coef=zeros[: local.shape[0]],
-                count=w[local],
-                gram_scale=torch.zeros(m, dtype=x.dtype),
-            )
+            return self._factorless_upload(users, x, local, items, w[local])
         s_rows, s_count, s_gram = (math.sqrt(f) for f in cfg.shares)
         unit = x / x.norm(dim=1, keepdim=True).clamp_min(1e-12)
         coef = w[local]
