@@ -96,7 +96,10 @@ def test_distributed_run_equals_in_process_simulation(tmp_path, model):
 
 
 def _replay_ring(cfg, tmp_path, round_index=0):
-    """Every participant's encoded input of round 0 (an auditor replaying the seeded run)."""
+    """Every participant's encoded input of round 0 (an auditor replaying the seeded run,
+    with the config resolved on the data as the server resolves and sends it)."""
+    if cfg.spec.resolve_for_data is not None:
+        cfg, _ = cfg.spec.resolve_for_data(cfg, load_split(cfg))
     runtime = NodeRuntime(
         cfg, run_token="audit", partition_id=0, num_partitions=1, state_dir=tmp_path / "audit"
     )
