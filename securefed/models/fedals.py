@@ -152,7 +152,7 @@ class FedALSConfig:
     shares: tuple[float, float, float] = (0.6, 0.3, 0.1)
     item_reg: float = 10.0
     prior_weight: float | None = None
-    count_only_below: float = 300.0
+    count_only_below: float = 220.0
     count_only: bool | None = None
     gram_items: int | None = None
     gram_scale: float = 10.0
@@ -853,7 +853,8 @@ class FedALS:
         cfg = self.config
         counting = self._counting()
         s_count = 1.0 if counting else math.sqrt(cfg.shares[1])
-        if s_count > 0 and (counting or cfg.combine_counts):
+        # A co-occurrence round's upload has no count part: nothing to combine.
+        if s_count > 0 and (counting or (cfg.combine_counts and not self._gram_round())):
             # Inverse-variance combination of every round's count release (noise std
             # noise_std / s_count on the unscaled counts).
             estimate = scale * parts["count"] / s_count
