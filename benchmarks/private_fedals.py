@@ -9,7 +9,7 @@ release, each user contributing at most 20 sampled items). Variants:
   small or the large mode from ``N / sigma``. Small: one count round with each user's items
   weighted ``1/sqrt(n)``, then two co-occurrence rounds over the 400 items with the largest
   released counts (item factors from the leading eigenvectors of the averaged release),
-  popularity prior in the scores; below 300 users per unit of noise (``N sqrt(R) / sigma``)
+  popularity prior in the scores; below 220 users per unit of noise (``N sqrt(R) / sigma``)
   the count-only rule makes every round a count round. Large: see ``large population``
   (with the tail ranked last);
 * ``small population``: the small mode whatever the population (``population small``);

@@ -318,7 +318,7 @@ def test_cooccurrence_upload_is_every_pair_of_head_items_at_unit_norm(small_spli
         assert float(up.norms()[c]) == pytest.approx(1.0 if k >= 2 else 0.0, abs=1e-6)
         seen_small |= k < 2
         seen_big |= k >= 3
-    assert seen_big
+    assert seen_small and seen_big  # both branches of the upload are exercised
     w = torch.rand(len(up), generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     torch.testing.assert_close(
         up.weighted_sum(w).double(), (w.unsqueeze(1) * dense).sum(0), rtol=1e-5, atol=1e-5

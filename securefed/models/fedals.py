@@ -378,24 +378,24 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
         )
     if rp.count_only:
         what = "every round a count release, the model is the count (the count-only rule)"
-    elif population == "small" and rp.gram_items:
-        what = (
-            f"a count round, then co-occurrence rounds on the {rp.gram_items} items with the "
-            "largest counts, a popularity prior"
-        )
-    elif population == "small":
-        what = "a count round, then ALS on the items with a positive count, a popularity prior"
-    elif rp.gram_items:
-        what = (
-            f"a count round, then co-occurrence rounds on the {rp.gram_items} items with the "
-            "largest counts, the rest ranked last by count; round selected on "
-            f"{resolved.select_on or 'sampled'} validation HR@10"
-        )
     else:
-        what = (
-            "a count round, then ALS and Newton rounds on the items whose count clears "
-            f"{rp.head_z:g} noise stds, the rest ranked last by count; round "
-            f"selected on {resolved.select_on or 'sampled'} validation HR@10"
+        if rp.gram_items:
+            what = (
+                f"a count round, then co-occurrence rounds on the {rp.gram_items} items with "
+                "the largest counts"
+            )
+        elif population == "small":
+            what = "a count round, then ALS on the items with a positive count"
+        else:
+            what = (
+                "a count round, then ALS and Newton rounds on the items whose count clears "
+                f"{rp.head_z:g} noise stds"
+            )
+        what += (
+            ", a popularity prior"
+            if population == "small"
+            else ", the rest ranked last by count; round selected on "
+            f"{resolved.select_on or 'sampled'} validation HR@10"
         )
     note = (
         f"private fedals: {population} population ({why}{count_why}): {what}; "
@@ -405,13 +405,12 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
 
 
 def gram_size(params: FedALSConfig, n_items: int) -> int:
-    """How many items the private mode's co-occurrence rounds cover (0: none)."""
+    """How many items the private mode's co-occurrence rounds cover (0: none; a pair needs
+    two)."""
     if not params.private or params.count_only:
         return 0
-    m = params.gram_items
-    if m is None:
-        m = int(POPULATION_SETTINGS[params.population or "small"]["gram_items"])
-    return min(int(m), n_items) if m >= 2 else 0
+    m = min(int(with_population(params).gram_items or 0), n_items)
+    return m if m >= 2 else 0
 
 
 def fedals_layout(n_items: int, dim: int, gram: int = 0) -> UpdateLayout:
