@@ -125,7 +125,9 @@ def round_costs(model: str, sc: Scenario, rates: Rates) -> dict:
     params = cfg.params
     # What the client downloads: the shared parameters it trains against (float32).
     if model == "fedals":
-        dim = params.dim
+        from securefed.models.fedals import resolve_dim
+
+        dim = resolve_dim(params, sc.items).factor_dim
         shared = sc.items * dim + sc.items + dim * dim
         local = _ALS_S * (sc.per_user * dim * dim + dim**3)
         private = dim * 4  # its own factor, recomputed every round

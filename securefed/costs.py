@@ -355,7 +355,10 @@ def state_bytes(
             "server_adam": 2 * shared * f32,
         }
     if model in ("fedals", "ials"):
-        d = params.factor_dim if model == "fedals" else params.dim
+        from securefed.models.fedals import resolve_dim
+
+        params = resolve_dim(params, i)
+        d = params.factor_dim
         if model == "ials":
             return {"X": u * d * f32, "V": i * d * f32}
         return {"V": i * d * f32, "prior": i * f32, "head": i}
@@ -613,7 +616,10 @@ def estimate_run(
         acts = 3 * widths[1] + sum(widths[2:]) + params.gmf_dim
         eval_bytes = EVAL_BLOCK * i * 5 + block * i * 4 * acts
     elif model in ("fedals", "ials"):
-        d = params.factor_dim if model == "fedals" else params.dim
+        from securefed.models.fedals import resolve_dim
+
+        params = resolve_dim(params, i)
+        d = params.factor_dim
         round_s = _ALS_S * (frac * n_train * d * d + m * d**3 + i * d**3)
         if model == "ials":
             round_s = _ALS_S * (2 * n_train * d * d + (u + i) * d**3)

@@ -466,7 +466,33 @@ def test_rule_scales_rows_by_their_confidence_on_movielens_and_filmtrust_shapes(
     # What the rule resolves to: scaled without DP, one reg in the private mode.
     assert resolve_reg(FedALSConfig()).reg_frequency is True
     assert resolve_reg(FedALSConfig(private=True)).reg_frequency is False
-    assert resolve_reg(FedALSConfig()).reg == 10.0 and resolve_reg(FedALSConfig()).dim == 32
+    assert resolve_reg(FedALSConfig()).reg == 10.0 and resolve_reg(FedALSConfig()).dim is None
+
+
+def test_dim_follows_the_catalogue_unless_given(tmp_path):
+    """``dim`` 32 below LARGE_CATALOGUE items, 64 from it (docs/models.md, *Dimension*); a
+    given value wins; the private mode uses ``private_dim``; config.toml records the choice
+    for fedals and for the centralized iALS, and the model is built at that size."""
+    import tomllib
+
+    from securefed.models.fedals import LARGE_CATALOGUE, resolve_dim
+
+    assert LARGE_CATALOGUE == 10_000
+    assert resolve_dim(FedALSConfig(), 1682).dim == 32
+    assert resolve_dim(FedALSConfig(), LARGE_CATALOGUE - 1).dim == 32
+    assert resolve_dim(FedALSConfig(), LARGE_CATALOGUE).dim == 64
+    assert resolve_dim(FedALSConfig(dim=8), 40_981).dim == 8
+    assert resolve_dim(FedALSConfig(private=True), 40_981).factor_dim == 16
+    with pytest.raises(ValueError, match="resolve it from the catalogue"):
+        _ = FedALSConfig().factor_dim
+    for model in ("fedals", "ials"):
+        for items, want in ((200, 32), (LARGE_CATALOGUE, 64)):
+            out = tmp_path / f"{model}-{items}"
+            cfg = TrainConfig(model=model, synthetic_users=40, synthetic_items=items, rounds=1)
+            res = train(cfg, out=out)
+            table = tomllib.loads((out / "config.toml").read_text())[model]
+            assert table["dim"] == want
+            assert tuple(res.model.V.shape) == (items, want)
 
 
 def test_settings_the_user_gives_win_over_the_rule():
@@ -610,6 +636,8 @@ def test_population_rule_keeps_what_the_user_set(small_split):
     fixed = population_ratio(TrainConfig(**eps, clients_per_round=10), small_split.n_users)
     poisson = population_ratio(TrainConfig(**eps, client_fraction=0.25), small_split.n_users)
     assert fixed == pytest.approx(every) and poisson > every
-    # Without DP nothing changes.
+    # Without DP nothing changes but the dimension, which the catalogue decides.
     plain = TrainConfig(model="fedals")
-    assert resolve_population(plain, small_split) == (plain, None)
+    got, note = resolve_population(plain, small_split)
+    assert note is None and got.params == dataclasses.replace(plain.params, dim=32)
+    assert dataclasses.replace(got, params=plain.params) == plain

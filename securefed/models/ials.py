@@ -10,6 +10,7 @@ centralized in every output.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict
 from typing import Any
 
@@ -20,7 +21,7 @@ from securefed.data.types import Split
 from securefed.errors import ConfigError
 from securefed.federation.base import RoundStats
 from securefed.models.als_math import frequency_reg, solve_side
-from securefed.models.fedals import FedALSConfig, resolve_reg
+from securefed.models.fedals import FedALSConfig, resolve_dim, resolve_reg
 from securefed.models.registry import ModelSpec
 
 __all__ = ["IALS", "SPEC"]
@@ -46,11 +47,12 @@ class IALS:
         dpsgd: Any = None,
         noise_seed: int = 0,
     ) -> None:
-        config = resolve_reg(config)
+        config = resolve_dim(resolve_reg(config), split.n_items)
         self.split = split
         self.config = config
-        self.V = torch.randn(split.n_items, config.dim, generator=generator) * config.init_std
-        self.X = torch.zeros(split.n_users, config.dim)
+        d = config.factor_dim
+        self.V = torch.randn(split.n_items, d, generator=generator) * config.init_std
+        self.X = torch.zeros(split.n_users, d)
         self._users = torch.from_numpy(split.train_users())
         self._items = torch.from_numpy(np.asarray(split.train_items, dtype=np.int64))
         # Every row's L2 weight (one number without frequency scaling).
@@ -110,6 +112,11 @@ SPEC = ModelSpec(
     role="centralized",
     # fedals's regularisation rule, so config.toml records what ran.
     resolve_params=lambda params, privacy: resolve_reg(params),
+    # fedals's dimension rule, decided from the catalogue when the data is loaded.
+    resolve_for_data=lambda config, split: (
+        dataclasses.replace(config, params=resolve_dim(config.params, split.n_items)),
+        None,
+    ),
     # Ten sweeps: test HR@10 still rises 0.01 between sweeps 5 and 10 on MovieLens 100K.
     default_rounds=10,
 )
