@@ -446,8 +446,16 @@ def _audit(
         n_canaries = 0 if recorded is None else len(recorded["users"])
     canaries = None
     if n_canaries > 0:
-        plant = plant_interaction_canaries if interaction else plant_canaries
-        split, canaries = plant(split, n_canaries, rng)
+        if interaction:
+            split, canaries = plant_interaction_canaries(split, n_canaries, rng)
+        else:
+            # A model that releases item pairs gets canaries that own a pair, and the run is
+            # told which items are canaries (the last ones) where it releases a chosen subset.
+            hooks = train_cfg.spec.observer
+            per = hooks.canary_items if hooks is not None else 1
+            split, canaries = plant_canaries(split, n_canaries, rng, items_per_canary=per)
+            if hooks is not None and hooks.prepare_audit is not None:
+                train_cfg = hooks.prepare_audit(train_cfg, n_canaries * per)
 
     bytes_recorded = 0
     train_seconds: float | None = None  # None: the recording was reused, nothing trained
@@ -543,6 +551,9 @@ def _audit(
                     else {
                         "users": canaries.users.tolist(),
                         "items": canaries.items.tolist(),
+                        "partners": None
+                        if canaries.partners is None
+                        else canaries.partners.tolist(),
                         "included": canaries.included.tolist(),
                     },
                 },

@@ -8,6 +8,10 @@ item as a positive, so only its canary client pushes that row up. Adding or remo
 client is exactly the neighbouring relation of user-level DP-FedAvg (McMahan et al. 2018),
 so for a user-level (epsilon, delta) run every canary bit is (epsilon, delta)-DP and a valid
 lower bound never exceeds the accountant's epsilon (up to the stated failure probability).
+A model whose release reads item *pairs* (fedals's co-occurrence rounds) asks for two fresh
+items per canary (``ObserverHooks.canary_items``): the canary client trains on both, so the
+pair is the canary's alone, and the audit adds the canaries' items to the set of items whose
+pairs are released (``ObserverHooks.prepare_audit``).
 (Planting an interaction into an existing user would be a *replace* neighbour, whose
 guarantee is up to twice as weak, so it could not be compared with the accountant.)
 
@@ -72,25 +76,36 @@ class Canaries:
     items: np.ndarray
     included: np.ndarray
     unit: str = "user"
+    #: A second fresh item of each canary (user level, ``items_per_canary=2``), trained with
+    #: the first so that the two form a pair no real user has; None: one item each.
+    partners: np.ndarray | None = None
 
     @property
     def size(self) -> int:
         return int(self.items.size)
 
 
-def plant_canaries(split: Split, count: int, rng: np.random.Generator) -> tuple[Split, Canaries]:
+def plant_canaries(
+    split: Split, count: int, rng: np.random.Generator, *, items_per_canary: int = 1
+) -> tuple[Split, Canaries]:
     """Append ``count`` canary items and add each canary client with probability 1/2.
 
     Canary clients come after the real users (indices ``split.n_users ..``); each trains on its
     canary item plus two random real items and gets a random real validation and test item
     and evaluation negatives, so training and evaluation run unchanged. Attributes are -1.
+    With ``items_per_canary=2`` each canary has a second fresh item (its partner, after all
+    the first items: the last ``count`` items of the catalogue) that its client also trains
+    on, so the canary owns an item *pair* (a co-occurrence release reads pairs: fedals); the
+    random draws are the same as with one item.
 
     Returns:
-        The split with ``n_items + count`` items and the included canary clients appended,
-        and the canaries.
+        The split with ``n_items + count * items_per_canary`` items and the included canary
+        clients appended, and the canaries.
     """
     if not isinstance(count, int) or count < 1:
         raise ConfigError(f"canaries must be a positive integer, got {count!r}")
+    if items_per_canary not in (1, 2):
+        raise ValueError(f"items_per_canary must be 1 or 2, got {items_per_canary!r}")
     n_real = split.n_items
     n_neg = split.val_negatives.shape[1]
     if n_real < 2 * n_neg + 4:
@@ -100,18 +115,20 @@ def plant_canaries(split: Split, count: int, rng: np.random.Generator) -> tuple[
             f"{n_real}; audit without canaries (--canaries 0) or on more items"
         )
     items = n_real + np.arange(count, dtype=np.int64)
+    partners = items + count if items_per_canary == 2 else None
     included = rng.random(count) < 0.5
     n_new = int(included.sum())
     users = np.full(count, -1, dtype=np.int64)
     users[included] = split.n_users + np.arange(n_new)
     train_rows, hist_rows, val, test, vneg, tneg = [], [], [], [], [], []
-    for item in items[included]:
+    for j in np.flatnonzero(included):
+        own = items[j : j + 1] if partners is None else np.array([items[j], partners[j]])
         real = rng.choice(n_real, size=4 + 2 * n_neg, replace=False)
         pos = np.sort(real[:2])
-        train_rows.append(np.append(pos, item))
+        train_rows.append(np.append(pos, own))
         val.append(real[2])
         test.append(real[3])
-        hist_rows.append(np.sort(np.append(real[:4], item)))
+        hist_rows.append(np.sort(np.append(real[:4], own)))
         vneg.append(real[4 : 4 + n_neg])
         tneg.append(real[4 + n_neg : 4 + 2 * n_neg])
 
@@ -140,7 +157,7 @@ def plant_canaries(split: Split, count: int, rng: np.random.Generator) -> tuple[
     planted = dataclasses.replace(
         split,
         n_users=split.n_users + n_new,
-        n_items=n_real + count,
+        n_items=n_real + count * items_per_canary,
         train_indptr=train_ptr,
         train_items=train_items,
         history_indptr=hist_ptr,
@@ -151,7 +168,7 @@ def plant_canaries(split: Split, count: int, rng: np.random.Generator) -> tuple[
         test_negatives=stack(split.test_negatives, tneg),
         attributes=attributes,
     )
-    return planted, Canaries(users=users, items=items, included=included)
+    return planted, Canaries(users=users, items=items, included=included, partners=partners)
 
 
 def plant_interaction_canaries(

@@ -182,7 +182,7 @@ class AttackRecorder:
         # The upload attacks' rounds run exactly when their tables are held.
         self._wants_upload = set(RECORDER_TABLES["upload"]) <= held
         self._wants_imia = "imia_score" in held
-        self._absent: torch.Tensor | None = None
+        self._absent: dict[int, torch.Tensor] = {}
         # Canaries seen in an earlier round (FedRAP flips the sign of their own-row push).
         self._canary_seen: torch.Tensor | None = None
 
@@ -228,11 +228,17 @@ class AttackRecorder:
         self.rounds += 1
 
     def _absent_directions(self, k: int) -> torch.Tensor:
-        if self._absent is None:
+        """One fixed random direction per canary for each width ``k`` the test reads (the
+        width changes between rounds where a model releases more coordinates of an item in
+        some rounds: fedals's co-occurrence rounds)."""
+        if k not in self._absent:
             assert self.plan.canaries is not None
-            gen = torch_generator(self.plan.seed, "audit-canary-direction")
-            self._absent = torch.randn(self.plan.canaries.size, k, generator=gen)
-        return self._absent
+            path: tuple[str | int, ...] = ("audit-canary-direction",)
+            if self._absent:  # the first width keeps the stream it always had
+                path += (k,)
+            gen = torch_generator(self.plan.seed, *path)
+            self._absent[k] = torch.randn(self.plan.canaries.size, k, generator=gen)
+        return self._absent[k]
 
     def _read_private(self, model: Any) -> torch.Tensor:
         return self._hooks.private_vectors(model)
@@ -492,18 +498,29 @@ class AttackRecorder:
         pos[present] = position[users[present]]
         here = pos >= 0
         hooks = self._hooks
-        k = self._canary_rows(torch.zeros(0, updates.layout.size), view, n_tot).shape[-1]
+
+        def extra(flat: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+            """The model's coordinates of item ``at[r]`` beyond its rows (``canary_extra``)."""
+            if hooks.canary_extra is None:
+                return flat.new_zeros(flat.shape[0], 0)
+            return hooks.canary_extra(flat, view.global_before, at)
+
+        empty = torch.zeros(1, updates.layout.size)
+        k = self._canary_rows(empty[:0], view, n_tot).shape[-1] + extra(empty, items[:1]).shape[1]
         obs = torch.zeros(users.shape[0], k)  # each canary's own (clipped) contribution
         if bool(here.any()):
             own = updates.dense(pos[here]) * factors[pos[here]].unsqueeze(1)
             own_rows = self._canary_rows(own, view, n_tot)
-            obs[here] = own_rows[torch.arange(own_rows.shape[0]), items[here]].to(obs.dtype)
+            own_rows = own_rows[torch.arange(own_rows.shape[0]), items[here]]
+            obs[here] = torch.cat([own_rows, extra(own, items[here])], 1).to(obs.dtype)
         own_push = obs.clone()
         if can.unit == "user":
             # Plus the residual of the release after the other participants' contributions
             # (not needed for interaction canaries, whose release is the host's upload).
             resid = view.aggregate.total.to(torch.float32) - updates.weighted_sum(factors)
-            obs += self._canary_rows(resid.unsqueeze(0), view, n_tot)[0][items].to(obs.dtype)
+            r = resid.unsqueeze(0)
+            rows = self._canary_rows(r, view, n_tot)[0][items]
+            obs += torch.cat([rows, extra(r.expand(items.shape[0], -1), items)], 1).to(obs.dtype)
         # Present canaries: the direction their positive pushes the coordinates (the auditor
         # owns them). Absent ones: a fixed random unit vector (their score is noise either way).
         if hooks.canary_own_direction:

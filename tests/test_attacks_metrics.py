@@ -143,6 +143,32 @@ def test_plant_canaries(small_split) -> None:
         plant_canaries(small_split, 0, rng)
 
 
+def test_plant_pair_canaries(small_split) -> None:
+    """``items_per_canary=2`` (fedals's co-occurrence rounds): each canary owns two fresh
+    items, the first ones then the partners (the catalogue's last ``count``), both trained
+    by its client only; the random draws, hence the included set and every real item of the
+    canary clients, are those of one-item canaries."""
+    one, can1 = plant_canaries(small_split, 30, np.random.default_rng(0))
+    planted, can = plant_canaries(small_split, 30, np.random.default_rng(0), items_per_canary=2)
+    n = small_split.n_items
+    assert planted.n_items == n + 60 and planted.n_users == one.n_users
+    assert np.array_equal(can.items, n + np.arange(30)) and can1.partners is None
+    assert can.partners is not None and np.array_equal(can.partners, n + 30 + np.arange(30))
+    assert np.array_equal(can.included, can1.included) and np.array_equal(can.users, can1.users)
+    real = planted.train_items[: small_split.n_train]
+    assert not np.isin(np.arange(n, n + 60), real).any()
+    for u, i, p, inc in zip(can.users, can.items, can.partners, can.included, strict=True):
+        if not inc:
+            assert not np.isin([i, p], planted.train_items).any()
+            continue
+        row = planted.user_train_items(int(u))
+        assert row.size == 4 and row[-2:].tolist() == [i, p]
+        assert np.array_equal(row[:2], one.user_train_items(int(u))[:2])
+        assert planted.test_items[u] == one.test_items[u]
+    with pytest.raises(ValueError, match="items_per_canary"):
+        plant_canaries(small_split, 3, np.random.default_rng(0), items_per_canary=3)
+
+
 def test_plant_canaries_needs_two_distinct_negative_sets() -> None:
     from securefed.data.split import leave_one_out
     from securefed.data.synthetic import make_synthetic

@@ -85,17 +85,19 @@ def test_private_fedals_audit_sees_the_release(tmp_path, params) -> None:
 
 
 @pytest.mark.parametrize(
-    "params, auc, bound",
-    [({"count_only_below": 1e12}, 0.95, 2.0), ({"gram_items": 0}, 0.95, 2.0), ({}, 0.85, 1.0)],
+    "params",
+    [{"count_only_below": 1e12}, {"gram_items": 0}, {}],
     ids=["count-only", "als", "co-occurrence"],
 )
-def test_private_fedals_positive_control(tmp_path, params, auc, bound) -> None:
+def test_private_fedals_positive_control(tmp_path, params) -> None:
     """The same private-mode audit at epsilon 50 (noise std 0.22 against a canary item's
-    contribution of 1/sqrt(3) a round): the bound is near the cap of 256 canaries (~3.2).
+    contribution of 1/2 a round): the bound is near the cap of 256 canaries (~3.2).
     ``count_only_below=1e12``: two count rounds (the statistic must read the count);
     ``gram_items=0``: a count round and an ALS round; the default at epsilon 50: a count
-    round and a co-occurrence round, which a canary item (count 1, never among the most
-    counted) does not enter: the statistic has the count round alone (measured AUC 0.91)."""
+    round and a co-occurrence round, whose release the statistic reads through the canary's
+    own item pair, added to the co-occurrence set by the audit (before it did, the canary
+    items never entered the set and the statistic had the count round alone: AUC 0.909,
+    bound 1.81, measured)."""
     res = _fedals(
         tmp_path,
         privacy=PrivacyConfig(epsilon=50.0),
@@ -103,8 +105,8 @@ def test_private_fedals_positive_control(tmp_path, params, auc, bound) -> None:
         **params,
     )
     block = res.report["audit"]
-    assert block["canary_auc"] > auc
-    assert block["epsilon_lower_bound"] > bound
+    assert block["canary_auc"] > 0.95
+    assert block["epsilon_lower_bound"] > 2.0
 
 
 def _prior(tmp_path, *, epsilon, share):

@@ -141,6 +141,11 @@ class FedALSConfig:
         gram_scale: Private mode: the co-occurrence round's factors are ``gram_scale``
             times the eigenvectors, each scaled by the square root of its eigenvalue over the
             largest (the scale sets how strongly the users' ``reg`` shrinks their solves).
+        gram_audit_items: Private mode, audits only: the last this many items of the
+            catalogue (an audit's canary items, ``attacks/canaries.py``) join the
+            co-occurrence set beside the ``gram_items`` most counted others, so the canary test
+            reads the co-occurrence releases; 0 in training (set by ``securefed audit``,
+            docs/attacks.md).
     """
 
     dim: int | None = None
@@ -167,6 +172,7 @@ class FedALSConfig:
     count_only: bool | None = None
     gram_items: int | None = None
     gram_scale: float = 10.0
+    gram_audit_items: int = 0
 
     @property
     def factor_dim(self) -> int:
@@ -210,6 +216,14 @@ class FedALSConfig:
             or self.gram_items < 0
         ):
             raise ConfigError(f"gram_items must be an integer >= 0, got {self.gram_items!r}")
+        if (
+            isinstance(self.gram_audit_items, bool)
+            or not isinstance(self.gram_audit_items, int)
+            or self.gram_audit_items < 0
+        ):
+            raise ConfigError(
+                f"gram_audit_items must be an integer >= 0, got {self.gram_audit_items!r}"
+            )
         if not (
             isinstance(self.gram_scale, int | float)
             and math.isfinite(self.gram_scale)
@@ -448,7 +462,11 @@ def gram_size(params: FedALSConfig, n_items: int) -> int:
     two)."""
     if not params.private or params.count_only:
         return 0
-    m = min(int(with_population(params).gram_items or 0), n_items)
+    gram_items = int(with_population(params).gram_items or 0)
+    if gram_items == 0:
+        return 0
+    audit = min(params.gram_audit_items, n_items)
+    m = min(gram_items, n_items - audit) + audit
     return m if m >= 2 else 0
 
 
@@ -974,9 +992,12 @@ class FedALS:
         noise); the others get no factor and are ranked by the count alone. With
         co-occurrence rounds: the ``gram_items`` items with the largest released counts."""
         if self.gram:
-            top = torch.argsort(self.prior, descending=True, stable=True)[: self.gram]
-            self.head = torch.zeros(self.split.n_items, dtype=torch.bool)
-            self.head[top] = True
+            n = self.split.n_items
+            audit = min(self.config.gram_audit_items, n)  # an audit's canary items: the last
+            top = torch.argsort(self.prior[: n - audit], descending=True, stable=True)
+            self.head = torch.zeros(n, dtype=torch.bool)
+            self.head[top[: self.gram - audit]] = True
+            self.head[n - audit :] = True
             self.V = torch.zeros_like(self.V)
             return
         std = noise_std / math.sqrt(max(self._prior_precision, 1e-12)) if noise_std > 0 else 0.0
@@ -1114,6 +1135,42 @@ def _item_rows(
     return torch.cat([grad, count], dim=2), grad
 
 
+def _prepare_audit(config: Any, canary_items: int) -> Any:
+    """An audit's canary items (the catalogue's last ``canary_items``) join the co-occurrence
+    set, so that the canary test reads the co-occurrence releases: the set is a public
+    function of earlier releases, and a release's guarantee holds for whichever set it is
+    given (docs/attacks.md). Without co-occurrence rounds it changes nothing."""
+    params = dataclasses.replace(config.params, gram_audit_items=canary_items)
+    return dataclasses.replace(config, params=params)
+
+
+def _canary_cooc(
+    flat: torch.Tensor, global_before: dict[str, torch.Tensor], items: torch.Tensor
+) -> torch.Tensor:
+    """``[c, G]``: row ``r``'s co-occurrence coordinates of item ``items[r]`` with each of the
+    ``G`` co-occurrence items (zero at itself, and everywhere for an item outside the set);
+    ``[c, 0]`` when the upload has no co-occurrence part this round."""
+    head = global_before["head"] > 0.5
+    n = int(head.shape[0])
+    d = int(global_before["V"].shape[1])
+    base = n * d + d * d + n
+    length = int(flat.shape[1]) - base
+    members = torch.nonzero(head).reshape(-1)
+    g = int(members.shape[0])
+    if length <= 0 or g * (g - 1) // 2 != length:
+        return flat.new_zeros(flat.shape[0], 0)
+    position = torch.full((n,), -1, dtype=torch.long)
+    position[members] = torch.arange(g)
+    p = position[items.to(torch.long)].unsqueeze(1)
+    q = torch.arange(g).unsqueeze(0)
+    a, b = torch.minimum(p, q), torch.maximum(p, q)
+    # The pair (a, b), a < b, in the upper triangle packed row by row (torch.triu_indices).
+    index = a * (g - 1) - a * (a - 1) // 2 + (b - a - 1)
+    valid = (p >= 0) & (q != p)
+    out = flat[:, base:].gather(1, index.clamp(0, length - 1).expand(flat.shape[0], g))
+    return out * valid
+
+
 def _resolve(params: FedALSConfig, privacy: Any) -> FedALSConfig:
     """User-level DP runs use the private mode unless it was set explicitly; then the
     regularisation rule (:func:`resolve_reg`)."""
@@ -1161,6 +1218,12 @@ SPEC = ModelSpec(
         # pushes a positive's row along +x_u, later rounds (and runs without DP) along -x_u.
         canary_rows=lambda flat, gb, n_items: _item_rows(flat, gb, n_items)[0],
         canary_own_direction=True,
+        # Co-occurrence rounds release item pairs: each canary owns a pair of fresh items, the
+        # audit adds them to the co-occurrence set, and the test reads the canary item's row
+        # of the released co-occurrence beside its gradient row and count.
+        canary_items=2,
+        prepare_audit=_prepare_audit,
+        canary_extra=_canary_cooc,
     ),
     unsupported_attacks={
         "imia": "fedals samples no negatives: every non-zero item row of an upload is a "

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from securefed.data.types import Split
     from securefed.federation.cohort import CohortSpec
 
+    _CanaryExtra = Callable[[torch.Tensor, dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
+
 __all__ = [
     "DEFAULT_MODEL",
     "ModelSpec",
@@ -88,6 +90,15 @@ class ObserverHooks:
             forms its upload) rather than on ``truth_direction`` with ``canary_sign``: for
             models whose push on an item's coordinates changes form between rounds (fedals's
             count and ALS rounds, whose first ALS round pushes along ``+x_u``).
+        canary_items: Fresh items per user-level canary (attacks/canaries.py): 2 for a
+            model that releases item pairs, so that each canary owns a pair.
+        prepare_audit: ``(config, n_items) -> config``: the run's config adapted to an
+            audit whose canary items are the last ``n_items`` of the planted catalogue
+            (fedals: its co-occurrence rounds release their pairs too). None: unchanged.
+        canary_extra: ``(flat [c, d], global_before, items [c]) -> [c, e]``: coordinates
+            of row ``r`` of ``flat`` that item ``items[r]``'s data enters beyond its
+            ``canary_rows`` (fedals: the item's row of the released co-occurrence), read by
+            the canary test beside them. None: none.
     """
 
     item_rows: Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -100,6 +111,9 @@ class ObserverHooks:
     upload_against: Callable[[Any, dict[str, torch.Tensor]], Any] | None = None
     canary_rows: Callable[..., torch.Tensor] | None = None
     canary_own_direction: bool = False
+    canary_items: int = 1
+    prepare_audit: Callable[[Any, int], Any] | None = None
+    canary_extra: _CanaryExtra | None = None
 
 
 def _all_cohort(n_users: int) -> CohortSpec | None:
