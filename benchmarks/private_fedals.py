@@ -18,6 +18,8 @@ release, each user contributing at most 20 sampled items). Variants:
 * ``one co-occurrence round``: the count round and one co-occurrence round (``--rounds 2``;
   the count then has half the run's precision instead of a third);
 * ``600 co-occurrence items``: ``gram_items 600``;
+* ``400 co-occurrence items``: ``gram_items 400``, the large mode before its items followed
+  the noise level (2026-12-05);
 * ``ALS round (before)``: the small mode before the co-occurrence rounds (``ALS`` below: one
   ALS round on the items with a positive count, prior weight 0.3, 2 rounds); the next four
   variants change one thing of it:
@@ -69,6 +71,7 @@ VARIANTS: dict[str, tuple[dict[str, Any], int | None, float | None]] = {
     "no-prior": ({"prior_weight": 0.0}, None, None),
     "one co-occurrence round": ({}, 2, None),
     "600 co-occurrence items": ({"gram_items": 600}, None, None),
+    "400 co-occurrence items": ({"gram_items": 400}, None, None),
     "ALS round (before)": (ALS, 2, None),
     "head z 3": ({**ALS, "head_z": 3.0}, 2, None),
     "k = 20 count": ({**ALS, "count_items": 20}, 2, None),

@@ -256,8 +256,13 @@ def evaluate_splits(
 
     ranked = _full_users(full_users, split.n_users) if full else None
 
-    sampled_ranks: dict[str, list[torch.Tensor]] = {w: [] for w in which}
-    full_ranks: dict[str, list[torch.Tensor]] = {w: [] for w in which}
+    # Ranks go into buffers allocated once: small tensors kept per batch between the batches'
+    # large transient ones fence freed heap blocks off (the process keeps freed buffers below
+    # 256 MiB in its heap, securefed.allocator), and the heap then grew by about 40 MB a batch
+    # (4.8 GB peak RSS for one evaluation of Gowalla's 29,858 users x 40,981 places).
+    sampled_ranks = {w: torch.empty(split.n_users, dtype=torch.int64) for w in which}
+    n_ranked = 0 if ranked is None else int(ranked.numel())
+    full_ranks = {w: torch.empty(n_ranked, dtype=torch.int64) for w in which}
     with torch.no_grad():
         for start in range(0, split.n_users, batch_size):
             stop = min(start + batch_size, split.n_users)
@@ -271,8 +276,7 @@ def evaluate_splits(
                         f"expected {tuple(candidates.shape)}"
                     )
                 scores = scores.detach().cpu()
-                sampled_ranks[w].append(rank_of_target(scores[:, 0], scores[:, 1:]))
-        n_ranked = 0 if ranked is None else int(ranked.numel())
+                sampled_ranks[w][start:stop] = rank_of_target(scores[:, 0], scores[:, 1:])
         found = getattr(model, "score_block", None)
         block_scorer: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = (
             found if callable(found) else None
@@ -282,10 +286,11 @@ def evaluate_splits(
             assert ranked is not None
             users = ranked[start : start + batch_size]
             candidate = _candidate_mask(split, users, held)
+            stop = start + int(users.numel())
             if block_scorer is not None and order is not None:  # ranked in item blocks
                 blocks = _block_ranks(model, block_scorer, users, candidate, held, which, order, k)
                 for w in which:
-                    full_ranks[w].append(blocks[w])
+                    full_ranks[w][start:stop] = blocks[w]
                 continue
             b = int(users.numel())
             row_ids = torch.arange(b)
@@ -298,13 +303,13 @@ def evaluate_splits(
             all_scores = all_scores.detach().cpu()
             for w in which:
                 target_scores = all_scores[row_ids, held[w][users]]
-                full_ranks[w].append(rank_of_target(target_scores, all_scores, candidate))
+                full_ranks[w][start:stop] = rank_of_target(target_scores, all_scores, candidate)
 
     sample = full_users is not None and ranked is not None and n_ranked < split.n_users
     out: dict[str, EvalResult] = {}
     for w in which:
-        ranks = torch.cat(sampled_ranks[w])
-        full_r = torch.cat(full_ranks[w]) if full else None
+        ranks = sampled_ranks[w]
+        full_r = full_ranks[w] if full else None
         hr_ci = ndcg_ci = None
         if sample and full_r is not None:
             hr_ci = _mean_ci((full_r < k).double(), split.n_users)

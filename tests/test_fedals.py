@@ -655,11 +655,40 @@ def test_population_rule_is_recorded_and_sets_the_large_mode(tmp_path, sigma, ex
     assert raw["rounds"] == (4 if expect == "large" else 3)
     assert raw["fedals"]["head_z"] == (3.0 if expect == "large" else 0.0)
     assert raw["fedals"]["tail_last"] is (expect == "large")
-    assert raw["fedals"]["gram_items"] == 400  # co-occurrence rounds in both populations
+    # Co-occurrence rounds in both populations; the large one's items from the noise level:
+    # 200 users x sqrt(4 rounds) / 0.01 = 40,000 per unit of noise, / 15 = 2,667 -> 2,700.
+    assert raw["fedals"]["gram_items"] == (2700 if expect == "large" else 400)
+    if expect == "large":
+        assert "2,700 co-occurrence items: 40,000 users per unit of noise" in notes[0]
     assert raw.get("select_on") == ("full" if expect == "large" else None)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert ("full-ranking" in summary["selection"]) is (expect == "large")
     assert len(res.metrics) == raw["rounds"]
+
+
+def test_large_mode_cooccurrence_items_follow_the_noise_level(small_split):
+    """``gram_items`` unset in the large mode: one item per 15 users per unit of noise, to
+    the nearest 100, within 400-4,000 (Gowalla at epsilon 2 / 4 / 8: ratios 14,842 / 27,545 /
+    49,664 give 1,000 / 1,800 / 3,300); a value given is kept; the small mode keeps 400."""
+    from securefed.models.fedals import large_gram_items, resolve_population
+
+    assert [large_gram_items(r) for r in (14_842, 27_545, 49_664)] == [1000, 1800, 3300]
+    assert large_gram_items(100.0) == 400 and large_gram_items(1e9) == 4000
+    assert large_gram_items(math.inf) == 4000
+    # N / sigma = 4,000 (large); N sqrt(4) / sigma = 8,000 -> 533 -> 500 items.
+    sigma = small_split.n_users / 4000
+    base = dict(model="fedals", privacy=PrivacyConfig(noise_multiplier=sigma))
+    got, _ = resolve_population(TrainConfig(**base), small_split)
+    assert got.params.population == "large" and got.rounds == 4
+    assert got.params.gram_items == 500
+    got, _ = resolve_population(
+        TrainConfig(**base, params=FedALSConfig(gram_items=600)), small_split
+    )
+    assert got.params.gram_items == 600
+    got, _ = resolve_population(
+        TrainConfig(**base, params=FedALSConfig(population="small")), small_split
+    )
+    assert got.params.gram_items == 400
 
 
 def test_population_rule_keeps_what_the_user_set(small_split):

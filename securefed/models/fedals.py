@@ -137,7 +137,9 @@ class FedALSConfig:
             co-occurrence of the ``gram_items`` items with the largest released counts (each
             client's pairs weighted to L2 norm 1), and the server sets those items' factors
             from its leading eigenvectors (the other items keep none); 0: the ALS round instead
-            (None: 400 in both populations). docs/privacy.md, "The co-occurrence rounds".
+            (None: 400 in the small population; in the large one from the noise level when the
+            run starts, :func:`large_gram_items`, else 400). docs/privacy.md, "The
+            co-occurrence rounds".
         gram_scale: Private mode: the co-occurrence round's factors are ``gram_scale``
             times the eigenvectors, each scaled by the square root of its eigenvalue over the
             largest (the scale sets how strongly the users' ``reg`` shrinks their solves).
@@ -316,6 +318,25 @@ TAIL_OFFSET = 1.0e4
 #: the ALS round and two Newton rounds).
 LARGE_ROUNDS = 4
 
+#: The large mode's co-occurrence items when ``gram_items`` is not given: one item per
+#: ``LARGE_GRAM_RATIO`` users per unit of noise (``N sqrt(R) / sigma``, the count-only rule's
+#: ratio), rounded to 100 and kept within ``LARGE_GRAM_RANGE``. The more precise the releases,
+#: the more items' pairs rise above the noise: on Gowalla's validation (seed 0) the best of
+#: 400 / 1,000 / 2,000 / 4,000 items was 1,000 at epsilon 2 (ratio 14,842), 2,000 at 4
+#: (27,545) and 2,000-4,000 at 8 (49,664) (docs/privacy.md, "Co-occurrence items from the
+#: noise level"). Fitted on one population: another large one may want another constant.
+LARGE_GRAM_RATIO = 15.0
+LARGE_GRAM_RANGE = (400, 4000)
+
+
+def large_gram_items(ratio: float) -> int:
+    """The large mode's ``gram_items`` at ``ratio`` users per unit of noise
+    (:data:`LARGE_GRAM_RATIO`)."""
+    lo, hi = LARGE_GRAM_RANGE
+    if not math.isfinite(ratio):
+        return hi
+    return int(min(max(round(ratio / LARGE_GRAM_RATIO / 100.0) * 100, lo), hi))
+
 
 def with_population(params: FedALSConfig, population: str | None = None) -> FedALSConfig:
     """``params`` with ``population`` (default: its own, else ``"small"``) and the settings it
@@ -409,9 +430,19 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
         )
     else:
         why = "set by --param population"
-    changes: dict[str, Any] = {"params": with_population(params, population)}
+    changes: dict[str, Any] = {}
     if population == "large" and config.rounds == SPEC.rounds_for(config.privacy):
         changes["rounds"] = LARGE_ROUNDS
+    gram_why = ""
+    if population == "large" and params.gram_items is None and not params.count_only:
+        ratio_g = count_only_ratio(dataclasses.replace(config, **changes), split.n_users)
+        params = dataclasses.replace(params, gram_items=large_gram_items(ratio_g))
+        gram_why = (
+            f"; {params.gram_items:,} co-occurrence items: {ratio_g:,.0f} users per unit of "
+            f"noise / LARGE_GRAM_RATIO {LARGE_GRAM_RATIO:g}, within "
+            f"{LARGE_GRAM_RANGE[0]:,}-{LARGE_GRAM_RANGE[1]:,}"
+        )
+    changes["params"] = with_population(params, population)
     if population == "large" and config.select_on is None:
         # Sampled HR@10 is fixed by the head / tail split here (a head item beats the ~95
         # tail negatives; the tail's order is the count round's): it cannot tell the rounds
@@ -451,7 +482,7 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
             f"{resolved.select_on or 'sampled'} validation HR@10"
         )
     note = (
-        f"private fedals: {population} population ({why}{count_why}): {what}; "
+        f"private fedals: {population} population ({why}{count_why}{gram_why}): {what}; "
         f'{resolved.rounds} rounds (docs/privacy.md, "The population rule")'
     )
     return resolved, note
