@@ -62,6 +62,7 @@ __all__ = [
     "FedALSUpdates",
     "SPEC",
     "resolve_dim",
+    "resolve_dim_for_data",
     "resolve_reg",
 ]
 
@@ -293,6 +294,12 @@ def resolve_dim(params: FedALSConfig, n_items: int) -> FedALSConfig:
     return dataclasses.replace(params, dim=64 if n_items >= LARGE_CATALOGUE else 32)
 
 
+def resolve_dim_for_data(config: Any, split: Split) -> Any:
+    """A run's config with :func:`resolve_dim` applied for its data (what ``config.toml``
+    records; fedals's population rule and the centralized iALS both start with it)."""
+    return dataclasses.replace(config, params=resolve_dim(config.params, split.n_items))
+
+
 #: The private mode's settings per population (fields the user did not set).
 POPULATION_SETTINGS: dict[str, dict[str, Any]] = {
     "small": {
@@ -410,7 +417,7 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
     """
     dim_note = None
     if config.params.dim is None:
-        config = dataclasses.replace(config, params=resolve_dim(config.params, split.n_items))
+        config = resolve_dim_for_data(config, split)
         if config.params.dim != 32:
             dim_note = (
                 f"dim {config.params.dim}: {split.n_items:,} items >= LARGE_CATALOGUE "
@@ -433,12 +440,17 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
     changes: dict[str, Any] = {}
     if population == "large" and config.rounds == SPEC.rounds_for(config.privacy):
         changes["rounds"] = LARGE_ROUNDS
+    # Users per unit of noise of the run's releases (one accountant calibration, read by the
+    # co-occurrence items' rule and the count-only rule).
+    gram_rule = population == "large" and params.gram_items is None and not params.count_only
+    ratio1 = math.nan
+    if gram_rule or params.count_only is None:
+        ratio1 = count_only_ratio(dataclasses.replace(config, **changes), split.n_users)
     gram_why = ""
-    if population == "large" and params.gram_items is None and not params.count_only:
-        ratio_g = count_only_ratio(dataclasses.replace(config, **changes), split.n_users)
-        params = dataclasses.replace(params, gram_items=large_gram_items(ratio_g))
+    if gram_rule:
+        params = dataclasses.replace(params, gram_items=large_gram_items(ratio1))
         gram_why = (
-            f"; {params.gram_items:,} co-occurrence items: {ratio_g:,.0f} users per unit of "
+            f"; {params.gram_items:,} co-occurrence items: {ratio1:,.0f} users per unit of "
             f"noise / LARGE_GRAM_RATIO {LARGE_GRAM_RATIO:g}, within "
             f"{LARGE_GRAM_RANGE[0]:,}-{LARGE_GRAM_RANGE[1]:,}"
         )
@@ -452,7 +464,6 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
     rp = resolved.params
     count_why = ""
     if rp.count_only is None:
-        ratio1 = count_only_ratio(resolved, split.n_users)
         rp = dataclasses.replace(rp, count_only=bool(ratio1 < rp.count_only_below))
         resolved = dataclasses.replace(resolved, params=rp)
         count_why = (
@@ -1183,13 +1194,13 @@ def _canary_cooc(
     ``[c, 0]`` when the upload has no co-occurrence part this round."""
     head = global_before["head"] > 0.5
     n = int(head.shape[0])
-    d = int(global_before["V"].shape[1])
-    base = n * d + d * d + n
-    length = int(flat.shape[1]) - base
     members = torch.nonzero(head).reshape(-1)
     g = int(members.shape[0])
-    if length <= 0 or g * (g - 1) // 2 != length:
+    layout = fedals_layout(n, int(global_before["V"].shape[1]), g)
+    if "cooc" not in layout.names or layout.size != int(flat.shape[1]):
         return flat.new_zeros(flat.shape[0], 0)
+    cooc = layout.split(flat)["cooc"]
+    length = int(cooc.shape[1])
     position = torch.full((n,), -1, dtype=torch.long)
     position[members] = torch.arange(g)
     p = position[items.to(torch.long)].unsqueeze(1)
@@ -1198,7 +1209,7 @@ def _canary_cooc(
     # The pair (a, b), a < b, in the upper triangle packed row by row (torch.triu_indices).
     index = a * (g - 1) - a * (a - 1) // 2 + (b - a - 1)
     valid = (p >= 0) & (q != p)
-    out = flat[:, base:].gather(1, index.clamp(0, length - 1).expand(flat.shape[0], g))
+    out = cooc.gather(1, index.clamp(0, length - 1).expand(flat.shape[0], g))
     return out * valid
 
 

@@ -10,7 +10,6 @@ centralized in every output.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import asdict
 from typing import Any
 
@@ -21,7 +20,12 @@ from securefed.data.types import Split
 from securefed.errors import ConfigError
 from securefed.federation.base import RoundStats
 from securefed.models.als_math import frequency_reg, solve_side
-from securefed.models.fedals import FedALSConfig, resolve_dim, resolve_reg
+from securefed.models.fedals import (
+    FedALSConfig,
+    resolve_dim,
+    resolve_dim_for_data,
+    resolve_reg,
+)
 from securefed.models.registry import ModelSpec
 
 __all__ = ["IALS", "SPEC"]
@@ -113,10 +117,7 @@ SPEC = ModelSpec(
     # fedals's regularisation rule, so config.toml records what ran.
     resolve_params=lambda params, privacy: resolve_reg(params),
     # fedals's dimension rule, decided from the catalogue when the data is loaded.
-    resolve_for_data=lambda config, split: (
-        dataclasses.replace(config, params=resolve_dim(config.params, split.n_items)),
-        None,
-    ),
+    resolve_for_data=lambda config, split: (resolve_dim_for_data(config, split), None),
     # Ten sweeps: test HR@10 still rises 0.01 between sweeps 5 and 10 on MovieLens 100K.
     default_rounds=10,
 )
