@@ -372,7 +372,7 @@ class PrivateAggregator:
         for lo in range(0, m, rows_per_chunk):
             rows = torch.arange(lo, min(m, lo + rows_per_chunk))
             x = updates.dense(rows) * factors[rows].unsqueeze(1)
-            ring[lo : lo + rows.shape[0]] = codec.encode(x.double().numpy(), rng=rng)
+            ring[lo : lo + rows.shape[0]] = codec.encode(x.numpy(), rng=rng)
         seed = derive_seed(self.seed, "secagg-public-prior", round_index).to_bytes(8, "little")
         public_seed = secrets.token_bytes(16) if self.secure else seed * 2
         result = secure_sum(
@@ -535,7 +535,7 @@ class PrivateAggregator:
                 )
                 ring[lo : lo + rows.shape[0]] = codec.encode_integers(ints.numpy())
             else:
-                ring[lo : lo + rows.shape[0]] = codec.encode(x.double().numpy(), rng=rng)
+                ring[lo : lo + rows.shape[0]] = codec.encode(x.numpy(), rng=rng)
         dropout_rate = self.p.secagg_simulate_dropout
         dropouts = (
             DropoutSchedule.random(

@@ -196,6 +196,87 @@ def test_engines_report_the_same_client_sets_and_traffic(sched):
     assert set(bat.seconds_per_stage) == set(STAGES)
 
 
+class _Blocks:
+    """RingBlocks over an array, recording every block asked for (thread-safe enough: list
+    appends hold the GIL)."""
+
+    def __init__(self, x, bad=None):
+        self.x, self.bad, self.calls = x, bad, []
+
+    @property
+    def shape(self):
+        return self.x.shape
+
+    def block(self, lo, hi):
+        self.calls.append((lo, hi))
+        out = self.x[:, lo:hi].copy()
+        if self.bad == "dtype":
+            return out.astype(np.int64)
+        if self.bad == "shape":
+            return out[:, :-1]
+        if self.bad == "unreduced" and lo > 0:  # a later block: found as it arrives
+            out[0, 0] = np.uint64(1 << 40)
+        return out
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_streamed_inputs_give_the_same_masked_inputs_and_sum(monkeypatch, workers):
+    """A RingBlocks source instead of the array: the same secrets give bit-identical masked
+    inputs and sum (dropouts at every stage included), the blocks are narrowed to the stream
+    budget and cover every coordinate exactly once."""
+    from protocols.secagg import batched
+
+    n, d = 24, 333
+    monkeypatch.setattr(batched, "STREAM_BLOCK_BYTES", 8 * n * 40)  # 40 columns a block
+    cfg = SecAggConfig(n_clients=n, neighbours=12, threshold=7, modulus_bits=40)
+    x = np.random.default_rng(4).integers(0, 1 << 40, size=(n, d), dtype=np.uint64)
+    sched = DropoutSchedule(advertise={0}, share={9}, masked_input={2, 17}, unmask={11})
+    secrets = {u: ClientSecrets.generate() for u in range(n)}
+    want_masked, want = _batched(x, cfg, 3, sched, secrets, 1 << 17, workers)
+    source = _Blocks(x)
+    got_masked, got = _batched(source, cfg, 3, sched, secrets, 1 << 17, workers)
+    np.testing.assert_array_equal(got.sum, want.sum)
+    assert sorted(got_masked) == sorted(want_masked)
+    for u, y in want_masked.items():
+        np.testing.assert_array_equal(got_masked[u], y)
+    assert max(hi - lo for lo, hi in source.calls) <= 40
+    covered = np.zeros(d, dtype=np.int64)
+    for lo, hi in source.calls:
+        covered[lo:hi] += 1
+    assert covered.tolist() == [1] * d
+    plain = x[got.survivors].sum(axis=0, dtype=np.uint64) & np.uint64((1 << 40) - 1)
+    np.testing.assert_array_equal(got.sum, plain)
+
+
+@pytest.mark.parametrize(
+    ("bad", "engine", "match"),
+    [
+        ("dtype", "batched", r"must return uint64 of shape \[6, "),
+        ("shape", "batched", r"must return uint64 of shape \[6, "),
+        ("unreduced", "batched", r"not reduced modulo 2\*\*33"),
+        (None, "objects", "engine='batched' only"),
+    ],
+)
+def test_streamed_inputs_are_checked_block_by_block(monkeypatch, bad, engine, match):
+    from protocols.secagg import batched
+
+    monkeypatch.setattr(batched, "STREAM_BLOCK_BYTES", 8 * 6 * 16)
+    cfg = SecAggConfig(n_clients=6, neighbours=4, threshold=3, modulus_bits=33)
+    x = np.random.default_rng(5).integers(0, 1 << 33, size=(6, 50), dtype=np.uint64)
+    with pytest.raises(ConfigError, match=match):
+        secure_sum(
+            _Blocks(x, bad), config=cfg, round_index=1, public_seed=SEED, engine=engine
+        )
+
+
+def test_streamed_inputs_of_the_wrong_shape_are_refused_before_the_round():
+    cfg = SecAggConfig(n_clients=6, neighbours=4, threshold=3, modulus_bits=33)
+    source = _Blocks(np.zeros((5, 8), dtype=np.uint64))
+    with pytest.raises(ConfigError, match=r"ring_inputs.shape must be \(6, dim >= 1\)"):
+        secure_sum(source, config=cfg, round_index=1, public_seed=SEED)
+    assert source.calls == []
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"), [({"engine": "x"}, "engine"), ({"workers": 0}, "workers")]
 )

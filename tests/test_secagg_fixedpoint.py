@@ -75,6 +75,40 @@ def test_encode_rejects_values_beyond_clip_and_nan():
             codec.encode(bad, rng=np.random.default_rng(0))
 
 
+def test_encode_in_blocks_equals_one_pass_in_c_order(monkeypatch):
+    """encode works in blocks (its temporaries stay in cache): the result must be the one-pass
+    formula floor(x * scale + U) with the uniforms drawn in C order, across block edges, for
+    float32 input widened before scaling, and a bad value in a later block must still refuse."""
+    from protocols.secagg import fixedpoint
+
+    monkeypatch.setattr(fixedpoint, "BLOCK", 7)  # 5 x 9 = 45 elements: 7 blocks, the last short
+    codec = FixedPointCodec.for_sum(n_clients=4, clip=3.0, scale=1000.3)  # not a power of 2
+    x = np.random.default_rng(1).uniform(-3, 3, size=(5, 9))
+    for inp in (x, x.astype(np.float32), np.asfortranarray(x)):
+        wide = np.asarray(inp, dtype=np.float64)
+        q = np.floor(wide * codec.scale + np.random.default_rng(9).random(wide.shape))
+        want = q.astype(np.int64).view(np.uint64) & codec.mask
+        got = codec.encode(inp, rng=np.random.default_rng(9))
+        assert got.dtype == np.uint64 and got.shape == inp.shape
+        np.testing.assert_array_equal(got, want)
+    bad = x.copy()
+    bad[4, 8] = np.nan  # the last element: in the last block
+    with pytest.raises(ConfigError, match="clip=3.0"):
+        codec.encode(bad, rng=np.random.default_rng(0))
+    ints = np.array([[-5, 7], [0, -1]], dtype=np.int64)
+    for values in (ints, ints.astype(np.int32)):
+        np.testing.assert_array_equal(
+            codec.encode_integers(values), ints.astype(np.uint64) & codec.mask
+        )
+    monkeypatch.undo()  # the default block size for the larger array
+    # float32 is widened before the product: a float32 product x * 1000.3 moves ~1e-4 of the
+    # floors at this size (tens of elements), which the comparison would catch.
+    x32 = np.random.default_rng(2).uniform(-3, 3, size=200_000).astype(np.float32)
+    q = np.floor(x32.astype(np.float64) * codec.scale + np.random.default_rng(4).random(x32.size))
+    want = q.astype(np.int64).view(np.uint64) & codec.mask
+    np.testing.assert_array_equal(codec.encode(x32, rng=np.random.default_rng(4)), want)
+
+
 @settings(max_examples=80, deadline=None)
 @given(
     n=st.integers(1, 50),

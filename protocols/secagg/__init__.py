@@ -20,6 +20,7 @@ machines or ``secure_sum(..., engine="objects")``.
 See ``docs/secagg.md`` for the threat model and performance.
 """
 
+from protocols.secagg.batched import RingBlocks
 from protocols.secagg.client import SecAggClient, Stage
 from protocols.secagg.config import (
     GraphGuarantee,
@@ -40,6 +41,7 @@ __all__ = [
     "FixedPointCodec",
     "GraphGuarantee",
     "IdentityDirectory",
+    "RingBlocks",
     "RoundAborted",
     "SecAggClient",
     "SecAggConfig",

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -55,8 +56,46 @@ from protocols.secagg.primitives import (
 )
 
 STAGES = ("advertise", "share", "masked_input", "unmask")
-CHUNK_BYTES = 1 << 17  # 128 KiB of each live masked input per pass: ~k of them fit in L3
+CHUNK_BYTES = 1 << 19  # 512 KiB of each live masked input per pass: ~k of them fit in L3
 MAX_WORKERS = 4  # mask-expansion threads by default: at most this many, at most the cores
+#: Streamed inputs (:class:`RingBlocks`): bytes of one ``[n, w]`` block a thread asks for at a
+#: time; the column chunk narrows so that ``n * w`` words fit (3,000 clients: 87 KiB per row).
+STREAM_BLOCK_BYTES = 1 << 28
+
+
+@runtime_checkable
+class RingBlocks(Protocol):
+    """Ring inputs produced a block of coordinates at a time, for a ``[n, dim]`` too large to hold.
+
+    ``shape`` is ``(n_clients, dim)``. ``block(lo, hi)`` returns the uint64 ``[n_clients,
+    hi - lo]`` inputs of coordinates ``lo .. hi - 1``, every value ``< 2**modulus_bits``; a
+    coordinate's values must not depend on the block boundaries, and ``block`` may be called
+    from several threads at once (on disjoint coordinates). Every block is checked as it
+    arrives; the batched engine asks for each coordinate once.
+    """
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(n_clients, dim)``."""
+        ...
+
+    def block(self, lo: int, hi: int) -> np.ndarray:
+        """The inputs of coordinates ``lo .. hi - 1`` of every client."""
+        ...
+
+
+def _checked_block(source: RingBlocks, lo: int, hi: int, n: int, bits: int) -> np.ndarray:
+    xs = source.block(lo, hi)
+    if not isinstance(xs, np.ndarray) or xs.dtype != np.uint64 or xs.shape != (n, hi - lo):
+        got = f"{xs.dtype} {xs.shape}" if isinstance(xs, np.ndarray) else type(xs).__name__
+        raise ConfigError(
+            f"RingBlocks.block({lo}, {hi}) must return uint64 of shape [{n}, {hi - lo}], got {got}"
+        )
+    if bits < 64 and xs.size and int(xs.max()) >> bits:
+        raise ConfigError(
+            f"RingBlocks.block({lo}, {hi}) returned values not reduced modulo 2**{bits}"
+        )
+    return xs
 
 
 def default_workers() -> int:
@@ -144,7 +183,7 @@ def locality_order(table: np.ndarray, members: np.ndarray) -> list[int]:
 
 
 def batched_round(
-    x: np.ndarray,
+    x: np.ndarray | RingBlocks,
     *,
     config: SecAggConfig,
     bits: int,
@@ -159,7 +198,9 @@ def batched_round(
     """Run one round of SecAgg+ for all clients at once, each pair's work done once.
 
     Args:
-        x: uint64 ``[n_clients, dim]`` ring inputs (validated by ``secure_sum``).
+        x: uint64 ``[n_clients, dim]`` ring inputs (validated by ``secure_sum``), or a
+            :class:`RingBlocks` that produces them a block of coordinates at a time (each block
+            validated here as it arrives).
         config: The round's public parameters.
         bits: Ring size (``config.modulus_bits``).
         round_index: Round number.
@@ -344,7 +385,7 @@ def _edges(table: np.ndarray, both: np.ndarray, members: np.ndarray) -> list[tup
 
 
 def _mask_inputs(
-    x: np.ndarray,
+    x: np.ndarray | RingBlocks,
     *,
     table: np.ndarray,
     u2: np.ndarray,
@@ -367,9 +408,12 @@ def _mask_inputs(
     ring's word size. Each pair's agreement and key are computed once, when the first of its
     survivors in the locality order comes up, and each keystream word once. With ``workers >
     1`` the coordinates are split into that many contiguous ranges, each expanded by its own
-    thread from the range's first AES block on (AES-CTR and numpy release the GIL).
+    thread from the range's first AES block on (AES-CTR and numpy release the GIL). Streamed
+    inputs are asked for one ``[n, chunk]`` block per pass, the chunk narrowed to
+    :data:`STREAM_BLOCK_BYTES`.
     """
-    dim = x.shape[1]
+    n, dim = x.shape
+    streamed = not isinstance(x, np.ndarray)
     word = total.dtype
     order = locality_order(table, u3)
     pos = np.full(len(u3), -1, dtype=np.int64)
@@ -405,7 +449,10 @@ def _mask_inputs(
         iv = (lo * itemsize // 16).to_bytes(16, "big")  # CTR counter block of word ``lo``
         streams = [Cipher(algorithms.AES(k), modes.CTR(iv)).encryptor() for k in pair_keys]
         own = [Cipher(algorithms.AES(k), modes.CTR(iv)).encryptor() for k in self_keys]
-        chunk = min(hi - lo, max(per_block, chunk_bytes // itemsize // per_block * per_block))
+        width = chunk_bytes // itemsize
+        if streamed:
+            width = min(width, STREAM_BLOCK_BYTES // (8 * n))
+        chunk = min(hi - lo, max(per_block, width // per_block * per_block))
         zeros = bytes(chunk * itemsize)
         buf = bytearray(chunk * itemsize + 16)  # update_into needs block_size - 1 spare bytes
         pool: list[np.ndarray] = []
@@ -416,7 +463,11 @@ def _mask_inputs(
             src = memoryview(zeros)[: w * itemsize]
             mask = np.frombuffer(buf, dtype=word, count=w)
             live: dict[int, np.ndarray] = {}
-            xs = x[:, c0 : c0 + w]
+            xs = (
+                x[:, c0 : c0 + w]
+                if isinstance(x, np.ndarray)
+                else _checked_block(x, c0, c0 + w, n, bits)
+            )
             tot = total[c0 : c0 + w]
             selves = self_total[c0 : c0 + w]
 

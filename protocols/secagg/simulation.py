@@ -31,7 +31,7 @@ from typing import Literal
 import numpy as np
 
 from protocols.errors import ConfigError
-from protocols.secagg.batched import batched_round, default_workers
+from protocols.secagg.batched import RingBlocks, batched_round, default_workers
 from protocols.secagg.client import SecAggClient, require_modulus
 from protocols.secagg.config import SecAggConfig
 from protocols.secagg.errors import ClientAborted
@@ -124,7 +124,7 @@ class SecureSumResult:
 
 
 def secure_sum(
-    ring_inputs: np.ndarray,
+    ring_inputs: np.ndarray | RingBlocks,
     *,
     config: SecAggConfig,
     round_index: int,
@@ -138,7 +138,10 @@ def secure_sum(
 
     Args:
         ring_inputs: uint64 ``[n_clients, dim]``, each value ``< 2**config.modulus_bits``
-            (from :meth:`FixedPointCodec.encode`, plus :meth:`FixedPointCodec.to_ring` noise).
+            (from :meth:`FixedPointCodec.encode`, plus :meth:`FixedPointCodec.to_ring` noise),
+            or a :class:`~protocols.secagg.batched.RingBlocks` that produces them a block of
+            coordinates at a time (batched engine only), for rounds whose ``[n, dim]`` does not
+            fit in memory.
         config: Public parameters; ``config.modulus_bits`` must be set.
         round_index: Round number; with ``public_seed`` it fixes the graph and binds all keys
             and messages to this round.
@@ -160,14 +163,28 @@ def secure_sum(
         ConfigError: malformed inputs or configuration.
     """
     bits = require_modulus(config)
-    x = np.asarray(ring_inputs)
-    if x.dtype != np.uint64 or x.ndim != 2 or x.shape[0] != config.n_clients or x.shape[1] < 1:
-        raise ConfigError(
-            f"ring_inputs must be uint64 of shape [{config.n_clients}, dim >= 1], got "
-            f"{x.dtype} {x.shape}"
-        )
-    if bits < 64 and x.size and int(x.max()) >> bits:
-        raise ConfigError(f"ring_inputs must be reduced modulo 2**{bits}")
+    x: np.ndarray | RingBlocks
+    if isinstance(ring_inputs, RingBlocks) and not isinstance(ring_inputs, np.ndarray):
+        x = ring_inputs
+        shape = tuple(x.shape)
+        if len(shape) != 2 or shape[0] != config.n_clients or shape[1] < 1:
+            raise ConfigError(
+                f"ring_inputs.shape must be ({config.n_clients}, dim >= 1), got {shape}"
+            )
+        if engine != "batched":
+            raise ConfigError(
+                "streamed ring inputs (RingBlocks) run on engine='batched' only; pass the "
+                "[n_clients, dim] array to the objects engine"
+            )
+    else:
+        x = np.asarray(ring_inputs)
+        if x.dtype != np.uint64 or x.ndim != 2 or x.shape[0] != config.n_clients or x.shape[1] < 1:
+            raise ConfigError(
+                f"ring_inputs must be uint64 of shape [{config.n_clients}, dim >= 1], got "
+                f"{x.dtype} {x.shape}"
+            )
+        if bits < 64 and x.size and int(x.max()) >> bits:
+            raise ConfigError(f"ring_inputs must be reduced modulo 2**{bits}")
     if not isinstance(public_seed, bytes) or len(public_seed) < 16:
         raise ConfigError("public_seed must be at least 16 bytes")
     sched = dropouts or DropoutSchedule()
@@ -205,6 +222,7 @@ def secure_sum(
             seconds_per_stage=out.seconds_per_stage,
             seconds=time.perf_counter() - start,
         )
+    assert isinstance(x, np.ndarray)  # streamed inputs were refused above
     expander = MaskExpander(dim, ring_dtype(bits))
     kw = {"config": config, "round_index": round_index, "public_seed": public_seed, "dim": dim}
     if config.malicious:

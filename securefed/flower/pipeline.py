@@ -172,7 +172,7 @@ def encode_updates(
             ints = ints + ddg.client_share(hi - lo, generator=noise_gen, secure=secure)
             chunk = codec.to_ring(ints.numpy())
         else:
-            chunk = codec.encode(x.double().numpy(), rng=rng)
+            chunk = codec.encode(x.numpy(), rng=rng)
         out[mine.numpy()] = chunk[at.numpy()]
     return out, clipped
 
