@@ -83,6 +83,15 @@ SECAGG_BYTES_PER_COORD = 32
 #: The dense chunk of clients x coordinates secure aggregation materialises at once
 #: (``securefed.privacy._MAX_DENSE`` floats, times the clipping factor's copy).
 SECAGG_CHUNK_BYTES = 2 * 64_000_000 * 4
+#: A secure round whose ring inputs would exceed this many words (2 GiB of uint64) is encoded
+#: and masked a block of coordinates at a time when the model's uploads stream
+#: (``ModelSpec.streams_uploads``, :class:`securefed.privacy.EncodedBlocks`): FedRAP at
+#: Gowalla's 40,981 items and 10 % cohorts would otherwise hold 2,986 x 1.31 M words (31 GB).
+STREAM_RING_WORDS = 1 << 28
+#: Bytes a streamed round holds per mask thread, in units of the engine's block
+#: (``protocols.secagg.batched.STREAM_BLOCK_BYTES``): the ring block, the float32 and float64
+#: update block it is encoded from, a tile's copy and the engine's live rows.
+STREAM_BLOCKS_PER_THREAD = 4
 
 # Rates on the development machine (2 cores, torch 2.13 CPU, docs/benchmarks.md), in seconds
 # per unit of work named beside each; machine_speed() scales them to the machine at hand.
@@ -93,8 +102,12 @@ _DOT_EVAL_S = 1.9e-9  # per user x item x dim scored (dot-product models)
 _MLP_S = 6.5e-11  # FedRecGEL: per sample x MLP multiply-add x pass
 _MLP_EVAL_S = 5.5e-11  # FedRecGEL: per user x item x MLP multiply-add scored
 _ALS_S = 2.0e-9  # per (interaction x dim^2 + user x dim^3) of an ALS sweep
-_SECAGG_S = 4.6e-9  # per word of mask expansion: clients x (k + 1) x d
-_KEY_AGREEMENT_S = 57e-6  # per client pair (X25519)
+# Secure aggregation on the batched engine (each pair's mask once, two mask threads), fitted
+# 2026-12-05 on the quiet machine: FedRAP --secagg on MovieLens 100K (943 x 53,824, k 30:
+# 3.3-4.5 s a round) and on Gowalla at --client-fraction 0.1 (3,005 x 1.31 M, k 32,
+# streamed: 134 s). The per-pair term covers the key agreements, share boxes and Shamir work.
+_SECAGG_S = 1.0e-9  # per word: clients x (k + 1) x d
+_KEY_AGREEMENT_S = 80e-6  # per client x neighbour
 _DDG_S = 3.5e-8  # distributed DP: rounding and discrete Gaussian per client coordinate
 _PROBE_REFERENCE_S = 0.010  # machine_speed()'s workload, set from runs on the loaded machine
 
@@ -464,6 +477,18 @@ def _participants(config: TrainConfig, users: int) -> float:
     return float(config.cohort(users).expected_size(users))
 
 
+def streamed_secagg(config: TrainConfig, m: int, dim: int) -> bool:
+    """Whether a secure round of ``m`` clients' ``dim``-float uploads is encoded and masked a
+    block of coordinates at a time (the model's uploads stream, the ``[m, dim]`` ring inputs
+    exceed :data:`STREAM_RING_WORDS`, and no distributed-DP rounding needs whole vectors)."""
+    p = config.privacy
+    # Distributed discrete-Gaussian noise (user-level DP in the ring) rounds whole vectors.
+    ring_noise = p.dp and not p.interaction_dp and (p.noise or "distributed") == "distributed"
+    return (
+        p.secagg and config.spec.streams_uploads and not ring_noise and m * dim > STREAM_RING_WORDS
+    )
+
+
 def _secagg_k(m: int, config: TrainConfig) -> int:
     """SecAgg+ neighbours the run resolves for ``m`` clients (the protocol's own rule)."""
     p = config.privacy
@@ -663,6 +688,14 @@ def estimate_run(
         if p.secagg:
             k = _secagg_k(mm, config)
             agg_bytes = mm * dim * SECAGG_BYTES_PER_COORD + SECAGG_CHUNK_BYTES
+            if streamed_secagg(config, mm, dim):
+                from protocols.secagg.batched import STREAM_BLOCK_BYTES, default_workers
+
+                agg_bytes = default_workers() * STREAM_BLOCKS_PER_THREAD * STREAM_BLOCK_BYTES
+                notes.append(
+                    f"secure aggregation streams its {mm:,} x {dim:,} ring inputs a block of "
+                    "coordinates at a time"
+                )
             secagg_s = _SECAGG_S * mm * (k + 1) * dim + _KEY_AGREEMENT_S * mm * k
             if p.dp:
                 secagg_s += _DDG_S * mm * dim

@@ -61,6 +61,7 @@ from protocols.dp.dpsgd import (
 )
 from protocols.seeding import derive_seed, numpy_generator, torch_generator
 from securefed import runs
+from securefed.costs import STREAM_RING_WORDS, streamed_secagg
 from securefed.errors import ConfigError, IntegrityError, PrivacyBudgetError
 from securefed.federation.base import Aggregate, ClientUpdates
 
@@ -75,6 +76,49 @@ if TYPE_CHECKING:
 DEFAULT_SECAGG_BOUND = 1000.0
 #: Secure-aggregation chunk of clients x coordinates materialised at once (floats).
 _MAX_DENSE = 64_000_000
+#: Coordinates per tile of a streamed encoding: each tile's stochastic rounding comes from its
+#: own generator, so the ring inputs do not depend on the engine's threads or chunk sizes.
+ENCODE_TILE = 1 << 12
+
+
+class EncodedBlocks:
+    """Clipped client updates put in the ring a block of coordinates at a time.
+
+    A :class:`~protocols.secagg.RingBlocks` for :func:`~protocols.secagg.secure_sum`: block
+    ``[lo, hi)`` is ``codec.encode(updates.dense_block(lo, hi) * factors)``, the rounding of
+    each :data:`ENCODE_TILE` coordinates drawn from the generator ``(seed, stream, round,
+    tile)``. Nothing ``[clients, d]``-sized is held.
+    """
+
+    align = ENCODE_TILE
+
+    def __init__(
+        self,
+        updates: ClientUpdates,
+        factors: torch.Tensor,
+        codec: Any,
+        *,
+        seed: int,
+        stream: str,
+        round_index: int,
+    ) -> None:
+        self.shape = (len(updates), updates.layout.size)
+        self._updates = updates
+        self._factors = factors.unsqueeze(1)
+        self._codec = codec
+        self._rng = (seed, stream, round_index)
+
+    def block(self, lo: int, hi: int) -> np.ndarray:
+        """The ring inputs of coordinates ``lo .. hi - 1`` (``lo`` on a tile boundary)."""
+        x = (self._updates.dense_block(lo, hi) * self._factors).numpy()
+        out = np.empty(x.shape, dtype=np.uint64)
+        seed, stream, round_index = self._rng
+        for a in range(lo, hi, ENCODE_TILE):
+            b = min(hi, a + ENCODE_TILE)
+            rng = numpy_generator(seed, stream, round_index, a // ENCODE_TILE)
+            out[:, a - lo : b - lo] = self._codec.encode(x[:, a - lo : b - lo], rng=rng)
+        return out
+
 
 #: Recorded in the summary and ledger of every replay run and printed by the CLI. Opacus's
 #: ``secure_mode=False`` warning says only that the RNG is "not secure"; this says what an
@@ -112,6 +156,7 @@ class PrivateAggregator:
         self.sample_rate = self.cohort.sample_rate(split.n_users)
         self.expected_cohort = self.cohort.expected_size(split.n_users)
         self.secagg = p.secagg
+        self.config = config
         # DP noise, cohorts and the public seed from the OS in every DP run that does not replay.
         self.secure = p.os_randomness
         self.replay = p.dp and p.replay
@@ -354,7 +399,7 @@ class PrivateAggregator:
         release whose noise the server adds after unmasking."""
         from protocols.secagg import FixedPointCodec, SecAggConfig, secure_sum
 
-        m, dim = len(updates), updates.layout.size
+        m = len(updates)
         codec = FixedPointCodec.for_sum(
             n_clients=m, clip=self.prior_clip, scale_bits=self.p.secagg_scale_bits
         )
@@ -366,13 +411,15 @@ class PrivateAggregator:
             modulus_bits=codec.modulus_bits,
             mode=self.p.secagg_mode,
         )
-        rng = numpy_generator(self.seed, "secagg-encode-prior", round_index)
-        ring = np.empty((m, dim), dtype=np.uint64)
-        rows_per_chunk = max(1, _MAX_DENSE // max(dim, 1))
-        for lo in range(0, m, rows_per_chunk):
-            rows = torch.arange(lo, min(m, lo + rows_per_chunk))
-            x = updates.dense(rows) * factors[rows].unsqueeze(1)
-            ring[lo : lo + rows.shape[0]] = codec.encode(x.numpy(), rng=rng)
+        # The prior's count uploads give any block cheaply (MostPopUpdates.dense_block).
+        ring = self._ring_inputs(
+            updates,
+            factors,
+            codec,
+            "secagg-encode-prior",
+            round_index,
+            streamed=m * updates.layout.size > STREAM_RING_WORDS,
+        )
         seed = derive_seed(self.seed, "secagg-public-prior", round_index).to_bytes(8, "little")
         public_seed = secrets.token_bytes(16) if self.secure else seed * 2
         result = secure_sum(
@@ -520,22 +567,30 @@ class PrivateAggregator:
             modulus_bits=codec.modulus_bits,
             mode=self.p.secagg_mode,
         )
-        rng = numpy_generator(self.seed, "secagg-encode", round_index)
-        ring = np.empty((m, self.dim), dtype=np.uint64)
-        rows_per_chunk = max(1, _MAX_DENSE // max(self.dim, 1))
-        noise_gen = self._generator("dp-noise", round_index)
-        round_gen = self._generator("dp-round", round_index)
-        for lo in range(0, m, rows_per_chunk):
-            rows = torch.arange(lo, min(m, lo + rows_per_chunk))
-            x = updates.dense(rows) * factors[rows].unsqueeze(1)
-            if ddg is not None:
+        ring: np.ndarray | EncodedBlocks
+        if ddg is None:
+            ring = self._ring_inputs(
+                updates,
+                factors,
+                codec,
+                "secagg-encode",
+                round_index,
+                streamed=streamed_secagg(self.config, m, self.dim),
+            )
+        else:
+            # Conditional randomized rounding looks at each client's whole vector: in memory.
+            ring = np.empty((m, self.dim), dtype=np.uint64)
+            rows_per_chunk = max(1, _MAX_DENSE // max(self.dim, 1))
+            noise_gen = self._generator("dp-noise", round_index)
+            round_gen = self._generator("dp-round", round_index)
+            for lo in range(0, m, rows_per_chunk):
+                rows = torch.arange(lo, min(m, lo + rows_per_chunk))
+                x = updates.dense(rows) * factors[rows].unsqueeze(1)
                 ints = ddg.round_update(x, generator=round_gen, secure=self.secure)
                 ints = ints + ddg.client_share(
                     rows.shape[0], generator=noise_gen, secure=self.secure
                 )
                 ring[lo : lo + rows.shape[0]] = codec.encode_integers(ints.numpy())
-            else:
-                ring[lo : lo + rows.shape[0]] = codec.encode(x.numpy(), rng=rng)
         dropout_rate = self.p.secagg_simulate_dropout
         dropouts = (
             DropoutSchedule.random(
@@ -597,6 +652,7 @@ class PrivateAggregator:
         self._last.update(
             {
                 "secagg_seconds": time.perf_counter() - t0,
+                "secagg_streamed": isinstance(ring, EncodedBlocks),
                 "secagg_survivors": survivors,
                 "secagg_bits": codec.modulus_bits,
             }
@@ -607,6 +663,32 @@ class PrivateAggregator:
             denominator=self._denominator(survivors),
             noise_std=self._noise_std(),
         )
+
+    def _ring_inputs(
+        self,
+        updates: ClientUpdates,
+        factors: torch.Tensor,
+        codec: Any,
+        stream: str,
+        round_index: int,
+        *,
+        streamed: bool,
+    ) -> np.ndarray | EncodedBlocks:
+        """The clipped updates stochastically rounded into the ring: the ``[m, d]`` table,
+        or with ``streamed`` an :class:`EncodedBlocks` that produces it a block at a time."""
+        m, dim = len(updates), updates.layout.size
+        if streamed:
+            return EncodedBlocks(
+                updates, factors, codec, seed=self.seed, stream=stream, round_index=round_index
+            )
+        rng = numpy_generator(self.seed, stream, round_index)
+        ring = np.empty((m, dim), dtype=np.uint64)
+        rows_per_chunk = max(1, _MAX_DENSE // max(dim, 1))
+        for lo in range(0, m, rows_per_chunk):
+            rows = torch.arange(lo, min(m, lo + rows_per_chunk))
+            x = updates.dense(rows) * factors[rows].unsqueeze(1)
+            ring[lo : lo + rows.shape[0]] = codec.encode(x.numpy(), rng=rng)
+        return ring
 
     def _secure_event(self, round_index: int, survivors: int) -> Any:
         """The privacy event of a secure round whose sum holds ``survivors`` inputs (None

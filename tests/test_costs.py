@@ -21,6 +21,7 @@ from securefed.costs import (
     estimate_run,
     state_bytes,
     state_bytes_of,
+    streamed_secagg,
 )
 from securefed.models.registry import get_spec, model_names
 from securefed.training import build_model
@@ -102,6 +103,28 @@ def test_secure_aggregation_over_a_large_cohort_suggests_a_client_fraction():
     fraction = float(str(info.value).split("--client-fraction ")[1].split()[0])
     fits = dataclasses.replace(cfg, client_fraction=fraction)
     assert estimate_run(fits, shape, speed=1.0).peak_memory <= available
+
+
+def test_fedrap_secure_rounds_at_gowalla_stream_and_distributed_dp_does_not():
+    """FedRAP's uploads stream: a 10 % Gowalla cohort's secure round holds the engine's blocks,
+    not the 2,986 x 1.31 M table; with distributed DP (whole-vector rounding), and for a model
+    whose uploads do not stream (fedals), the table is counted."""
+    from protocols.secagg.batched import STREAM_BLOCK_BYTES
+
+    shape = RunShape(users=29_858, items=40_981, train_interactions=860_000)
+    secure = PrivacyConfig(secagg=True)
+    cfg = dataclasses.replace(_config("fedrap"), client_fraction=0.1, privacy=secure)
+    m, dim = 2_986, 40_981 * 32
+    assert streamed_secagg(cfg, m, dim) and not streamed_secagg(cfg, 943, 1682 * 32)
+    est = estimate_run(cfg, shape, speed=1.0)
+    assert est.memory["aggregation"] <= 4 * 4 * STREAM_BLOCK_BYTES < m * dim * 8
+    assert any("streams its 2,986 x 1,311,392 ring inputs" in n for n in est.notes)
+    check_memory(cfg, est, available=16 * 10**9)
+    ddg = dataclasses.replace(cfg, privacy=PrivacyConfig(secagg=True, epsilon=2.0))
+    assert not streamed_secagg(ddg, m, dim)
+    assert estimate_run(ddg, shape, speed=1.0).memory["aggregation"] > m * dim * 8
+    fedals = TrainConfig(model="fedals", client_fraction=0.1, privacy=secure)
+    assert not streamed_secagg(fedals, m, 2_667_861)
 
 
 def test_a_run_that_fits_is_not_refused():

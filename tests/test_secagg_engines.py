@@ -200,8 +200,8 @@ class _Blocks:
     """RingBlocks over an array, recording every block asked for (thread-safe enough: list
     appends hold the GIL)."""
 
-    def __init__(self, x, bad=None):
-        self.x, self.bad, self.calls = x, bad, []
+    def __init__(self, x, bad=None, align=1):
+        self.x, self.bad, self.align, self.calls = x, bad, align, []
 
     @property
     def shape(self):
@@ -223,7 +223,8 @@ class _Blocks:
 def test_streamed_inputs_give_the_same_masked_inputs_and_sum(monkeypatch, workers):
     """A RingBlocks source instead of the array: the same secrets give bit-identical masked
     inputs and sum (dropouts at every stage included), the blocks are narrowed to the stream
-    budget and cover every coordinate exactly once."""
+    budget, start and end on the source's alignment and cover every coordinate exactly
+    once."""
     from protocols.secagg import batched
 
     n, d = 24, 333
@@ -233,13 +234,14 @@ def test_streamed_inputs_give_the_same_masked_inputs_and_sum(monkeypatch, worker
     sched = DropoutSchedule(advertise={0}, share={9}, masked_input={2, 17}, unmask={11})
     secrets = {u: ClientSecrets.generate() for u in range(n)}
     want_masked, want = _batched(x, cfg, 3, sched, secrets, 1 << 17, workers)
-    source = _Blocks(x)
+    source = _Blocks(x, align=24)
     got_masked, got = _batched(source, cfg, 3, sched, secrets, 1 << 17, workers)
     np.testing.assert_array_equal(got.sum, want.sum)
     assert sorted(got_masked) == sorted(want_masked)
     for u, y in want_masked.items():
         np.testing.assert_array_equal(got_masked[u], y)
     assert max(hi - lo for lo, hi in source.calls) <= 40
+    assert all(lo % 24 == 0 and (hi % 24 == 0 or hi == d) for lo, hi in source.calls)
     covered = np.zeros(d, dtype=np.int64)
     for lo, hi in source.calls:
         covered[lo:hi] += 1
@@ -264,9 +266,7 @@ def test_streamed_inputs_are_checked_block_by_block(monkeypatch, bad, engine, ma
     cfg = SecAggConfig(n_clients=6, neighbours=4, threshold=3, modulus_bits=33)
     x = np.random.default_rng(5).integers(0, 1 << 33, size=(6, 50), dtype=np.uint64)
     with pytest.raises(ConfigError, match=match):
-        secure_sum(
-            _Blocks(x, bad), config=cfg, round_index=1, public_seed=SEED, engine=engine
-        )
+        secure_sum(_Blocks(x, bad), config=cfg, round_index=1, public_seed=SEED, engine=engine)
 
 
 def test_streamed_inputs_of_the_wrong_shape_are_refused_before_the_round():

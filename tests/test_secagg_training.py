@@ -106,3 +106,38 @@ def test_secagg_dp_round_below_min_survivors_releases_nothing(tmp_path):
     ledger = json.loads((tmp_path / "few" / "privacy_ledger.json").read_text())
     assert ledger["events"] == []
     assert res.summary["min_survivors"] == 57  # ceil(0.95 * 60)
+
+
+def _streamed(monkeypatch, workers):
+    """Stream every secure round of the SMALL run (the threshold at 1,000 ring words), in
+    tiles of 256 coordinates and blocks of 512, with ``workers`` mask threads."""
+    from protocols.secagg import batched, simulation
+    from securefed import costs, privacy
+
+    monkeypatch.setattr(costs, "STREAM_RING_WORDS", 1000)
+    monkeypatch.setattr(privacy, "ENCODE_TILE", 256)
+    monkeypatch.setattr(privacy.EncodedBlocks, "align", 256)
+    monkeypatch.setattr(batched, "STREAM_BLOCK_BYTES", 8 * 60 * 600)
+    monkeypatch.setattr(simulation, "default_workers", lambda: workers)
+
+
+@pytest.mark.slow
+def test_streamed_secure_round_matches_plain_and_does_not_depend_on_threads(tmp_path, monkeypatch):
+    """A secure round too large for the [clients, d] table is encoded and masked a block at
+    a time (FedRAP's uploads stream): the model equals plain averaging to fixed-point
+    precision, and the inputs (rounding drawn per tile) do not depend on the mask threads."""
+    small = {**SMALL, "rounds": 1}
+    plain = train(TrainConfig(**small), out=tmp_path / "plain")
+    runs = []
+    for workers in (1, 2):
+        with monkeypatch.context() as m:
+            _streamed(m, workers)
+            cfg = TrainConfig(privacy=PrivacyConfig(secagg=True), **small)
+            runs.append(train(cfg, out=tmp_path / f"streamed{workers}"))
+    one, two = runs
+    assert one.metrics[0]["secagg_streamed"] is True and one.metrics[0]["secagg_survivors"] == 60
+    gap = float((plain.model.C - one.model.C).abs().max())
+    assert 0 < gap < 1e-3  # through the ring, rounded at scale 2^16
+    assert bool((one.model.C == two.model.C).all())
+    in_memory = train(TrainConfig(privacy=PrivacyConfig(secagg=True), **small), out=tmp_path / "m")
+    assert in_memory.metrics[0]["secagg_streamed"] is False

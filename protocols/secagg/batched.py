@@ -29,6 +29,7 @@ AES-CTR stream open across chunks, so each keystream is produced exactly once.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -68,15 +69,22 @@ class RingBlocks(Protocol):
     """Ring inputs produced a block of coordinates at a time, for a ``[n, dim]`` too large to hold.
 
     ``shape`` is ``(n_clients, dim)``. ``block(lo, hi)`` returns the uint64 ``[n_clients,
-    hi - lo]`` inputs of coordinates ``lo .. hi - 1``, every value ``< 2**modulus_bits``; a
-    coordinate's values must not depend on the block boundaries, and ``block`` may be called
-    from several threads at once (on disjoint coordinates). Every block is checked as it
-    arrives; the batched engine asks for each coordinate once.
+    hi - lo]`` inputs of coordinates ``lo .. hi - 1``, every value ``< 2**modulus_bits``; it may
+    be called from several threads at once (on disjoint coordinates). ``lo`` is always a
+    multiple of ``align`` and ``hi`` one too or ``dim``, so a source that draws randomness per
+    tile of ``align`` coordinates gives the same inputs whatever the engine's threads and chunk
+    sizes. Every block is checked as it arrives; the batched engine asks for each coordinate
+    once.
     """
 
     @property
     def shape(self) -> tuple[int, int]:
         """``(n_clients, dim)``."""
+        ...
+
+    @property
+    def align(self) -> int:
+        """Block boundaries fall on multiples of this (1: anywhere)."""
         ...
 
     def block(self, lo: int, hi: int) -> np.ndarray:
@@ -440,6 +448,11 @@ def _mask_inputs(
     ]
     itemsize = word.itemsize
     per_block = 16 // itemsize  # words per AES block: ranges start on a block boundary
+    if streamed:  # and on the source's tiles
+        align = getattr(x, "align", 1)
+        if not (isinstance(align, int) and align >= 1):
+            raise ConfigError(f"RingBlocks.align must be an int >= 1, got {align!r}")
+        per_block = math.lcm(per_block, align)
     blocks = -(-dim // per_block)
     cuts = [min(dim, blocks * i // workers * per_block) for i in range(workers + 1)]
     ranges = [(a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]

@@ -45,6 +45,10 @@ class UpdateLayout:
         }
 
 
+#: Floats of client updates :meth:`ClientUpdates.dense_block`'s default densifies at once.
+DENSE_BLOCK_FLOATS = 64_000_000
+
+
 class ClientUpdates(abc.ABC):
     """What the participants of one round send to the server, before any privacy protocol.
 
@@ -64,6 +68,21 @@ class ClientUpdates(abc.ABC):
     @abc.abstractmethod
     def dense(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The flat updates of ``rows`` (positions in ``clients``; all when None), ``[r, d]``."""
+
+    def dense_block(self, lo: int, hi: int) -> torch.Tensor:
+        """Coordinates ``lo .. hi - 1`` of every client's flat update, ``[m, hi - lo]``.
+
+        What a streamed secure round encodes a block at a time (:mod:`securefed.privacy`).
+        This default densifies every client's whole update (in chunks of clients) and keeps
+        the block; uploads with structure override it with work proportional to the block.
+        """
+        m, size = len(self), self.layout.size
+        out = torch.empty(m, hi - lo, dtype=torch.float32)
+        step = max(1, DENSE_BLOCK_FLOATS // max(size, 1))
+        for a in range(0, m, step):
+            rows = torch.arange(a, min(m, a + step), dtype=torch.long)
+            out[a : a + rows.shape[0]] = self.dense(rows)[:, lo:hi]
+        return out
 
     @abc.abstractmethod
     def norms(self) -> torch.Tensor:
@@ -92,6 +111,9 @@ class DenseUpdates(ClientUpdates):
 
     def dense(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         return self.vectors if rows is None else self.vectors[rows]
+
+    def dense_block(self, lo: int, hi: int) -> torch.Tensor:
+        return self.vectors[:, lo:hi]
 
     def norms(self) -> torch.Tensor:
         return torch.linalg.vector_norm(self.vectors.double(), dim=1)

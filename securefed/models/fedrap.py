@@ -533,6 +533,7 @@ class FedRAPUpdates(ClientUpdates):
         self.pair_client = pair_client
         self.pair_item = pair_item
         self.pair_rows = pair_rows
+        self._by_item: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def dense(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         n_items, dim = self.global_c.shape
@@ -548,6 +549,40 @@ class FedRAPUpdates(ClientUpdates):
             view = out.view(rows.shape[0], n_items, dim)
             view[row, item] = self.pair_rows[keep] - self.global_c[item]
         return out
+
+    def dense_block(self, lo: int, hi: int) -> torch.Tensor:
+        """Coordinates ``lo .. hi - 1`` of every upload: ``(s_u - 1) C`` on that slice of the
+        flat ``C``, with the touched rows' changes written over it where they reach into it
+        (the same values as :meth:`dense`, in work proportional to the block)."""
+        n_items, dim = self.global_c.shape
+        flat = self.global_c.reshape(-1)[lo:hi]
+        out = (self.scale - 1).unsqueeze(1) * flat.unsqueeze(0)
+        order, starts = self._pairs_by_item()
+        first, last = lo // dim, (hi - 1) // dim  # items whose row meets the block
+        sel = order[int(starts[first]) : int(starts[last + 1])]
+        if sel.numel():
+            item = self.pair_item[sel]
+            delta = self.pair_rows[sel] - self.global_c[item]  # [p, dim]
+            col = item.unsqueeze(1) * dim + torch.arange(dim) - lo  # block column of each
+            inside = (col >= 0) & (col < hi - lo)
+            client = self.pair_client[sel].unsqueeze(1).expand_as(col)
+            out[client[inside], col[inside]] = delta[inside]
+        return out
+
+    def _pairs_by_item(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pair positions sorted by item and where each item's run starts (``[n_items + 1]``),
+        computed once (blocks may be asked for from several threads: the race only repeats
+        the same computation)."""
+        cached = self._by_item
+        if cached is None:
+            n_items = self.global_c.shape[0]
+            order = torch.argsort(self.pair_item, stable=True)
+            counts = torch.bincount(self.pair_item, minlength=n_items)
+            starts = torch.zeros(n_items + 1, dtype=torch.long)
+            torch.cumsum(counts, 0, out=starts[1:])
+            cached = (order, starts)
+            self._by_item = cached
+        return cached
 
     def norms(self) -> torch.Tensor:
         c64 = self.global_c.double()
@@ -1304,6 +1339,7 @@ SPEC = ModelSpec(
     layout_size=lambda p, split: split.n_items * p.dim,
     private_state=("D", "d_scale", "w", "b"),
     schedule_scalars=("lr_args", "lr_network"),
+    streams_uploads=True,
     observer=ObserverHooks(
         item_rows=_item_rows,
         private_vectors=lambda model: model.w.detach().cpu().clone(),

@@ -120,6 +120,13 @@ class MostPopUpdates(ClientUpdates):
         out[position[self.pair_client[keep]], self.pair_item[keep]] = value
         return out
 
+    def dense_block(self, lo: int, hi: int) -> torch.Tensor:
+        out = torch.zeros(len(self), hi - lo, dtype=torch.float32)
+        keep = (self.pair_item >= lo) & (self.pair_item < hi)
+        value = 1.0 if self.weight is None else self.weight[keep].to(torch.float32)
+        out[self.pair_client[keep], self.pair_item[keep] - lo] = value
+        return out
+
     def norms(self) -> torch.Tensor:
         if self.weight is None:
             count = torch.bincount(self.pair_client, minlength=len(self))

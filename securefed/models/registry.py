@@ -158,6 +158,11 @@ class ModelSpec:
         prior_weight: The default weight of the privately released popularity prior added to
             the model's scores under ``--private-prior`` (:mod:`securefed.prior`); None: the
             model has no such mode.
+        streams_uploads: Its uploads give any block of coordinates of every client in work
+            proportional to the block (``ClientUpdates.dense_block``), so a secure round too
+            large to hold as ``[clients, d]`` ring inputs is encoded and masked a block at a
+            time (:data:`securefed.privacy.STREAM_RING_WORDS`); the cost estimate counts the
+            blocks instead of the table.
     """
 
     name: str
@@ -180,6 +185,7 @@ class ModelSpec:
     resolve_params: Callable[[Any, Any], Any] | None = None
     resolve_for_data: Callable[[Any, Split], tuple[Any, str | None]] | None = None
     prior_weight: float | None = None
+    streams_uploads: bool = False
 
     def rounds_for(self, privacy: Any) -> int:
         """The default number of rounds under ``privacy``."""
