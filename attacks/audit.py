@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shutil
 import tempfile
 import time
@@ -85,13 +86,17 @@ _SCRATCH = ".recording-"
 SCORES_COMPRESSION_BOUND = 0.3
 #: Canary clients an audit adds to the replayed run (``AuditConfig.canaries``).
 DEFAULT_CANARIES = 256
-#: The replay's work beyond training, per (client, item) of the replayed split (canaries
-#: included): building the canaries, recording, evaluating. Measured 12-17 s on MovieLens 100K
-#: (1,199 x 1,682) for one-round fedals and FedRAP replays whose training took under 1 s.
+#: The replay's work beyond training, per (observed client, item) of the replayed split
+#: (canaries included): building the canaries, recording, evaluating. Measured 12-17 s on
+#: MovieLens 100K (1,199 x 1,682, every client observed) for one-round fedals and FedRAP
+#: replays whose training took under 1 s.
 _REPLAY_S_PER_ENTRY = 6e-6
-#: Scoring the attacks, per entry of a ``[users, items]`` score matrix (bootstrap intervals):
-#: 0.7 us (fedals) to 2.1 us (FedRAP) measured on MovieLens 100K.
+#: Scoring the attacks, per (observed user, item) entry of a score matrix (bootstrap
+#: intervals): 0.7 us (fedals) to 2.1 us (FedRAP) measured on MovieLens 100K.
 _SCORE_S_PER_ENTRY = 2e-6
+#: The membership metrics' passes over a whole ``[users, items]`` score matrix and its labels,
+#: per entry: 3.5 ns (FedRAP's IMIA on Gowalla, 29,858 x 40,981, 300 users observed).
+_METRIC_S_PER_ENTRY = 3.5e-9
 #: The released-model attack, in full-ranking evaluations of the model per iteration
 #: (``AuditConfig.released_iterations``): 4.3 (FedRAP) and 9.8 (FedRecGEL) measured on
 #: MovieLens 100K, one round, scaled to the quiet machine by the probe.
@@ -199,22 +204,29 @@ def estimate_audit_seconds(
 
     The replay trains with the canary clients added (its estimate scaled by the users it
     adds) and the recorder attached (:data:`securefed.costs.AUDIT_COST_FACTOR`), plus a fixed
-    cost per (client, item), the scoring of every chosen attack's score matrix, and the
-    iterative attacks in units of full evaluations. Rough: the constants were measured on
-    MovieLens 100K for one-round runs of each model.
+    cost per (observed client, item), the scoring of every chosen attack's score matrix over
+    the observed users and the metrics' passes over all of it, and the iterative attacks in
+    units of full evaluations. The observed clients are at most the round's expected cohort
+    times the rounds (plus the canaries): an audit of 300 clients of Gowalla's 29,858 records
+    and scores 300 users' rows (the estimate said 2.9 h for that 98 s audit before it counted
+    them). Rough: the constants were measured on MovieLens 100K for one-round runs of each
+    model.
     """
     from securefed.costs import AUDIT_COST_FACTOR
 
     real = users - DEFAULT_CANARIES if canaries_included else users
     replayed = users if canaries_included else users + DEFAULT_CANARIES
     replay = train_seconds * (1.0 if canaries_included else replayed / max(users, 1))
+    per_round = train_cfg.cohort(max(real, 1)).expected_size(max(real, 1))
+    seen = min(real, math.ceil(per_round * max(train_cfg.rounds or 1, 1)))
     if attacks is None:
         chosen, matrices = _default_attacks(train_cfg)
     else:
         chosen, matrices = list(attacks), _score_matrices(attacks)
     fixed = (
-        _REPLAY_S_PER_ENTRY * replayed * items
-        + _SCORE_S_PER_ENTRY * matrices * max(real, 1) * items
+        _REPLAY_S_PER_ENTRY * (seen + replayed - real) * items
+        + _SCORE_S_PER_ENTRY * matrices * max(seen, 1) * items
+        + _METRIC_S_PER_ENTRY * matrices * max(real, 1) * items
     )
     cfg = AuditConfig()  # the defaults the report's audits run with
     evals = 0.0

@@ -109,7 +109,9 @@ _ALS_S = 2.0e-9  # per (interaction x dim^2 + user x dim^3) of an ALS sweep
 _SECAGG_S = 1.0e-9  # per word: clients x (k + 1) x d
 _KEY_AGREEMENT_S = 80e-6  # per client x neighbour
 _DDG_S = 3.5e-8  # distributed DP: rounding and discrete Gaussian per client coordinate
-_PROBE_REFERENCE_S = 0.010  # machine_speed()'s workload, set from runs on the loaded machine
+# machine_speed()'s workload on the development machine when quiet (7.7-8.2 ms, 2026-12-05,
+# load average 0.9; the rates above were refitted on quiet runs that day or read as such).
+_PROBE_REFERENCE_S = 0.0080
 
 
 class InsufficientMemory(ConfigError):
@@ -438,29 +440,35 @@ def available_memory() -> int | None:
 def machine_speed(*, repeats: int = 5) -> float:
     """How much slower than the development machine this one runs a fixed workload now.
 
-    The workload (about 10 ms there) mixes the elementwise passes over large float arrays that
+    The workload (about 8 ms there) mixes the elementwise passes over large float arrays that
     dominate FedRAP's round with small matrix products, on one thread: with several threads
     a loaded machine's scheduling made the probe vary 20-fold between calls, on one thread
-    3-fold. The fastest of ``repeats`` runs after a warm-up is compared with the development
-    machine's. 2.0 means twice as slow (other jobs sharing the cores count: the estimate is
-    for the machine as it is now, and the update after round 1 corrects it).
+    3-fold. It works in place in buffers allocated before the clock starts: allocating its
+    4 MB temporaries made it depend on the allocator's state (1.1-1.5x in a fresh process,
+    up to 4.8x inside an audit on the same quiet machine). The fastest of ``repeats`` runs
+    after a warm-up is compared with the development machine's. 2.0 means twice as slow (other
+    jobs sharing the cores count: the estimate is for the machine as it is now, and the update
+    after round 1 corrects it).
     """
     import torch
 
     x = torch.rand(1 << 20, generator=torch.Generator().manual_seed(0))
+    y = torch.empty_like(x)
     a = torch.full((192, 192), 1e-3)
+    b, t = torch.empty_like(a), torch.empty_like(a)
     best = math.inf
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         for rep in range(repeats + 1):
             t0 = time.perf_counter()
-            y = x
+            y.copy_(x)
             for _ in range(4):
-                y = torch.sigmoid(y * 0.5 + 0.1) * x
-            b = a
+                y.mul_(0.5).add_(0.1).sigmoid_().mul_(x)
+            b.copy_(a)
             for _ in range(8):
-                b = torch.tanh(b @ a)
+                torch.mm(b, a, out=t)
+                torch.tanh(t, out=b)
             if rep:  # the first run warms up
                 best = min(best, time.perf_counter() - t0)
     finally:
