@@ -88,6 +88,10 @@ SECAGG_CHUNK_BYTES = 2 * 64_000_000 * 4
 #: (``ModelSpec.streams_uploads``, :class:`securefed.privacy.EncodedBlocks`): FedRAP at
 #: Gowalla's 40,981 items and 10 % cohorts would otherwise hold 2,986 x 1.31 M words (31 GB).
 STREAM_RING_WORDS = 1 << 28
+#: Coordinates per tile of a streamed encoding (:class:`securefed.privacy.EncodedBlocks`):
+#: each tile's stochastic rounding comes from its own generator, so the ring inputs do not
+#: depend on the engine's threads or chunk sizes; blocks are whole tiles.
+ENCODE_TILE = 1 << 12
 #: Bytes a streamed round holds per mask thread, in units of the engine's block
 #: (``protocols.secagg.batched.STREAM_BLOCK_BYTES``): the ring block, the float32 and float64
 #: update block it is encoded from, a tile's copy and the engine's live rows.
@@ -699,7 +703,8 @@ def estimate_run(
             if streamed_secagg(config, mm, dim):
                 from protocols.secagg.batched import STREAM_BLOCK_BYTES, default_workers
 
-                agg_bytes = default_workers() * STREAM_BLOCKS_PER_THREAD * STREAM_BLOCK_BYTES
+                block = max(STREAM_BLOCK_BYTES, mm * ENCODE_TILE * 8)  # at least one tile
+                agg_bytes = default_workers() * STREAM_BLOCKS_PER_THREAD * block
                 notes.append(
                     f"secure aggregation streams its {mm:,} x {dim:,} ring inputs a block of "
                     "coordinates at a time"

@@ -61,7 +61,7 @@ from protocols.dp.dpsgd import (
 )
 from protocols.seeding import derive_seed, numpy_generator, torch_generator
 from securefed import runs
-from securefed.costs import STREAM_RING_WORDS, streamed_secagg
+from securefed.costs import ENCODE_TILE, STREAM_RING_WORDS, streamed_secagg
 from securefed.errors import ConfigError, IntegrityError, PrivacyBudgetError
 from securefed.federation.base import Aggregate, ClientUpdates
 
@@ -76,9 +76,6 @@ if TYPE_CHECKING:
 DEFAULT_SECAGG_BOUND = 1000.0
 #: Secure-aggregation chunk of clients x coordinates materialised at once (floats).
 _MAX_DENSE = 64_000_000
-#: Coordinates per tile of a streamed encoding: each tile's stochastic rounding comes from its
-#: own generator, so the ring inputs do not depend on the engine's threads or chunk sizes.
-ENCODE_TILE = 1 << 12
 
 
 class EncodedBlocks:
@@ -86,8 +83,8 @@ class EncodedBlocks:
 
     A :class:`~protocols.secagg.RingBlocks` for :func:`~protocols.secagg.secure_sum`: block
     ``[lo, hi)`` is ``codec.encode(updates.dense_block(lo, hi) * factors)``, the rounding of
-    each :data:`ENCODE_TILE` coordinates drawn from the generator ``(seed, stream, round,
-    tile)``. Nothing ``[clients, d]``-sized is held.
+    each :data:`~securefed.costs.ENCODE_TILE` coordinates drawn from the generator ``(seed,
+    stream, round, tile)``. Nothing ``[clients, d]``-sized is held.
     """
 
     align = ENCODE_TILE

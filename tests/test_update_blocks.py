@@ -13,6 +13,7 @@ from securefed.federation.base import DenseUpdates, UpdateLayout
 from securefed.models.fedals import FedALSUpdates, fedals_layout
 from securefed.models.fedrap import FedRAPUpdates
 from securefed.models.mostpop import MostPopUpdates
+from securefed.models.registry import get_spec, model_names
 
 
 def _pairs(gen, m, n_items, per_client):
@@ -49,6 +50,22 @@ def _updates(kind):
     if kind == "dense":
         layout = UpdateLayout(names=("v",), shapes=((n_items * dim,),))
         return DenseUpdates(torch.arange(m), torch.randn(m, n_items * dim, generator=gen), layout)
+    if kind == "fedrecgel":
+        from securefed.models.fedrecgel import FedRecGELUpdates
+
+        layout = UpdateLayout(
+            names=("embed_item_gmf", "embed_item_mlp", "mlp.0.weight", "predict.bias"),
+            shapes=((n_items, dim), (n_items, 4), (3, 5), (1,)),
+        )
+        return FedRecGELUpdates(
+            clients=torch.arange(m),
+            layout=layout,
+            pair_client=client,
+            pair_item=item,
+            pair_gmf=torch.randn(len(client), dim, generator=gen),
+            pair_mlp=torch.randn(len(client), 4, generator=gen),
+            rest=torch.randn(m, 16, generator=gen),
+        )
     # fedals: the base class's default (densify chunks of clients, keep the block)
     return FedALSUpdates(
         clients=torch.arange(m),
@@ -60,7 +77,7 @@ def _updates(kind):
     )
 
 
-@pytest.mark.parametrize("kind", ["fedrap", "mostpop", "dense", "fedals"])
+@pytest.mark.parametrize("kind", ["fedrap", "fedrecgel", "mostpop", "dense", "fedals"])
 def test_dense_block_is_the_slice_of_dense(kind, monkeypatch):
     from securefed.federation import base
 
@@ -68,8 +85,26 @@ def test_dense_block_is_the_slice_of_dense(kind, monkeypatch):
     updates = _updates(kind)
     full = updates.dense()
     size = updates.layout.size
-    # Inside one item row, across rows (partial at both ends), one coordinate, the whole.
-    for lo, hi in [(0, 3), (5, 17), (7, 8), (size - 9, size), (0, size), (11, 11 + size // 3)]:
+    # Inside one item row, across rows (partial at both ends), one coordinate, the whole, and
+    # (FedRecGEL) across the GMF/MLP and MLP/rest boundaries.
+    blocks = [(0, 3), (5, 17), (7, 8), (size - 9, size), (0, size), (11, 11 + size // 3)]
+    blocks += [(23 * 6 - 5, 23 * 6 + 7), (23 * 10 - 3, 23 * 10 + 4), (23 * 6 + 9, size - 2)]
+    # Every start, one coordinate and seven (each row edge at each end of a block).
+    blocks += [(lo, min(size, lo + w)) for lo in range(size) for w in (1, 7)]
+    for lo, hi in [(lo, hi) for lo, hi in blocks if 0 <= lo < hi <= size]:
         block = updates.dense_block(lo, hi)
         assert block.shape == (len(updates), hi - lo)
         torch.testing.assert_close(block, full[:, lo:hi], rtol=0, atol=0)
+
+
+def test_models_that_stream_their_uploads_build_blocks_of_their_own_kind():
+    """ModelSpec.streams_uploads promises an efficient dense_block: the flag is set exactly for
+    the models whose update class overrides the default (FedRAP, FedRecGEL)."""
+    from securefed.federation.base import ClientUpdates
+    from securefed.models.fedrap import FedRAPUpdates
+    from securefed.models.fedrecgel import FedRecGELUpdates
+
+    streaming = {name for name in model_names() if get_spec(name).streams_uploads}
+    assert streaming == {"fedrap", "fedrecgel"}
+    for cls in (FedRAPUpdates, FedRecGELUpdates):
+        assert cls.dense_block is not ClientUpdates.dense_block

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -47,6 +48,48 @@ class UpdateLayout:
 
 #: Floats of client updates :meth:`ClientUpdates.dense_block`'s default densifies at once.
 DENSE_BLOCK_FLOATS = 64_000_000
+
+
+def pairs_by_item(item: torch.Tensor, n_items: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions of ``item`` sorted by item, and where each item's run starts
+    (``[n_items + 1]``): the index :func:`write_item_rows` selects a block's rows with."""
+    order = torch.argsort(item, stable=True)
+    starts = torch.zeros(n_items + 1, dtype=torch.long)
+    torch.cumsum(torch.bincount(item, minlength=n_items), 0, out=starts[1:])
+    return order, starts
+
+
+def write_item_rows(
+    out: torch.Tensor,
+    lo: int,
+    hi: int,
+    *,
+    offset: int,
+    width: int,
+    n_items: int,
+    client: torch.Tensor,
+    item: torch.Tensor,
+    rows: Callable[[torch.Tensor], torch.Tensor],
+    by_item: tuple[torch.Tensor, torch.Tensor],
+) -> None:
+    """Write per-(client, item) rows of an ``[n_items, width]`` layout part at ``offset``
+    into ``out``, the ``[m, hi - lo]`` block of flat coordinates ``lo .. hi - 1``.
+
+    Only the pairs whose item row meets the block are touched (``by_item`` from
+    :func:`pairs_by_item`); ``rows(positions)`` gives those pairs' ``[p, width]`` values.
+    """
+    first = max(lo - offset, 0) // width
+    last = min(hi - offset, n_items * width) - 1
+    if last < 0 or first >= n_items or last // width < first:
+        return
+    order, starts = by_item
+    sel = order[int(starts[first]) : int(starts[last // width + 1])]
+    if sel.numel() == 0:
+        return
+    col = item[sel].unsqueeze(1) * width + (torch.arange(width) + offset - lo)
+    inside = (col >= 0) & (col < hi - lo)
+    who = client[sel].unsqueeze(1).expand_as(col)
+    out[who[inside], col[inside]] = rows(sel)[inside].to(out.dtype)
 
 
 class ClientUpdates(abc.ABC):

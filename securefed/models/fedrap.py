@@ -90,6 +90,8 @@ from securefed.federation.base import (
     DenseUpdates,
     RoundStats,
     UpdateLayout,
+    pairs_by_item,
+    write_item_rows,
 )
 from securefed.models.registry import ModelSpec, ObserverHooks
 from securefed.models.sparse_views import SparseViews, changed_rows
@@ -555,34 +557,22 @@ class FedRAPUpdates(ClientUpdates):
         flat ``C``, with the touched rows' changes written over it where they reach into it
         (the same values as :meth:`dense`, in work proportional to the block)."""
         n_items, dim = self.global_c.shape
-        flat = self.global_c.reshape(-1)[lo:hi]
-        out = (self.scale - 1).unsqueeze(1) * flat.unsqueeze(0)
-        order, starts = self._pairs_by_item()
-        first, last = lo // dim, (hi - 1) // dim  # items whose row meets the block
-        sel = order[int(starts[first]) : int(starts[last + 1])]
-        if sel.numel():
-            item = self.pair_item[sel]
-            delta = self.pair_rows[sel] - self.global_c[item]  # [p, dim]
-            col = item.unsqueeze(1) * dim + torch.arange(dim) - lo  # block column of each
-            inside = (col >= 0) & (col < hi - lo)
-            client = self.pair_client[sel].unsqueeze(1).expand_as(col)
-            out[client[inside], col[inside]] = delta[inside]
+        out = (self.scale - 1).unsqueeze(1) * self.global_c.reshape(-1)[lo:hi].unsqueeze(0)
+        if self._by_item is None:  # once per round's uploads (a race only repeats it)
+            self._by_item = pairs_by_item(self.pair_item, n_items)
+        write_item_rows(
+            out,
+            lo,
+            hi,
+            offset=0,
+            width=dim,
+            n_items=n_items,
+            client=self.pair_client,
+            item=self.pair_item,
+            rows=lambda sel: self.pair_rows[sel] - self.global_c[self.pair_item[sel]],
+            by_item=self._by_item,
+        )
         return out
-
-    def _pairs_by_item(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pair positions sorted by item and where each item's run starts (``[n_items + 1]``),
-        computed once (blocks may be asked for from several threads: the race only repeats
-        the same computation)."""
-        cached = self._by_item
-        if cached is None:
-            n_items = self.global_c.shape[0]
-            order = torch.argsort(self.pair_item, stable=True)
-            counts = torch.bincount(self.pair_item, minlength=n_items)
-            starts = torch.zeros(n_items + 1, dtype=torch.long)
-            torch.cumsum(counts, 0, out=starts[1:])
-            cached = (order, starts)
-            self._by_item = cached
-        return cached
 
     def norms(self) -> torch.Tensor:
         c64 = self.global_c.double()

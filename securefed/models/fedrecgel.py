@@ -83,6 +83,8 @@ from securefed.federation.base import (
     DenseUpdates,
     RoundStats,
     UpdateLayout,
+    pairs_by_item,
+    write_item_rows,
 )
 from securefed.federation.cohort import CohortSpec
 from securefed.models.fedrap import example_weights, uniform_negatives
@@ -442,6 +444,7 @@ class FedRecGELUpdates(ClientUpdates):
         self.pair_gmf = pair_gmf
         self.pair_mlp = pair_mlp
         self.rest = rest
+        self._by_item: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def dense(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         m = len(self)
@@ -456,6 +459,36 @@ class FedRecGELUpdates(ClientUpdates):
         views[_GMF][row, item] = self.pair_gmf[keep]
         views[_MLP][row, item] = self.pair_mlp[keep]
         out[:, self.layout.size - self.rest.shape[1] :] = self.rest[rows]
+        return out
+
+    def dense_block(self, lo: int, hi: int) -> torch.Tensor:
+        """Coordinates ``lo .. hi - 1`` of every upload (the same values as :meth:`dense`):
+        the stored GMF and MLP item rows that reach into the block and the block's part of
+        ``rest``, in work proportional to the block."""
+        (n_items, gmf_dim), (_, mlp_dim) = self.layout.shapes[0], self.layout.shapes[1]
+        out = torch.zeros(len(self), hi - lo, device=self.rest.device)
+        if self._by_item is None:  # once per round's uploads (a race only repeats it)
+            self._by_item = pairs_by_item(self.pair_item, n_items)
+        for offset, width, values in (
+            (0, gmf_dim, self.pair_gmf),
+            (n_items * gmf_dim, mlp_dim, self.pair_mlp),
+        ):
+            write_item_rows(
+                out,
+                lo,
+                hi,
+                offset=offset,
+                width=width,
+                n_items=n_items,
+                client=self.pair_client,
+                item=self.pair_item,
+                rows=values.__getitem__,
+                by_item=self._by_item,
+            )
+        rest = self.layout.size - self.rest.shape[1]
+        if hi > rest:
+            start = max(lo, rest)
+            out[:, start - lo :] = self.rest[:, start - rest : hi - rest]
         return out
 
     def norms(self) -> torch.Tensor:
@@ -1467,6 +1500,7 @@ SPEC = ModelSpec(
     layout_size=_layout_size,
     cli_params={"dim": "gmf_dim"},
     private_state=("user_gmf", "user_mlp", "client_adam"),
+    streams_uploads=True,
     observer=ObserverHooks(
         item_rows=_item_rows,
         private_vectors=lambda model: model.user_gmf.detach().cpu().clone(),
