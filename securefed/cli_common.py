@@ -60,7 +60,8 @@ EXIT_INTERRUPTED = 130
 
 
 def _fail(message: str) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # The message is text, not markup: "[clients x d]" in it must print as written.
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code=EXIT_USER_ERROR)
 
 

@@ -491,14 +491,11 @@ def _participants(config: TrainConfig, users: int) -> float:
 
 def streamed_secagg(config: TrainConfig, m: int, dim: int) -> bool:
     """Whether a secure round of ``m`` clients' ``dim``-float uploads is encoded and masked a
-    block of coordinates at a time (the model's uploads stream, the ``[m, dim]`` ring inputs
-    exceed :data:`STREAM_RING_WORDS`, and no distributed-DP rounding needs whole vectors)."""
+    block of coordinates at a time: the model's uploads stream and the ``[m, dim]`` ring
+    inputs exceed :data:`STREAM_RING_WORDS` (with distributed DP too: its rounding keeps one
+    bit per coordinate, :class:`securefed.privacy.DiscreteGaussianBlocks`)."""
     p = config.privacy
-    # Distributed discrete-Gaussian noise (user-level DP in the ring) rounds whole vectors.
-    ring_noise = p.dp and not p.interaction_dp and (p.noise or "distributed") == "distributed"
-    return (
-        p.secagg and config.spec.streams_uploads and not ring_noise and m * dim > STREAM_RING_WORDS
-    )
+    return p.secagg and config.spec.streams_uploads and m * dim > STREAM_RING_WORDS
 
 
 def _secagg_k(m: int, config: TrainConfig) -> int:
@@ -705,6 +702,8 @@ def estimate_run(
 
                 block = max(STREAM_BLOCK_BYTES, mm * ENCODE_TILE * 8)  # at least one tile
                 agg_bytes = default_workers() * STREAM_BLOCKS_PER_THREAD * block
+                if p.dp and not p.interaction_dp and (p.noise or "distributed") == "distributed":
+                    agg_bytes += mm * dim // 8  # distributed DP: a rounding bit a coordinate
                 notes.append(
                     f"secure aggregation streams its {mm:,} x {dim:,} ring inputs a block of "
                     "coordinates at a time"

@@ -105,10 +105,10 @@ def test_secure_aggregation_over_a_large_cohort_suggests_a_client_fraction():
     assert estimate_run(fits, shape, speed=1.0).peak_memory <= available
 
 
-def test_fedrap_secure_rounds_at_gowalla_stream_and_distributed_dp_does_not():
+def test_fedrap_secure_rounds_at_gowalla_stream_with_and_without_distributed_dp():
     """FedRAP's uploads stream: a 10 % Gowalla cohort's secure round holds the engine's blocks,
-    not the 2,986 x 1.31 M table; with distributed DP (whole-vector rounding), and for a model
-    whose uploads do not stream (fedals), the table is counted."""
+    not the 2,986 x 1.31 M table; with distributed DP also one rounding bit per coordinate;
+    for a model whose uploads do not stream (fedals) the table is counted."""
     from protocols.secagg.batched import STREAM_BLOCK_BYTES
 
     shape = RunShape(users=29_858, items=40_981, train_interactions=860_000)
@@ -121,8 +121,9 @@ def test_fedrap_secure_rounds_at_gowalla_stream_and_distributed_dp_does_not():
     assert any("streams its 2,986 x 1,311,392 ring inputs" in n for n in est.notes)
     check_memory(cfg, est, available=16 * 10**9)
     ddg = dataclasses.replace(cfg, privacy=PrivacyConfig(secagg=True, epsilon=2.0))
-    assert not streamed_secagg(ddg, m, dim)
-    assert estimate_run(ddg, shape, speed=1.0).memory["aggregation"] > m * dim * 8
+    assert streamed_secagg(ddg, m, dim)
+    bits = estimate_run(ddg, shape, speed=1.0).memory["aggregation"] - est.memory["aggregation"]
+    assert bits == m * dim // 8
     fedals = TrainConfig(model="fedals", client_fraction=0.1, privacy=secure)
     assert not streamed_secagg(fedals, m, 2_667_861)
 
@@ -189,6 +190,29 @@ def test_a_run_that_cannot_fit_is_refused_in_one_line_with_nothing_written(tmp_p
     assert "available" in lines[0] and "--param dim=" in lines[0]
     assert "Traceback" not in res.output
     assert not run.exists()
+
+
+def test_a_refusal_prints_its_brackets():
+    """Refusals are text, not console markup: "[clients x d]" was printed as nothing."""
+    res = runner.invoke(
+        app,
+        [
+            "train",
+            "--model",
+            "fedals",
+            "--synthetic-users",
+            "3000",
+            "--synthetic-items",
+            "20000",
+            "--secagg",
+            "--client-fraction",
+            "1",
+            "--rounds",
+            "1",
+        ],
+    )
+    assert res.exit_code == 2, res.output
+    assert "secure aggregation's [clients x d] inputs" in " ".join(res.output.split())
 
 
 def test_a_loaded_dataset_too_large_for_memory_is_refused_before_the_model(tmp_path, monkeypatch):

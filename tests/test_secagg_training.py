@@ -117,6 +117,7 @@ def _streamed(monkeypatch, workers):
     monkeypatch.setattr(costs, "STREAM_RING_WORDS", 1000)
     monkeypatch.setattr(privacy, "ENCODE_TILE", 256)
     monkeypatch.setattr(privacy.EncodedBlocks, "align", 256)
+    monkeypatch.setattr(privacy.DiscreteGaussianBlocks, "align", 256)
     monkeypatch.setattr(batched, "STREAM_BLOCK_BYTES", 8 * 60 * 600)
     monkeypatch.setattr(simulation, "default_workers", lambda: workers)
 
@@ -141,3 +142,26 @@ def test_streamed_secure_round_matches_plain_and_does_not_depend_on_threads(tmp_
     assert bool((one.model.C == two.model.C).all())
     in_memory = train(TrainConfig(privacy=PrivacyConfig(secagg=True), **small), out=tmp_path / "m")
     assert in_memory.metrics[0]["secagg_streamed"] is False
+
+
+@pytest.mark.slow
+def test_streamed_secure_round_with_distributed_dp(tmp_path, monkeypatch):
+    """Distributed DP streams too (rounding decided tile by tile, one bit a coordinate kept):
+    the same ledger as the in-memory round, the noise really in the model, the survivors'
+    shares accounted."""
+    small = {**SMALL, "rounds": 1}
+    cfg = TrainConfig(privacy=PrivacyConfig(secagg=True, epsilon=2.0, replay=True), **small)
+    in_memory = train(cfg, out=tmp_path / "memory")
+    with monkeypatch.context() as m:
+        _streamed(m, 2)
+        streamed = train(cfg, out=tmp_path / "streamed")
+    assert streamed.metrics[0]["secagg_streamed"] is True
+    assert in_memory.metrics[0]["secagg_streamed"] is False
+    events = [
+        json.loads((tmp_path / name / "privacy_ledger.json").read_text())["events"]
+        for name in ("memory", "streamed")
+    ]
+    assert events[0] == events[1] and events[1][0]["noise_contributors"] == 60
+    assert streamed.summary["epsilon"] == in_memory.summary["epsilon"] <= 2.0
+    plain = train(TrainConfig(privacy=PrivacyConfig(secagg=True), **small), out=tmp_path / "p")
+    assert float((plain.model.C - streamed.model.C).abs().max()) > 1e-2  # the noise is there

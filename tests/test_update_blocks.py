@@ -6,6 +6,9 @@ each structured upload's block must be the same floats as the slice of its dense
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import pytest
 import torch
 
@@ -108,3 +111,85 @@ def test_models_that_stream_their_uploads_build_blocks_of_their_own_kind():
     assert streaming == {"fedrap", "fedrecgel"}
     for cls in (FedRAPUpdates, FedRecGELUpdates):
         assert cls.dense_block is not ClientUpdates.dense_block
+
+
+def _ddg_source(monkeypatch, secure, seed=3, bound=None):
+    """DiscreteGaussianBlocks over 6 clients' dense 50-float updates, tiles of 16 (``bound``:
+    a tighter rounded-norm bound than the plan's, so that first roundings exceed it)."""
+    from protocols.dp import DistributedDiscreteGaussian, distributed_noise_plan
+    from protocols.secagg import FixedPointCodec
+    from securefed import privacy
+
+    monkeypatch.setattr(privacy, "ENCODE_TILE", 16)
+    monkeypatch.setattr(privacy.DiscreteGaussianBlocks, "align", 16)
+    gen = torch.Generator().manual_seed(seed)
+    m, d, clip = 6, 50, 1.0
+    x = torch.randn(m, d, generator=gen)
+    x = x / x.norm(dim=1, keepdim=True) * clip  # every update at the clip: roundings retry
+    layout = UpdateLayout(names=("v",), shapes=((d,),))
+    plan = distributed_noise_plan(
+        clip=clip, noise_multiplier=1.0, scale=7.3, dim=d, min_survivors=m, rounding_beta=0.6
+    )
+    if bound is not None:
+        plan = dataclasses.replace(plan, l2_sensitivity_after_rounding=bound)
+    codec = FixedPointCodec.for_sum(
+        n_clients=m,
+        clip=plan.l2_sensitivity_after_rounding / plan.scale,
+        scale=plan.scale,
+        extra_int_bound=int(plan.noise_sum_bound(1)),
+    )
+    updates = DenseUpdates(torch.arange(m), x, layout)
+    source = privacy.DiscreteGaussianBlocks(
+        updates,
+        torch.ones(m, dtype=torch.float64),
+        codec,
+        DistributedDiscreteGaussian(plan=plan),
+        seed=seed,
+        round_index=2,
+        secure=secure,
+    )
+    return source, x, plan
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_streamed_distributed_dp_rounding_is_conditional_and_block_independent(monkeypatch, secure):
+    """The rounding decided tile by tile before the round is a conditional randomized
+    rounding of each client's whole vector (every coordinate one of its two neighbouring
+    integers, every client's rounded norm within the plan's bound), and the blocks the engine
+    asks for read the same rounding whatever their boundaries."""
+    source, x, plan = _ddg_source(monkeypatch, secure)
+    d = x.shape[1]
+    whole = source.rounded(0, d)
+    y = x.double() * plan.scale
+    assert bool(((whole == torch.floor(y)) | (whole == torch.floor(y) + 1)).all())
+    assert bool((whole.double().norm(dim=1) <= plan.l2_sensitivity_after_rounding).all())
+    parts = torch.cat([source.rounded(a, min(d, a + 16)) for a in range(0, d, 16)], dim=1)
+    assert torch.equal(parts, whole)
+    assert torch.equal(torch.cat([source.rounded(0, 32), source.rounded(32, d)], 1), whole)
+    # The ring inputs hold rounding plus noise: their sum decodes near the sum of roundings.
+    ring = np.concatenate([source.block(0, 32), source.block(32, d)], axis=1)
+    assert ring.dtype == np.uint64 and ring.shape == x.shape
+
+
+def test_streamed_distributed_dp_rounding_retries_over_the_bound_and_replays(monkeypatch):
+    """With a tight bound some first roundings exceed it and are redrawn (the stored bits
+    change); a replay run's rounding and noise are the same on a second construction."""
+    from securefed import privacy
+
+    calls = []
+    real_below = privacy.below
+
+    def counting_below(p, generator, secure):
+        calls.append(p.shape[0])
+        return real_below(p, generator, secure)
+
+    monkeypatch.setattr(privacy, "below", counting_below)
+    a, x, plan = _ddg_source(monkeypatch, secure=False, bound=7.85)
+    tiles = -(-x.shape[1] // 16)
+    assert len(calls) > tiles  # a second attempt ran for some clients
+    assert min(calls) < x.shape[0]  # ... only for the clients over the bound
+    whole = a.rounded(0, x.shape[1])
+    assert bool((whole.double().norm(dim=1) <= 7.85).all())
+    b, _, _ = _ddg_source(monkeypatch, secure=False, bound=7.85)
+    assert torch.equal(a.rounded(0, x.shape[1]), b.rounded(0, x.shape[1]))
+    assert np.array_equal(a.block(0, 32), b.block(0, 32))
