@@ -152,7 +152,7 @@ class DiscreteGaussianBlocks:
         m, dim = len(updates), updates.layout.size
         self.shape = (m, dim)
         self._updates = updates
-        self._factors = factors.unsqueeze(1).to(torch.float64)
+        self._factors = factors.unsqueeze(1)
         self._codec = codec
         self._plan = ddg.plan
         self._rng = (seed, round_index)
@@ -186,7 +186,9 @@ class DiscreteGaussianBlocks:
         self, lo: int, hi: int, rows: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Floors and fractional parts of the scaled, clipped updates on ``lo .. hi - 1``."""
-        x = self._updates.dense_block(lo, hi).to(torch.float64) * self._factors
+        # Clipped as the in-memory round clips (in the update's float32, which clip_scales
+        # keeps within the clip), then scaled in float64 as the rounding does.
+        x = (self._updates.dense_block(lo, hi) * self._factors).to(torch.float64)
         if rows is not None:
             x = x[rows]
         y = x.mul_(self._plan.scale)

@@ -141,7 +141,7 @@ def _ddg_source(monkeypatch, secure, seed=3, bound=None):
     updates = DenseUpdates(torch.arange(m), x, layout)
     source = privacy.DiscreteGaussianBlocks(
         updates,
-        torch.ones(m, dtype=torch.float64),
+        torch.ones(m),
         codec,
         DistributedDiscreteGaussian(plan=plan),
         seed=seed,

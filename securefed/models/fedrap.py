@@ -1278,9 +1278,12 @@ def _item_rows(
     u = flat.view(c, n_items, glob.shape[1])
     sq = (glob * glob).sum(1)
     ok = sq > 1e-12
-    ratio = (u[:, ok] * glob[ok]).sum(-1) / sq[ok]
+    # Usually every row counts: then no masked [c, items, dim] copy (the same values).
+    keep = slice(None) if bool(ok.all()) else ok
+    ratio = (u[:, keep] * glob[keep]).sum(-1) / sq[keep]
     decay = ratio.median(dim=1).values
-    rows = u - decay.view(c, 1, 1) * glob
+    rows = decay.view(c, 1, 1) * glob
+    torch.sub(u, rows, out=rows)  # u - decay * glob, one [c, items, dim] buffer
     return rows, rows
 
 
