@@ -86,24 +86,27 @@ _SCRATCH = ".recording-"
 SCORES_COMPRESSION_BOUND = 0.3
 #: Canary clients an audit adds to the replayed run (``AuditConfig.canaries``).
 DEFAULT_CANARIES = 256
+# Fitted 2026-12-05 on the quiet machine (probe x1.0) to one-round audits of MovieLens 100K
+# (`securefed audit --model M --dataset ml-100k --rounds 1`: FedRAP 31.8 s, fedals 10.3 s,
+# FedRecGEL 47.1 s; the constants before, from the loaded machine, said 79 s, 31 s and 7 min).
 #: The replay's work beyond training, per (observed client, item) of the replayed split
-#: (canaries included): building the canaries, recording, evaluating. Measured 12-17 s on
-#: MovieLens 100K (1,199 x 1,682, every client observed) for one-round fedals and FedRAP
-#: replays whose training took under 1 s.
-_REPLAY_S_PER_ENTRY = 6e-6
+#: (canaries included): building the canaries, recording, evaluating. FedRAP's replay took
+#: 16.7 s against 5.75 s of estimated training (2.6 us an entry; fedals 0.6 us).
+_REPLAY_S_PER_ENTRY = 2.5e-6
 #: Scoring the attacks, per (observed user, item) entry of a score matrix (bootstrap
-#: intervals): 0.7 us (fedals) to 2.1 us (FedRAP) measured on MovieLens 100K.
-_SCORE_S_PER_ENTRY = 2e-6
+#: intervals): 0.14 us (fedals) to 0.21 us (FedRAP) measured.
+_SCORE_S_PER_ENTRY = 2.5e-7
 #: The membership metrics' passes over a whole ``[users, items]`` score matrix and its labels,
 #: per entry: 3.5 ns (FedRAP's IMIA on Gowalla, 29,858 x 40,981, 300 users observed).
 _METRIC_S_PER_ENTRY = 3.5e-9
-#: The released-model attack, in full-ranking evaluations of the model per iteration
-#: (``AuditConfig.released_iterations``): 4.3 (FedRAP) and 9.8 (FedRecGEL) measured on
-#: MovieLens 100K, one round, scaled to the quiet machine by the probe.
-_RELEASED_EVALS_PER_ITERATION = 8.0
-#: The optimization attack (gradient matching), in full-ranking evaluations per target user
-#: (``AuditConfig.target_users``): 3.8 measured for FedRecGEL on MovieLens 100K.
-_OPTIMIZATION_EVALS_PER_TARGET = 4.0
+#: The released-model attack, in (estimated) full-ranking evaluations of the model per
+#: iteration (``AuditConfig.released_iterations``): 1.36 (FedRAP) and 0.93 (FedRecGEL).
+_RELEASED_EVALS_PER_ITERATION = 1.4
+#: The optimization attack (gradient matching), in (estimated) full-ranking evaluations per
+#: target user (``AuditConfig.target_users``): 0.16 measured for FedRecGEL.
+_OPTIMIZATION_EVALS_PER_TARGET = 0.3
+#: Starting the command, loading the split and writing the audit (6-7 s measured).
+_AUDIT_START_S = 6.0
 #: ``audit.json`` and the canary arrays, about (14 kB measured).
 _AUDIT_SMALL_BYTES = 64 * 1024
 
@@ -206,11 +209,11 @@ def estimate_audit_seconds(
     adds) and the recorder attached (:data:`securefed.costs.AUDIT_COST_FACTOR`), plus a fixed
     cost per (observed client, item), the scoring of every chosen attack's score matrix over
     the observed users and the metrics' passes over all of it, and the iterative attacks in
-    units of full evaluations. The observed clients are at most the round's expected cohort
-    times the rounds (plus the canaries): an audit of 300 clients of Gowalla's 29,858 records
-    and scores 300 users' rows (the estimate said 2.9 h for that 98 s audit before it counted
-    them). Rough: the constants were measured on MovieLens 100K for one-round runs of each
-    model.
+    units of full evaluations, and the command's start. The observed clients are at most the
+    round's expected cohort times the rounds (plus the canaries): an audit of 300 clients of
+    Gowalla's 29,858 records and scores 300 users' rows (the estimate said 2.9 h for that 98 s
+    audit before it counted them). Rough: the constants were measured on MovieLens 100K for
+    one-round runs of each model on the quiet development machine.
     """
     from securefed.costs import AUDIT_COST_FACTOR
 
@@ -234,7 +237,7 @@ def estimate_audit_seconds(
         evals += _RELEASED_EVALS_PER_ITERATION * cfg.released_iterations
     if "optimization" in chosen:
         evals += _OPTIMIZATION_EVALS_PER_TARGET * cfg.target_users
-    return AUDIT_COST_FACTOR * replay + speed * fixed + evals * full_eval_seconds
+    return AUDIT_COST_FACTOR * replay + speed * (fixed + _AUDIT_START_S) + evals * full_eval_seconds
 
 
 def audit_memory_bytes(attacks: Sequence[str], users: int, items: int, *, upload: bool) -> int:
