@@ -212,6 +212,20 @@ class PrivacyConfig:
         """Whether the clients run interaction-level DP-SGD (``--privacy-unit interaction``)."""
         return self.dp and self.privacy_unit == "interaction"
 
+    @property
+    def placement(self) -> Literal["central", "distributed"]:
+        """Where user-level DP noise is added: ``--noise``, or inside secure aggregation
+        (distributed) when it is on and centrally otherwise."""
+        return self.noise or ("distributed" if self.secagg else "central")
+
+    @property
+    def ring_noise(self) -> bool:
+        """Whether user-level DP noise is drawn as distributed discrete-Gaussian shares inside
+        the secure-aggregation ring (each client rounds its whole vector first)."""
+        return (
+            self.dp and not self.interaction_dp and self.secagg and self.placement == "distributed"
+        )
+
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:

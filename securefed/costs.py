@@ -691,7 +691,7 @@ def estimate_run(
         eval_full_s *= config.eval_users / u  # full ranking of a user sample
     agg_bytes = 0
     secagg_s = 0.0
-    if config.spec.federated and (p.secagg or (p.dp and p.noise == "distributed")):
+    if config.spec.federated and (p.secagg or (p.dp and p.placement == "distributed")):
         dim = _layout_size(config, shape)
         mm = max(int(math.ceil(m)), 2)
         if p.secagg:
@@ -702,7 +702,7 @@ def estimate_run(
 
                 block = max(STREAM_BLOCK_BYTES, mm * ENCODE_TILE * 8)  # at least one tile
                 agg_bytes = default_workers() * STREAM_BLOCKS_PER_THREAD * block
-                if p.dp and not p.interaction_dp and (p.noise or "distributed") == "distributed":
+                if p.ring_noise:
                     agg_bytes += mm * dim // 8  # distributed DP: a rounding bit a coordinate
                 notes.append(
                     f"secure aggregation streams its {mm:,} x {dim:,} ring inputs a block of "

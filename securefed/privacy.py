@@ -210,18 +210,16 @@ class DiscreteGaussianBlocks:
 
     def block(self, lo: int, hi: int) -> np.ndarray:
         """Ring inputs of coordinates ``lo .. hi - 1``: rounding plus fresh noise shares."""
-        out = np.empty((self.shape[0], hi - lo), dtype=np.uint64)
-        for a in range(lo, hi, ENCODE_TILE):
+        ints = self.rounded(lo, hi)
+        for a in range(lo, hi, ENCODE_TILE):  # noise per tile (a replay's generators)
             b = min(hi, a + ENCODE_TILE)
-            noise = discrete_gaussian(
+            ints[:, a - lo : b - lo] += discrete_gaussian(
                 (self.shape[0], b - a),
                 self._plan.share_sigma,
                 generator=self._generator("dp-noise", a),
                 secure=self._secure,
             )
-            ints = self.rounded(a, b) + noise
-            out[:, a - lo : b - lo] = self._codec.encode_integers(ints.numpy())
-        return out
+        return self._codec.encode_integers(ints.numpy())
 
 
 #: Recorded in the summary and ledger of every replay run and printed by the CLI. Opacus's
@@ -269,7 +267,7 @@ class PrivateAggregator:
         self._journal: Path | None = None  # the run's ledger file, written ahead (attach)
         self._last: dict[str, Any] = {}
         self._interaction_epsilon = 0.0
-        placement = p.noise or ("distributed" if p.secagg else "central")
+        placement = p.placement
         spec = config.spec
         default = spec.default_clip(config.params)
         clip = p.clip if p.clip is not None else (default or DEFAULT_SECAGG_BOUND)
@@ -327,7 +325,7 @@ class PrivateAggregator:
                     share=float(p.prior_share),
                     accountant=accountant,
                 )
-            if placement == "distributed" and p.secagg:
+            if p.ring_noise:
                 self._setup_discrete()
             elif placement == "distributed":
                 # Continuous shares sized for every sampled client surviving (no dropouts

@@ -448,8 +448,8 @@ def _mask_inputs(
     ]
     itemsize = word.itemsize
     per_block = 16 // itemsize  # words per AES block: ranges start on a block boundary
-    if streamed:  # and on the source's tiles
-        align = getattr(x, "align", 1)
+    if not isinstance(x, np.ndarray):  # streamed: ranges also start on the source's tiles
+        align = x.align
         if not (isinstance(align, int) and align >= 1):
             raise ConfigError(f"RingBlocks.align must be an int >= 1, got {align!r}")
         per_block = math.lcm(per_block, align)

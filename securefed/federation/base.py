@@ -80,7 +80,7 @@ def write_item_rows(
     """
     first = max(lo - offset, 0) // width
     last = min(hi - offset, n_items * width) - 1
-    if last < 0 or first >= n_items or last // width < first:
+    if last < 0 or last // width < first:  # the block ends before the part or starts after
         return
     order, starts = by_item
     sel = order[int(starts[first]) : int(starts[last // width + 1])]
