@@ -37,6 +37,10 @@ def _child(args: argparse.Namespace) -> dict:
     kw = dict(model=args.model, rounds=args.rounds, seed=0, checkpoint_every=10**6)
     if args.client_fraction is not None:
         kw["client_fraction"] = args.client_fraction
+    if args.views is not None:
+        from securefed.models.fedrap import FedRAPConfig
+
+        kw["params"] = FedRAPConfig(views=args.views)
     if args.dataset == "synthetic-ml1m":
         kw.update(dataset="synthetic", synthetic_users=6040, synthetic_items=3706)
     else:
@@ -72,6 +76,7 @@ def _child(args: argparse.Namespace) -> dict:
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "test_hr@10": res.summary.get("final_test_hr@10"),
         "threads": args.threads,
+        "views": getattr(res.model, "views", None),
     }
 
 
@@ -221,6 +226,12 @@ def main() -> None:
         "--ml1m-memory", action="store_true", help="also FedRAP on a 6040x3706 synthetic set"
     )
     ap.add_argument("--client-fraction", type=float, default=None, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--views",
+        choices=("auto", "dense", "sparse", "paged"),
+        default=None,
+        help="FedRAP's storage of the private views (default: the model's, 'auto')",
+    )
     ap.add_argument(
         "--fedrecgel-all-clients-rounds",
         type=int,

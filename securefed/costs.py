@@ -64,6 +64,10 @@ PROCESS_BYTES = 420 * 2**20
 #: Extra resident memory of a process that ran ``torch.compile`` (inductor, its C++ build and
 #: the compiled kernel): fitted from FedRAP's peak RSS on MovieLens 100K and 1M sizes.
 COMPILE_BYTES = 380 * 2**20
+#: Resident bytes of FedRAP's paged private views (``views="paged"``): what one gather or
+#: write of a round, or one evaluation block, faults in before it releases it (at most
+#: :data:`securefed.paging.RELEASE_BYTES` each; two may overlap).
+PAGED_RESIDENT_BYTES = 2 * (64 << 20)
 #: Bytes of a checkpoint beyond its tensors (the zip layout, pickled names and scalars).
 CHECKPOINT_OVERHEAD = 16 * 1024
 #: An audit's cost relative to the training it replays: the audit trains a seeded replay
@@ -531,7 +535,7 @@ def _fedrap_written_rows(config: TrainConfig, shape: RunShape, frac: float) -> i
 
     params = config.params
     mode = resolve_views(params, shape.users, shape.items, dpsgd=config.privacy.interaction_dp)
-    if mode == "dense":
+    if mode != "sparse":
         return None
     per_round = frac * shape.train_interactions
     positives = min(shape.train_interactions, config.rounds * per_round)
@@ -586,6 +590,19 @@ def estimate_run(
         written = formula  # the live state grows with the rounds: its bound at the end
     state_total = sum(formula.values())
     notes: list[str] = []
+    paged = 0  # FedRAP's paged private views: bytes in a file, not resident
+    if model == "fedrap":
+        from securefed.models.fedrap import resolve_views
+
+        mode = resolve_views(params, u, i, dpsgd=p.interaction_dp)
+        if mode == "paged":
+            paged = formula["D"]
+            state_total -= paged
+            where = params.views_dir or "$TMPDIR"
+            notes.append(
+                f"FedRAP's private views are paged: a {paged / 1e9:.2f} GB file in {where}, "
+                "resident a block at a time"
+            )
 
     memory: dict[str, int] = {
         "process": PROCESS_BYTES,
@@ -720,7 +737,14 @@ def estimate_run(
     memory["aggregation"] = agg_bytes
     memory["evaluation"] = eval_bytes
     memory["compile"] = compile_bytes
+    if paged:
+        # The blocks of the file one gather, write or evaluation block has faulted in before
+        # it releases them, and the evaluation block's copy of its users' views.
+        memory["paged_views_resident"] = PAGED_RESIDENT_BYTES
+        eval_bytes += EVAL_BLOCK * i * params.dim * 4
+        memory["evaluation"] = eval_bytes
     base = memory["process"] + memory["data"] + state_total + compile_bytes
+    base += memory.get("paged_views_resident", 0)
     peak = base + max(round_bytes + agg_bytes, eval_bytes)
     if shape.synthetic:
         # make_synthetic, before the model exists: float64 logits and Gumbel noise, an int64
@@ -852,19 +876,32 @@ def _suggest(config: TrainConfig, estimate: CostEstimate, available: int) -> str
     )
     views = getattr(params, "views", None) if config.model == "fedrap" else None
     dense_dp = views is not None and config.privacy.interaction_dp
-    if views == "dense" and not dense_dp:
-        cfg = dataclasses.replace(config, params=dataclasses.replace(params, views="sparse"))
-        if fits(cfg):
-            return "--param views=sparse would fit"
+    if views is not None:
+        from securefed.models.fedrap import resolve_views
+
+        held = resolve_views(params, shape.users, shape.items, dpsgd=dense_dp)
+        # Views held in memory: stored sparsely (the written rows, when few are) or paged
+        # from a file (any number; DP-SGD's too), with the same results.
+        for other in ("paged",) if dense_dp else ("sparse", "paged"):
+            if held == "dense":
+                cfg = dataclasses.replace(config, params=dataclasses.replace(params, views=other))
+                on_disk = shape.users * shape.items * params.dim * 4 if other == "paged" else 0
+                if fits(cfg) and on_disk <= free_disk(params.views_dir):
+                    return f"--param views={other} would fit"
     # Sparse private views grow with the cohort: a smaller fraction can fit them too.
-    grows = views is not None and views != "dense" and not dense_dp
+    grows = views is not None and views not in ("dense", "paged") and not dense_dp
     if config.spec.federated and (grows or estimate.memory.get("state", 0) < available):
         for fraction in (0.5, 0.2, 0.1, 0.05, 0.02, 0.01):
             cfg = dataclasses.replace(config, client_fraction=fraction, clients_per_round=None)
             if fits(cfg):
                 return f"--client-fraction {fraction:g} would fit"
-    if dim_field is not None:
-        current = int(getattr(params, dim_field))
+    if dim_field is not None and getattr(params, dim_field) is None and config.model == "fedals":
+        from securefed.models.fedals import resolve_dim
+
+        current = int(resolve_dim(params, shape.items).factor_dim)  # dim=None: by catalogue
+    elif dim_field is not None:
+        current = getattr(params, dim_field)
+    if dim_field is not None and isinstance(current, int):
         for dim in (current // 2**k for k in range(1, 12)):
             if dim < 1:
                 break
@@ -885,11 +922,30 @@ def _suggest(config: TrainConfig, estimate: CostEstimate, available: int) -> str
             "(fedals or fedrecgel keep no users x items state) or a machine with more memory"
         )
     why = " (interaction-level DP-SGD keeps FedRAP's private views dense)" if dense_dp else ""
+    if config.model == "fedrap":
+        other = "choose another --model (fedals or fedrecgel keep no users x items state)"
+    elif config.privacy.secagg and estimate.memory.get("aggregation", 0) >= estimate.memory.get(
+        "round", 0
+    ):
+        other = "run without --secagg (its blocks dominate)"
+    else:
+        other = "choose a smaller dataset"
     return (
         f"no --client-fraction or smaller dim fits {config.model}{why} on {shape.users:,} "
-        f"users x {shape.items:,} items here: choose another --model (fedals or fedrecgel "
-        "keep no users x items state) or a machine with more memory"
+        f"users x {shape.items:,} items here: {other} or use a machine with more memory"
     )
+
+
+def free_disk(directory: str = "") -> int:
+    """Free bytes where FedRAP's paged views would go (``directory``, else ``$TMPDIR``); 0
+    when it cannot be read."""
+    import shutil
+    import tempfile
+
+    try:
+        return shutil.disk_usage(directory or tempfile.gettempdir()).free
+    except OSError:
+        return 0
 
 
 def refuse_if_too_large(config: TrainConfig, split: Split) -> None:

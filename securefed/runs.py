@@ -17,10 +17,11 @@ import tempfile
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
+from securefed import paging
 from securefed.errors import IntegrityError
 
 CONFIG_FILE = "config.toml"
@@ -143,7 +144,13 @@ def save_state(path: Path, state: Mapping[str, Any]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
-            torch.save(dict(state), fh)
+            owners = paging.paged_owners(dict(state))
+            if owners:
+                _save_streaming(dict(state), fh)
+                for paged in owners:
+                    paged.release()
+            else:
+                torch.save(dict(state), fh)
             fh.flush()
             os.fsync(fh.fileno())
         unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(tmp)
@@ -156,6 +163,34 @@ def save_state(path: Path, state: Mapping[str, Any]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+class _ReleasingWriter:
+    """A binary file for ``torch.save`` whose writes release paged tensors' pages as they go
+    (:func:`securefed.paging.write_releasing`)."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self._fh = fh
+
+    def write(self, data: bytes | memoryview) -> int:
+        return paging.write_releasing(self._fh, data)
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+
+def _save_streaming(state: dict[str, Any], fh: BinaryIO) -> None:
+    """``torch.save`` of a state holding paged tensors (FedRAP's ``views="paged"``), streamed
+    so that they never become resident all at once. The zip records carry no CRC-32 here:
+    torch computes it over a whole storage before writing any of it, which would read every
+    page of a 2.9 GB paged tensor into memory first. Truncation is still detected (the zip's
+    directory is written last); a flipped bit inside a paged tensor's record is not."""
+    crc = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        torch.save(state, _ReleasingWriter(fh))  # type: ignore[arg-type]
+    finally:
+        torch.serialization.set_crc32_options(crc)
 
 
 def load_state(path: str | Path) -> dict[str, Any] | None:
@@ -177,8 +212,10 @@ def load_state(path: str | Path) -> dict[str, Any] | None:
     if path.stat().st_size == 0:
         raise _unreadable(path, "the file is empty")
     try:
-        with path.open("rb") as fh:
-            state = torch.load(fh, map_location="cpu", weights_only=True)
+        # Mapped, not read: a tensor's pages are read when used (a paged model copies its
+        # 2.9 GB of views block by block, paging each block out again).
+        mapped = zipfile.is_zipfile(path)  # torch maps its zip format only
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mapped)
     except pickle.UnpicklingError as exc:
         match = re.search(r"(?:GLOBAL|global|function|class) ([\w.<>]+)", str(exc))
         what = f" ({match.group(1)[:80]})" if match else ""

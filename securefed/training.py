@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from protocols.seeding import torch_generator
-from securefed import runs
+from securefed import paging, runs
 from securefed.allocator import keep_large_buffers
 from securefed.config import PrivacyConfig, TrainConfig, load_config_file
 from securefed.data.registry import load_dataset
@@ -878,8 +878,8 @@ def _non_finite_names(tensors: Mapping[str, Any], prefix: str = "") -> list[str]
     for key, value in tensors.items():
         if isinstance(value, torch.Tensor):
             if value.is_floating_point() and value.numel():
-                low, high = torch.aminmax(value.detach())
-                if not (math.isfinite(float(low)) and math.isfinite(float(high))):
+                low, high = paging.aminmax(value.detach())
+                if not (math.isfinite(low) and math.isfinite(high)):
                     names.append(f"{prefix}{key}")
         elif isinstance(value, Mapping):
             names += _non_finite_names(value, f"{prefix}{key}.")

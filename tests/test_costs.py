@@ -108,7 +108,8 @@ def test_secure_aggregation_over_a_large_cohort_suggests_a_client_fraction():
 def test_fedrap_secure_rounds_at_gowalla_stream_with_and_without_distributed_dp():
     """FedRAP's uploads stream: a 10 % Gowalla cohort's secure round holds the engine's blocks,
     not the 2,986 x 1.31 M table; with distributed DP also one rounding bit per coordinate;
-    for a model whose uploads do not stream (fedals) the table is counted."""
+    fedals streams too; for a model whose uploads do not stream (MostPop) the table is
+    counted."""
     from protocols.secagg.batched import STREAM_BLOCK_BYTES
 
     shape = RunShape(users=29_858, items=40_981, train_interactions=860_000)
@@ -125,7 +126,9 @@ def test_fedrap_secure_rounds_at_gowalla_stream_with_and_without_distributed_dp(
     bits = estimate_run(ddg, shape, speed=1.0).memory["aggregation"] - est.memory["aggregation"]
     assert bits == m * dim // 8
     fedals = TrainConfig(model="fedals", client_fraction=0.1, privacy=secure)
-    assert not streamed_secagg(fedals, m, 2_667_861)
+    assert streamed_secagg(fedals, m, 2_667_861)
+    mostpop = TrainConfig(model="mostpop", client_fraction=0.1, privacy=secure)
+    assert not streamed_secagg(mostpop, m, 2_667_861)
 
 
 def test_a_run_that_fits_is_not_refused():
@@ -192,8 +195,10 @@ def test_a_run_that_cannot_fit_is_refused_in_one_line_with_nothing_written(tmp_p
     assert not run.exists()
 
 
-def test_a_refusal_prints_its_brackets():
+def test_a_refusal_prints_its_brackets(monkeypatch):
     """Refusals are text, not console markup: "[clients x d]" was printed as nothing."""
+    # The streamed secure round's blocks (2.1 GB) dominate; 1.5 GB is available.
+    monkeypatch.setattr("securefed.costs._available_for", lambda device: 1_500_000_000)
     res = runner.invoke(
         app,
         [
@@ -212,7 +217,11 @@ def test_a_refusal_prints_its_brackets():
         ],
     )
     assert res.exit_code == 2, res.output
-    assert "secure aggregation's [clients x d] inputs" in " ".join(res.output.split())
+    text = " ".join(res.output.split())
+    assert "secure aggregation's [clients x d] inputs" in text
+    # fedals's dim is resolved from the catalogue (it used to crash on dim=None here), and a
+    # fedals user is not told to choose fedals.
+    assert "run without --secagg" in text and "fedals or fedrecgel" not in text
 
 
 def test_a_loaded_dataset_too_large_for_memory_is_refused_before_the_model(tmp_path, monkeypatch):

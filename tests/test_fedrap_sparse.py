@@ -233,7 +233,8 @@ def test_gowalla_at_a_tenth_of_the_users_is_estimated_sparse_and_fits():
     assert many.state["D_keys"] == GOWALLA.users * GOWALLA.items * 8
 
 
-def test_refusals_suggest_what_fits_sparse_views():
+def test_refusals_suggest_what_fits_sparse_views(monkeypatch):
+    monkeypatch.setattr("securefed.costs.free_disk", lambda directory="": 50 * 10**9)
     dense = _gowalla(params=FedRAPConfig(views="dense"))
     with pytest.raises(InsufficientMemory, match="--param views=sparse would fit"):
         check_memory(dense, estimate_run(dense, GOWALLA, speed=1.0), available=24 * 10**9)

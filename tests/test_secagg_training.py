@@ -145,6 +145,23 @@ def test_streamed_secure_round_matches_plain_and_does_not_depend_on_threads(tmp_
 
 
 @pytest.mark.slow
+def test_fedals_secure_round_streams_and_matches_plain(tmp_path, monkeypatch):
+    """fedals's uploads stream too (item rows, Gram, counts a block at a time): one streamed
+    secure round gives the plain round's item factors to fixed-point precision."""
+    small = {**SMALL, "model": "fedals", "rounds": 1}
+    plain = train(TrainConfig(**small), out=tmp_path / "plain")
+    with monkeypatch.context() as m:
+        _streamed(m, 2)
+        streamed = train(
+            TrainConfig(privacy=PrivacyConfig(secagg=True), **small), out=tmp_path / "s"
+        )
+    assert streamed.metrics[0]["secagg_streamed"] is True
+    v_plain, v_sec = plain.model.V, streamed.model.V
+    gap = float((v_plain - v_sec).abs().max())
+    assert 0 < gap < 1e-3 * max(1.0, float(v_plain.abs().max()))
+
+
+@pytest.mark.slow
 def test_streamed_secure_round_with_distributed_dp(tmp_path, monkeypatch):
     """Distributed DP streams too (rounding decided tile by tile, one bit a coordinate kept):
     the same ledger as the in-memory round, the noise really in the model, the survivors'

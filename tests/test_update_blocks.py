@@ -69,18 +69,38 @@ def _updates(kind):
             pair_mlp=torch.randn(len(client), 4, generator=gen),
             rest=torch.randn(m, 16, generator=gen),
         )
-    # fedals: the base class's default (densify chunks of clients, keep the block)
+    if kind == "fedals-plain":  # no counts, Gram scales or co-occurrence pairs given
+        return FedALSUpdates(
+            clients=torch.arange(m),
+            layout=fedals_layout(n_items, dim),
+            x=torch.randn(m, dim, generator=gen),
+            pair_client=client,
+            pair_item=item,
+            coef=torch.randn(len(client), generator=gen),
+        )
+    # fedals with every part: float64 factors, per-pair counts, Gram scales, co-occurrences
+    gram = 5
+    pairs = gram * (gram - 1) // 2
+    cooc_client = torch.arange(m).repeat_interleave(3)
+    cooc_index = torch.cat([torch.randperm(pairs, generator=gen)[:3] for _ in range(m)])
     return FedALSUpdates(
         clients=torch.arange(m),
-        layout=fedals_layout(n_items, dim),
-        x=torch.randn(m, dim, generator=gen),
+        layout=fedals_layout(n_items, dim, gram),
+        x=torch.randn(m, dim, generator=gen, dtype=torch.float64),
         pair_client=client,
         pair_item=item,
-        coef=torch.randn(len(client), generator=gen),
+        coef=torch.randn(len(client), generator=gen, dtype=torch.float64),
+        count=torch.rand(len(client), generator=gen, dtype=torch.float64),
+        gram_scale=torch.rand(m, generator=gen, dtype=torch.float64),
+        cooc_client=cooc_client,
+        cooc_index=cooc_index,
+        cooc_value=torch.randn(len(cooc_client), generator=gen, dtype=torch.float64),
     )
 
 
-@pytest.mark.parametrize("kind", ["fedrap", "fedrecgel", "mostpop", "dense", "fedals"])
+@pytest.mark.parametrize(
+    "kind", ["fedrap", "fedrecgel", "mostpop", "dense", "fedals-plain", "fedals"]
+)
 def test_dense_block_is_the_slice_of_dense(kind, monkeypatch):
     from securefed.federation import base
 
@@ -102,14 +122,14 @@ def test_dense_block_is_the_slice_of_dense(kind, monkeypatch):
 
 def test_models_that_stream_their_uploads_build_blocks_of_their_own_kind():
     """ModelSpec.streams_uploads promises an efficient dense_block: the flag is set exactly for
-    the models whose update class overrides the default (FedRAP, FedRecGEL)."""
+    the models whose update class overrides the default (FedRAP, FedRecGEL, fedals)."""
     from securefed.federation.base import ClientUpdates
     from securefed.models.fedrap import FedRAPUpdates
     from securefed.models.fedrecgel import FedRecGELUpdates
 
     streaming = {name for name in model_names() if get_spec(name).streams_uploads}
-    assert streaming == {"fedrap", "fedrecgel"}
-    for cls in (FedRAPUpdates, FedRecGELUpdates):
+    assert streaming == {"fedrap", "fedrecgel", "fedals"}
+    for cls in (FedRAPUpdates, FedRecGELUpdates, FedALSUpdates):
         assert cls.dense_block is not ClientUpdates.dense_block
 
 

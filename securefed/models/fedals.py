@@ -50,6 +50,8 @@ from securefed.federation.base import (
     ClientUpdates,
     RoundStats,
     UpdateLayout,
+    pairs_by_item,
+    write_item_rows,
 )
 from securefed.models.als_math import frequency_reg, normal_equations, solve_rows
 from securefed.models.registry import ModelSpec, ObserverHooks
@@ -568,6 +570,7 @@ class FedALSUpdates(ClientUpdates):
         if self.cooc_client.numel() and "cooc" not in layout.names:
             raise ConfigError("co-occurrence pairs need a layout with a cooc part")
         self._cooc_offset = self.n_items * self.dim + self.dim * self.dim + self.n_items
+        self._by_item: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def dense(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         if rows is None:
@@ -591,6 +594,54 @@ class FedALSUpdates(ClientUpdates):
             cooc[position[self.cooc_client[keep]], self.cooc_index[keep]] = self.cooc_value[
                 keep
             ].to(torch.float32)
+        return out
+
+    def dense_block(self, lo: int, hi: int) -> torch.Tensor:
+        """Coordinates ``lo .. hi - 1`` of every upload, the same values as :meth:`dense`, in
+        work proportional to the block (a streamed secure round asks for one block at a
+        time): the item rows, Gram entries, counts and co-occurrence pairs that reach into it."""
+        m, n, d = len(self), self.n_items, self.dim
+        out = torch.zeros(m, hi - lo, dtype=torch.float32)
+        if self._by_item is None:  # once per round's uploads (a race only repeats it)
+            self._by_item = pairs_by_item(self.pair_item, n)
+        x = self.x.to(torch.float32)
+        coef = self.coef.to(torch.float32)
+        by_item = self._by_item
+        write_item_rows(
+            out,
+            lo,
+            hi,
+            offset=0,
+            width=d,
+            n_items=n,
+            client=self.pair_client,
+            item=self.pair_item,
+            rows=lambda sel: coef[sel].unsqueeze(1) * x[self.pair_client[sel]],
+            by_item=by_item,
+        )
+        g0, g1 = max(lo, n * d), min(hi, n * d + d * d)
+        if g1 > g0:
+            xr = x * self.gram_scale.to(torch.float32).sqrt().unsqueeze(1)
+            k = torch.arange(g0 - n * d, g1 - n * d)
+            i, j = k // d, k % d
+            out[:, g0 - lo : g1 - lo] = xr[:, i] * xr[:, j]
+        count = self.count.to(torch.float32)
+        write_item_rows(
+            out,
+            lo,
+            hi,
+            offset=n * d + d * d,
+            width=1,
+            n_items=n,
+            client=self.pair_client,
+            item=self.pair_item,
+            rows=lambda sel: count[sel].unsqueeze(1),
+            by_item=by_item,
+        )
+        if self.cooc_client.numel() and hi > self._cooc_offset:
+            pos = self.cooc_index + self._cooc_offset
+            keep = (pos >= lo) & (pos < hi)
+            out[self.cooc_client[keep], pos[keep] - lo] = self.cooc_value[keep].to(torch.float32)
         return out
 
     def norms(self) -> torch.Tensor:
@@ -1239,6 +1290,7 @@ SPEC = ModelSpec(
     full_eval_every=1,
     # The private mode's upload has L2 norm <= 1 by construction: the clip never binds.
     dp_clip=1.0,
+    streams_uploads=True,
     resolve_params=_resolve,
     resolve_for_data=resolve_population,
     layout_size=lambda p, split: (

@@ -42,6 +42,10 @@ against ``d0`` plus the users' written rows, equal to the dense scores up to flo
 order (``tests/test_fedrap_sparse.py``). ``views="dense"`` keeps the ``[users, items,
 dim]`` tensor (faster when most rows get written: MovieLens 100K has 88 % of its rows written
 after 20 rounds); ``"auto"`` (default) is dense up to :data:`DENSE_VIEWS_MAX_BYTES`.
+``views="paged"`` keeps the dense tensor in a file the kernel pages
+(:class:`~securefed.paging.PagedTensor`, in ``views_dir``): every access goes a block at a
+time and releases the block's pages, so the process holds a block, not ``D``; same bits
+(``tests/test_fedrap_paged.py``).
 
 Interaction-level DP (``dpsgd=...``)
 ------------------------------------
@@ -66,6 +70,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+import mmap
 import shutil
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -95,6 +100,7 @@ from securefed.federation.base import (
 )
 from securefed.models.registry import ModelSpec, ObserverHooks
 from securefed.models.sparse_views import SparseViews, changed_rows
+from securefed.paging import RELEASE_BYTES, PagedTensor
 from securefed.validation import positive_int
 
 
@@ -117,7 +123,8 @@ class FedRAPConfig:
     negatives_from: Literal["train", "history"] = "train"
     curriculum: Literal["tanh", "none"] = "tanh"
     compile: bool | None = None
-    views: Literal["auto", "dense", "sparse"] = "auto"
+    views: Literal["auto", "dense", "sparse", "paged"] = "auto"
+    views_dir: str = ""
 
     def __post_init__(self) -> None:
         positive_int("dim", self.dim)
@@ -142,8 +149,27 @@ class FedRAPConfig:
             )
         if self.curriculum not in ("tanh", "none"):
             raise ConfigError(f"curriculum must be 'tanh' or 'none', got {self.curriculum!r}")
-        if self.views not in ("auto", "dense", "sparse"):
-            raise ConfigError(f"views must be 'auto', 'dense' or 'sparse', got {self.views!r}")
+        if self.views not in ("auto", "dense", "sparse", "paged"):
+            raise ConfigError(
+                f"views must be 'auto', 'dense', 'sparse' or 'paged', got {self.views!r}"
+            )
+
+
+def _page_blocks(flat: torch.Tensor, row_bytes: int) -> list[tuple[int, int]]:
+    """Ranges of ``flat`` (row positions in a paged ``D``) that touch at most
+    :data:`securefed.paging.RELEASE_BYTES` of the file each, counting a new page whenever the
+    next row's page differs from the previous row's (an upper bound on the distinct pages a
+    range faults in; a round's rows come user by user, so a range covers whole users' pages)."""
+    n = flat.shape[0]
+    if n == 0:
+        return []
+    page = flat * row_bytes // mmap.PAGESIZE
+    changes = torch.zeros(n, dtype=torch.long)
+    changes[1:] = torch.cumsum((page[1:] != page[:-1]).to(torch.long), 0)
+    per_block = max(1, RELEASE_BYTES // mmap.PAGESIZE - 2)  # a row may straddle two pages
+    cuts = torch.tensor(list(range(per_block, int(changes[-1]) + 1, per_block)), dtype=torch.long)
+    bounds = [0, *torch.searchsorted(changes, cuts).tolist(), n]
+    return [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True) if hi > lo]
 
 
 #: Bytes of dense private views ``users x items x dim`` float32 that ``views="auto"`` keeps
@@ -158,11 +184,11 @@ def resolve_views(
     *,
     dpsgd: bool,
     budget: int | None = None,
-) -> Literal["dense", "sparse"]:
+) -> Literal["dense", "sparse", "paged"]:
     """How a run stores the private views ``D``: ``config.views``, or for ``"auto"`` dense
     when ``users x items x dim`` float32 fit in ``budget`` bytes (default
     :data:`DENSE_VIEWS_MAX_BYTES`) and sparse otherwise. Interaction-level DP-SGD noises every
-    coordinate of every ``D_u``, so it always keeps them dense.
+    coordinate of every ``D_u``, so it keeps them dense (in memory, or paged when asked).
 
     Raises:
         ConfigError: ``views="sparse"`` with interaction-level DP-SGD.
@@ -171,9 +197,10 @@ def resolve_views(
         if config.views == "sparse":
             raise ConfigError(
                 "views='sparse' cannot hold interaction-level DP-SGD's private views (its "
-                "noise writes every row of every D_u): use --param views=dense or views=auto"
+                "noise writes every row of every D_u): use --param views=dense, views=paged "
+                "or views=auto"
             )
-        return "dense"
+        return "paged" if config.views == "paged" else "dense"
     if config.views != "auto":
         return config.views
     limit = DENSE_VIEWS_MAX_BYTES if budget is None else budget
@@ -695,8 +722,17 @@ class FedRAP:
         self._d_base = d0.to(self.device)
         self._D: torch.Tensor | None = None
         self._sparse: SparseViews | None = None
+        self._paged: PagedTensor | None = None
         if self.views == "dense":
             self._D = d0.unsqueeze(0).repeat(n_users, 1, 1).to(self.device)
+        elif self.views == "paged":
+            if self.device.type != "cpu":
+                raise ConfigError(f"views='paged' holds D in host memory, not on {self.device}")
+            self._paged = PagedTensor((n_users, n_items, dim), directory=config.views_dir)
+            for lo, hi in self._paged.blocks():
+                self._paged.tensor[lo:hi] = d0
+                self._paged.release()
+            self._D = self._paged.tensor
         else:
             self._sparse = SparseViews(self._d_base, n_users)
         self._d_scale = torch.ones(n_users, device=self.device)
@@ -728,14 +764,25 @@ class FedRAP:
     def D(self, value: torch.Tensor) -> None:
         if self._sparse is not None:
             self._sparse = SparseViews.from_dense(value, self._d_base)
+        elif self._paged is not None:
+            self._paged.copy_(value)
         else:
             self._D = value
+
+    def _release(self) -> None:
+        """Drop paged views' pages from the resident set (nothing for the other storages)."""
+        if self._paged is not None:
+            self._paged.release()
 
     def dense_views(self, users: torch.Tensor | None = None) -> torch.Tensor:
         """``D`` of ``users`` (default: all) as a dense ``[n, items, dim]`` tensor: the live
         :attr:`D` (all users, dense storage), else a copy."""
         if self._sparse is None:
-            return self.D if users is None else self.D[users]
+            if users is None:
+                return self.D
+            d = self.D[users]
+            self._release()
+            return d
         if users is None:
             return self._sparse.dense()
         return self._sparse.user_block(users.to(torch.long))
@@ -745,20 +792,32 @@ class FedRAP:
         or whose bits differ from the initial view (dense views)."""
         if self._sparse is not None:
             return len(self._sparse)
-        return int(changed_rows(self.D, self._d_base).sum())
+        return int(changed_rows(self.D, self._d_base, release=self._release).sum())
 
     def _gather_views(self, flat: torch.Tensor) -> torch.Tensor:
         """Stored rows ``D.view(-1, dim)[flat]`` (``[k, dim]``, a copy)."""
         if self._sparse is not None:
             return self._sparse.gather(flat)
-        return self.D.view(-1, self.config.dim).index_select(0, flat)
+        rows = self.D.view(-1, self.config.dim)
+        if self._paged is None:
+            return rows.index_select(0, flat)
+        out = torch.empty(flat.shape[0], self.config.dim, dtype=rows.dtype)
+        for lo, hi in _page_blocks(flat, self.config.dim * rows.element_size()):
+            torch.index_select(rows, 0, flat[lo:hi], out=out[lo:hi])
+            self._paged.release()
+        return out
 
     def _put_views(self, flat: torch.Tensor, rows: torch.Tensor) -> None:
         """Store ``rows`` ``[k, dim]`` at the unique flat positions ``flat``."""
         if self._sparse is not None:
             self._sparse.put(flat, rows)
-        else:
+        elif self._paged is None:
             self.D.view(-1, self.config.dim).index_copy_(0, flat, rows)
+        else:
+            stored = self.D.view(-1, self.config.dim)
+            for lo, hi in _page_blocks(flat, self.config.dim * stored.element_size()):
+                stored.index_copy_(0, flat[lo:hi], rows[lo:hi])
+                self._paged.release()
 
     # ------------------------------------------------------------------ planning
     def plan_round(self, participants: torch.Tensor, generator: torch.Generator) -> RoundPlan:
@@ -877,6 +936,7 @@ class FedRAP:
             ids = glob[lo:hi]
             e0, e1 = bounds[c], bounds[c + 1]
             d = self.D[ids]
+            self._release()
             scale = self._d_scale[ids]
             if not bool((scale == 1).all()):
                 d.mul_(scale.view(-1, 1, 1))
@@ -920,6 +980,7 @@ class FedRAP:
                     if last:
                         bce_sum[lo + s0 : hi] += bce
             self.D[ids] = d
+            self._release()
             self._d_scale[ids] = 1.0
             self.w[ids] = w
             self.b[ids] = b
@@ -1094,6 +1155,7 @@ class FedRAP:
             d = self._sparse.gather(users.unsqueeze(1) * self.split.n_items + items)
         else:
             d = self.D[users.unsqueeze(1), items]
+            self._release()
         d = d * self._d_scale[users].view(-1, 1, 1)
         v = d + self.C[items]
         return torch.sigmoid((v * self.w[users].unsqueeze(1)).sum(-1) + self.b[users].unsqueeze(1))
@@ -1118,6 +1180,7 @@ class FedRAP:
         else:
             d = self.D[users]
         dw = torch.bmm(d, w.unsqueeze(2)).squeeze(2) * self._d_scale[users].unsqueeze(1)
+        self._release()
         logits = dw + w @ self.C.T + self.b[users].unsqueeze(1)
         return torch.sigmoid(logits)
 
@@ -1193,8 +1256,8 @@ class FedRAP:
         and ``D_rows``, the rows some local step wrote).
         """
         state = self.state_dict()
-        if self._sparse is not None:
-            return state
+        if self._sparse is not None or self._paged is not None:
+            return state  # paged: D streams from its file (securefed.runs.save_state)
         n_users, n_items, dim = self.D.shape
         changed = changed_rows(self.D, self._d_base)
         step = max(1, (1 << 24) // max(1, n_items * dim))  # ~64 MiB of rows gathered at a time
@@ -1228,6 +1291,8 @@ class FedRAP:
             dense = state["D"].contiguous()
             if self._sparse is not None:
                 self._sparse = SparseViews.from_dense(dense, self._d_base)
+            elif self._paged is not None:
+                self._paged.copy_(dense, release_source=True)
             else:
                 self._D = dense
         else:
@@ -1238,6 +1303,10 @@ class FedRAP:
                 sparse = SparseViews.from_mask(base, state["D_mask"], state["D_rows"], n_users)
             if self._sparse is not None:
                 self._sparse = sparse
+            elif self._paged is not None:
+                for lo, hi in self._paged.blocks():
+                    self._paged.tensor[lo:hi] = sparse.user_block(torch.arange(lo, hi))
+                    self._paged.release()
             else:
                 self._D = sparse.dense()
             self._d_base = base

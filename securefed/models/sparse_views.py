@@ -11,15 +11,20 @@ bit ``d0[i]``. :class:`SparseViews` keeps ``d0`` once and the written rows keyed
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
 __all__ = ["SparseViews", "changed_rows"]
 
 
-def changed_rows(dense: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+def changed_rows(
+    dense: torch.Tensor, base: torch.Tensor, *, release: Callable[[], None] | None = None
+) -> torch.Tensor:
     """``[users, items]`` bool: which rows of a dense ``D`` ``[users, items, dim]`` differ in
-    their bits from ``base`` ``[items, dim]`` (compared about 64 MiB of ``D`` at a time)."""
+    their bits from ``base`` ``[items, dim]`` (compared about 64 MiB of ``D`` at a time, and
+    ``release`` called after each block: a paged ``D``'s pages leave the resident set)."""
     n_users, n_items, dim = dense.shape
     if base.shape != (n_items, dim):
         raise ValueError(
@@ -32,6 +37,8 @@ def changed_rows(dense: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
     for lo in range(0, n_users, step):
         block = dense[lo : lo + step].contiguous().view(torch.int32)
         torch.any(block != bits, dim=2, out=out[lo : lo + step])
+        if release is not None:
+            release()
     return out
 
 
