@@ -13,12 +13,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from securefed import costs as cost_model
 from securefed.costs import (
     CostEstimate,
     RunShape,
     available_memory,
     check_memory,
+    choose_views,
     estimate_run,
+    format_bytes,
     format_seconds,
     machine_speed,
     state_bytes_of,
@@ -65,17 +68,38 @@ class RunCosts:
             synthetic=True,
         )
         self.speed = machine_speed()
-        check_memory(config, estimate_run(config, shape, speed=self.speed))
+        estimate = estimate_run(config, shape, speed=self.speed)
+        chosen = choose_views(config, estimate, cost_model._available_for(config.device))
+        if chosen is not None:  # dense views would not fit; before_build picks the storage
+            config, estimate = chosen
+        check_memory(config, estimate)
 
-    def before_build(self, config: TrainConfig, split: Split) -> None:
+    def before_build(self, config: TrainConfig, split: Split) -> TrainConfig:
         """``train(before_build=...)``: estimate from the loaded split and refuse a run whose
-        peak memory exceeds what is available (nothing has been allocated or written yet)."""
+        peak memory exceeds what is available (nothing has been allocated or written yet);
+        FedRAP's ``views="auto"`` becomes the storage that fits when dense views do not
+        (said on one line; ``config.toml`` records it). Returns the config to train."""
         if self.speed is None:
             self.speed = machine_speed()
-        self.config = config
         estimate = estimate_run(config, RunShape.of(split), speed=self.speed)
+        available = cost_model._available_for(config.device)
+        chosen = choose_views(config, estimate, available)
+        if chosen is not None:
+            dense = estimate.peak_memory
+            config, estimate = chosen
+            where = ""
+            if config.params.views == "paged":
+                size = estimate.state.get("D", 0)
+                where = f" in a {format_bytes(size)} file in {config.params.views_dir or '$TMPDIR'}"
+            self.line(
+                f"private views: {config.params.views}{where} (dense would need about "
+                f"{format_bytes(dense)}, {format_bytes(available or 0)} is available; same "
+                "results)"
+            )
         check_memory(config, estimate)
+        self.config = config
         self.estimate = estimate
+        return config
 
     def start(self, start: RunStart) -> None:
         """Print the estimate (disk from the built model's real state) and record it."""

@@ -48,6 +48,7 @@ __all__ = [
     "InsufficientMemory",
     "RunShape",
     "available_memory",
+    "choose_views",
     "check_memory",
     "estimate_run",
     "format_bytes",
@@ -413,7 +414,9 @@ def state_bytes_of(state: Mapping[str, Any]) -> dict[str, int]:
 
 def available_memory() -> int | None:
     """Bytes of memory this process can still use: ``MemAvailable`` of ``/proc/meminfo``,
-    capped by a cgroup (v2 or v1) limit; None where neither can be read."""
+    capped by the memory limit of every cgroup (v2 or v1) from this process's own up to the
+    root, less what each has in use beyond its reclaimable file cache (``inactive_file``:
+    e.g. written-back pages of paged private views); None where none can be read."""
     found: list[int] = []
     try:
         with open("/proc/meminfo", encoding="ascii") as fh:
@@ -423,26 +426,63 @@ def available_memory() -> int | None:
                     break
     except (OSError, ValueError):
         pass
-    for limit_file, usage_file in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        (
-            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
-            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
-        ),
-    ):
+    for directory, limit_name, usage_name, stat_key in _cgroup_dirs():
         try:
-            with open(limit_file, encoding="ascii") as fh:
+            with open(f"{directory}/{limit_name}", encoding="ascii") as fh:
                 raw = fh.read().strip()
             if raw == "max":
                 continue
             limit = int(raw)
-            with open(usage_file, encoding="ascii") as fh:
+            with open(f"{directory}/{usage_name}", encoding="ascii") as fh:
                 usage = int(fh.read().strip())
         except (OSError, ValueError):
             continue
         if limit < 2**60:
-            found.append(max(limit - usage, 0))
+            found.append(max(limit - usage + _stat_value(directory, stat_key), 0))
     return min(found) if found else None
+
+
+def _cgroup_dirs() -> list[tuple[str, str, str, str]]:
+    """(directory, limit file, usage file, memory.stat key of inactive file pages) of this
+    process's memory cgroup and its ancestors, v2 and v1 (the mount roots as well, which is
+    what a container sees)."""
+    paths = {"v2": "/", "v1": "/"}
+    try:
+        with open("/proc/self/cgroup", encoding="ascii") as fh:
+            for line in fh:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if controllers == "":
+                    paths["v2"] = path or "/"
+                elif "memory" in controllers.split(","):
+                    paths["v1"] = path or "/"
+    except (OSError, ValueError):
+        pass
+    out = []
+    for kind, root, files in (
+        ("v2", "/sys/fs/cgroup", ("memory.max", "memory.current", "inactive_file")),
+        (
+            "v1",
+            "/sys/fs/cgroup/memory",
+            ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
+        ),
+    ):
+        parts = [p for p in paths[kind].split("/") if p and p != ".."]
+        for depth in range(len(parts), -1, -1):
+            out.append(("/".join([root, *parts[:depth]]), *files))
+    return out
+
+
+def _stat_value(directory: str, key: str) -> int:
+    """One counter of a cgroup's ``memory.stat`` (0 when it cannot be read)."""
+    try:
+        with open(f"{directory}/memory.stat", encoding="ascii") as fh:
+            for line in fh:
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def machine_speed(*, repeats: int = 5) -> float:
@@ -740,8 +780,8 @@ def estimate_run(
     if paged:
         # The blocks of the file one gather, write or evaluation block has faulted in before
         # it releases them, and the evaluation block's copy of its users' views.
-        memory["paged_views_resident"] = PAGED_RESIDENT_BYTES
-        eval_bytes += EVAL_BLOCK * i * params.dim * 4
+        memory["paged_views_resident"] = min(PAGED_RESIDENT_BYTES, paged)
+        eval_bytes += min(EVAL_BLOCK, u) * i * params.dim * 4
         memory["evaluation"] = eval_bytes
     base = memory["process"] + memory["data"] + state_total + compile_bytes
     base += memory.get("paged_views_resident", 0)
@@ -936,6 +976,38 @@ def _suggest(config: TrainConfig, estimate: CostEstimate, available: int) -> str
     )
 
 
+def choose_views(
+    config: TrainConfig, estimate: CostEstimate, available: int | None
+) -> tuple[TrainConfig, CostEstimate] | None:
+    """FedRAP's ``views="auto"`` on a machine too small for dense views: the run's config with
+    ``views`` set to the storage that fits (``sparse``, or ``paged`` when its file also fits
+    the free disk; of those that fit, the lower estimated peak) and its estimate. None when
+    the run fits as it is, is not FedRAP with ``views="auto"`` held dense, or nothing fits
+    (:func:`check_memory` then refuses it)."""
+    params = config.params
+    if available is None or estimate.peak_memory <= available or config.model != "fedrap":
+        return None
+    if params is None or getattr(params, "views", None) != "auto":
+        return None
+    from securefed.models.fedrap import resolve_views
+
+    shape = estimate.shape
+    dense_dp = config.privacy.interaction_dp
+    if resolve_views(params, shape.users, shape.items, dpsgd=dense_dp) != "dense":
+        return None
+    fitting = []
+    for other in ("paged",) if dense_dp else ("sparse", "paged"):
+        cfg = dataclasses.replace(config, params=dataclasses.replace(params, views=other))
+        est = estimate_run(cfg, shape, speed=estimate.speed)
+        on_disk = shape.users * shape.items * params.dim * 4 if other == "paged" else 0
+        if est.peak_memory <= available and on_disk <= free_disk(params.views_dir):
+            fitting.append((est.peak_memory, other, cfg, est))
+    if not fitting:
+        return None
+    _, _, cfg, est = min(fitting, key=lambda f: f[:2])
+    return cfg, est
+
+
 def free_disk(directory: str = "") -> int:
     """Free bytes where FedRAP's paged views would go (``directory``, else ``$TMPDIR``); 0
     when it cannot be read."""
@@ -948,11 +1020,18 @@ def free_disk(directory: str = "") -> int:
         return 0
 
 
-def refuse_if_too_large(config: TrainConfig, split: Split) -> None:
+def refuse_if_too_large(config: TrainConfig, split: Split) -> TrainConfig:
     """``train(config, before_build=refuse_if_too_large)``: the memory check of
-    ``securefed train`` for Python callers (no probe: only memory is checked).
+    ``securefed train`` for Python callers (no probe: only memory is checked). Returns the
+    config to train: ``config``, or FedRAP's with the storage of its private views that fits
+    (:func:`choose_views`).
 
     Raises:
         InsufficientMemory: see :func:`check_memory`.
     """
-    check_memory(config, estimate_run(config, RunShape.of(split), speed=1.0))
+    estimate = estimate_run(config, RunShape.of(split), speed=1.0)
+    chosen = choose_views(config, estimate, _available_for(config.device))
+    if chosen is not None:
+        config, estimate = chosen
+    check_memory(config, estimate)
+    return config

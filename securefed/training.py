@@ -159,7 +159,7 @@ class RunFinished(ConfigError):
 
 ProgressFn = Callable[[RoundRecord], None]
 StartFn = Callable[[RunStart], None]
-BuildFn = Callable[[TrainConfig, Split], None]
+BuildFn = Callable[[TrainConfig, Split], "TrainConfig | None"]
 
 #: A loss whose magnitude passes this many times the first round's is warned about (once).
 LOSS_GROWTH_WARNING = 1e6
@@ -428,7 +428,9 @@ def train(
         before_build: Called with the config and the loaded split before the model is built
             and before a new run's directory is created (a cost check such as
             :func:`securefed.costs.refuse_if_too_large`); an exception it raises stops the run
-            with nothing written.
+            with nothing written. It may return a config to train instead, one that gives
+            the same results (FedRAP's storage of its private views chosen for the machine,
+            :func:`securefed.costs.choose_views`); ``config.toml`` records what ran.
 
     A run that completes all its rounds, or stops because its privacy budget is spent (it can
     release nothing more, so resuming could add nothing), writes its released model
@@ -569,7 +571,9 @@ def _train(
             f"{config.model} is a centralized reference: it has no uploads to observe"
         )
     if before_build is not None:
-        before_build(config, split)
+        chosen = before_build(config, split)
+        if chosen is not None:
+            config = chosen
     model = with_prior(config, split, build_model(config, split))
     aggregator = build_aggregator(config, split, model)
     cohort = config.cohort(split.n_users)

@@ -377,3 +377,27 @@ def test_python_callers_get_the_same_refusal_before_the_model(small_split, tmp_p
             before_build=refuse_if_too_large,
         )
     assert not (tmp_path / "run").exists()
+
+
+def test_available_memory_reads_this_process_cgroup_and_its_ancestors(tmp_path, monkeypatch):
+    """The tightest limit from the process's cgroup up to the root counts, less usage beyond
+    the reclaimable file cache (a paged run's written-back pages)."""
+    from securefed import costs
+
+    def group(name: str, limit: str, usage: int, inactive: int) -> str:
+        d = tmp_path / name
+        d.mkdir()
+        (d / "memory.limit_in_bytes").write_text(limit + "\n")
+        (d / "memory.usage_in_bytes").write_text(f"{usage}\n")
+        (d / "memory.stat").write_text(f"cache 5\ntotal_inactive_file {inactive}\nrss 7\n")
+        return str(d)
+
+    files = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+    child = group("child", str(4 * 2**30), 3 * 2**30, 2**30)  # 1 GiB free + 1 GiB cache
+    root = group("root", str(2**63 - 4096), 2**30, 0)  # no limit
+    monkeypatch.setattr(costs, "_cgroup_dirs", lambda: [(child, *files), (root, *files)])
+    got = costs.available_memory()
+    assert got is not None and got <= 2 * 2**30
+    parent = group("parent", str(3 * 2**30), int(2.5 * 2**30), 0)  # tighter: 0.5 GiB
+    monkeypatch.setattr(costs, "_cgroup_dirs", lambda: [(child, *files), (parent, *files)])
+    assert costs.available_memory() == 2**29

@@ -13,7 +13,13 @@ import torch
 
 from securefed import paging, runs
 from securefed.config import TrainConfig
-from securefed.costs import InsufficientMemory, RunShape, check_memory, estimate_run
+from securefed.costs import (
+    InsufficientMemory,
+    RunShape,
+    check_memory,
+    choose_views,
+    estimate_run,
+)
 from securefed.errors import ConfigError
 from securefed.models.fedrap import FedRAP, FedRAPConfig, resolve_views
 from securefed.training import train
@@ -197,3 +203,54 @@ def test_finite_checks_of_paged_state_see_nan_and_stay_released(tmp_path):
     paged.tensor[50, 3, 2] = 2.0
     assert paging.aminmax(paged.tensor) == (-math.inf, 2.0)
     assert _resident_bytes(paged.tensor) == 0
+
+
+def test_auto_views_page_when_dense_ones_do_not_fit(monkeypatch):
+    """``views="auto"`` on a machine too small for dense views: the storage that fits (of
+    those that do, the lower estimate), never one whose file the disk cannot hold."""
+    monkeypatch.setattr("securefed.costs.free_disk", lambda directory="": 10**12)
+    auto = _ml1m("auto")
+    est = estimate_run(auto, ML1M, speed=1.0)
+    chosen = choose_views(auto, est, 4 * 10**9)
+    assert chosen is not None
+    cfg, paged = chosen
+    assert cfg.params.views == "paged" and paged.peak_memory <= 4 * 10**9
+    assert dataclasses.replace(cfg, params=auto.params) == auto  # nothing else changed
+    assert choose_views(auto, est, est.peak_memory) is None  # dense fits: kept
+    assert choose_views(_ml1m("dense"), est, 4 * 10**9) is None  # the user's choice stands
+    monkeypatch.setattr("securefed.costs.free_disk", lambda directory="": 10**9)
+    assert choose_views(auto, est, 4 * 10**9) is None  # sparse too large, no disk for paged
+
+
+def test_the_cli_chooses_views_that_fit_and_records_it(monkeypatch, tmp_path):
+    """Too little memory for dense views: the CLI trains with the storage ``choose_views``
+    picks (here sparse: a small catalogue's file would not save its 128 MiB of blocks), says
+    so and records it; with too little for any, it refuses with nothing written."""
+    from typer.testing import CliRunner
+
+    from securefed.cli import app
+    from securefed.training import load_split
+
+    cfg = TrainConfig(model="fedrap", synthetic_users=300, synthetic_items=3000, rounds=1, seed=0)
+    shape = RunShape.of(load_split(cfg))
+    peaks = {
+        views: estimate_run(
+            dataclasses.replace(cfg, params=FedRAPConfig(views=views)), shape, speed=1.0
+        ).peak_memory
+        for views in ("auto", "sparse", "paged")
+    }
+    expected = min(("sparse", "paged"), key=lambda v: peaks[v])
+    assert peaks[expected] < peaks["auto"]
+    monkeypatch.setattr("securefed.costs.free_disk", lambda directory="": 10**12)
+    monkeypatch.setattr("securefed.costs._available_for", lambda device: peaks["auto"] - 1)
+    args = ["train", "--model", "fedrap", "--synthetic-users", "300", "--synthetic-items"]
+    args += ["3000", "--rounds", "1", "--out", str(tmp_path / "run")]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert f'views = "{expected}"' in (tmp_path / "run" / "config.toml").read_text()
+    assert f"private views: {expected} (dense would need about" in text
+    monkeypatch.setattr("securefed.costs._available_for", lambda device: 10**6)
+    args[-1] = str(tmp_path / "none")
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and not (tmp_path / "none").exists()
