@@ -301,3 +301,36 @@ def test_too_large_std_message_says_what_to_do():
     msg = str(err.value)
     assert "for torch.float32" in msg and "got 1e+300" in msg
     assert msg.endswith("lower the noise multiplier or the clip, or use dtype=torch.float64")
+
+
+def test_secure_discrete_gaussian_fills_every_chunk_on_several_threads(monkeypatch) -> None:
+    """OS-random draws of several chunks run on a thread pool: every chunk is filled with
+    its own N_Z(0, sigma^2) samples (per-chunk variance within 14 standard errors of
+    sigma^2: a false failure is far below 1e-9) and the chunks are not copies of each other;
+    a generator's draws (replay) stay on the calling thread, in order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from protocols.dp import noise
+
+    pools: list[int] = []
+
+    class CountingPool(ThreadPoolExecutor):
+        def __init__(self, max_workers: int) -> None:
+            pools.append(max_workers)
+            super().__init__(max_workers=max_workers)
+
+    monkeypatch.setattr(noise, "CHUNK", 1 << 16)
+    monkeypatch.setattr(noise, "SECURE_WORKERS", 2)
+    monkeypatch.setattr(noise, "ThreadPoolExecutor", CountingPool)
+    sigma, chunk = 5.0, 1 << 16
+    x = noise.discrete_gaussian((3 * chunk + 11,), sigma, generator=None, secure=True)
+    assert pools == [2]
+    for lo in range(0, x.numel() - 11, chunk):
+        part = x[lo : lo + chunk].double()
+        se = sigma**2 * math.sqrt(2 / part.numel())
+        assert abs(float(part.var()) - sigma**2) < 14 * se
+    assert not torch.equal(x[:chunk], x[chunk : 2 * chunk])
+    assert x[-11:].abs().max() < 20 * sigma  # the short last chunk is filled too
+    a = noise.discrete_gaussian((2 * chunk,), sigma, generator=torch_generator(1, "t"))
+    b = noise.discrete_gaussian((2 * chunk,), sigma, generator=torch_generator(1, "t"))
+    assert pools == [2] and torch.equal(a, b)

@@ -268,3 +268,34 @@ def test_per_client_bound_rounds_up_by_two_ulps_exactly():
     2**52 + 2 (one more ulp of slack would give 2**52 + 3)."""
     codec = FixedPointCodec.for_sum(n_clients=1, clip=(2**52 - 1) / 2**52, scale_bits=52)
     assert codec.per_client_bound == 2**52 + 2
+
+
+def test_encoding_into_a_given_table_is_the_same_as_a_new_one():
+    """``out=``: a round's ring table written in place (reused across rounds) holds the
+    same words as a fresh encoding; a wrong table is refused; the bound is still checked
+    on the exact extremes of int64 inputs."""
+    codec = FixedPointCodec.for_sum(n_clients=4, clip=2.0, scale_bits=8, extra_int_bound=50)
+    x = np.random.default_rng(1).uniform(-2, 2, size=(4, 37))
+    table = np.full((6, 37), 7, dtype=np.uint64)
+    got = codec.encode(x, rng=np.random.default_rng(5), out=table[1:5])
+    assert got.base is table or got is table[1:5] or np.shares_memory(got, table)
+    assert np.array_equal(table[1:5], codec.encode(x, rng=np.random.default_rng(5)))
+    assert (table[0] == 7).all() and (table[5] == 7).all()
+    ints = np.random.default_rng(2).integers(-500, 500, size=(4, 37))
+    codec.encode_integers(ints, out=table[1:5])
+    assert np.array_equal(table[1:5], codec.encode_integers(ints))
+    small = codec.encode_integers(ints.astype(np.int32), out=np.empty((4, 37), np.uint64))
+    assert np.array_equal(small, codec.encode_integers(ints))
+    for bad in (
+        np.empty((4, 36), np.uint64),
+        np.empty((4, 37), np.int64),
+        table[:, :37:1][1:5, ::2],
+    ):
+        with pytest.raises(ConfigError, match="out must be"):
+            codec.encode(x, rng=np.random.default_rng(5), out=bad)
+        with pytest.raises(ConfigError, match="out must be"):
+            codec.encode_integers(ints, out=bad)
+    worst = ints.copy()
+    worst[3, 0] = np.iinfo(np.int64).min
+    with pytest.raises(ConfigError, match="per_client_bound"):
+        codec.encode_integers(worst, out=table[1:5])

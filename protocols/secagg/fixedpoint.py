@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from protocols.errors import ConfigError
 
@@ -121,7 +122,9 @@ class FixedPointCodec:
         """Largest ``|integer|`` one client contributes to one coordinate."""
         return self._per_client_bound(self.clip, self.scale, self.extra_int_bound)
 
-    def encode(self, x: np.ndarray, *, rng: np.random.Generator) -> np.ndarray:
+    def encode(
+        self, x: np.ndarray, *, rng: np.random.Generator, out: np.ndarray | None = None
+    ) -> np.ndarray:
         """Stochastically round float inputs to the ring.
 
         Args:
@@ -129,6 +132,8 @@ class FixedPointCodec:
                 before scaling), every ``|x| <= clip``.
             rng: Generator of the rounding noise (per client and round, see
                 :mod:`protocols.seeding`).
+            out: A C-contiguous uint64 array of ``x``'s shape to write into (e.g. rows of a
+                round's ring table, reused across rounds) instead of a new one.
 
         Returns:
             uint64 array of the same shape with values in ``[0, 2**modulus_bits)``.
@@ -141,7 +146,13 @@ class FixedPointCodec:
         if x.dtype.kind != "f":
             x = x.astype(np.float64)
         flat = np.ascontiguousarray(x).reshape(-1)
-        out = np.empty(x.shape, dtype=np.uint64)
+        if out is None:
+            out = np.empty(x.shape, dtype=np.uint64)
+        elif out.shape != x.shape or out.dtype != np.uint64 or not out.flags.c_contiguous:
+            raise ConfigError(
+                f"out must be a C-contiguous uint64 array of shape {x.shape}, got "
+                f"{out.dtype} {out.shape}"
+            )
         signed = out.reshape(-1).view(np.int64)
         q = np.empty(min(BLOCK, flat.size), dtype=np.float64)
         u = np.empty_like(q)
@@ -167,21 +178,34 @@ class FixedPointCodec:
         """Integers (e.g. discrete-Gaussian noise) into the ring; ``|v| <= extra_int_bound``."""
         return self._integers(values, self.extra_int_bound, "extra_int_bound")
 
-    def encode_integers(self, values: np.ndarray) -> np.ndarray:
+    def encode_integers(self, values: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
         """A client's whole integer input (already rounded update plus its integer noise share)
         into the ring; every ``|v| <= per_client_bound`` so the sum of ``n_clients`` such inputs
-        cannot wrap."""
-        return self._integers(values, self.per_client_bound, "per_client_bound")
+        cannot wrap. ``out``: a C-contiguous uint64 array of the same shape to write into."""
+        return self._integers(values, self.per_client_bound, "per_client_bound", out=out)
 
-    def _integers(self, values: np.ndarray, bound: int, name: str) -> np.ndarray:
+    def _integers(
+        self, values: np.ndarray, bound: int, name: str, *, out: np.ndarray | None = None
+    ) -> np.ndarray:
         v = np.asarray(values)
         if v.dtype.kind not in "iu":
             raise ConfigError(f"values must be an integer array, got dtype {v.dtype}")
+        if out is not None and (
+            out.shape != v.shape or out.dtype != np.uint64 or not out.flags.c_contiguous
+        ):
+            raise ConfigError(
+                f"out must be a C-contiguous uint64 array of shape {v.shape}, got "
+                f"{out.dtype} {out.shape}"
+            )
         # The bound is checked on the exact extremes (Python ints) before any cast:
         # np.abs(INT64_MIN) overflows to INT64_MIN and a uint64 above 2**63 casts to a
         # negative int64, both of which would slip past |v| <= bound.
         if v.size:
-            lo, hi = int(v.min()), int(v.max())
+            if v.dtype == np.int64:  # one pass for both extremes (torch reads the same memory)
+                low, high = torch.aminmax(torch.from_numpy(np.ascontiguousarray(v)))
+                lo, hi = int(low), int(high)
+            else:
+                lo, hi = int(v.min()), int(v.max())
             if lo < -bound or hi > bound:
                 worst = lo if -lo > hi else hi
                 raise ConfigError(
@@ -189,8 +213,12 @@ class FixedPointCodec:
                     "clip or extra_int_bound in FixedPointCodec.for_sum or truncate the noise"
                 )
         if v.dtype == np.int64:  # one pass: two's complement bits, reduced
-            return np.bitwise_and(v.view(np.uint64), self.mask)
-        return self._wrap(v.astype(np.int64))
+            return np.bitwise_and(v.view(np.uint64), self.mask, out=out)
+        wrapped = self._wrap(v.astype(np.int64))
+        if out is None:
+            return wrapped
+        np.copyto(out, wrapped)
+        return out
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """``(a + b) mod 2**modulus_bits`` for ring arrays."""
