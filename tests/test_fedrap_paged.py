@@ -10,6 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_fedrap_sparse import (  # tests/ is on sys.path under pytest; the same runs' settings
+    _assert_same_model,
+    _cfg,
+    _same,
+)
 
 from securefed import paging, runs
 from securefed.config import TrainConfig
@@ -23,31 +28,6 @@ from securefed.costs import (
 from securefed.errors import ConfigError
 from securefed.models.fedrap import FedRAP, FedRAPConfig, resolve_views
 from securefed.training import train
-
-PARAMS = FedRAPConfig(local_epochs=2, batch_size=64)
-BASE = dict(
-    model="fedrap",
-    synthetic_users=40,
-    synthetic_items=2000,
-    client_fraction=0.5,
-    rounds=4,
-    eval_every=1,
-)
-
-
-def _cfg(views: str, **kw) -> TrainConfig:
-    return TrainConfig(**{**BASE, "params": dataclasses.replace(PARAMS, views=views), **kw})
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.int32), b.view(torch.int32))
-
-
-def _assert_same_model(a: FedRAP, b: FedRAP) -> None:
-    assert _same(a.dense_views(), b.dense_views()), "D"
-    for key in ("C", "w", "b", "_d_scale"):
-        assert _same(getattr(a, key), getattr(b, key)), key
-    assert (a.lr_args, a.lr_network) == (b.lr_args, b.lr_network)
 
 
 def _resident_bytes(tensor: torch.Tensor) -> int:
