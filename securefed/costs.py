@@ -916,6 +916,7 @@ def _suggest(config: TrainConfig, estimate: CostEstimate, available: int) -> str
     )
     views = getattr(params, "views", None) if config.model == "fedrap" else None
     dense_dp = views is not None and config.privacy.interaction_dp
+    held = None
     if views is not None:
         from securefed.models.fedrap import resolve_views
 
@@ -929,7 +930,7 @@ def _suggest(config: TrainConfig, estimate: CostEstimate, available: int) -> str
                 if fits(cfg) and on_disk <= free_disk(params.views_dir):
                     return f"--param views={other} would fit"
     # Sparse private views grow with the cohort: a smaller fraction can fit them too.
-    grows = views is not None and views not in ("dense", "paged") and not dense_dp
+    grows = held == "sparse"
     if config.spec.federated and (grows or estimate.memory.get("state", 0) < available):
         for fraction in (0.5, 0.2, 0.1, 0.05, 0.02, 0.01):
             cfg = dataclasses.replace(config, client_fraction=fraction, clients_per_round=None)
