@@ -247,7 +247,11 @@ class CostEstimate:
             for k, v in self.memory.items()
             if v and k != "synthetic_generation"
         ]
-        named = ", ".join(f"{k} {format_bytes(v)}" for k, v in _largest(self.state, 2))
+        paged = bool(self.memory.get("paged_views_resident"))
+        named = ", ".join(
+            f"{k} {format_bytes(v)}" + (" in a file, not resident" if paged and k == "D" else "")
+            for k, v in _largest(self.state, 2)
+        )
         text = f"          memory: {' + '.join(parts)}" + (f" (state: {named})" if named else "")
         if self.memory.get("synthetic_generation"):
             text += (

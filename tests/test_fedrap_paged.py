@@ -165,6 +165,8 @@ def test_a_machine_too_small_for_dense_views_is_told_to_page_them(monkeypatch):
     assert paged.peak_memory <= 4 * 10**9 < est.peak_memory
     assert paged.state["D"] == est.state["D"]  # the checkpoint still holds every row
     assert any("paged" in note for note in paged.notes)
+    assert "D 2.9 GB in a file, not resident" in paged.detail_line()
+    assert "in a file" not in est.detail_line()
     # Without the disk for the file, paging is not offered.
     monkeypatch.setattr("securefed.costs.free_disk", lambda directory="": 10**9)
     with pytest.raises(InsufficientMemory) as info:
