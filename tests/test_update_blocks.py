@@ -213,3 +213,33 @@ def test_streamed_distributed_dp_rounding_retries_over_the_bound_and_replays(mon
     b, _, _ = _ddg_source(monkeypatch, secure=False, bound=7.85)
     assert torch.equal(a.rounded(0, x.shape[1]), b.rounded(0, x.shape[1]))
     assert np.array_equal(a.block(0, 32), b.block(0, 32))
+
+
+def test_encoded_blocks_do_not_depend_on_how_many_rows_are_encoded_at_once(monkeypatch):
+    """A streamed block encodes each tile a few rows at a time: the same ring values as the
+    whole tile at once (the tile's generator is consumed in C order either way)."""
+    from protocols.secagg import FixedPointCodec
+    from securefed import privacy
+
+    monkeypatch.setattr(privacy, "ENCODE_TILE", 16)
+    updates = _updates("fedals")
+    codec = FixedPointCodec.for_sum(n_clients=len(updates), clip=1000.0, scale_bits=16)
+    factors = torch.rand(len(updates), generator=torch.Generator().manual_seed(3))
+
+    def blocks(piece_bytes: int) -> np.ndarray:
+        monkeypatch.setattr(privacy, "_TILE_PIECE_BYTES", piece_bytes)
+        source = privacy.EncodedBlocks(
+            updates, factors, codec, seed=4, stream="secagg-encode", round_index=1
+        )
+        size = updates.layout.size
+        return np.concatenate(
+            [source.block(a, min(size, a + 48)) for a in range(0, size, 48)], axis=1
+        )
+
+    whole, rows = blocks(1 << 30), blocks(16 * 8 * 2)  # all rows, then 2 rows at a time
+    assert np.array_equal(whole, rows)
+    expected = codec.encode(
+        (updates.dense() * factors.unsqueeze(1))[:, :16].numpy(),
+        rng=privacy.numpy_generator(4, "secagg-encode", 1, 0),
+    )
+    assert np.array_equal(whole[:, :16], expected)
