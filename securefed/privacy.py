@@ -33,6 +33,7 @@ import json
 import math
 import os
 import secrets
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -109,11 +110,22 @@ class EncodedBlocks:
         self._factors = factors.unsqueeze(1)
         self._codec = codec
         self._rng = (seed, stream, round_index)
+        self._local = threading.local()
 
     def block(self, lo: int, hi: int) -> np.ndarray:
-        """The ring inputs of coordinates ``lo .. hi - 1`` (``lo`` on a tile boundary)."""
-        x = (self._updates.dense_block(lo, hi) * self._factors).numpy()  # may be a view
-        out = np.empty(x.shape, dtype=np.uint64)
+        """The ring inputs of coordinates ``lo .. hi - 1`` (``lo`` on a tile boundary).
+
+        The array is this thread's buffer, overwritten by its next call (the engine asks for
+        a thread's next block once it has finished with the last): blocks of hundreds of MB
+        allocated inside a mask thread would otherwise be fresh mappings every time, faulted
+        in page by page (glibc's thread arenas cannot hold them)."""
+        m, w = self.shape[0], hi - lo
+        held = getattr(self._local, "buffers", None)
+        if held is None or held[0].shape != (m, w):  # a thread's last block is narrower
+            held = (np.empty((m, w), dtype=np.uint64), torch.empty(m, w))
+            self._local.buffers = held
+        out = held[0]
+        x = torch.mul(self._updates.dense_block(lo, hi), self._factors, out=held[1]).numpy()
         seed, stream, round_index = self._rng
         # A tile is encoded a few rows at a time, in order (the same draws as the whole
         # tile: encode consumes its generator in C order), into a small buffer: whole-tile

@@ -232,12 +232,16 @@ def test_encoded_blocks_do_not_depend_on_how_many_rows_are_encoded_at_once(monke
             updates, factors, codec, seed=4, stream="secagg-encode", round_index=1
         )
         size = updates.layout.size
+        # .copy(): a source reuses its buffer for this thread's next block.
         return np.concatenate(
-            [source.block(a, min(size, a + 48)) for a in range(0, size, 48)], axis=1
+            [source.block(a, min(size, a + 48)).copy() for a in range(0, size, 48)], axis=1
         )
 
     whole, rows = blocks(1 << 30), blocks(16 * 8 * 2)  # all rows, then 2 rows at a time
     assert np.array_equal(whole, rows)
+    source = privacy.EncodedBlocks(updates, factors, codec, seed=4, stream="s", round_index=1)
+    first = source.block(0, 48)
+    assert source.block(48, 96) is first  # one buffer per thread, reused
     expected = codec.encode(
         (updates.dense() * factors.unsqueeze(1))[:, :16].numpy(),
         rng=privacy.numpy_generator(4, "secagg-encode", 1, 0),

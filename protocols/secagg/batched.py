@@ -74,7 +74,9 @@ class RingBlocks(Protocol):
     multiple of ``align`` and ``hi`` one too or ``dim``, so a source that draws randomness per
     tile of ``align`` coordinates gives the same inputs whatever the engine's threads and chunk
     sizes. Every block is checked as it arrives; the batched engine asks for each coordinate
-    once.
+    once, and is done with a block before it asks the same thread for the next, so a source
+    may hand each thread one reused buffer (securefed's ``EncodedBlocks`` does: fresh blocks of
+    hundreds of MB allocated in threads are page-faulted in every time).
     """
 
     @property
