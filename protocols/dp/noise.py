@@ -125,7 +125,7 @@ CHUNK = 1 << 20
 
 #: Threads of the discrete Gaussian sampler on OS randomness (one per core, up to 4): a
 #: distributed-DP round of FedRAP on MovieLens 100K draws 50.7 M samples, 2.8 s on one
-#: thread here and 2.2 s on two (docs/benchmarks.md).
+#: thread here and 2.2 s on two before the copy below, 1.6 s after (docs/benchmarks.md).
 SECURE_WORKERS = max(1, min(4, os.cpu_count() or 1))
 
 
@@ -311,13 +311,13 @@ def _discrete_gaussian_into(
         accept_p = y.abs().sub_(shift).square_().mul_(minus_inv_two_var).exp_()
         # P[accept] = exp(-(|y| - sigma^2/t)^2 / (2 sigma^2)), up to the 53-bit grid.
         accepted = below(accept_p, generator, secure)
+        # Every pending element takes its proposal; the rejected ones are overwritten by a
+        # later round (a plain copy, not a masked one: the same outputs, a fraction of the
+        # time).
         if pending is None:
-            if bool(accepted.all()):
-                out.copy_(y)
-                return
-            out[accepted] = y[accepted].to(torch.int64)
+            out.copy_(y)
             pending = torch.nonzero(~accepted).squeeze(1)
         else:
-            out[pending[accepted]] = y[accepted].to(torch.int64)
+            out.index_copy_(0, pending, y.to(torch.int64))
             pending = pending[~accepted]
         k = pending.numel()
