@@ -80,7 +80,10 @@ class PagedTensor:
             os.unlink(path)  # gone with the process, whatever ends it
             if self.nbytes:
                 try:
-                    os.posix_fallocate(fd, 0, self.nbytes)
+                    if hasattr(os, "posix_fallocate"):
+                        os.posix_fallocate(fd, 0, self.nbytes)
+                    else:  # macOS: a sparse file; a full disk then shows up when pages are written
+                        os.ftruncate(fd, self.nbytes)
                 except OSError as exc:
                     raise ConfigError(
                         f"cannot reserve {self.nbytes / 1e9:.2f} GB for the paged state in "

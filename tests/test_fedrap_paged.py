@@ -236,3 +236,13 @@ def test_the_cli_chooses_views_that_fit_and_records_it(monkeypatch, tmp_path):
     args[-1] = str(tmp_path / "none")
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2 and not (tmp_path / "none").exists()
+
+
+def test_paged_tensor_without_posix_fallocate(tmp_path, monkeypatch):
+    """Where the OS has no posix_fallocate (macOS), the file is a sparse one of the same size
+    and the tensor works the same."""
+    monkeypatch.delattr(paging.os, "posix_fallocate")
+    paged = paging.PagedTensor((10, 300, 4), directory=tmp_path)
+    data = torch.randn(10, 300, 4)
+    paged.copy_(data)
+    assert torch.equal(paged.tensor, data)
