@@ -925,14 +925,10 @@ def _suggest(config: TrainConfig, estimate: CostEstimate, available: int) -> str
         from securefed.models.fedrap import resolve_views
 
         held = resolve_views(params, shape.users, shape.items, dpsgd=dense_dp)
-        # Views held in memory: stored sparsely (the written rows, when few are) or paged
-        # from a file (any number; DP-SGD's too), with the same results.
-        for other in ("paged",) if dense_dp else ("sparse", "paged"):
-            if held == "dense":
-                cfg = dataclasses.replace(config, params=dataclasses.replace(params, views=other))
-                on_disk = shape.users * shape.items * params.dim * 4 if other == "paged" else 0
-                if fits(cfg) and on_disk <= free_disk(params.views_dir):
-                    return f"--param views={other} would fit"
+        if held == "dense":
+            fitting = _views_that_fit(config, shape, speed, available)
+            if fitting:
+                return f"--param views={fitting[0][0].params.views} would fit"
     # Sparse private views grow with the cohort: a smaller fraction can fit them too.
     grows = held == "sparse"
     if config.spec.federated and (grows or estimate.memory.get("state", 0) < available):
@@ -997,20 +993,32 @@ def choose_views(
     from securefed.models.fedrap import resolve_views
 
     shape = estimate.shape
-    dense_dp = config.privacy.interaction_dp
-    if resolve_views(params, shape.users, shape.items, dpsgd=dense_dp) != "dense":
+    held = resolve_views(params, shape.users, shape.items, dpsgd=config.privacy.interaction_dp)
+    if held != "dense":
         return None
-    fitting = []
-    for other in ("paged",) if dense_dp else ("sparse", "paged"):
-        cfg = dataclasses.replace(config, params=dataclasses.replace(params, views=other))
-        est = estimate_run(cfg, shape, speed=estimate.speed)
-        on_disk = shape.users * shape.items * params.dim * 4 if other == "paged" else 0
-        if est.peak_memory <= available and on_disk <= free_disk(params.views_dir):
-            fitting.append((est.peak_memory, other, cfg, est))
+    fitting = _views_that_fit(config, shape, estimate.speed, available)
     if not fitting:
         return None
-    _, _, cfg, est = min(fitting, key=lambda f: f[:2])
-    return cfg, est
+    return min(fitting, key=lambda f: (f[1].peak_memory, f[0].params.views))
+
+
+def _views_that_fit(
+    config: TrainConfig, shape: RunShape, speed: float, available: int
+) -> list[tuple[TrainConfig, CostEstimate]]:
+    """FedRAP's other storages of views held dense, in order (sparse, then paged; only paged
+    with interaction-level DP-SGD, which writes every row), that fit ``available`` memory,
+    paged only when its file also fits the free disk: ``(config, estimate)`` each.
+    Views held sparsely or paged give the same results as dense ones."""
+    params = config.params
+    storages = ("paged",) if config.privacy.interaction_dp else ("sparse", "paged")
+    fitting = []
+    for other in storages:
+        cfg = dataclasses.replace(config, params=dataclasses.replace(params, views=other))
+        est = estimate_run(cfg, shape, speed=speed)
+        on_disk = est.state["D"] if other == "paged" else 0
+        if est.peak_memory <= available and on_disk <= free_disk(params.views_dir):
+            fitting.append((cfg, est))
+    return fitting
 
 
 def free_disk(directory: str = "") -> int:

@@ -219,8 +219,6 @@ def write_releasing(fh: BinaryIO, data: memoryview | bytes) -> int:
         fh.write(block)
         for p in owners:
             p._release_range(start + lo, start + lo + len(block))
-    for p in owners:  # reads fault pages in around the one asked for, also behind a block
-        p._release_range(start, start + len(view))
     return len(view)
 
 

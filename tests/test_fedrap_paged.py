@@ -13,6 +13,7 @@ import torch
 from test_fedrap_sparse import (  # tests/ is on sys.path under pytest; the same runs' settings
     _assert_same_model,
     _cfg,
+    _interrupted_after_round_2,
     _same,
 )
 
@@ -87,14 +88,7 @@ def test_paged_views_are_released_after_training_and_scoring(trained):
 
 def test_resume_from_a_paged_checkpoint_equals_the_uninterrupted_run(trained, tmp_path):
     _, paged = trained
-
-    def stop_at_2(record):
-        if record.round == 2:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        train(_cfg("paged"), out=tmp_path / "cut", progress=stop_at_2)
-    saved = runs.load_checkpoint(tmp_path / "cut")["model"]
+    saved = _interrupted_after_round_2("paged", tmp_path / "cut")
     assert saved["D"].shape == (40, 2000, 32)  # the views as they are, streamed from the file
     del saved
     resumed = train(resume=tmp_path / "cut")

@@ -135,16 +135,22 @@ def test_sparse_checkpoint_round_trips_into_sparse_and_dense_models(trained):
         assert back.written_rows() == sparse.model.written_rows()
 
 
-def test_resume_from_a_sparse_checkpoint_equals_the_uninterrupted_run(trained, tmp_path):
-    _, sparse = trained
+def _interrupted_after_round_2(views: str, out) -> dict:
+    """Train ``_cfg(views)`` into ``out``, stopped by Ctrl-C after round 2 (checkpointed);
+    the model state its checkpoint holds."""
 
     def stop_at_2(record):
         if record.round == 2:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        train(_cfg("sparse"), out=tmp_path / "cut", progress=stop_at_2)
-    assert "D_keys" in runs.load_checkpoint(tmp_path / "cut")["model"]
+        train(_cfg(views), out=out, progress=stop_at_2)
+    return runs.load_checkpoint(out)["model"]
+
+
+def test_resume_from_a_sparse_checkpoint_equals_the_uninterrupted_run(trained, tmp_path):
+    _, sparse = trained
+    assert "D_keys" in _interrupted_after_round_2("sparse", tmp_path / "cut")
     resumed = train(resume=tmp_path / "cut")
     _assert_same_model(resumed.model, sparse.model)
 

@@ -146,13 +146,7 @@ class FixedPointCodec:
         if x.dtype.kind != "f":
             x = x.astype(np.float64)
         flat = np.ascontiguousarray(x).reshape(-1)
-        if out is None:
-            out = np.empty(x.shape, dtype=np.uint64)
-        elif out.shape != x.shape or out.dtype != np.uint64 or not out.flags.c_contiguous:
-            raise ConfigError(
-                f"out must be a C-contiguous uint64 array of shape {x.shape}, got "
-                f"{out.dtype} {out.shape}"
-            )
+        out = np.empty(x.shape, dtype=np.uint64) if out is None else _checked_out(out, x.shape)
         signed = out.reshape(-1).view(np.int64)
         q = np.empty(min(BLOCK, flat.size), dtype=np.float64)
         u = np.empty_like(q)
@@ -190,13 +184,8 @@ class FixedPointCodec:
         v = np.asarray(values)
         if v.dtype.kind not in "iu":
             raise ConfigError(f"values must be an integer array, got dtype {v.dtype}")
-        if out is not None and (
-            out.shape != v.shape or out.dtype != np.uint64 or not out.flags.c_contiguous
-        ):
-            raise ConfigError(
-                f"out must be a C-contiguous uint64 array of shape {v.shape}, got "
-                f"{out.dtype} {out.shape}"
-            )
+        if out is not None:
+            _checked_out(out, v.shape)
         # The bound is checked on the exact extremes (Python ints) before any cast:
         # np.abs(INT64_MIN) overflows to INT64_MIN and a uint64 above 2**63 casts to a
         # negative int64, both of which would slip past |v| <= bound.
@@ -252,3 +241,12 @@ class FixedPointCodec:
 
     def _wrap(self, v: np.ndarray) -> np.ndarray:
         return v.astype(np.uint64) & self.mask
+
+
+def _checked_out(out: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``out`` when it can hold a ring table of ``shape`` (C-contiguous uint64), else an error."""
+    if out.shape != shape or out.dtype != np.uint64 or not out.flags.c_contiguous:
+        raise ConfigError(
+            f"out must be a C-contiguous uint64 array of shape {shape}, got {out.dtype} {out.shape}"
+        )
+    return out

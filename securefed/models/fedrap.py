@@ -729,9 +729,7 @@ class FedRAP:
             if self.device.type != "cpu":
                 raise ConfigError(f"views='paged' holds D in host memory, not on {self.device}")
             self._paged = PagedTensor((n_users, n_items, dim), directory=config.views_dir)
-            for lo, hi in self._paged.blocks():
-                self._paged.tensor[lo:hi] = d0
-                self._paged.release()
+            self._paged.copy_(d0.expand(n_users, n_items, dim))
             self._D = self._paged.tensor
         else:
             self._sparse = SparseViews(self._d_base, n_users)
