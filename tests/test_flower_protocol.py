@@ -16,11 +16,12 @@ import torch
 from protocols.secagg.wire import ring_dtype
 from securefed import runs
 from securefed.errors import ConfigError, IntegrityError
+from securefed.federation.base import DenseUpdates
 from securefed.flower import models
 from securefed.flower.local import LocalTransport
 from securefed.flower.messages import SESSION_KEY
 from securefed.flower.node import NodeRuntime, TrainTask
-from securefed.flower.pipeline import public_seed, round_parameters
+from securefed.flower.pipeline import encode_updates, public_seed, round_parameters
 from securefed.flower.server import FederatedServer, ServerSettings
 from securefed.flower.session import NodeSession
 from securefed.training import (
@@ -422,6 +423,33 @@ def test_secure_mode_trains_own_users_only_with_os_randomness(tmp_path):
         build_aggregator(_cfg(), load_split(cfg), build_model(cfg, load_split(cfg))), 0
     )
     assert len(seeds) == 2 and seeded not in seeds
+
+
+@pytest.mark.parametrize("model", ["fedrecgel", "fedrap"])
+def test_node_encodes_an_update_concentrated_on_one_coordinate(model):
+    # A user's whole clipped update on one coordinate: its rounded value alone exceeds the
+    # bound on one noise share, so the node must check its input against the bound of a
+    # whole input (update plus share), as the in-process round does. It checked the share's
+    # bound, and FedRecGEL's nodes failed every round of a deployment on MovieLens 100K.
+    cfg = _cfg(model=model, synthetic_users=300, client_fraction=1.0)  # a share < C * scale
+    split = load_split(cfg)
+    model_obj = build_model(cfg, split)
+    agg = build_aggregator(cfg, split, model_obj)
+    m = 5
+    vectors = torch.zeros(m, agg.dim)
+    vectors[:, 0] = agg.clip
+    updates = DenseUpdates(clients=torch.arange(m), vectors=vectors, layout=model_obj.layout)
+    params = round_parameters(agg, m)
+    codec = params.codec
+    assert agg.clip * codec.scale > codec.extra_int_bound  # the case the test is about
+    ring, clipped = encode_updates(agg, updates, round_index=0, params=params)
+    assert clipped == 0
+    total = np.zeros(agg.dim, dtype=np.uint64)
+    for row in ring:
+        total = codec.add(total, row)
+    decoded = codec.decode_sum(total)
+    noise = 6 * agg._ddg.plan.share_sigma * np.sqrt(m) / codec.scale  # 6 sd of m shares
+    assert abs(decoded[0] - m * agg.clip) <= noise + codec.max_decode_error(m) + 2 * m / codec.scale
 
 
 @pytest.mark.slow

@@ -1,9 +1,11 @@
 """Flower's ``ServerApp`` and ``ClientApp`` for securefed (Flower 1.42 Message API).
 
 Flower carries the messages; securefed does everything else. A :class:`Payload` becomes a
-``RecordDict`` with a ``ConfigRecord`` (``"config"``: scalars and per-user wire bytes), an
-``ArrayRecord`` (``"arrays"``: the shared model) and a ``MetricRecord`` (``"metrics"``: a
-node's aggregate counters). Flower's SecAgg+ mod and DP wrappers are not used.
+``RecordDict`` with a ``ConfigRecord`` (``"config"``: scalars and strings), an ``ArrayRecord``
+(``"arrays"``: the shared model), a ``MetricRecord`` (``"metrics"``: a node's aggregate
+counters) and, when the payload has per-user SecAgg messages, an ``ArrayRecord`` (``"sids"``:
+the messages back to back, their user ids and where each ends; :func:`to_content`). Flower's
+SecAgg+ mod and DP wrappers are not used.
 
 Components (referenced by the app's ``pyproject.toml``)::
 
@@ -31,7 +33,16 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from securefed.flower.messages import SESSION_KEY, NodeMemory, Payload, handle_node_message
+from securefed.errors import IntegrityError
+from securefed.flower.messages import (
+    SESSION_KEY,
+    SID,
+    NodeMemory,
+    Payload,
+    handle_node_message,
+    pack_sids,
+    unpack_sids,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -62,10 +73,35 @@ def keep_node_state_in_process() -> NodeMemory:
     return _PROCESS_MEMORY
 
 
+#: The record of a message's per-user SecAgg messages (see :func:`to_content`).
+_SIDS_RECORD = "sids"
+
+
 def to_content(payload: Payload) -> RecordDict:
-    """A :class:`Payload` as a Flower ``RecordDict``."""
+    """A :class:`Payload` as a Flower ``RecordDict``.
+
+    The per-user SecAgg messages of the config part (``sid.<id>``) travel as one
+    ``ArrayRecord``: ``ids`` (int64 user ids), ``ends`` (int64 end offsets) and ``blob`` (the
+    messages back to back, uint8). Flower hashes and serializes a ``ConfigRecord``'s bytes
+    values in Python: a node's masked inputs at FedRAP ML-100K's size (314 users x 430 KB)
+    took 2.8 s to prepare for each hop as bytes values, 0.3 s as arrays.
+    """
     content = RecordDict()
-    content["config"] = ConfigRecord(dict(payload.config))
+    sids = unpack_sids(payload.config)
+    content["config"] = ConfigRecord(
+        {k: v for k, v in payload.config.items() if not k.startswith(SID)}
+    )
+    if sids:
+        ids = sorted(sids)
+        ends = np.cumsum([len(sids[i]) for i in ids], dtype=np.int64)
+        blob = np.frombuffer(b"".join(sids[i] for i in ids), dtype=np.uint8)
+        content[_SIDS_RECORD] = ArrayRecord(
+            array_dict={
+                "ids": Array(np.asarray(ids, dtype=np.int64)),
+                "ends": Array(ends),
+                "blob": Array(blob),
+            }
+        )
     if payload.arrays:
         content["arrays"] = ArrayRecord(
             array_dict={k: Array(np.ascontiguousarray(v)) for k, v in payload.arrays.items()}
@@ -75,11 +111,46 @@ def to_content(payload: Payload) -> RecordDict:
     return content
 
 
+def _sid_messages(record: Any) -> dict[int, bytes]:
+    """The per-user messages of a ``sids`` record; anything malformed is an integrity error."""
+    if not isinstance(record, ArrayRecord) or set(record.keys()) != {"ids", "ends", "blob"}:
+        raise IntegrityError()
+    try:
+        ids, ends, blob = (record[k].numpy() for k in ("ids", "ends", "blob"))
+    except Exception:
+        raise IntegrityError() from None
+    if (
+        ids.dtype != np.int64
+        or ends.dtype != np.int64
+        or blob.dtype != np.uint8
+        or ids.ndim != 1
+        or ends.shape != ids.shape
+        or blob.ndim != 1
+        or (ids < 0).any()
+        or np.unique(ids).size != ids.size
+        or (np.diff(ends, prepend=0) < 0).any()
+        or (ends.size and ends[-1] != blob.size)
+        or (not ends.size and blob.size)
+    ):
+        raise IntegrityError()
+    starts = np.concatenate([[0], ends[:-1]]).tolist()
+    return {
+        sid: blob[a:b].tobytes()
+        for sid, a, b in zip(ids.tolist(), starts, ends.tolist(), strict=True)
+    }
+
+
 def from_content(content: RecordDict) -> Payload:
-    """The :class:`Payload` of a Flower ``RecordDict`` (missing parts are empty)."""
+    """The :class:`Payload` of a Flower ``RecordDict`` (missing parts are empty).
+
+    Raises:
+        IntegrityError: The per-user messages' record is malformed.
+    """
     payload = Payload()
     if "config" in content:
         payload.config = dict(content["config"])
+    if _SIDS_RECORD in content:
+        payload.config.update(pack_sids(_sid_messages(content[_SIDS_RECORD])))
     if "arrays" in content:
         payload.arrays = {
             k: v.numpy() for k, v in content["arrays"].items() if isinstance(v, Array)
@@ -127,8 +198,12 @@ class GridTransport:
                 self.errors.append((stage, node, str(reply.error.reason)[:200]))
                 logger.warning("node %s failed at stage %s: %s", node, stage, reply.error.code)
                 continue
-            if node in messages:
+            if node not in messages:
+                continue
+            try:
                 replies[node] = from_content(reply.content)
+            except IntegrityError:  # as for a reply the wire decoder rejects: a dropout
+                self.errors.append((stage, node, "malformed reply"))
         return replies
 
     def _send_and_receive(self, messages: list[Message], timeout: float) -> list[Message]:

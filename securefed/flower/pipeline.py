@@ -170,7 +170,7 @@ def encode_updates(
         if ddg is not None:
             ints = ddg.round_update(x, generator=round_gen, secure=secure)
             ints = ints + ddg.client_share(hi - lo, generator=noise_gen, secure=secure)
-            chunk = codec.to_ring(ints.numpy())
+            chunk = codec.encode_integers(ints.numpy())
         else:
             chunk = codec.encode(x.numpy(), rng=rng)
         out[mine.numpy()] = chunk[at.numpy()]

@@ -325,7 +325,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--runtime-api-address", required=True, help="The SuperNode's HOST:PORT.")
     ap.add_argument("--parent-pid", type=int, help="Exit when this process (the SuperNode) does.")
     ap.add_argument("--poll", type=float, default=DEFAULT_POLL, help="Idle AcquireTask period.")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads (default: torch's, one per core); set it to the cores over the "
+        "nodes when several nodes share a machine, or their threads contend",
+    )
     args = ap.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        ap.error(f"--threads must be a positive integer, got {args.threads}")
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
     )
@@ -338,6 +346,11 @@ def main(argv: list[str] | None = None) -> None:
     import securefed
     import securefed.flower.apps
     import securefed.flower.node  # noqa: F401  (torch and the model code, once, before any task)
+
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     logger.info(
         "securefed worker pid=%d for the SuperNode at %s (securefed from %s)",
