@@ -1,4 +1,4 @@
-"""Payloads through Flower's records: per-user SecAgg messages as arrays; malformed ones fail."""
+"""Payloads through Flower's records: packed into few objects, malformed packings refused."""
 
 from __future__ import annotations
 
@@ -11,66 +11,122 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict  # no
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from securefed.errors import IntegrityError  # noqa: E402
-from securefed.flower.apps import GridTransport, from_content, to_content  # noqa: E402
+from securefed.flower.apps import (  # noqa: E402
+    SIDS_ARRAY_BYTES,
+    GridTransport,
+    from_content,
+    to_content,
+)
 from securefed.flower.messages import Payload, pack_sids, unpack_sids  # noqa: E402
 
 
-def _payload() -> Payload:
+def _payload(big: int = SIDS_ARRAY_BYTES) -> Payload:
     rng = np.random.default_rng(0)
-    sids = {s: rng.bytes(int(n)) for s, n in ((7, 1), (0, 430), (12, 65_537), (3, 9))}
+    sids = {s: rng.bytes(int(n)) for s, n in ((7, 1), (0, 430), (12, big), (3, 9))}
     return Payload(
         config={"protocol": "p", "round": 4, "seed": b"\x00\x01", **pack_sids(sids)},
-        arrays={"C": rng.standard_normal((5, 3)).astype(np.float32)},
-        metrics={"loss_sum": 1.5},
+        arrays={
+            "C": rng.standard_normal((5, 3)).astype(np.float32),
+            "mlp.bias": np.arange(7, dtype=np.float64),
+            "step": np.array(3, dtype=np.int64),  # 0-d
+            "empty": np.zeros((0, 4), dtype=np.float32),
+        },
+        metrics={"loss_sum": 1.5, "trained": 3.0},
     )
 
 
-def test_sid_messages_travel_as_arrays_and_come_back_byte_for_byte():
+def _same(a: Payload, b: Payload) -> None:
+    assert a.config == b.config
+    assert a.metrics == b.metrics
+    assert list(a.arrays) == list(b.arrays)
+    for k, v in a.arrays.items():
+        assert b.arrays[k].dtype == v.dtype and b.arrays[k].shape == v.shape
+        assert np.array_equal(b.arrays[k], v)
+
+
+def test_a_payload_travels_as_one_config_and_one_array_and_comes_back_exactly():
     payload = _payload()
     content = to_content(payload)
+    assert set(content.keys()) == {"config", "packed"}  # no ArrayRecord/MetricRecord of its own
     assert not any(k.startswith("sid.") for k in content["config"])  # none as bytes values
-    record = content["sids"]
-    assert isinstance(record, ArrayRecord)
-    assert record["ids"].numpy().tolist() == [0, 3, 7, 12]
+    assert list(content["packed"].keys()) == ["blob"]
+    assert content["config"]["sid-ids"] == [0, 3, 7, 12]
     back = from_content(content)
-    assert back.config == payload.config
+    _same(payload, back)
     assert unpack_sids(back.config) == unpack_sids(payload.config)
-    assert np.array_equal(back.arrays["C"], payload.arrays["C"])
-    assert back.metrics == payload.metrics
-    # No per-user messages: no record.
-    assert "sids" not in to_content(Payload(config={"protocol": "p"}))
+    # Small per-user messages stay bytes values, and come back the same.
+    small = _payload(big=1000)
+    content = to_content(small)
+    assert "sid-ids" not in content["config"] and "sid.12" in content["config"]
+    _same(small, from_content(content))
+    # Nothing to pack: no array at all.
+    bare = Payload(config={"protocol": "p", **pack_sids({1: b"ab"})}, metrics={"users": 2.0})
+    content = to_content(bare)
+    assert set(content.keys()) == {"config"}
+    _same(bare, from_content(content))
 
 
 def _with_sids(ids, ends, blob) -> RecordDict:
-    content = RecordDict({"config": ConfigRecord({"protocol": "p"})})
-    content["sids"] = ArrayRecord(
-        array_dict={"ids": Array(ids), "ends": Array(ends), "blob": Array(blob)}
+    content = RecordDict(
+        {"config": ConfigRecord({"protocol": "p", "sid-ids": ids, "sid-ends": ends})}
     )
+    content["packed"] = ArrayRecord(array_dict={"blob": Array(blob)})
     return content
 
 
 @pytest.mark.parametrize(
     "ids, ends, blob",
     [
-        (np.array([0, 1]), np.array([2, 5]), np.zeros(4, np.uint8)),  # ends past the blob
-        (np.array([0, 1]), np.array([2, 3]), np.zeros(4, np.uint8)),  # bytes left over
-        (np.array([0, 1]), np.array([3, 2]), np.zeros(2, np.uint8)),  # decreasing ends
-        (np.array([1, 1]), np.array([1, 2]), np.zeros(2, np.uint8)),  # one user twice
-        (np.array([-1, 1]), np.array([1, 2]), np.zeros(2, np.uint8)),  # negative id
-        (np.array([0]), np.array([2]), np.zeros(2, np.int8)),  # not bytes
-        (np.array([0.0]), np.array([2]), np.zeros(2, np.uint8)),  # float ids
-        (np.array([0, 1]), np.array([2]), np.zeros(2, np.uint8)),  # one end missing
-        (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(3, np.uint8)),  # no users
+        ([0, 1], [2, 5], np.zeros(4, np.uint8)),  # ends past the blob
+        ([0, 1], [2, 3], np.zeros(4, np.uint8)),  # bytes left over
+        ([0, 1], [3, 2], np.zeros(2, np.uint8)),  # decreasing ends
+        ([0, 1], [-1, 2], np.zeros(2, np.uint8)),  # an end before the start
+        ([1, 1], [1, 2], np.zeros(2, np.uint8)),  # one user twice
+        ([-1, 1], [1, 2], np.zeros(2, np.uint8)),  # negative id
+        ([0], [2], np.zeros(2, np.int8)),  # not bytes
+        ([0], [2], np.zeros((1, 2), np.uint8)),  # not one row of bytes
+        ([0, 1], [2], np.zeros(2, np.uint8)),  # one end missing
+        ([], [], np.zeros(3, np.uint8)),  # no users
+        ([0.0], [2], np.zeros(2, np.uint8)),  # a float id
     ],
 )
 def test_a_malformed_sids_record_is_an_integrity_error(ids, ends, blob):
     with pytest.raises(IntegrityError):
-        from_content(_with_sids(ids, ends.astype(np.int64), blob))
+        from_content(_with_sids(ids, ends, blob))
 
 
-def test_a_sids_record_without_its_three_arrays_is_an_integrity_error():
+def test_per_user_arrays_without_their_ids_or_record_are_an_integrity_error():
+    lists = {"protocol": "p", "sid-ids": [0], "sid-ends": [2]}
+    with pytest.raises(IntegrityError):  # the lists without the array
+        from_content(RecordDict({"config": ConfigRecord(lists)}))
     content = RecordDict({"config": ConfigRecord({"protocol": "p"})})
-    content["sids"] = ArrayRecord(array_dict={"ids": Array(np.array([0]))})
+    content["packed"] = ArrayRecord(array_dict={"blob": Array(np.zeros(2, np.uint8))})
+    with pytest.raises(IntegrityError):  # the array without the lists
+        from_content(content)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"array-dtypes": ["float32", "object"]},  # a dtype outside the list
+        {"array-dims": [5, 3, 8]},  # sizes that do not match the bytes
+        {"array-ndims": [2, 2]},  # more dimensions than sizes
+        {"array-names": ["C", "C"]},  # one name twice
+        {"array-ends": [60, 100]},  # past the blob
+        {"metric.loss_sum": "x"},  # a metric that is not a number
+    ],
+)
+def test_a_malformed_array_index_is_an_integrity_error(change):
+    payload = Payload(
+        config={"protocol": "p"},
+        arrays={"C": np.zeros((5, 3), np.float32), "b": np.zeros(7, np.float64)},
+        metrics={"loss_sum": 1.0},
+    )
+    config = dict(to_content(payload)["config"])
+    blob = to_content(payload)["packed"]["blob"].numpy()
+    config.update(change)
+    content = RecordDict({"config": ConfigRecord(config)})
+    content["packed"] = ArrayRecord(array_dict={"blob": Array(blob)})
     with pytest.raises(IntegrityError):
         from_content(content)
 
@@ -101,7 +157,7 @@ class _Grid:
             if node == 1:
                 content = to_content(Payload(config=pack_sids({4: b"ok"})))
             else:
-                content = _with_sids(np.array([5]), np.array([9]), np.zeros(2, np.uint8))
+                content = _with_sids([5], [9], np.zeros(2, np.uint8))
             out.append(Message(content, reply_to=msg))
         return out
 

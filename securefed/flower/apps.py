@@ -1,11 +1,11 @@
 """Flower's ``ServerApp`` and ``ClientApp`` for securefed (Flower 1.42 Message API).
 
 Flower carries the messages; securefed does everything else. A :class:`Payload` becomes a
-``RecordDict`` with a ``ConfigRecord`` (``"config"``: scalars and strings), an ``ArrayRecord``
-(``"arrays"``: the shared model), a ``MetricRecord`` (``"metrics"``: a node's aggregate
-counters) and, when the payload has per-user SecAgg messages, an ``ArrayRecord`` (``"sids"``:
-the messages back to back, their user ids and where each ends; :func:`to_content`). Flower's
-SecAgg+ mod and DP wrappers are not used.
+``RecordDict`` of a ``ConfigRecord`` (``"config"``: scalars, strings, small per-user SecAgg
+messages as bytes, metrics as floats, and the index of the packed part) and, when there is
+something to pack, one ``ArrayRecord`` (``"packed"``: the shared model's arrays and large
+per-user messages back to back in one uint8 array; :func:`to_content`). Flower's SecAgg+ mod
+and DP wrappers are not used.
 
 Components (referenced by the app's ``pyproject.toml``)::
 
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
@@ -73,93 +73,148 @@ def keep_node_state_in_process() -> NodeMemory:
     return _PROCESS_MEMORY
 
 
-#: The record of a message's per-user SecAgg messages (see :func:`to_content`).
-_SIDS_RECORD = "sids"
+#: The record holding a message's packed bytes (:func:`to_content`).
+_PACKED = "packed"
+#: From this many bytes of per-user messages a message packs them, below it they stay
+#: ``ConfigRecord`` bytes values (nothing else to pack: one Flower object instead of four; a
+#: small stage's latency is per object, a large one's per byte).
+SIDS_ARRAY_BYTES = 1 << 20
+#: Dtypes a packed array may have.
+_ARRAY_DTYPES = frozenset({"float32", "float64", "int32", "int64", "uint8", "uint64", "bool"})
+_SID_IDS, _SID_ENDS = "sid-ids", "sid-ends"
+_ARRAY_KEYS = ("array-names", "array-dtypes", "array-ndims", "array-dims", "array-ends")
+_METRIC = "metric."
+_INDEX = frozenset({_SID_IDS, _SID_ENDS, *_ARRAY_KEYS})
 
 
 def to_content(payload: Payload) -> RecordDict:
-    """A :class:`Payload` as a Flower ``RecordDict``.
+    """A :class:`Payload` as a Flower ``RecordDict`` of as few Flower objects as it can be.
 
-    The per-user SecAgg messages of the config part (``sid.<id>``) travel as one
-    ``ArrayRecord``: ``ids`` (int64 user ids), ``ends`` (int64 end offsets) and ``blob`` (the
-    messages back to back, uint8). Flower hashes and serializes a ``ConfigRecord``'s bytes
-    values in Python: a node's masked inputs at FedRAP ML-100K's size (314 users x 430 KB)
-    took 2.8 s to prepare for each hop as bytes values, 0.3 s as arrays.
+    Flower pushes and pulls every object of a message (record, array, chunk) as its own
+    request at every hop (ServerApp -> SuperLink -> SuperNode -> ClientApp and back), and
+    hashes and serializes a ``ConfigRecord``'s bytes values in Python. So the model arrays and
+    per-user SecAgg messages of at least :data:`SIDS_ARRAY_BYTES` in all travel back to back
+    in one uint8 array (the ``"packed"`` ``ArrayRecord``), indexed by lists in the config
+    (``sid-ids``/``sid-ends``; ``array-names``/``-dtypes``/``-ndims``/``-dims``/``-ends``), and
+    metrics as ``metric.<name>`` floats of the config: a node's masked inputs at FedRAP
+    ML-100K's size (314 users x 430 KB) took 2.8 s to prepare for each hop as bytes values,
+    0.3 s as an array; FedRecGEL's ten model tensors made a train message's content 23
+    objects, now 5.
     """
-    content = RecordDict()
-    sids = unpack_sids(payload.config)
-    content["config"] = ConfigRecord(
-        {k: v for k, v in payload.config.items() if not k.startswith(SID)}
-    )
-    if sids:
+    config = dict(payload.config)
+    parts: list[bytes] = []
+    end = 0
+    sids = unpack_sids(config)
+    if sum(len(m) for m in sids.values()) >= SIDS_ARRAY_BYTES:
         ids = sorted(sids)
-        ends = np.cumsum([len(sids[i]) for i in ids], dtype=np.int64)
-        blob = np.frombuffer(b"".join(sids[i] for i in ids), dtype=np.uint8)
-        content[_SIDS_RECORD] = ArrayRecord(
-            array_dict={
-                "ids": Array(np.asarray(ids, dtype=np.int64)),
-                "ends": Array(ends),
-                "blob": Array(blob),
-            }
-        )
+        config = {k: v for k, v in config.items() if not k.startswith(SID)}
+        ends = []
+        for i in ids:
+            parts.append(sids[i])
+            end += len(sids[i])
+            ends.append(end)
+        config[_SID_IDS], config[_SID_ENDS] = ids, ends
     if payload.arrays:
-        content["arrays"] = ArrayRecord(
-            array_dict={k: Array(np.ascontiguousarray(v)) for k, v in payload.arrays.items()}
-        )
-    if payload.metrics:
-        content["metrics"] = MetricRecord({k: float(v) for k, v in payload.metrics.items()})
+        names: list[str] = []
+        dtypes: list[str] = []
+        ndims: list[int] = []
+        dims: list[int] = []
+        ends = []
+        for name, value in payload.arrays.items():
+            arr = np.asarray(value, order="C")
+            names.append(name)
+            dtypes.append(arr.dtype.name)
+            ndims.append(arr.ndim)
+            dims.extend(int(d) for d in arr.shape)
+            parts.append(arr.tobytes())
+            end += arr.nbytes
+            ends.append(end)
+        config.update(zip(_ARRAY_KEYS, (names, dtypes, ndims, dims, ends), strict=True))
+    config.update({f"{_METRIC}{k}": float(v) for k, v in payload.metrics.items()})
+    content = RecordDict({"config": ConfigRecord(config)})
+    if parts:
+        blob = np.frombuffer(b"".join(parts), dtype=np.uint8)
+        content[_PACKED] = ArrayRecord(array_dict={"blob": Array(blob)})
     return content
 
 
-def _sid_messages(record: Any) -> dict[int, bytes]:
-    """The per-user messages of a ``sids`` record; anything malformed is an integrity error."""
-    if not isinstance(record, ArrayRecord) or set(record.keys()) != {"ids", "ends", "blob"}:
+def _int_list(value: Any) -> list[int]:
+    if not (isinstance(value, list) and all(type(v) is int for v in value)):
+        raise IntegrityError()
+    return value
+
+
+def _unpack(config: dict[str, Any], record: Any) -> tuple[dict[int, bytes], dict[str, np.ndarray]]:
+    """The per-user messages and arrays packed by :func:`to_content` (removing their index
+    from ``config``); anything malformed is an integrity error."""
+    index = {k: config.pop(k) for k in _INDEX if k in config}
+    if not isinstance(record, ArrayRecord) or set(record.keys()) != {"blob"}:
         raise IntegrityError()
     try:
-        ids, ends, blob = (record[k].numpy() for k in ("ids", "ends", "blob"))
+        blob = record["blob"].numpy()
     except Exception:
         raise IntegrityError() from None
+    if blob.dtype != np.uint8 or blob.ndim != 1:
+        raise IntegrityError()
+    sid_ids = _int_list(index.get(_SID_IDS, []))
+    sid_ends = _int_list(index.get(_SID_ENDS, []))
+    names, dtypes = index.get("array-names", []), index.get("array-dtypes", [])
+    ndims, dims = _int_list(index.get("array-ndims", [])), _int_list(index.get("array-dims", []))
+    array_ends = _int_list(index.get("array-ends", []))
+    ends = sid_ends + array_ends
+    starts = [0, *ends[:-1]]
     if (
-        ids.dtype != np.int64
-        or ends.dtype != np.int64
-        or blob.dtype != np.uint8
-        or ids.ndim != 1
-        or ends.shape != ids.shape
-        or blob.ndim != 1
-        or (ids < 0).any()
-        or np.unique(ids).size != ids.size
-        or (np.diff(ends, prepend=0) < 0).any()
-        or (ends.size and ends[-1] != blob.size)
-        or (not ends.size and blob.size)
+        len(sid_ids) != len(sid_ends)
+        or not (isinstance(names, list) and isinstance(dtypes, list))
+        or not len(names) == len(dtypes) == len(ndims) == len(array_ends)
+        or not ends
+        or ends[-1] != blob.size
+        or any(b < a for a, b in zip(starts, ends, strict=True))
+        or any(i < 0 for i in sid_ids)
+        or len(set(sid_ids)) != len(sid_ids)
+        or not all(isinstance(n, str) for n in names)
+        or len(set(names)) != len(names)
+        or not all(isinstance(d, str) and d in _ARRAY_DTYPES for d in dtypes)
+        or any(n < 0 for n in ndims)
+        or sum(ndims) != len(dims)
+        or any(d < 0 for d in dims)
     ):
         raise IntegrityError()
-    starts = np.concatenate([[0], ends[:-1]]).tolist()
-    return {
+    messages = {
         sid: blob[a:b].tobytes()
-        for sid, a, b in zip(ids.tolist(), starts, ends.tolist(), strict=True)
+        for sid, a, b in zip(sid_ids, starts[: len(sid_ids)], sid_ends, strict=True)
     }
+    arrays: dict[str, np.ndarray] = {}
+    at = 0
+    for name, dtype, ndim, a, b in zip(
+        names, dtypes, ndims, starts[len(sid_ids) :], array_ends, strict=True
+    ):
+        shape = tuple(dims[at : at + ndim])
+        at += ndim
+        dt = np.dtype(dtype)
+        if int(np.prod(shape, dtype=np.int64)) * dt.itemsize != b - a:
+            raise IntegrityError()
+        arrays[name] = np.frombuffer(blob[a:b].tobytes(), dtype=dt).reshape(shape)
+    return messages, arrays
 
 
 def from_content(content: RecordDict) -> Payload:
     """The :class:`Payload` of a Flower ``RecordDict`` (missing parts are empty).
 
     Raises:
-        IntegrityError: The per-user messages' record is malformed.
+        IntegrityError: The packed part or its index is malformed.
     """
+    config = dict(content["config"]) if "config" in content else {}
     payload = Payload()
-    if "config" in content:
-        payload.config = dict(content["config"])
-    if _SIDS_RECORD in content:
-        payload.config.update(pack_sids(_sid_messages(content[_SIDS_RECORD])))
-    if "arrays" in content:
-        payload.arrays = {
-            k: v.numpy() for k, v in content["arrays"].items() if isinstance(v, Array)
-        }
-    if "metrics" in content:
-        payload.metrics = {
-            k: float(v)  # type: ignore[arg-type]
-            for k, v in content["metrics"].items()
-        }
+    if _PACKED in content or any(k in config for k in _INDEX):
+        messages, payload.arrays = _unpack(config, content.get(_PACKED))
+        config.update(pack_sids(messages))
+    for key in [k for k in config if k.startswith(_METRIC)]:
+        value = config.pop(key)
+        if not isinstance(value, float):
+            raise IntegrityError()
+        payload.metrics[key[len(_METRIC) :]] = value
+    payload.config = config
     return payload
 
 

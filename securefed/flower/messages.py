@@ -1,13 +1,13 @@
 """The messages between the server and the nodes, independent of the transport.
 
 A :class:`Payload` is what one Flower ``Message`` carries: a config part (scalars, strings,
-lists of ints and ``bytes``: a ``ConfigRecord``), an array part (the shared model tensors:
-an ``ArrayRecord``) and a metrics part (a node's aggregate counters: a ``MetricRecord``).
-Per-user SecAgg messages travel in the config part as ``sid.<id> -> bytes``, each one
-securefed's versioned wire format (``protocols/secagg/wire.py``), decoded and validated by the
-same :class:`~protocols.secagg.SecAggClient` / :class:`~protocols.secagg.SecAggServer` code as
-in simulation, so a tampered, replayed or misrouted message raises the same
-:class:`~securefed.errors.IntegrityError`.
+lists of ints and ``bytes``), an array part (the shared model tensors) and a metrics part (a
+node's aggregate counters); :func:`securefed.flower.apps.to_content` packs it into a
+``ConfigRecord`` and at most one array. Per-user SecAgg messages are in the config part as
+``sid.<id> -> bytes``, each one securefed's versioned wire format (``protocols/secagg/wire.py``),
+decoded and validated by the same :class:`~protocols.secagg.SecAggClient` /
+:class:`~protocols.secagg.SecAggServer` code as in simulation, so a tampered, replayed or
+misrouted message raises the same :class:`~securefed.errors.IntegrityError`.
 
 Stages of a round (``STAGES``)::
 
@@ -38,7 +38,8 @@ import numpy as np
 
 from securefed.errors import ConfigError, IntegrityError, ProtocolError
 
-PROTOCOL = "securefed-flower/1"
+#: Version 2: large per-user messages travel as one array (apps.to_content).
+PROTOCOL = "securefed-flower/2"
 STAGES = ("hello", "train", "share", "masked", "consistency", "unmask", "evaluate")
 #: ``consistency`` runs in malicious mode only (the signed survivor set); ``unmask`` is last.
 SECAGG_STAGES = ("share", "masked", "consistency", "unmask")
