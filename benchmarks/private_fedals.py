@@ -72,6 +72,7 @@ VARIANTS: dict[str, tuple[dict[str, Any], int | None, float | None]] = {
     "one co-occurrence round": ({}, 2, None),
     "600 co-occurrence items": ({"gram_items": 600}, None, None),
     "400 co-occurrence items": ({"gram_items": 400}, None, None),
+    "one count round": ({"count_rounds": 1}, None, None),  # the large mode until 2026-12-05
     "ALS round (before)": (ALS, 2, None),
     "head z 3": ({**ALS, "head_z": 3.0}, 2, None),
     "k = 20 count": ({**ALS, "count_items": 20}, 2, None),

@@ -655,6 +655,8 @@ def test_population_rule_is_recorded_and_sets_the_large_mode(tmp_path, sigma, ex
     assert raw["rounds"] == (4 if expect == "large" else 3)
     assert raw["fedals"]["head_z"] == (3.0 if expect == "large" else 0.0)
     assert raw["fedals"]["tail_last"] is (expect == "large")
+    # Two count rounds of the large mode's four (the count ranks every item without a factor).
+    assert raw["fedals"]["count_rounds"] == (2 if expect == "large" else 1)
     # Co-occurrence rounds in both populations; the large one's items from the noise level:
     # 200 users x sqrt(4 rounds) / 0.01 = 40,000 per unit of noise, / 15 = 2,667 -> 2,700.
     assert raw["fedals"]["gram_items"] == (2700 if expect == "large" else 400)
@@ -664,6 +666,10 @@ def test_population_rule_is_recorded_and_sets_the_large_mode(tmp_path, sigma, ex
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert ("full-ranking" in summary["selection"]) is (expect == "large")
     assert len(res.metrics) == raw["rounds"]
+    # The count's precision: the large mode combined its two count rounds and no more (its
+    # co-occurrence uploads carry no count); at sigma 5 the small run is all count rounds.
+    assert raw["fedals"]["count_only"] is (expect == "small")
+    assert res.model._prior_precision == (2.0 if expect == "large" else 3.0)
 
 
 def test_large_mode_cooccurrence_items_follow_the_noise_level(small_split):
@@ -681,10 +687,18 @@ def test_large_mode_cooccurrence_items_follow_the_noise_level(small_split):
     got, _ = resolve_population(TrainConfig(**base), small_split)
     assert got.params.population == "large" and got.rounds == 4
     assert got.params.gram_items == 500
+    assert got.params.count_rounds == 2
     got, _ = resolve_population(
         TrainConfig(**base, params=FedALSConfig(gram_items=600)), small_split
     )
     assert got.params.gram_items == 600
+    # The ALS mode (no co-occurrence) keeps one count round; a count given is kept.
+    got, _ = resolve_population(TrainConfig(**base, params=FedALSConfig(gram_items=0)), small_split)
+    assert got.params.count_rounds == 1
+    got, _ = resolve_population(
+        TrainConfig(**base, params=FedALSConfig(count_rounds=3)), small_split
+    )
+    assert got.params.count_rounds == 3
     got, _ = resolve_population(
         TrainConfig(**base, params=FedALSConfig(population="small")), small_split
     )

@@ -42,6 +42,7 @@ def _same(a: Payload, b: Payload) -> None:
     for k, v in a.arrays.items():
         assert b.arrays[k].dtype == v.dtype and b.arrays[k].shape == v.shape
         assert np.array_equal(b.arrays[k], v)
+        assert b.arrays[k].flags.writeable  # a model may load it in place
 
 
 def test_a_payload_travels_as_one_config_and_one_array_and_comes_back_exactly():

@@ -194,7 +194,7 @@ def _unpack(config: dict[str, Any], record: Any) -> tuple[dict[int, bytes], dict
         dt = np.dtype(dtype)
         if int(np.prod(shape, dtype=np.int64)) * dt.itemsize != b - a:
             raise IntegrityError()
-        arrays[name] = np.frombuffer(blob[a:b].tobytes(), dtype=dt).reshape(shape)
+        arrays[name] = blob[a:b].view(dt).reshape(shape).copy()  # writable and aligned
     return messages, arrays
 
 

@@ -95,11 +95,13 @@ class FedALSConfig:
         private: The private mode (docs/privacy.md, "Private fedals"); when not given, on for
             runs with user-level DP and off otherwise (``config.toml`` records the choice).
         private_dim: Factor size in the private mode.
-        count_rounds: Private mode: rounds at the start in which clients only count.
+        count_rounds: Private mode: rounds at the start in which clients only count (None:
+            from ``population``: 1 small; :data:`LARGE_COUNT_ROUNDS` large with
+            co-occurrence rounds, 1 in its ALS mode).
         population: Private mode: ``"small"`` (one count round, then two co-occurrence
             rounds over the ``gram_items`` most counted items, a popularity prior in the
-            scores, the round selected on sampled validation HR@10) or ``"large"`` (the count
-            round and three co-occurrence rounds, no prior, items without a factor ranked
+            scores, the round selected on sampled validation HR@10) or ``"large"`` (two count
+            rounds and two co-occurrence rounds, no prior, items without a factor ranked
             below every item with one by their count, the round selected on full-ranking
             validation HR@10; with ``gram_items`` 0 the ALS mode: factors for items whose count
             clears ``head_z`` noise stds, an ALS round and two Newton rounds). None: chosen
@@ -162,7 +164,7 @@ class FedALSConfig:
     eval_block: int = 4096
     private: bool | None = None
     private_dim: int = 16
-    count_rounds: int = 1
+    count_rounds: int | None = None
     population: str | None = None
     large_above: float = 3000.0
     head_z: float | None = None
@@ -196,7 +198,7 @@ class FedALSConfig:
         positive_int("min_weight_items", self.min_weight_items)
         if self.count_items is not None:
             positive_int("count_items", self.count_items)
-        if (
+        if self.count_rounds is not None and (
             isinstance(self.count_rounds, bool)
             or not isinstance(self.count_rounds, int)
             or (self.count_rounds < 0)
@@ -323,9 +325,14 @@ POPULATION_SETTINGS: dict[str, dict[str, Any]] = {
 #: orders of magnitude smaller; float32 still orders log counts 0.001 apart at this offset).
 TAIL_OFFSET = 1.0e4
 #: Rounds of the large-population mode when ``--rounds`` is left at the private default:
-#: the count round and three co-occurrence rounds (with ``gram_items`` 0: the count round,
+#: two count rounds and two co-occurrence rounds (with ``gram_items`` 0: the count round,
 #: the ALS round and two Newton rounds).
 LARGE_ROUNDS = 4
+#: Count rounds of the large mode with co-occurrence rounds (of its :data:`LARGE_ROUNDS`): the
+#: count ranks every item without a factor, so it gets half the run's precision. On Gowalla's
+#: validation (seed 0) two count rounds instead of one raised sampled HR@10 by 0.002-0.025 at
+#: epsilon 1-8 and lowered full-ranking HR@10 by 0.001-0.003 (docs/privacy.md).
+LARGE_COUNT_ROUNDS = 2
 
 #: The large mode's co-occurrence items when ``gram_items`` is not given: one item per
 #: ``LARGE_GRAM_RATIO`` users per unit of noise (``N sqrt(R) / sigma``, the count-only rule's
@@ -355,6 +362,11 @@ def with_population(params: FedALSConfig, population: str | None = None) -> FedA
     for name, value in POPULATION_SETTINGS[population].items():
         if getattr(params, name) is None:
             changes[name] = value
+    if params.count_rounds is None:
+        # The large mode's co-occurrence needs fewer of its releases than the count does: two
+        # count rounds of four (docs/privacy.md, "Two count rounds in the large mode").
+        gram = changes.get("gram_items", params.gram_items)
+        changes["count_rounds"] = LARGE_COUNT_ROUNDS if population == "large" and gram else 1
     return dataclasses.replace(params, **changes)
 
 
@@ -477,8 +489,9 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
         what = "every round a count release, the model is the count (the count-only rule)"
     else:
         if rp.gram_items:
+            counts = "a count round" if rp.count_rounds == 1 else f"{rp.count_rounds} count rounds"
             what = (
-                f"a count round, then co-occurrence rounds on the {rp.gram_items} items with "
+                f"{counts}, then co-occurrence rounds on the {rp.gram_items} items with "
                 "the largest counts"
             )
         elif population == "small":
@@ -716,6 +729,9 @@ class FedALS:
         config = resolve_dim(resolve_reg(config), split.n_items)
         if config.private:
             config = with_population(config)  # unset: the small mode's settings
+        elif config.count_rounds is None:
+            config = dataclasses.replace(config, count_rounds=1)  # read by no round
+        self._count_rounds = int(config.count_rounds or 0)
         self.split = split
         self.config = config
         self.device = torch.device(device)
@@ -834,7 +850,7 @@ class FedALS:
         return updates, RoundStats(loss=loss, samples=int(items.shape[0]))
 
     def _counting(self) -> bool:
-        return self.count_only or self.rounds_applied < self.config.count_rounds
+        return self.count_only or self.rounds_applied < self._count_rounds
 
     def _gram_round(self) -> bool:
         """Private mode: a co-occurrence round (after the count rounds, with ``gram_items``)."""
@@ -911,7 +927,7 @@ class FedALS:
     def _newton_round(self) -> bool:
         """Private mode: ALS rounds after the first take a Newton step on V (the first, from
         the random initialisation, solves for V directly)."""
-        return self.rounds_applied > self.config.count_rounds
+        return self.rounds_applied > self._count_rounds
 
     def _private_upload(
         self, users: torch.Tensor, x: torch.Tensor, local: torch.Tensor, items: torch.Tensor
@@ -1014,7 +1030,7 @@ class FedALS:
             ).to(torch.float32)
             self._prior_precision = total
         if counting:
-            if self.rounds_applied + 1 == cfg.count_rounds or cfg.count_rounds == 0:
+            if self.rounds_applied + 1 == self._count_rounds or self._count_rounds == 0:
                 self._choose_head(noise_std)
             return
         if self.rounds_applied == 0:  # no count round: every item keeps a factor
