@@ -125,6 +125,7 @@ def test_discrete_gaussian_exact_distribution(
 ) -> None:
     if chunk is not None:  # many chunks, the last one partial: every element must be drawn
         monkeypatch.setattr(noise, "CHUNK", chunk)
+        monkeypatch.setattr(noise, "SECURE_CHUNK", chunk)
     g = None if secure else torch_generator(2, "test", "dgauss", str(sigma))
     x = discrete_gaussian((200_000,), sigma, generator=g, secure=secure)
     assert x.dtype == torch.int64
@@ -320,6 +321,7 @@ def test_secure_discrete_gaussian_fills_every_chunk_on_several_threads(monkeypat
             super().__init__(max_workers=max_workers)
 
     monkeypatch.setattr(noise, "CHUNK", 1 << 16)
+    monkeypatch.setattr(noise, "SECURE_CHUNK", 1 << 16)
     monkeypatch.setattr(noise, "SECURE_WORKERS", 2)
     monkeypatch.setattr(noise, "ThreadPoolExecutor", CountingPool)
     sigma, chunk = 5.0, 1 << 16
