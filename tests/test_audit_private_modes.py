@@ -36,10 +36,10 @@ def _by_name(result, name):
     return next(a for a in result.attacks if a.name == name)
 
 
-def _fedals(tmp_path, *, privacy=None, attacks=UPLOAD, canaries=256, **params):
+def _fedals(tmp_path, *, privacy=None, attacks=UPLOAD, canaries=256, rounds=2, **params):
     cfg = TrainConfig(
         model="fedals",
-        rounds=2,
+        rounds=rounds,
         params=FedALSConfig(**params),
         privacy=privacy or PrivacyConfig(),
         **FEDALS,
@@ -60,8 +60,13 @@ def test_fedals_undefended_attacks_succeed(tmp_path) -> None:
 
 @pytest.mark.parametrize(
     "params",
-    [{}, {"count_only_below": 0.0}, {"count_only_below": 0.0, "gram_items": 0}],
-    ids=["count-only", "co-occurrence", "als"],
+    [
+        {},
+        {"count_only_below": 0.0},
+        {"count_only_below": 0.0, "gram_items": 0},
+        {"population": "large", "rounds": 4},
+    ],
+    ids=["count-only", "co-occurrence", "als", "large"],
 )
 def test_private_fedals_audit_sees_the_release(tmp_path, params) -> None:
     """Epsilon 2: the upload observer (central DP trusts the server) still reads every item,
@@ -86,8 +91,8 @@ def test_private_fedals_audit_sees_the_release(tmp_path, params) -> None:
 
 @pytest.mark.parametrize(
     "params",
-    [{"count_only_below": 1e12}, {"gram_items": 0}, {}],
-    ids=["count-only", "als", "co-occurrence"],
+    [{"count_only_below": 1e12}, {"gram_items": 0}, {}, {"population": "large", "rounds": 4}],
+    ids=["count-only", "als", "co-occurrence", "large"],
 )
 def test_private_fedals_positive_control(tmp_path, params) -> None:
     """The same private-mode audit at epsilon 50 (noise std 0.22 against a canary item's
