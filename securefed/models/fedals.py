@@ -363,8 +363,8 @@ def with_population(params: FedALSConfig, population: str | None = None) -> FedA
         if getattr(params, name) is None:
             changes[name] = value
     if params.count_rounds is None:
-        # The large mode's co-occurrence needs fewer of its releases than the count does: two
-        # count rounds of four (docs/privacy.md, "Two count rounds in the large mode").
+        # The large mode's count ranks every item without a factor: it gets two of the four
+        # releases (docs/privacy.md, "Two count rounds in the large mode").
         gram = changes.get("gram_items", params.gram_items)
         changes["count_rounds"] = LARGE_COUNT_ROUNDS if population == "large" and gram else 1
     return dataclasses.replace(params, **changes)
