@@ -125,7 +125,7 @@ class EncodedBlocks:
             held = (np.empty((m, w), dtype=np.uint64), torch.empty(m, w))
             self._local.buffers = held
         out = held[0]
-        x = torch.mul(self._updates.dense_block(lo, hi), self._factors, out=held[1]).numpy()
+        x = self._updates.dense_block(lo, hi, out=held[1]).mul_(self._factors).numpy()
         seed, stream, round_index = self._rng
         # A tile is encoded a few rows at a time, in order (the same draws as the whole
         # tile: encode consumes its generator in C order), into a small buffer: whole-tile

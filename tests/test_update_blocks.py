@@ -118,6 +118,13 @@ def test_dense_block_is_the_slice_of_dense(kind, monkeypatch):
         block = updates.dense_block(lo, hi)
         assert block.shape == (len(updates), hi - lo)
         torch.testing.assert_close(block, full[:, lo:hi], rtol=0, atol=0)
+        # Into a reused buffer holding anything (a streamed round's per-thread block).
+        buf = torch.full((len(updates), hi - lo), float("nan"))
+        into = updates.dense_block(lo, hi, out=buf)
+        assert into.data_ptr() == buf.data_ptr()
+        torch.testing.assert_close(into, full[:, lo:hi], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="out must be float32"):
+        updates.dense_block(0, 2, out=torch.zeros(len(updates), 3))
 
 
 def test_models_that_stream_their_uploads_build_blocks_of_their_own_kind():

@@ -112,15 +112,17 @@ class ClientUpdates(abc.ABC):
     def dense(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The flat updates of ``rows`` (positions in ``clients``; all when None), ``[r, d]``."""
 
-    def dense_block(self, lo: int, hi: int) -> torch.Tensor:
+    def dense_block(self, lo: int, hi: int, out: torch.Tensor | None = None) -> torch.Tensor:
         """Coordinates ``lo .. hi - 1`` of every client's flat update, ``[m, hi - lo]``.
 
         What a streamed secure round encodes a block at a time (:mod:`securefed.privacy`).
         This default densifies every client's whole update (in chunks of clients) and keeps
         the block; uploads with structure override it with work proportional to the block.
+        ``out``: a float32 ``[m, hi - lo]`` tensor to write the block into and return (a
+        caller asking for many blocks reuses one instead of a fresh mapping each time).
         """
         m, size = len(self), self.layout.size
-        out = torch.empty(m, hi - lo, dtype=torch.float32)
+        out = block_buffer(out, m, hi - lo, zero=False)
         step = max(1, DENSE_BLOCK_FLOATS // max(size, 1))
         for a in range(0, m, step):
             rows = torch.arange(a, min(m, a + step), dtype=torch.long)
@@ -134,6 +136,18 @@ class ClientUpdates(abc.ABC):
     @abc.abstractmethod
     def weighted_sum(self, weights: torch.Tensor) -> torch.Tensor:
         """``sum_i weights[i] * update_i`` as a flat ``[d]`` float32 tensor."""
+
+
+def block_buffer(
+    out: torch.Tensor | None, m: int, w: int, *, zero: bool, device: torch.device | None = None
+) -> torch.Tensor:
+    """The tensor a :meth:`ClientUpdates.dense_block` writes: ``out`` (float32 ``[m, w]``,
+    zeroed when ``zero``) or a new one (on ``device``)."""
+    if out is None:
+        return torch.zeros(m, w, device=device) if zero else torch.empty(m, w, device=device)
+    if out.shape != (m, w) or out.dtype != torch.float32:
+        raise ValueError(f"out must be float32 [{m}, {w}], got {out.dtype} {tuple(out.shape)}")
+    return out.zero_() if zero else out
 
 
 @dataclass(frozen=True)
@@ -155,8 +169,10 @@ class DenseUpdates(ClientUpdates):
     def dense(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         return self.vectors if rows is None else self.vectors[rows]
 
-    def dense_block(self, lo: int, hi: int) -> torch.Tensor:
-        return self.vectors[:, lo:hi]
+    def dense_block(self, lo: int, hi: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        if out is None:
+            return self.vectors[:, lo:hi]
+        return block_buffer(out, len(self), hi - lo, zero=False).copy_(self.vectors[:, lo:hi])
 
     def norms(self) -> torch.Tensor:
         return torch.linalg.vector_norm(self.vectors.double(), dim=1)

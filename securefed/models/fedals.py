@@ -50,6 +50,7 @@ from securefed.federation.base import (
     ClientUpdates,
     RoundStats,
     UpdateLayout,
+    block_buffer,
     pairs_by_item,
     write_item_rows,
 )
@@ -609,12 +610,12 @@ class FedALSUpdates(ClientUpdates):
             ].to(torch.float32)
         return out
 
-    def dense_block(self, lo: int, hi: int) -> torch.Tensor:
+    def dense_block(self, lo: int, hi: int, out: torch.Tensor | None = None) -> torch.Tensor:
         """Coordinates ``lo .. hi - 1`` of every upload, the same values as :meth:`dense`, in
         work proportional to the block (a streamed secure round asks for one block at a
         time): the item rows, Gram entries, counts and co-occurrence pairs that reach into it."""
         m, n, d = len(self), self.n_items, self.dim
-        out = torch.zeros(m, hi - lo, dtype=torch.float32)
+        out = block_buffer(out, m, hi - lo, zero=True)
         if self._by_item is None:  # once per round's uploads (a race only repeats it)
             self._by_item = pairs_by_item(self.pair_item, n)
         x = self.x.to(torch.float32)

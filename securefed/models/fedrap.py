@@ -95,6 +95,7 @@ from securefed.federation.base import (
     DenseUpdates,
     RoundStats,
     UpdateLayout,
+    block_buffer,
     pairs_by_item,
     write_item_rows,
 )
@@ -579,12 +580,16 @@ class FedRAPUpdates(ClientUpdates):
             view[row, item] = self.pair_rows[keep] - self.global_c[item]
         return out
 
-    def dense_block(self, lo: int, hi: int) -> torch.Tensor:
+    def dense_block(self, lo: int, hi: int, out: torch.Tensor | None = None) -> torch.Tensor:
         """Coordinates ``lo .. hi - 1`` of every upload: ``(s_u - 1) C`` on that slice of the
         flat ``C``, with the touched rows' changes written over it where they reach into it
         (the same values as :meth:`dense`, in work proportional to the block)."""
         n_items, dim = self.global_c.shape
-        out = (self.scale - 1).unsqueeze(1) * self.global_c.reshape(-1)[lo:hi].unsqueeze(0)
+        out = torch.mul(
+            (self.scale - 1).unsqueeze(1),
+            self.global_c.reshape(-1)[lo:hi].unsqueeze(0),
+            out=block_buffer(out, len(self), hi - lo, zero=False),
+        )
         if self._by_item is None:  # once per round's uploads (a race only repeats it)
             self._by_item = pairs_by_item(self.pair_item, n_items)
         write_item_rows(

@@ -83,6 +83,7 @@ from securefed.federation.base import (
     DenseUpdates,
     RoundStats,
     UpdateLayout,
+    block_buffer,
     pairs_by_item,
     write_item_rows,
 )
@@ -461,12 +462,12 @@ class FedRecGELUpdates(ClientUpdates):
         out[:, self.layout.size - self.rest.shape[1] :] = self.rest[rows]
         return out
 
-    def dense_block(self, lo: int, hi: int) -> torch.Tensor:
+    def dense_block(self, lo: int, hi: int, out: torch.Tensor | None = None) -> torch.Tensor:
         """Coordinates ``lo .. hi - 1`` of every upload (the same values as :meth:`dense`):
         the stored GMF and MLP item rows that reach into the block and the block's part of
         ``rest``, in work proportional to the block."""
         (n_items, gmf_dim), (_, mlp_dim) = self.layout.shapes[0], self.layout.shapes[1]
-        out = torch.zeros(len(self), hi - lo, device=self.rest.device)
+        out = block_buffer(out, len(self), hi - lo, zero=True, device=self.rest.device)
         if self._by_item is None:  # once per round's uploads (a race only repeats it)
             self._by_item = pairs_by_item(self.pair_item, n_items)
         for offset, width, values in (

@@ -27,7 +27,13 @@ import torch
 from protocols.dp.noise import gaussian_noise
 from securefed.data.types import Split
 from securefed.errors import ConfigError
-from securefed.federation.base import Aggregate, ClientUpdates, RoundStats, UpdateLayout
+from securefed.federation.base import (
+    Aggregate,
+    ClientUpdates,
+    RoundStats,
+    UpdateLayout,
+    block_buffer,
+)
 from securefed.models.registry import ModelSpec, ObserverHooks
 
 __all__ = [
@@ -120,8 +126,8 @@ class MostPopUpdates(ClientUpdates):
         out[position[self.pair_client[keep]], self.pair_item[keep]] = value
         return out
 
-    def dense_block(self, lo: int, hi: int) -> torch.Tensor:
-        out = torch.zeros(len(self), hi - lo, dtype=torch.float32)
+    def dense_block(self, lo: int, hi: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        out = block_buffer(out, len(self), hi - lo, zero=True)
         keep = (self.pair_item >= lo) & (self.pair_item < hi)
         value = 1.0 if self.weight is None else self.weight[keep].to(torch.float32)
         out[self.pair_client[keep], self.pair_item[keep] - lo] = value
