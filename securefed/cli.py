@@ -530,6 +530,13 @@ class _RoundDisplay:
             err.print(
                 f"[bold yellow]warning:[/] {escape(rec.warning)}", highlight=False, soft_wrap=True
             )
+        if v.get("aborted"):
+            err.print(
+                f"[bold yellow]round {rec.round} aborted, the shared model took no step:[/] "
+                f"{escape(str(v['aborted']))}",
+                highlight=False,
+                soft_wrap=True,
+            )
 
 
 def data_summary(data: dict[str, Any]) -> list[str]:

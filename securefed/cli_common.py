@@ -177,6 +177,15 @@ def _print_summary(result: Any) -> None:
         )
     if s.get("stopped"):
         err.print(f"[yellow]stopped early:[/] {s['stopped']}")
+    if s.get("aborted_rounds"):
+        rounds = s["aborted_rounds"]
+        err.print(
+            f"[bold yellow]{len(rounds)} of {s['rounds']} rounds aborted[/] (no aggregate "
+            f"reached the shared model; rounds {', '.join(map(str, rounds))}): "
+            f"{escape(s['aborted_reason'])}",
+            highlight=False,
+            soft_wrap=True,
+        )
     out.print(f"run directory: {result.run_dir}")
 
 

@@ -353,6 +353,10 @@ def _summary(
             summary[f"final_{key}"] = last.get(key)
     if stopped:
         summary["stopped"] = stopped
+    aborted = [m for m in metrics if m.get("aborted")]
+    if aborted:  # rounds whose aggregate never reached the model (the first reason is kept)
+        summary["aborted_rounds"] = [int(m["round"]) for m in aborted]
+        summary["aborted_reason"] = str(aborted[0]["aborted"])
     summary.update(_privacy_summary(aggregator))
     summary.update(_baselines(config, split, summary))
     return summary

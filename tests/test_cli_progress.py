@@ -119,3 +119,22 @@ def test_terminal_bar_of_a_resumed_run_starts_at_its_round_with_its_total():
         assert task.total is None  # unknown while the data loads
         display.start(start)
         assert (task.total, task.completed) == (100, 30)
+
+
+def test_aborted_rounds_are_said_at_each_round_and_in_the_summary(tmp_path):
+    # Nine in ten clients drop out of every secure round: no round can be unmasked, so no
+    # aggregate ever reaches the model. The run completes; the user must be told, loudly.
+    config = tmp_path / "run.toml"
+    config.write_text(
+        'model = "fedrap"\nsynthetic_users = 60\nsynthetic_items = 400\nrounds = 2\n'
+        "[privacy]\nsecagg = true\nsecagg_simulate_dropout = 0.9\n"
+    )
+    res = runner.invoke(app, ["train", "--config", str(config), "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "round 1 aborted, the shared model took no step:" in text
+    assert "round 2 aborted, the shared model took no step:" in text
+    assert "2 of 2 rounds aborted (no aggregate reached the shared model; rounds 1, 2):" in text
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["aborted_rounds"] == [1, 2]
+    assert summary["aborted_reason"].endswith("the round is aborted and reveals nothing")
