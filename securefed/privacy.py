@@ -84,6 +84,29 @@ _MAX_DENSE = 64_000_000
 _TILE_PIECE_BYTES = 4 << 20
 
 
+def encode_rows(
+    x: torch.Tensor,
+    codec: Any,
+    ddg: DistributedDiscreteGaussian | None,
+    *,
+    secure: bool,
+    round_gen: torch.Generator | None,
+    noise_gen: torch.Generator | None,
+    rng: np.random.Generator,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """Clipped update rows ``x`` (float32 ``[r, d]``) put in the ring as their clients put
+    them: with distributed DP, conditionally rounded plus each row's noise share, checked
+    against the bound of a whole client input (``codec.encode_integers``); without it,
+    stochastically rounded from ``rng``. The in-process round and a Flower node
+    (:func:`securefed.flower.pipeline.encode_updates`) both encode through here."""
+    if ddg is None:
+        return codec.encode(x.numpy(), rng=rng, out=out)
+    ints = ddg.round_update(x, generator=round_gen, secure=secure)
+    ints.add_(ddg.client_share(x.shape[0], generator=noise_gen, secure=secure))
+    return codec.encode_integers(ints.numpy(), out=out)
+
+
 class EncodedBlocks:
     """Clipped client updates put in the ring a block of coordinates at a time.
 
@@ -695,7 +718,8 @@ class PrivateAggregator:
             mode=self.p.secagg_mode,
         )
         ring: np.ndarray | EncodedBlocks | DiscreteGaussianBlocks
-        if ddg is not None and streamed_secagg(self.config, m, self.dim):
+        streamed = streamed_secagg(self.config, m, self.dim)
+        if ddg is not None and streamed:
             ring = DiscreteGaussianBlocks(
                 updates,
                 factors,
@@ -705,26 +729,10 @@ class PrivateAggregator:
                 round_index=round_index,
                 secure=self.secure,
             )
-        elif ddg is None:
-            ring = self._ring_inputs(
-                updates,
-                factors,
-                codec,
-                "secagg-encode",
-                round_index,
-                streamed=streamed_secagg(self.config, m, self.dim),
-            )
         else:
-            ring = self._ring_table(m, self.dim)
-            rows_per_chunk = max(1, _MAX_DENSE // max(self.dim, 1))
-            noise_gen = self._generator("dp-noise", round_index)
-            round_gen = self._generator("dp-round", round_index)
-            for lo in range(0, m, rows_per_chunk):
-                rows = torch.arange(lo, min(m, lo + rows_per_chunk))
-                x = updates.dense(rows) * factors[rows].unsqueeze(1)
-                ints = ddg.round_update(x, generator=round_gen, secure=self.secure)
-                ints.add_(ddg.client_share(rows.shape[0], generator=noise_gen, secure=self.secure))
-                codec.encode_integers(ints.numpy(), out=ring[lo : lo + rows.shape[0]])
+            ring = self._ring_inputs(
+                updates, factors, codec, "secagg-encode", round_index, streamed=streamed, ddg=ddg
+            )
         dropout_rate = self.p.secagg_simulate_dropout
         dropouts = (
             DropoutSchedule.random(
@@ -807,21 +815,35 @@ class PrivateAggregator:
         round_index: int,
         *,
         streamed: bool,
+        ddg: DistributedDiscreteGaussian | None = None,
     ) -> np.ndarray | EncodedBlocks:
-        """The clipped updates stochastically rounded into the ring: the ``[m, d]`` table,
-        or with ``streamed`` an :class:`EncodedBlocks` that produces it a block at a time."""
+        """The clipped updates in the ring (:func:`encode_rows`; with ``ddg``, its rounding and
+        noise shares): the ``[m, d]`` table, or with ``streamed`` (and no ``ddg``: that is
+        :class:`DiscreteGaussianBlocks`) an :class:`EncodedBlocks` that produces it a block at
+        a time."""
         m, dim = len(updates), updates.layout.size
         if streamed:
             return EncodedBlocks(
                 updates, factors, codec, seed=self.seed, stream=stream, round_index=round_index
             )
         rng = numpy_generator(self.seed, stream, round_index)
+        round_gen = self._generator("dp-round", round_index)
+        noise_gen = self._generator("dp-noise", round_index)
         ring = self._ring_table(m, dim)
         rows_per_chunk = max(1, _MAX_DENSE // max(dim, 1))
         for lo in range(0, m, rows_per_chunk):
             rows = torch.arange(lo, min(m, lo + rows_per_chunk))
             x = updates.dense(rows) * factors[rows].unsqueeze(1)
-            codec.encode(x.numpy(), rng=rng, out=ring[lo : lo + rows.shape[0]])
+            encode_rows(
+                x,
+                codec,
+                ddg,
+                secure=self.secure,
+                round_gen=round_gen,
+                noise_gen=noise_gen,
+                rng=rng,
+                out=ring[lo : lo + rows.shape[0]],
+            )
         return ring
 
     def _ring_table(self, m: int, dim: int) -> np.ndarray:

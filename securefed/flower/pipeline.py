@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 #: Rows x coordinates materialised at once; must equal ``securefed.privacy._MAX_DENSE`` for
 #: the replayed draws to be chunked like the in-process ones.
 from securefed.privacy import _MAX_DENSE as MAX_DENSE  # noqa: E402
+from securefed.privacy import encode_rows  # noqa: E402
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,12 +168,9 @@ def encode_updates(
         x = torch.zeros(hi - lo, dim)
         if mine.numel():
             x[at] = updates.dense(mine) * factors[mine].unsqueeze(1)
-        if ddg is not None:
-            ints = ddg.round_update(x, generator=round_gen, secure=secure)
-            ints = ints + ddg.client_share(hi - lo, generator=noise_gen, secure=secure)
-            chunk = codec.encode_integers(ints.numpy())
-        else:
-            chunk = codec.encode(x.numpy(), rng=rng)
+        chunk = encode_rows(
+            x, codec, ddg, secure=secure, round_gen=round_gen, noise_gen=noise_gen, rng=rng
+        )
         out[mine.numpy()] = chunk[at.numpy()]
     return out, clipped
 
