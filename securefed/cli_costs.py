@@ -13,14 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from securefed import costs as cost_model
 from securefed.costs import (
     CostEstimate,
     RunShape,
     available_memory,
-    check_memory,
-    choose_views,
     estimate_run,
+    fit_memory,
     format_bytes,
     format_seconds,
     machine_speed,
@@ -68,11 +66,8 @@ class RunCosts:
             synthetic=True,
         )
         self.speed = machine_speed()
-        estimate = estimate_run(config, shape, speed=self.speed)
-        chosen = choose_views(config, estimate, cost_model._available_for(config.device))
-        if chosen is not None:  # dense views would not fit; before_build picks the storage
-            config, estimate = chosen
-        check_memory(config, estimate)
+        # Dense views that would not fit are no refusal: before_build picks their storage.
+        fit_memory(config, estimate_run(config, shape, speed=self.speed))
 
     def before_build(self, config: TrainConfig, split: Split) -> TrainConfig:
         """``train(before_build=...)``: estimate from the loaded split and refuse a run whose
@@ -82,21 +77,18 @@ class RunCosts:
         if self.speed is None:
             self.speed = machine_speed()
         estimate = estimate_run(config, RunShape.of(split), speed=self.speed)
-        available = cost_model._available_for(config.device)
-        chosen = choose_views(config, estimate, available)
-        if chosen is not None:
-            dense = estimate.peak_memory
-            config, estimate = chosen
+        config, chosen, available = fit_memory(config, estimate)
+        if chosen is not estimate:
             where = ""
             if config.params.views == "paged":
-                size = estimate.state.get("D", 0)
+                size = chosen.state.get("D", 0)
                 where = f" in a {format_bytes(size)} file in {config.params.views_dir or '$TMPDIR'}"
             self.line(
                 f"private views: {config.params.views}{where} (dense would need about "
-                f"{format_bytes(dense)}, {format_bytes(available or 0)} is available; same "
-                "results)"
+                f"{format_bytes(estimate.peak_memory)}, {format_bytes(available or 0)} is "
+                "available; same results)"
             )
-        check_memory(config, estimate)
+            estimate = chosen
         self.config = config
         self.estimate = estimate
         return config

@@ -51,6 +51,7 @@ __all__ = [
     "choose_views",
     "check_memory",
     "estimate_run",
+    "fit_memory",
     "format_bytes",
     "format_seconds",
     "machine_speed",
@@ -1033,6 +1034,24 @@ def free_disk(directory: str = "") -> int:
         return 0
 
 
+def fit_memory(
+    config: TrainConfig, estimate: CostEstimate
+) -> tuple[TrainConfig, CostEstimate, int | None]:
+    """The run to start on this machine: ``config`` and ``estimate``, or FedRAP's with the
+    storage of its private views that fits (:func:`choose_views`), checked against the
+    memory available (read once), which is returned too (None: unknown).
+
+    Raises:
+        InsufficientMemory: see :func:`check_memory`.
+    """
+    available = _available_for(config.device)
+    chosen = choose_views(config, estimate, available)
+    if chosen is not None:
+        config, estimate = chosen
+    check_memory(config, estimate, available)
+    return config, estimate, available
+
+
 def refuse_if_too_large(config: TrainConfig, split: Split) -> TrainConfig:
     """``train(config, before_build=refuse_if_too_large)``: the memory check of
     ``securefed train`` for Python callers (no probe: only memory is checked). Returns the
@@ -1042,9 +1061,5 @@ def refuse_if_too_large(config: TrainConfig, split: Split) -> TrainConfig:
     Raises:
         InsufficientMemory: see :func:`check_memory`.
     """
-    estimate = estimate_run(config, RunShape.of(split), speed=1.0)
-    chosen = choose_views(config, estimate, _available_for(config.device))
-    if chosen is not None:
-        config, estimate = chosen
-    check_memory(config, estimate)
+    config, _, _ = fit_memory(config, estimate_run(config, RunShape.of(split), speed=1.0))
     return config
