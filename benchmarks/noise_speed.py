@@ -8,8 +8,8 @@ hardened continuous Gaussian of central DP::
 
     python benchmarks/noise_speed.py --rows 943 --dim 53824 --repeats 2
 
-The ``urandom`` rows swap :func:`protocols.dp.noise.os_keystream` for ``os.urandom`` (what
-securefed did before), so both sources run the same sampler code. Each line is the best of
+The ``urandom`` rows swap :func:`protocols.dp.noise.os_cipher`'s keystream for ``os.urandom``
+(what securefed did before), so both sources run the same sampler code. Each line is the best of
 ``--repeats`` wall-clock times; compare the ratios of one run, not absolute times across runs.
 Results: docs/benchmarks.md, "Secure randomness".
 """
@@ -30,6 +30,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from protocols.dp import mechanisms, noise  # noqa: E402
+
+
+class _Urandom:
+    """``os_cipher``'s interface with ``os.urandom`` bytes as the keystream."""
+
+    def update(self, data: bytes) -> bytes:
+        return os.urandom(len(data))
+
+    def update_into(self, data: bytes, buf: bytearray) -> int:
+        buf[: len(data)] = os.urandom(len(data))
+        return len(data)
 
 
 def best_of(repeats: int, fn: Callable[[], object]) -> float:
@@ -65,15 +76,15 @@ def main() -> None:
         ),
         "gaussian": lambda: noise.gaussian_noise(n, 1.0, generator=None, secure=True),
     }
-    keystream = noise.os_keystream
+    cipher = noise.os_cipher
     load = os.getloadavg()[0]
     results: dict[str, dict[str, float]] = {}
     for source in ("aes-ctr", "urandom"):
-        noise.os_keystream = keystream if source == "aes-ctr" else os.urandom  # type: ignore[assignment]
+        noise.os_cipher = cipher if source == "aes-ctr" else _Urandom  # type: ignore[assignment]
         try:
             results[source] = {name: best_of(args.repeats, fn) for name, fn in work.items()}
         finally:
-            noise.os_keystream = keystream  # type: ignore[assignment]
+            noise.os_cipher = cipher  # type: ignore[assignment]
     for name in work:
         a, u = results["aes-ctr"][name], results["urandom"][name]
         row = {"sampler": name, "elements": n, "aes_ctr_s": round(a, 3)}

@@ -36,6 +36,7 @@ import secrets
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -61,7 +62,7 @@ from protocols.dp.dpsgd import (
     dpsgd_event,
     dpsgd_steps,
 )
-from protocols.dp.noise import below
+from protocols.dp.noise import SECURE_CHUNK, SECURE_WORKERS, below
 from protocols.errors import ProtocolError
 from protocols.seeding import derive_seed, numpy_generator, torch_generator
 from securefed import runs
@@ -102,9 +103,38 @@ def encode_rows(
     (:func:`securefed.flower.pipeline.encode_updates`) both encode through here."""
     if ddg is None:
         return codec.encode(x.numpy(), rng=rng, out=out)
+    if secure and x.shape[0] > 1 and x.shape[1] <= SECURE_CHUNK:
+        return _encode_rows_secure(x, codec, ddg, out)
     ints = ddg.round_update(x, generator=round_gen, secure=secure)
     ints.add_(ddg.client_share(x.shape[0], generator=noise_gen, secure=secure))
     return codec.encode_integers(ints.numpy(), out=out)
+
+
+def _encode_rows_secure(
+    x: torch.Tensor, codec: Any, ddg: DistributedDiscreteGaussian, out: np.ndarray | None
+) -> np.ndarray:
+    """:func:`encode_rows` with distributed DP on OS randomness: a few rows at a time (about
+    :data:`~protocols.dp.noise.SECURE_CHUNK` coordinates) on up to
+    :data:`~protocols.dp.noise.SECURE_WORKERS` threads, each block's rounding, noise shares and
+    ring words made while the block is in cache. Blocks are independent (every draw takes its
+    own fresh OS key), so the split changes no distribution. Whole-table passes took 1.8-2.7 s
+    for FedRAP's ``[943, 53,824]`` on MovieLens 100K here, these blocks 1.4-1.7 s
+    (docs/benchmarks.md)."""
+    m, d = x.shape
+    ring = np.empty((m, d), dtype=np.uint64) if out is None else out
+    rows = max(1, SECURE_CHUNK // d)
+
+    def block(lo: int) -> None:
+        hi = min(m, lo + rows)
+        ints = ddg.round_update(x[lo:hi], generator=None, secure=True)
+        ints.add_(ddg.client_share(hi - lo, generator=None, secure=True))
+        codec.encode_integers(ints.numpy(), out=ring[lo:hi])
+
+    starts = range(0, m, rows)
+    with ThreadPoolExecutor(max_workers=min(len(starts), SECURE_WORKERS)) as threads:
+        for done in [threads.submit(block, lo) for lo in starts]:
+            done.result()
+    return ring
 
 
 class EncodedBlocks:

@@ -246,8 +246,29 @@ def test_os_uniform_is_the_keystream_of_a_fresh_os_key_on_the_53_bit_grid(monkey
     assert not torch.equal(a, b)
     k = a.numpy() * 2.0**53
     assert np.array_equal(k, np.round(k)) and k.min() >= 1 and k.max() <= 2**53
-    monkeypatch.setattr(noise, "os_keystream", lambda n: b"\xff" * 8 + b"\x00" * (n - 8))
+
+    class Ends:  # a keystream of one all-ones word, then zeros
+        def update_into(self, data: bytes, buf: bytearray) -> int:
+            buf[: len(data)] = b"\xff" * 8 + bytes(len(data) - 8)
+            return len(data)
+
+    monkeypatch.setattr(noise, "os_cipher", Ends)
     assert noise.os_uniform(2).tolist() == [1.0, 2.0**-53]
+
+
+def test_os_uniform_continues_one_keystream_across_its_pieces(monkeypatch):
+    """Known answer past :data:`UNIFORM_PIECE`: the pieces are consecutive words of one key's
+    keystream (a piece that restarted the stream or took a new key would repeat or differ),
+    written into ``out`` when one is given."""
+    fake = _CountingUrandom(seed=5)
+    monkeypatch.setattr(os, "urandom", fake)
+    n = 2 * noise.UNIFORM_PIECE + 3
+    out = torch.empty(n, dtype=torch.float64)
+    assert noise.os_uniform(n, out=out) is out
+    assert len(fake.stream) == 1
+    np.testing.assert_array_equal(out.numpy(), _reference_uniforms(fake.stream[0], n))
+    with pytest.raises(ConfigError, match="contiguous float64"):
+        noise.os_uniform(n, out=torch.empty(n, dtype=torch.float32))
 
 
 @pytest.mark.parametrize(

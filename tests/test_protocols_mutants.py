@@ -584,7 +584,9 @@ def test_ddg_mechanism_rounds_with_the_plans_scale_bound_and_source():
     mech = DistributedDiscreteGaussian(plan=plan)
     x = torch.rand(5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     x = x / torch.linalg.vector_norm(x, dim=1, keepdim=True)  # norm 1 = clip
+    before = x.clone()
     got = mech.round_update(x, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(x, before)  # the caller's float64 updates are not scaled in place
     ref = conditional_randomized_round(
         x,
         scale=8.0,

@@ -254,3 +254,54 @@ def test_encoded_blocks_do_not_depend_on_how_many_rows_are_encoded_at_once(monke
         rng=privacy.numpy_generator(4, "secagg-encode", 1, 0),
     )
     assert np.array_equal(whole[:, :16], expected)
+
+
+def test_secure_encode_rows_rounds_and_noises_every_row_in_independent_blocks(monkeypatch):
+    """encode_rows on OS randomness works a few rows at a time on threads (blocks of two rows
+    here): every client's ring input is its conditional rounding plus its own noise share,
+    whatever block it fell in (a block left without noise, or two blocks drawing the same
+    stream, would show), and a rounding that fails in a thread surfaces as the error."""
+    from protocols.dp import DistributedDiscreteGaussian, distributed_noise_plan
+    from protocols.errors import ProtocolError
+    from protocols.secagg import FixedPointCodec
+    from securefed import privacy
+
+    m, d, clip = 9, 4000, 1.0
+    monkeypatch.setattr(privacy, "SECURE_CHUNK", 2 * d)
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(m, d, generator=gen)
+    x = x / x.norm(dim=1, keepdim=True) * clip
+    plan = distributed_noise_plan(
+        clip=clip, noise_multiplier=1.0, scale=40.0, dim=d, min_survivors=m, rounding_beta=0.6
+    )
+    codec = FixedPointCodec.for_sum(
+        n_clients=m,
+        clip=plan.l2_sensitivity_after_rounding / plan.scale,
+        scale=plan.scale,
+        extra_int_bound=int(plan.noise_sum_bound(1)),
+    )
+    ddg = DistributedDiscreteGaussian(plan=plan)
+    ring = privacy.encode_rows(
+        x, codec, ddg, secure=True, round_gen=None, noise_gen=None, rng=np.random.default_rng(0)
+    )
+    shift = 64 - codec.modulus_bits
+    ints = (ring << np.uint64(shift)).view(np.int64) >> np.int64(shift)
+    y = x.double().numpy() * plan.scale
+    noise = ints - np.floor(y)  # the rounding's 0 or 1 plus the noise share
+    sigma = plan.share_sigma
+    for row in noise:  # every client has its share: variance sigma^2 (+ <= 1/4 of rounding)
+        assert abs(row.var() / sigma**2 - 1) < 0.1
+        assert abs(row.mean() - 0.5) < 5 * sigma / d**0.5
+    assert len({row.tobytes() for row in noise}) == m
+    far = x.clone()
+    far[4] *= 50  # not clipped to the plan's norm: its rounding can never fit the bound
+    with pytest.raises(ProtocolError, match="exceeded the rounded L2 bound"):
+        privacy.encode_rows(
+            far,
+            codec,
+            ddg,
+            secure=True,
+            round_gen=None,
+            noise_gen=None,
+            rng=np.random.default_rng(0),
+        )

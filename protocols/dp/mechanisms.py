@@ -234,19 +234,28 @@ def _round_rows_into(
     max_tries: int,
 ) -> int:
     """Conditionally round the block ``x`` into ``out``; returns how many rows failed."""
-    y = x.to(torch.float64) * scale
+    # In-place passes where the values allow (the same floats as ``x.double() * scale``, ``low
+    # + up``): a FedRAP round on MovieLens 100K rounds 50.7 M coordinates, 13.5 ns each with
+    # a fresh tensor per step here and 8.9 ns so (docs/benchmarks.md).
+    y = x.to(torch.float64, copy=True).mul_(scale)  # never the caller's float64 x
     low = torch.floor(y)
     frac = y.sub_(low)
-    index = torch.arange(x.shape[0])
+    index: torch.Tensor | None = None  # None: every row of the block is pending
     for _ in range(max_tries):
-        cand = low + below(frac, generator, secure)
+        cand = torch.empty_like(low).copy_(below(frac, generator, secure)).add_(low)
         ok = torch.linalg.vector_norm(cand, dim=1) <= l2_bound
         if bool(ok.all()):
-            out[index] = cand.to(torch.int64)
+            if index is None:
+                out.copy_(cand)
+            else:
+                out[index] = cand.to(torch.int64)
             return 0
+        if index is None:
+            index = torch.arange(x.shape[0])
         out[index[ok]] = cand[ok].to(torch.int64)
         retry = ~ok
         index, low, frac = index[retry], low[retry], frac[retry]
+    assert index is not None
     return int(index.numel())
 
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,6 +23,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from protocols.errors import ConfigError
 
 _TWO_M53 = 2.0**-53
+_SHIFT = np.uint64(11)  # a 64-bit word's top 53 bits
 #: Bytes of ``os.urandom`` that key one :func:`os_uniform` call (an AES-256 key).
 OS_KEY_BYTES = 32
 _ZERO_NONCE = bytes(16)
@@ -81,41 +84,77 @@ def _check_source(generator: torch.Generator | None, secure: bool) -> None:
         )
 
 
-def os_keystream(nbytes: int) -> bytes:
-    """``nbytes`` bytes of AES-256-CTR keystream under a fresh key from ``os.urandom``.
+def os_cipher() -> Any:
+    """An AES-256-CTR encryptor under a fresh key from ``os.urandom`` (zero nonce).
 
     A CSPRNG seeded from the OS, in the way the kernel's own generator behind ``os.urandom`` is
-    (a ChaCha20 stream keyed from its entropy pool): the output is computationally
-    indistinguishable from uniform bytes as long as the key is (AES's security as a
-    pseudorandom permutation; a fresh key per call, so no (key, counter) pair repeats and
-    the all-zero nonce is safe). The key exists only inside this call: it is not returned,
-    stored or derived from anything a run records, so nothing in a run directory regenerates
-    the stream. Why not ``os.urandom`` itself: a getrandom system call per request ran at
-    about 0.2 GB/s here against about 1.2 GB/s for OpenSSL's AES-CTR (docs/benchmarks.md), and
-    a distributed-DP round of FedRAP on MovieLens 100K draws about 2 GB of uniforms.
+    (a ChaCha20 stream keyed from its entropy pool): encrypting zeros gives a keystream that is
+    computationally indistinguishable from uniform bytes as long as the key is secret (AES's
+    security as a pseudorandom permutation; a fresh key per encryptor, so no (key, counter)
+    pair repeats and the all-zero nonce is safe). The key lives only inside the encryptor: it
+    is not returned, stored or derived from anything a run records, so nothing in a run
+    directory regenerates the stream. Why not ``os.urandom`` itself: a getrandom system call
+    per request ran at about 0.2 GB/s here against several GB/s for OpenSSL's AES-CTR
+    (docs/benchmarks.md), and a distributed-DP round of FedRAP on MovieLens 100K draws about
+    2 GB of uniforms.
     """
-    if nbytes == 0:
-        return b""
-    key = os.urandom(OS_KEY_BYTES)
-    encryptor = Cipher(algorithms.AES(key), modes.CTR(_ZERO_NONCE)).encryptor()
-    # CTR encrypts by XOR with the keystream, so the ciphertext of zeros is the keystream.
-    return encryptor.update(bytes(nbytes))
+    return Cipher(algorithms.AES(os.urandom(OS_KEY_BYTES)), modes.CTR(_ZERO_NONCE)).encryptor()
 
 
-def os_uniform(n: int) -> torch.Tensor:
+#: 64-bit words of keystream :func:`os_uniform` turns into uniforms per pass: its scratch
+#: (keystream and shifted words, 512 KiB) and the piece of output stay in a core's cache, and
+#: no call allocates more than its output (the whole-call version made a ``bytes`` keystream
+#: and two more temporaries of the output's size). As fast in a warm process (2.1-2.8 ns a
+#: uniform here either way); what it buys is ``out=``, which the discrete Gaussian sampler
+#: uses to reuse its buffers (docs/benchmarks.md).
+UNIFORM_PIECE = 1 << 15
+
+_scratch = threading.local()
+
+
+def _uniform_scratch() -> tuple[memoryview, bytearray, np.ndarray]:
+    """This thread's zeros, keystream buffer and word buffer for :func:`os_uniform`."""
+    found = getattr(_scratch, "buffers", None)
+    if found is None:
+        words = np.empty(UNIFORM_PIECE, dtype=np.uint64)
+        # update_into needs block_size - 1 spare bytes in its output.
+        found = (memoryview(bytes(8 * UNIFORM_PIECE)), bytearray(8 * UNIFORM_PIECE + 16), words)
+        _scratch.buffers = found
+    return found
+
+
+def os_uniform(n: int, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """``n`` float64 uniforms on the grid ``{k * 2**-53 : k = 1..2**53}`` from OS randomness.
 
-    Each uniform is the top 53 bits of one little-endian 64-bit word of
-    :func:`os_keystream` (a fresh OS key per call), plus one, times ``2**-53``: the values lie
-    in (0, 1], so ``log(u)`` is always finite.
+    Uniform ``i`` is the top 53 bits of little-endian 64-bit word ``i`` of the keystream of
+    one :func:`os_cipher` (a fresh OS key per call), plus one, times ``2**-53``: the values
+    lie in (0, 1], so ``log(u)`` is always finite. The keystream is made and converted
+    :data:`UNIFORM_PIECE` words at a time in this thread's scratch buffers, which hold the
+    last piece's keystream until the thread's next call (the uniforms themselves are in the
+    returned tensor). ``out``: a contiguous float64 tensor of ``n`` elements to fill.
     """
+    if out is None:
+        out = torch.empty(n, dtype=torch.float64)
+    elif out.dtype != torch.float64 or out.numel() != n or not out.is_contiguous():
+        raise ConfigError(
+            f"out must be a contiguous float64 tensor of {n} elements, got {out.dtype} "
+            f"{tuple(out.shape)}"
+        )
     if n == 0:
-        return torch.empty(0, dtype=torch.float64)
-    raw = np.frombuffer(os_keystream(8 * n), dtype="<u8")
-    out = (raw >> np.uint64(11)).astype(np.float64)  # exact: < 2**53
-    out += 1.0  # exact: <= 2**53
-    out *= _TWO_M53  # exact: a power of two
-    return torch.from_numpy(out)
+        return out
+    dst = out.view(-1).numpy()
+    cipher = os_cipher()
+    zeros, stream, words = _uniform_scratch()
+    signed = words.view(np.int64)
+    for lo in range(0, n, UNIFORM_PIECE):
+        w = min(UNIFORM_PIECE, n - lo)
+        cipher.update_into(zeros[: 8 * w], stream)
+        np.right_shift(np.frombuffer(stream, dtype="<u8", count=w), _SHIFT, out=words[:w])
+        piece = dst[lo : lo + w]
+        np.copyto(piece, signed[:w], casting="unsafe")  # exact: < 2**53
+        piece *= _TWO_M53  # exact: a power of two
+        piece += _TWO_M53  # exact: (k + 1) 2**-53 <= 1
+    return out
 
 
 #: Elements processed per pass by the batched samplers. Their float64 temporaries (a few
@@ -311,14 +350,23 @@ def _discrete_gaussian_into(
     minus_inv_two_var = -1.0 / (2.0 * sigma * sigma)
     pending: torch.Tensor | None = None  # None: every element of out is pending
     k = out.numel()
+    # OS randomness: the uniforms go into one buffer reused across the passes instead of fresh
+    # multi-MB tensors per pass (docs/benchmarks.md); a generator's draws stay as they were.
+    drawn = torch.empty(3 * k, dtype=torch.float64) if secure else None
     while k > 0:
-        u = _uniform(2 * k, generator, secure).view(2, k)
+        if drawn is None:
+            u = _uniform(2 * k, generator, secure).view(2, k)
+        else:
+            u = os_uniform(2 * k, out=drawn[: 2 * k]).view(2, k)
         # Two geometric(1 - exp(-1/t)) draws; their difference is discrete Laplace(t).
         g = u.log_().mul_(-t).floor_()
         y = g[0].sub_(g[1])
         accept_p = y.abs().sub_(shift).square_().mul_(minus_inv_two_var).exp_()
         # P[accept] = exp(-(|y| - sigma^2/t)^2 / (2 sigma^2)), up to the 53-bit grid.
-        accepted = below(accept_p, generator, secure)
+        if drawn is None:
+            accepted = below(accept_p, generator, secure)
+        else:  # below()'s test on a reused buffer
+            accepted = os_uniform(k, out=drawn[2 * k : 3 * k]) <= accept_p
         # Every pending element takes its proposal; the rejected ones are overwritten by a
         # later round (a plain copy, not a masked one: the same outputs, a fraction of the
         # time).
