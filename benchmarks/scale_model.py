@@ -7,11 +7,11 @@ chooses, the fixed-point ring that :class:`protocols.secagg.FixedPointCodec` siz
 cohort) what one client computes, stores and sends, and what the server does, per round:
 
 * **client**: the upload's coordinates ``d`` and its bytes on the wire (masked input of ``d``
-  ring words, sealed and revealed Shamir shares, keys); the download (the shared parameters
-  in float32, the neighbours' keys and share boxes); the secure-aggregation work (``2k``
-  X25519 agreements, ``k + 1`` AES-CTR mask expansions of ``d`` words) and the local training
-  (from the per-sample rates of :mod:`securefed.costs`), in seconds of one core of this
-  machine; the private state a client keeps on its device.
+  ring elements packed to the ring's bits, sealed and revealed Shamir shares, keys); the
+  download (the shared parameters in float32, the neighbours' keys and share boxes); the
+  secure-aggregation work (``2k`` X25519 agreements, ``k + 1`` AES-CTR mask expansions of
+  ``d`` words) and the local training (from the per-sample rates of :mod:`securefed.costs`),
+  in seconds of one core of this machine; the private state a client keeps on its device.
 * **server**: summing the masked inputs, re-expanding every survivor's self mask (AES-CTR),
   Lagrange reconstruction of ``t``-of-``k`` shares, re-expanding the dropped clients' pair
   masks, in core-seconds of this machine, and the memory of one running sum.
@@ -46,6 +46,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey  #
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes  # noqa: E402
 
 from protocols.secagg import FixedPointCodec, SecAggConfig, secure_sum, shamir  # noqa: E402
+from protocols.secagg.wire import packed_bytes  # noqa: E402
 from securefed.config import TrainConfig  # noqa: E402
 from securefed.costs import _ALS_S, _FEDRAP_S, _MLP_S, RunShape, _layout_size  # noqa: E402
 from securefed.privacy import DEFAULT_SECAGG_BOUND  # noqa: E402
@@ -144,7 +145,8 @@ def round_costs(model: str, sc: Scenario, rates: Rates) -> dict:
         samples = sc.per_user * (1 + params.num_negatives)
         local = _MLP_S * samples * macs * (3 if params.sam else 1) * params.local_steps
         private = (params.gmf_dim + params.mlp_dim) * 4 * 3  # user embeddings and Adam moments
-    up = 64 + 4 + BOX * k + 6 + d * w + 4 + REVEALED * k + 4 * HEADER
+    # The masked input is packed to the ring's bits on the wire (protocols.secagg.wire).
+    up = 64 + 4 + BOX * k + 5 + packed_bytes(d, codec.modulus_bits) + 4 + REVEALED * k + 4 * HEADER
     down = shared * 4 + k * 64 + k * BOX + 4 * HEADER
     # Agreements, mask expansions, and adding each of the k + 1 masks into the masked input.
     client_secagg = (

@@ -22,6 +22,7 @@ import pytest
 
 pytest.importorskip("flwr", reason="Flower is not installed (pip install 'securefed[flower]')")
 
+from protocols.secagg import wire  # noqa: E402
 from protocols.secagg.wire import ring_dtype  # noqa: E402
 from securefed import runs  # noqa: E402
 from securefed.errors import ConfigError  # noqa: E402
@@ -99,7 +100,8 @@ def test_local_deployment_matches_in_process_and_server_sees_only_masked_inputs(
     # The server process received only wire messages; every masked input differs from the
     # user's encoded input (recomputed here by replaying the seeded round).
     inputs, params, _, _ = _replay_ring(cfg, tmp_path)
-    dtype = ring_dtype(params.codec.modulus_bits)
+    bits = params.codec.modulus_bits
+    dtype = ring_dtype(bits)
     dim = next(iter(inputs.values())).size
     lines = [json.loads(x) for x in (tmp_path / "run" / "flower_transcript.jsonl").open()]
     assert {x["stage"] for x in lines} == {"advertise", "share", "masked", "unmask"}
@@ -107,7 +109,7 @@ def test_local_deployment_matches_in_process_and_server_sees_only_masked_inputs(
     assert len(masked) == 60
     for x in masked:
         raw = (tmp_path / "run" / "transcript" / f"r0-masked-{x['sid']}.bin").read_bytes()
-        y = np.frombuffer(raw[-dim * dtype.itemsize :], dtype)
+        y = wire.unpack_ring(raw[-wire.packed_bytes(dim, bits) :], bits, dim)
         assert np.mean(y == inputs[x["sid"]].astype(dtype)) < 0.01
     # No leftover processes hold the ports: everything was stopped.
     assert not (tmp_path / "work" / "nodes" / "node-0" / "stalled").exists()

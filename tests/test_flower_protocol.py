@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from protocols.secagg import wire
 from protocols.secagg.wire import ring_dtype
 from securefed import runs
 from securefed.errors import ConfigError, IntegrityError
@@ -205,7 +206,9 @@ def test_server_never_receives_an_unmasked_input(tmp_path):
     cfg = _cfg(rounds=1)
     res, transport = _run(cfg, tmp_path)
     inputs, params, _, _ = _replay_ring(cfg, tmp_path)
-    dtype = ring_dtype(params.codec.modulus_bits)
+    bits = params.codec.modulus_bits
+    dtype = ring_dtype(bits)
+    body = wire.packed_bytes(inputs[0].size, bits)
     masked = {}
     for stage, _node, reply in transport.seen:
         assert not reply.arrays, f"a node sent arrays at stage {stage}"
@@ -215,9 +218,7 @@ def test_server_never_receives_an_unmasked_input(tmp_path):
         for key, value in reply.config.items():
             assert key.startswith("sid.") or stage == "hello", key
             if stage == "masked":
-                masked[int(key[4:])] = np.frombuffer(
-                    value[-inputs[0].size * dtype.itemsize :], dtype
-                )
+                masked[int(key[4:])] = wire.unpack_ring(value[-body:], bits, inputs[0].size)
     assert len(masked) == 60
     for sid, y in masked.items():
         x = inputs[sid].astype(dtype)

@@ -774,7 +774,7 @@ def test_encode_boxes_message_for_a_wrong_ciphertext_length() -> None:
 def test_share_associated_data_takes_every_u64_round() -> None:
     env = wire.Envelope(session=bytes(32), round_index=2**64 - 1)
     ad = wire.share_associated_data(env, 2**31 - 1, 5)
-    assert ad == b"SAGG\x01" + bytes(32) + b"\xff" * 8 + bytes([0x7F, 0xFF, 0xFF, 0xFF, 0, 0, 0, 5])
+    assert ad == b"SAGG\x02" + bytes(32) + b"\xff" * 8 + bytes([0x7F, 0xFF, 0xFF, 0xFF, 0, 0, 0, 5])
 
 
 def test_share_plaintext_of_the_wrong_length_is_refused() -> None:

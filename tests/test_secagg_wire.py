@@ -146,12 +146,54 @@ def test_out_of_order_calls_abort_the_client():
         clients[0].advertise()
 
 
-def test_masked_input_outside_the_ring_is_rejected():
+def test_masked_input_with_bits_past_its_values_is_rejected():
+    """D = 5 values of 20 bits fill 12.5 bytes: the last byte's high 4 bits are padding, and a
+    message with any of them set (what a value outside the ring would leave) is refused;
+    another bit count or dimension than the round's is refused too."""
     env = wire.Envelope(session=session_id(SEED, 1), round_index=1)
-    bad = wire.encode_masked_input(env, 4, np.full(D, 1 << BITS, np.uint64), 32)
-    bad = bad[: wire.HEADER_BYTES] + bytes([BITS]) + bad[wire.HEADER_BYTES + 1 :]
+    good = wire.encode_masked_input(env, 4, np.full(D, (1 << BITS) - 1, np.uint64), BITS)
+    assert len(good) == wire.masked_input_bytes(D, BITS) == wire.HEADER_BYTES + 5 + 13
+    assert (
+        wire.decode_masked_input(env, good, sender=4, bits=BITS, dim=D).tolist()
+        == [(1 << BITS) - 1] * D
+    )
+    bad = good[:-1] + bytes([good[-1] | 0x10])
     with pytest.raises(IntegrityError):
         wire.decode_masked_input(env, bad, sender=4, bits=BITS, dim=D)
+    with pytest.raises(IntegrityError):
+        wire.decode_masked_input(env, good, sender=4, bits=BITS + 1, dim=D)
+    with pytest.raises(IntegrityError):
+        wire.decode_masked_input(env, good, sender=4, bits=BITS, dim=D + 1)
+    # A 31-bit ring travels in whole 32-bit words: a value with bit 31 set is outside it.
+    whole = wire.encode_masked_input(env, 4, np.full(D, 2**31 - 1, np.uint64), 31)
+    assert len(whole) == wire.masked_input_bytes(D, 31) == wire.HEADER_BYTES + 5 + 4 * D
+    outside = whole[:-1] + bytes([whole[-1] | 0x80])
+    with pytest.raises(IntegrityError):
+        wire.decode_masked_input(env, outside, sender=4, bits=31, dim=D)
+
+
+@pytest.mark.parametrize("bits", [1, 7, 8, 20, 25, 31, 32, 33, 37, 63, 64])
+def test_masked_inputs_are_packed_to_the_ring_bits_and_read_back(bits):
+    """Known answer against a bit-by-bit reference: value i occupies bits i * bits .. of the
+    body's little-endian bit string, over more values than one packing pass (and a count not
+    a multiple of 8); values are reduced modulo 2**bits; the message is exactly
+    ceil(dim * bits / 8) body bytes past the 5-byte head."""
+    env = wire.Envelope(session=session_id(SEED, 1), round_index=1)
+    dim = wire._PACK_CHUNK + 13
+    y = np.random.default_rng(bits).integers(0, 2**64, dim, dtype=np.uint64, endpoint=False)
+    msg = wire.encode_masked_input(env, 2, y, bits)
+    w = wire.wire_bits(bits)  # the ring's bits, or its whole word where packing saves < 1/8
+    assert w == (32 if 29 <= bits <= 32 else 64 if bits >= 57 else bits)
+    assert len(msg) == wire.masked_input_bytes(dim, bits)
+    assert len(msg) == wire.HEADER_BYTES + 5 + -(-dim * w // 8)
+    ring = y & np.uint64(2**bits - 1) if bits < 64 else y
+    body = int.from_bytes(msg[wire.HEADER_BYTES + 5 :], "little")
+    for i in (0, 1, 7, 8, 9, wire._PACK_CHUNK - 1, wire._PACK_CHUNK, dim - 1):
+        assert (body >> (i * w)) & (2**w - 1) == int(ring[i])
+    assert body >> (dim * w) == 0
+    got = wire.decode_masked_input(env, msg, sender=2, bits=bits, dim=dim)
+    assert got.dtype == wire.ring_dtype(bits)
+    np.testing.assert_array_equal(got.astype(np.uint64), ring)
 
 
 def _request(round_index: int, receiver: int, total: int, surv: list[int], drop: list[int]):

@@ -306,7 +306,7 @@ def batched_round(
     u3 = u2 & ~flags("masked_input") & (deg2 >= t)  # fewer than t held shares: abort
     traffic["masked_input"] = int(
         (header + 4 + (4 + wire.CIPHERTEXT_BYTES) * deg2[u2]).sum()
-        + int(u3.sum()) * (header + 6 + dim * word.itemsize)
+        + int(u3.sum()) * wire.masked_input_bytes(dim, bits)
     )
     u3_ids = np.flatnonzero(u3).tolist()
     _require(len(u3_ids), "sent masked inputs", t)

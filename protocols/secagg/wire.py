@@ -19,7 +19,7 @@ Bodies (``n`` = entry count u32 first):
 * KEYS           ``n | (id u32, c_pk 32, s_pk 32) * n``           ids ascending
 * SHARES         ``n | (receiver u32, ciphertext 90) * n``        ids ascending
 * FORWARD        ``n | (sender u32, ciphertext 90) * n``          ids ascending
-* MASKED_INPUT   ``bits u8 | width u8 | dim u32 | dim * width bytes (little-endian)``
+* MASKED_INPUT   ``bits u8 | dim u32 | ceil(dim * w / 8) bytes``    ``w`` = :func:`wire_bits`
 * UNMASK_REQUEST ``n_survivors_total u32 | n | ids | m | ids``    survivors / dropped neighbours
 * UNMASK_SHARES  ``n | (owner u32, kind u8, share 33) * n``       (owner, kind) ascending
 
@@ -52,7 +52,7 @@ from protocols.secagg.primitives import GCM_TAG_BYTES
 from protocols.secagg.shamir import SHARE_BYTES
 
 MAGIC = b"SAGG"
-VERSION = 1
+VERSION = 2  # 2: masked inputs packed to the ring's bits
 SERVER = 0xFFFFFFFF
 KEY_BYTES = 32
 SESSION_BYTES = 16
@@ -306,34 +306,134 @@ def ring_dtype(bits: int) -> np.dtype:
     raise ValueError(f"bits must be <= 64, got {bits!r}")
 
 
-def encode_masked_input(env: Envelope, sender: int, y: np.ndarray, bits: int) -> bytes:
-    """Reduce ``y`` (uint64) modulo ``2**bits`` straight into the message buffer."""
+#: Values packed or unpacked per pass (a multiple of 8, so every pass starts on a byte): the
+#: bit-plane temporaries of a pass (64 bytes a value) stay a few MB.
+_PACK_CHUNK = 1 << 16
+_MASKED_HEAD = struct.Struct(">BI")  # bits, dim
+
+
+def wire_bits(bits: int) -> int:
+    """Bits a ``bits``-bit ring element takes in a masked input: ``bits`` itself, or the
+    whole word of :func:`ring_dtype` when packing would save less than an eighth of it
+    (29-32 bits travel as 32, 57-64 as 64): packing costs about 10 ns a value on each side,
+    worth a third of the bytes at 37 bits and 3 % at 31."""
+    word = 8 * ring_dtype(bits).itemsize
+    return word if 8 * bits > 7 * word else bits
+
+
+def packed_bytes(dim: int, bits: int) -> int:
+    """Bytes of ``dim`` ring elements of a ``bits``-bit ring in a masked input
+    (:func:`wire_bits` each, back to back)."""
+    return -(-dim * wire_bits(bits) // 8)
+
+
+def masked_input_bytes(dim: int, bits: int) -> int:
+    """Size of a MASKED_INPUT message (header included) of ``dim`` ``bits``-bit elements."""
+    return HEADER_BYTES + _MASKED_HEAD.size + packed_bytes(dim, bits)
+
+
+def _low(bits: int) -> np.uint64:
+    return np.uint64((1 << bits) - 1 if bits < 64 else 2**64 - 1)
+
+
+def pack_ring(words: np.ndarray, bits: int, out: np.ndarray) -> None:
+    """Pack ``words`` (uint64; reduced modulo ``2**bits``) into the uint8 array ``out`` of
+    :func:`packed_bytes` bytes: value ``i`` is bits ``i * w .. (i + 1) * w - 1`` of ``out``'s
+    little-endian bit string (``w`` = :func:`wire_bits`), the last byte's unused high bits
+    zero.
+
+    Eight values fill exactly ``bits`` bytes, so the values are taken in groups of eight and
+    value ``j`` of every group is shifted into place at once (its byte ``j * bits // 8``, bit
+    ``j * bits % 8``): 0.6 ms for 53,824 37-bit values here.
+    """
+    words = np.asarray(words, dtype="<u8")
+    if wire_bits(bits) != bits or bits in (8, 16, 32, 64):  # whole words: a cast is the packing
+        np.copyto(out.view(ring_dtype(bits)), words & _low(bits), casting="unsafe")
+        return
+    low = _low(bits)
+    n = words.shape[0]
+    for lo in range(0, n, _PACK_CHUNK):
+        piece = words[lo : lo + _PACK_CHUNK]
+        groups = -(-piece.shape[0] // 8)
+        w = np.zeros((groups, 8), dtype="<u8")
+        np.bitwise_and(piece, low, out=w.reshape(-1)[: piece.shape[0]])
+        acc = np.zeros((groups, bits + 9), dtype=np.uint8)  # 9 spare bytes: lane spill-over
+        for j in range(8):
+            byte, shift = divmod(j * bits, 8)
+            lane = w[:, j] << np.uint64(shift)
+            acc[:, byte : byte + 8] |= lane.view(np.uint8).reshape(groups, 8)
+            if shift + bits > 64:  # the value's top bits past the 64-bit lane
+                acc[:, byte + 8] |= (w[:, j] >> np.uint64(64 - shift)).astype(np.uint8)
+        start = lo * bits // 8
+        size = packed_bytes(piece.shape[0], bits)
+        out[start : start + size] = acc[:, :bits].reshape(-1)[:size]
+
+
+def unpack_ring(data: bytes | memoryview, bits: int, dim: int) -> np.ndarray:
+    """The ``dim`` values :func:`pack_ring` wrote into ``data`` (exactly :func:`packed_bytes`
+    bytes), as the ring dtype: a zero-copy, read-only view when ``bits`` is a whole word.
+
+    Raises:
+        IntegrityError: ``data`` has another length, or padding bits set.
+    """
     dtype = ring_dtype(bits)
+    if len(data) != packed_bytes(dim, bits):
+        raise IntegrityError()
+    if wire_bits(bits) == 8 * dtype.itemsize:  # whole words: a view
+        y = np.frombuffer(data, dtype=dtype)
+        if bits < 8 * dtype.itemsize and dim and int(y.max()) >> bits:
+            raise IntegrityError()  # a value outside the ring: not what pack_ring writes
+        return y
+    raw = np.frombuffer(data, dtype=np.uint8)
+    if (dim * bits) % 8 and int(raw[-1]) >> ((dim * bits) % 8):
+        raise IntegrityError()  # padding bits set: not what pack_ring writes
+    low = _low(bits)
+    out = np.empty(dim, dtype=dtype)
+    for lo in range(0, dim, _PACK_CHUNK):
+        n = min(_PACK_CHUNK, dim - lo)
+        groups = -(-n // 8)
+        start = lo * bits // 8
+        body = np.zeros(groups * bits, dtype=np.uint8)
+        body[: packed_bytes(n, bits)] = raw[start : start + packed_bytes(n, bits)]
+        acc = np.zeros((groups, bits + 9), dtype=np.uint8)  # 9 spare bytes for the lanes
+        acc[:, :bits] = body.reshape(groups, bits)
+        w = np.empty((groups, 8), dtype="<u8")
+        for j in range(8):
+            byte, shift = divmod(j * bits, 8)
+            lane = np.ascontiguousarray(acc[:, byte : byte + 8]).view("<u8").reshape(groups)
+            value = lane >> np.uint64(shift)
+            if shift + bits > 64:
+                value |= acc[:, byte + 8].astype(np.uint64) << np.uint64(64 - shift)
+            w[:, j] = value & low
+        out[lo : lo + n] = w.reshape(-1)[:n]  # < 2**bits: fits the ring dtype
+    return out
+
+
+def encode_masked_input(env: Envelope, sender: int, y: np.ndarray, bits: int) -> bytes:
+    """``y`` (uint64) reduced modulo ``2**bits`` and packed (:func:`pack_ring`): a 37-bit ring
+    sends 37 bits a value, not 64, so the largest message of the protocol is 42 % smaller than
+    in whole words."""
+    ring_dtype(bits)  # 1..64
     dim = y.shape[0]
-    body_len = 6 + dim * dtype.itemsize
+    body_len = _MASKED_HEAD.size + packed_bytes(dim, bits)
     buf = bytearray(HEADER_BYTES + body_len)
     buf[:HEADER_BYTES] = env.header(Kind.MASKED_INPUT, sender, SERVER, body_len)
-    buf[HEADER_BYTES : HEADER_BYTES + 6] = struct.pack(">BBI", bits, dtype.itemsize, dim)
-    out = np.frombuffer(buf, dtype=dtype, offset=HEADER_BYTES + 6)
-    mask = np.uint64((1 << bits) - 1) if bits < 64 else np.uint64(2**64 - 1)
-    np.bitwise_and(y, mask, out=out, casting="unsafe")
+    _MASKED_HEAD.pack_into(buf, HEADER_BYTES, bits, dim)
+    pack_ring(y, bits, np.frombuffer(buf, dtype=np.uint8, offset=HEADER_BYTES + _MASKED_HEAD.size))
     return bytes(buf)
 
 
 def decode_masked_input(
     env: Envelope, message: bytes, *, sender: int, bits: int, dim: int
 ) -> np.ndarray:
-    """The masked vector as a read-only array of the ring dtype (zero-copy view)."""
+    """The masked vector as an array of the ring dtype (:func:`unpack_ring`)."""
     r = _Reader(env.open(message, Kind.MASKED_INPUT, sender=sender, receiver=SERVER))
-    dtype = ring_dtype(bits)
-    b, width = r.u8(), r.u8()
-    if b != bits or width != dtype.itemsize or r.u32() != dim:
+    ring_dtype(bits)
+    if r.u8() != bits or r.u32() != dim:
         raise IntegrityError()
-    y = np.frombuffer(r.take(dim * width), dtype=dtype)
+    data = r.take(packed_bytes(dim, bits))
     r.done()
-    if bits < 8 * width and dim and int(y.max()) >> bits:
-        raise IntegrityError()
-    return y
+    return unpack_ring(data, bits, dim)
 
 
 # -- UNMASK_REQUEST and UNMASK_SHARES ---------------------------------------------------------

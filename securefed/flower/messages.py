@@ -38,8 +38,9 @@ import numpy as np
 
 from securefed.errors import ConfigError, IntegrityError, ProtocolError
 
-#: Version 2: large per-user messages travel as one array (apps.to_content).
-PROTOCOL = "securefed-flower/2"
+#: Version 2: large per-user messages travel as one array (apps.to_content). Version 3: the
+#: SecAgg wire format of version 2 (masked inputs packed to the ring's bits).
+PROTOCOL = "securefed-flower/3"
 STAGES = ("hello", "train", "share", "masked", "consistency", "unmask", "evaluate")
 #: ``consistency`` runs in malicious mode only (the signed survivor set); ``unmask`` is last.
 SECAGG_STAGES = ("share", "masked", "consistency", "unmask")
