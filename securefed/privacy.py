@@ -235,6 +235,7 @@ class DiscreteGaussianBlocks:
         self._rng = (seed, round_index)
         self._secure = secure
         self._bits = np.zeros((m, -(-dim // 8)), dtype=np.uint8)
+        self._local = threading.local()
         bound = self._plan.l2_sensitivity_after_rounding
         pending = torch.arange(m)
         for attempt in range(max_tries):
@@ -280,23 +281,48 @@ class DiscreteGaussianBlocks:
     def rounded(self, lo: int, hi: int) -> torch.Tensor:
         """The accepted conditional rounding of coordinates ``lo .. hi - 1``, int64."""
         low, _ = self._scaled(lo, hi)
-        bits = np.unpackbits(
-            self._bits[:, lo // 8 : -(-hi // 8)], axis=1, count=hi - lo, bitorder="little"
+        return low.to(torch.int64).add_(torch.from_numpy(self._up(0, self.shape[0], lo, hi)))
+
+    def _up(self, r0: int, r1: int, lo: int, hi: int) -> np.ndarray:
+        """The stored rounding bits of rows ``r0 .. r1 - 1``, coordinates ``lo .. hi - 1``."""
+        return np.unpackbits(
+            self._bits[r0:r1, lo // 8 : -(-hi // 8)], axis=1, count=hi - lo, bitorder="little"
         )
-        return low.to(torch.int64) + torch.from_numpy(bits).to(torch.int64)
 
     def block(self, lo: int, hi: int) -> np.ndarray:
-        """Ring inputs of coordinates ``lo .. hi - 1``: rounding plus fresh noise shares."""
-        ints = self.rounded(lo, hi)
-        for a in range(lo, hi, ENCODE_TILE):  # noise per tile (a replay's generators)
-            b = min(hi, a + ENCODE_TILE)
-            ints[:, a - lo : b - lo] += discrete_gaussian(
-                (self.shape[0], b - a),
-                self._plan.share_sigma,
-                generator=self._generator("dp-noise", a),
-                secure=self._secure,
-            )
-        return self._codec.encode_integers(ints.numpy())
+        """Ring inputs of coordinates ``lo .. hi - 1``: rounding plus fresh noise shares.
+
+        The array is this thread's buffer, overwritten by its next call (as
+        :meth:`EncodedBlocks.block`'s). On OS randomness the block is made a few rows at a
+        time (about :data:`~protocols.dp.noise.SECURE_CHUNK` coordinates: floors, stored bits,
+        noise shares and ring words while in cache); a replay run draws each tile's noise from
+        its own generator over all rows, as before."""
+        m, w = self.shape[0], hi - lo
+        held = getattr(self._local, "buffers", None)
+        if held is None or held[0].shape != (m, w):  # a thread's last block is narrower
+            held = (np.empty((m, w), dtype=np.uint64), torch.empty(m, w))
+            self._local.buffers = held
+        ring, floats = held
+        # The clipped floats as _scaled makes them (the same float32 product).
+        x = self._updates.dense_block(lo, hi, out=floats).mul_(self._factors)
+        sigma = self._plan.share_sigma
+        if not self._secure:
+            low = torch.floor(x.to(torch.float64).mul_(self._plan.scale))
+            ints = low.to(torch.int64).add_(torch.from_numpy(self._up(0, m, lo, hi)))
+            for a in range(lo, hi, ENCODE_TILE):  # noise per tile (a replay's generators)
+                b = min(hi, a + ENCODE_TILE)
+                ints[:, a - lo : b - lo] += discrete_gaussian(
+                    (m, b - a), sigma, generator=self._generator("dp-noise", a), secure=False
+                )
+            return self._codec.encode_integers(ints.numpy(), out=ring)
+        rows = max(1, SECURE_CHUNK // w)
+        for r0 in range(0, m, rows):
+            r1 = min(m, r0 + rows)
+            low = torch.floor(x[r0:r1].to(torch.float64).mul_(self._plan.scale))
+            ints = low.to(torch.int64).add_(torch.from_numpy(self._up(r0, r1, lo, hi)))
+            ints += discrete_gaussian((r1 - r0, w), sigma, generator=None, secure=True)
+            self._codec.encode_integers(ints.numpy(), out=ring[r0:r1])
+        return ring
 
 
 #: Recorded in the summary and ledger of every replay run and printed by the CLI. Opacus's

@@ -305,3 +305,50 @@ def test_secure_encode_rows_rounds_and_noises_every_row_in_independent_blocks(mo
             noise_gen=None,
             rng=np.random.default_rng(0),
         )
+
+
+def test_streamed_secure_block_is_rounding_plus_a_noise_share_in_every_row_piece(monkeypatch):
+    """On OS randomness a DiscreteGaussianBlocks block is made a few rows at a time (two here)
+    into the thread's buffer: every client's ring input is its stored conditional rounding
+    plus its own noise share (a row piece left without noise, or two pieces drawing the same
+    stream, would show); a second block reuses the buffer."""
+    from protocols.dp import DistributedDiscreteGaussian, distributed_noise_plan
+    from protocols.secagg import FixedPointCodec
+    from securefed import privacy
+
+    m, d, clip = 5, 4096, 1.0
+    monkeypatch.setattr(privacy, "SECURE_CHUNK", 2 * d)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(m, d, generator=gen)
+    x = x / x.norm(dim=1, keepdim=True) * clip
+    plan = distributed_noise_plan(
+        clip=clip, noise_multiplier=1.0, scale=40.0, dim=d, min_survivors=m, rounding_beta=0.6
+    )
+    codec = FixedPointCodec.for_sum(
+        n_clients=m,
+        clip=plan.l2_sensitivity_after_rounding / plan.scale,
+        scale=plan.scale,
+        extra_int_bound=int(plan.noise_sum_bound(1)),
+    )
+    layout = UpdateLayout(names=("v",), shapes=((d,),))
+    source = privacy.DiscreteGaussianBlocks(
+        DenseUpdates(torch.arange(m), x, layout),
+        torch.ones(m),
+        codec,
+        DistributedDiscreteGaussian(plan=plan),
+        seed=0,
+        round_index=1,
+        secure=True,
+    )
+    rounded = source.rounded(0, d).numpy()
+    ring = source.block(0, d)
+    assert ring.shape == (m, d) and ring.dtype == np.uint64
+    shift = 64 - codec.modulus_bits
+    noise = ((ring << np.uint64(shift)).view(np.int64) >> np.int64(shift)) - rounded
+    sigma = plan.share_sigma
+    for row in noise:
+        assert abs(row.var() / sigma**2 - 1) < 0.1 and abs(row.mean()) < 5 * sigma / d**0.5
+    assert len({row.tobytes() for row in noise}) == m
+    again = source.block(0, d)
+    assert again is ring  # the thread's buffer, refilled with fresh shares
+    assert not np.array_equal(again, (rounded % 2**codec.modulus_bits).astype(np.uint64))
