@@ -256,23 +256,16 @@ def test_encoded_blocks_do_not_depend_on_how_many_rows_are_encoded_at_once(monke
     assert np.array_equal(whole[:, :16], expected)
 
 
-def test_secure_encode_rows_rounds_and_noises_every_row_in_independent_blocks(monkeypatch):
-    """encode_rows on OS randomness works a few rows at a time on threads (blocks of two rows
-    here): every client's ring input is its conditional rounding plus its own noise share,
-    whatever block it fell in (a block left without noise, or two blocks drawing the same
-    stream, would show), and a rounding that fails in a thread surfaces as the error."""
+def _secure_ddg(seed: int, m: int, d: int):
+    """Unit-norm updates ``[m, d]`` and the distributed discrete Gaussian (scale 40,
+    multiplier 1) with its codec, for the OS-randomness encodings below."""
     from protocols.dp import DistributedDiscreteGaussian, distributed_noise_plan
-    from protocols.errors import ProtocolError
     from protocols.secagg import FixedPointCodec
-    from securefed import privacy
 
-    m, d, clip = 9, 4000, 1.0
-    monkeypatch.setattr(privacy, "SECURE_CHUNK", 2 * d)
-    gen = torch.Generator().manual_seed(11)
-    x = torch.randn(m, d, generator=gen)
-    x = x / x.norm(dim=1, keepdim=True) * clip
+    x = torch.randn(m, d, generator=torch.Generator().manual_seed(seed))
+    x = x / x.norm(dim=1, keepdim=True)
     plan = distributed_noise_plan(
-        clip=clip, noise_multiplier=1.0, scale=40.0, dim=d, min_survivors=m, rounding_beta=0.6
+        clip=1.0, noise_multiplier=1.0, scale=40.0, dim=d, min_survivors=m, rounding_beta=0.6
     )
     codec = FixedPointCodec.for_sum(
         n_clients=m,
@@ -280,12 +273,30 @@ def test_secure_encode_rows_rounds_and_noises_every_row_in_independent_blocks(mo
         scale=plan.scale,
         extra_int_bound=int(plan.noise_sum_bound(1)),
     )
-    ddg = DistributedDiscreteGaussian(plan=plan)
+    return x, DistributedDiscreteGaussian(plan=plan), codec
+
+
+def _signed(ring: np.ndarray, bits: int) -> np.ndarray:
+    shift = 64 - bits
+    return (ring << np.uint64(shift)).view(np.int64) >> np.int64(shift)
+
+
+def test_secure_encode_rows_rounds_and_noises_every_row_in_independent_blocks(monkeypatch):
+    """encode_rows on OS randomness works a few rows at a time on threads (blocks of two rows
+    here): every client's ring input is its conditional rounding plus its own noise share,
+    whatever block it fell in (a block left without noise, or two blocks drawing the same
+    stream, would show), and a rounding that fails in a thread surfaces as the error."""
+    from protocols.errors import ProtocolError
+    from securefed import privacy
+
+    m, d = 9, 4000
+    monkeypatch.setattr(privacy, "SECURE_CHUNK", 2 * d)
+    x, ddg, codec = _secure_ddg(11, m, d)
+    plan = ddg.plan
     ring = privacy.encode_rows(
         x, codec, ddg, secure=True, round_gen=None, noise_gen=None, rng=np.random.default_rng(0)
     )
-    shift = 64 - codec.modulus_bits
-    ints = (ring << np.uint64(shift)).view(np.int64) >> np.int64(shift)
+    ints = _signed(ring, codec.modulus_bits)
     y = x.double().numpy() * plan.scale
     noise = ints - np.floor(y)  # the rounding's 0 or 1 plus the noise share
     sigma = plan.share_sigma
@@ -312,40 +323,21 @@ def test_streamed_secure_block_is_rounding_plus_a_noise_share_in_every_row_piece
     into the thread's buffer: every client's ring input is its stored conditional rounding
     plus its own noise share (a row piece left without noise, or two pieces drawing the same
     stream, would show); a second block reuses the buffer."""
-    from protocols.dp import DistributedDiscreteGaussian, distributed_noise_plan
-    from protocols.secagg import FixedPointCodec
     from securefed import privacy
 
-    m, d, clip = 5, 4096, 1.0
+    m, d = 5, 4096
     monkeypatch.setattr(privacy, "SECURE_CHUNK", 2 * d)
-    gen = torch.Generator().manual_seed(3)
-    x = torch.randn(m, d, generator=gen)
-    x = x / x.norm(dim=1, keepdim=True) * clip
-    plan = distributed_noise_plan(
-        clip=clip, noise_multiplier=1.0, scale=40.0, dim=d, min_survivors=m, rounding_beta=0.6
-    )
-    codec = FixedPointCodec.for_sum(
-        n_clients=m,
-        clip=plan.l2_sensitivity_after_rounding / plan.scale,
-        scale=plan.scale,
-        extra_int_bound=int(plan.noise_sum_bound(1)),
-    )
+    x, ddg, codec = _secure_ddg(3, m, d)
     layout = UpdateLayout(names=("v",), shapes=((d,),))
+    updates = DenseUpdates(torch.arange(m), x, layout)
     source = privacy.DiscreteGaussianBlocks(
-        DenseUpdates(torch.arange(m), x, layout),
-        torch.ones(m),
-        codec,
-        DistributedDiscreteGaussian(plan=plan),
-        seed=0,
-        round_index=1,
-        secure=True,
+        updates, torch.ones(m), codec, ddg, seed=0, round_index=1, secure=True
     )
     rounded = source.rounded(0, d).numpy()
     ring = source.block(0, d)
     assert ring.shape == (m, d) and ring.dtype == np.uint64
-    shift = 64 - codec.modulus_bits
-    noise = ((ring << np.uint64(shift)).view(np.int64) >> np.int64(shift)) - rounded
-    sigma = plan.share_sigma
+    noise = _signed(ring, codec.modulus_bits) - rounded
+    sigma = ddg.plan.share_sigma
     for row in noise:
         assert abs(row.var() / sigma**2 - 1) < 0.1 and abs(row.mean()) < 5 * sigma / d**0.5
     assert len({row.tobytes() for row in noise}) == m
