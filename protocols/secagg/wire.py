@@ -306,8 +306,8 @@ def ring_dtype(bits: int) -> np.dtype:
     raise ValueError(f"bits must be <= 64, got {bits!r}")
 
 
-#: Values packed or unpacked per pass (a multiple of 8, so every pass starts on a byte): the
-#: bit-plane temporaries of a pass (64 bytes a value) stay a few MB.
+#: Values packed or unpacked per pass (a multiple of 8, so every pass starts on a byte): a
+#: pass's temporaries (about 20 bytes a value) stay about a MB.
 _PACK_CHUNK = 1 << 16
 _MASKED_HEAD = struct.Struct(">BI")  # bits, dim
 
@@ -319,6 +319,11 @@ def wire_bits(bits: int) -> int:
     worth a third of the bytes at 37 bits and 3 % at 31."""
     word = 8 * ring_dtype(bits).itemsize
     return word if 8 * bits > 7 * word else bits
+
+
+def _whole_words(bits: int) -> bool:
+    """Whether a ``bits``-bit ring's masked input travels in whole :func:`ring_dtype` words."""
+    return wire_bits(bits) == 8 * ring_dtype(bits).itemsize
 
 
 def packed_bytes(dim: int, bits: int) -> int:
@@ -347,10 +352,10 @@ def pack_ring(words: np.ndarray, bits: int, out: np.ndarray) -> None:
     ``j * bits % 8``): 0.6 ms for 53,824 37-bit values here.
     """
     words = np.asarray(words, dtype="<u8")
-    if wire_bits(bits) != bits or bits in (8, 16, 32, 64):  # whole words: a cast is the packing
-        np.copyto(out.view(ring_dtype(bits)), words & _low(bits), casting="unsafe")
-        return
     low = _low(bits)
+    if _whole_words(bits):  # a cast (the low bytes) is the packing
+        np.copyto(out.view(ring_dtype(bits)), words & low, casting="unsafe")
+        return
     n = words.shape[0]
     for lo in range(0, n, _PACK_CHUNK):
         piece = words[lo : lo + _PACK_CHUNK]
@@ -379,7 +384,7 @@ def unpack_ring(data: bytes | memoryview, bits: int, dim: int) -> np.ndarray:
     dtype = ring_dtype(bits)
     if len(data) != packed_bytes(dim, bits):
         raise IntegrityError()
-    if wire_bits(bits) == 8 * dtype.itemsize:  # whole words: a view
+    if _whole_words(bits):  # a view
         y = np.frombuffer(data, dtype=dtype)
         if bits < 8 * dtype.itemsize and dim and int(y.max()) >> bits:
             raise IntegrityError()  # a value outside the ring: not what pack_ring writes
@@ -413,9 +418,8 @@ def encode_masked_input(env: Envelope, sender: int, y: np.ndarray, bits: int) ->
     """``y`` (uint64) reduced modulo ``2**bits`` and packed (:func:`pack_ring`): a 37-bit ring
     sends 37 bits a value, not 64, so the largest message of the protocol is 42 % smaller than
     in whole words."""
-    ring_dtype(bits)  # 1..64
     dim = y.shape[0]
-    body_len = _MASKED_HEAD.size + packed_bytes(dim, bits)
+    body_len = _MASKED_HEAD.size + packed_bytes(dim, bits)  # ValueError unless 1 <= bits <= 64
     buf = bytearray(HEADER_BYTES + body_len)
     buf[:HEADER_BYTES] = env.header(Kind.MASKED_INPUT, sender, SERVER, body_len)
     _MASKED_HEAD.pack_into(buf, HEADER_BYTES, bits, dim)
