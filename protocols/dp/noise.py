@@ -175,22 +175,32 @@ SECURE_CHUNK = CHUNK // 2
 SECURE_WORKERS = max(1, min(4, os.cpu_count() or 1))
 
 
-def _uniform(n: int, generator: torch.Generator | None, secure: bool) -> torch.Tensor:
-    """Float64 uniforms in (0, 1] from the OS (secure) or from ``generator``."""
+def _uniform(
+    n: int, generator: torch.Generator | None, secure: bool, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Float64 uniforms in (0, 1] from the OS (secure) or from ``generator``; ``out``: a
+    contiguous float64 tensor of ``n`` elements to draw them into (the same draws)."""
     if secure:
-        return os_uniform(n)
+        return os_uniform(n, out=out)
     # torch.rand is in [0, 1); 1 - u is in (0, 1].
-    return torch.rand(n, generator=generator, dtype=torch.float64).neg_().add_(1.0)
+    return torch.rand(n, generator=generator, dtype=torch.float64, out=out).neg_().add_(1.0)
 
 
-def below(p: torch.Tensor, generator: torch.Generator | None, secure: bool) -> torch.Tensor:
+def below(
+    p: torch.Tensor,
+    generator: torch.Generator | None,
+    secure: bool,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Independent Bernoulli(``p``) draws: ``U < p`` for one float64 uniform per element.
 
     ``P[True]`` is ``p`` rounded up to the 53-bit uniform grid (at most ``2**-53`` off).
+    ``out``: a contiguous float64 tensor of ``p.numel()`` elements for the uniforms.
     """
     if secure:
-        return os_uniform(p.numel()).view(p.shape) <= p
-    return torch.rand(p.shape, generator=generator, dtype=torch.float64) < p
+        return os_uniform(p.numel(), out=out).view(p.shape) <= p
+    u = out.view(p.shape) if out is not None else None
+    return torch.rand(p.shape, generator=generator, dtype=torch.float64, out=u) < p
 
 
 def _os_standard_normal(n: int) -> torch.Tensor:
@@ -350,23 +360,17 @@ def _discrete_gaussian_into(
     minus_inv_two_var = -1.0 / (2.0 * sigma * sigma)
     pending: torch.Tensor | None = None  # None: every element of out is pending
     k = out.numel()
-    # OS randomness: the uniforms go into one buffer reused across the passes instead of fresh
-    # multi-MB tensors per pass (docs/benchmarks.md); a generator's draws stay as they were.
-    drawn = torch.empty(3 * k, dtype=torch.float64) if secure else None
+    # The uniforms go into one buffer reused across the passes instead of fresh multi-MB
+    # tensors per pass (docs/benchmarks.md); a generator's draws are the same either way.
+    drawn = torch.empty(3 * k, dtype=torch.float64)
     while k > 0:
-        if drawn is None:
-            u = _uniform(2 * k, generator, secure).view(2, k)
-        else:
-            u = os_uniform(2 * k, out=drawn[: 2 * k]).view(2, k)
+        u = _uniform(2 * k, generator, secure, out=drawn[: 2 * k]).view(2, k)
         # Two geometric(1 - exp(-1/t)) draws; their difference is discrete Laplace(t).
         g = u.log_().mul_(-t).floor_()
         y = g[0].sub_(g[1])
         accept_p = y.abs().sub_(shift).square_().mul_(minus_inv_two_var).exp_()
         # P[accept] = exp(-(|y| - sigma^2/t)^2 / (2 sigma^2)), up to the 53-bit grid.
-        if drawn is None:
-            accepted = below(accept_p, generator, secure)
-        else:  # below()'s test on a reused buffer
-            accepted = os_uniform(k, out=drawn[2 * k : 3 * k]) <= accept_p
+        accepted = below(accept_p, generator, secure, out=drawn[2 * k : 3 * k])
         # Every pending element takes its proposal; the rejected ones are overwritten by a
         # later round (a plain copy, not a masked one: the same outputs, a fraction of the
         # time).
