@@ -280,14 +280,18 @@ class DiscreteGaussianBlocks:
 
     def rounded(self, lo: int, hi: int) -> torch.Tensor:
         """The accepted conditional rounding of coordinates ``lo .. hi - 1``, int64."""
-        low, _ = self._scaled(lo, hi)
-        return low.to(torch.int64).add_(torch.from_numpy(self._up(0, self.shape[0], lo, hi)))
+        x = self._updates.dense_block(lo, hi) * self._factors
+        return self._rounded_rows(x, 0, self.shape[0], lo, hi)
 
-    def _up(self, r0: int, r1: int, lo: int, hi: int) -> np.ndarray:
-        """The stored rounding bits of rows ``r0 .. r1 - 1``, coordinates ``lo .. hi - 1``."""
-        return np.unpackbits(
+    def _rounded_rows(self, x: torch.Tensor, r0: int, r1: int, lo: int, hi: int) -> torch.Tensor:
+        """Rows ``r0 .. r1 - 1`` of the accepted rounding of coordinates ``lo .. hi - 1``: the
+        floors of the clipped floats ``x`` (``[m, hi - lo]``, as :meth:`_scaled` makes them)
+        plus the stored bits."""
+        low = torch.floor(x[r0:r1].to(torch.float64).mul_(self._plan.scale))
+        up = np.unpackbits(
             self._bits[r0:r1, lo // 8 : -(-hi // 8)], axis=1, count=hi - lo, bitorder="little"
         )
+        return low.to(torch.int64).add_(torch.from_numpy(up))
 
     def block(self, lo: int, hi: int) -> np.ndarray:
         """Ring inputs of coordinates ``lo .. hi - 1``: rounding plus fresh noise shares.
@@ -303,12 +307,10 @@ class DiscreteGaussianBlocks:
             held = (np.empty((m, w), dtype=np.uint64), torch.empty(m, w))
             self._local.buffers = held
         ring, floats = held
-        # The clipped floats as _scaled makes them (the same float32 product).
         x = self._updates.dense_block(lo, hi, out=floats).mul_(self._factors)
         sigma = self._plan.share_sigma
         if not self._secure:
-            low = torch.floor(x.to(torch.float64).mul_(self._plan.scale))
-            ints = low.to(torch.int64).add_(torch.from_numpy(self._up(0, m, lo, hi)))
+            ints = self._rounded_rows(x, 0, m, lo, hi)
             for a in range(lo, hi, ENCODE_TILE):  # noise per tile (a replay's generators)
                 b = min(hi, a + ENCODE_TILE)
                 ints[:, a - lo : b - lo] += discrete_gaussian(
@@ -318,8 +320,7 @@ class DiscreteGaussianBlocks:
         rows = max(1, SECURE_CHUNK // w)
         for r0 in range(0, m, rows):
             r1 = min(m, r0 + rows)
-            low = torch.floor(x[r0:r1].to(torch.float64).mul_(self._plan.scale))
-            ints = low.to(torch.int64).add_(torch.from_numpy(self._up(r0, r1, lo, hi)))
+            ints = self._rounded_rows(x, r0, r1, lo, hi)
             ints += discrete_gaussian((r1 - r0, w), sigma, generator=None, secure=True)
             self._codec.encode_integers(ints.numpy(), out=ring[r0:r1])
         return ring
