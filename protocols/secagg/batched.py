@@ -108,13 +108,17 @@ def _checked_block(source: RingBlocks, lo: int, hi: int, n: int, bits: int) -> n
     return xs
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity; all of them where there is none)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def default_workers() -> int:
     """Threads for mask expansion: the cores this process may run on, at most ``MAX_WORKERS``."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(MAX_WORKERS, cores))
+    return min(MAX_WORKERS, usable_cores())
 
 
 Observer = Callable[[int, int, np.ndarray], None]

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import securefed
+from protocols.secagg.batched import usable_cores
 from securefed import runs
 from securefed.errors import ConfigError, ProtocolError
 from securefed.flower import require_flwr
@@ -510,8 +511,7 @@ def local_deployment(
             ]
         # The nodes share this machine's cores: torch's default (a thread per core in each
         # node) makes their threads contend (a FedRAP ML-100K train stage 9.0 -> 5.9 s).
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        threads = max(1, (cores or 1) // nodes)
+        threads = max(1, usable_cores() // nodes)
         for p in range(nodes):
             state = dep.node_state_dir(p)
             state.mkdir(parents=True, exist_ok=True)
