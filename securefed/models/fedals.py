@@ -732,7 +732,6 @@ class FedALS:
             config = with_population(config)  # unset: the small mode's settings
         elif config.count_rounds is None:
             config = dataclasses.replace(config, count_rounds=1)  # read by no round
-        self._count_rounds = int(config.count_rounds or 0)
         self.split = split
         self.config = config
         self.device = torch.device(device)
@@ -849,6 +848,11 @@ class FedALS:
                 coef=cfg.alpha * s - (1.0 + cfg.alpha),
             )
         return updates, RoundStats(loss=loss, samples=int(items.shape[0]))
+
+    @property
+    def _count_rounds(self) -> int:
+        """The run's count rounds (``config.count_rounds``, resolved in ``__init__``)."""
+        return self.config.count_rounds or 0
 
     def _counting(self) -> bool:
         return self.count_only or self.rounds_applied < self._count_rounds
