@@ -45,7 +45,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -54,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from protocols.cores import usable_cores
 from securefed import runs
 from securefed.config import PrivacyConfig, TrainConfig, load_config_file
 from securefed.errors import ConfigError, DataError, SecureFedError
@@ -632,7 +632,7 @@ def _sweep(
         return
     import multiprocessing
 
-    threads = max(1, (os.cpu_count() or 1) // config.jobs)
+    threads = max(1, usable_cores() // config.jobs)
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=config.jobs, mp_context=ctx) as pool:
         started: dict[Future[str], tuple[Cell, float]] = {}

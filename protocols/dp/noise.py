@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from protocols.cores import usable_cores
 from protocols.errors import ConfigError
 
 _TWO_M53 = 2.0**-53
@@ -172,7 +173,7 @@ SECURE_CHUNK = CHUNK // 2
 #: Threads of the discrete Gaussian sampler on OS randomness (one per core, up to 4): a
 #: distributed-DP round of FedRAP on MovieLens 100K draws 50.7 M samples, 2.8 s on one
 #: thread here and 2.2 s on two before the copy below, 1.6 s after (docs/benchmarks.md).
-SECURE_WORKERS = max(1, min(4, os.cpu_count() or 1))
+SECURE_WORKERS = min(4, usable_cores())
 
 
 def _uniform(

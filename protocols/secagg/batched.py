@@ -42,8 +42,10 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from protocols.cores import usable_cores
 from protocols.errors import ConfigError, IntegrityError
 from protocols.secagg import shamir, wire
+from protocols.secagg.agreement import exchange_many
 from protocols.secagg.config import SecAggConfig, neighbour_table
 from protocols.secagg.errors import RoundAborted, ShareVerificationFailed
 from protocols.secagg.primitives import (
@@ -106,14 +108,6 @@ def _checked_block(source: RingBlocks, lo: int, hi: int, n: int, bits: int) -> n
             f"RingBlocks.block({lo}, {hi}) returned values not reduced modulo 2**{bits}"
         )
     return xs
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity; all of them where there is none)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def default_workers() -> int:
@@ -291,8 +285,9 @@ def batched_round(
         shares[u] = dict(zip(peers, zip(b_sh, sk_sh, strict=True), strict=True))
     in2 = u2[table]
     held: dict[int, dict[int, tuple[bytes, bytes]]] = {u: {} for u in u2_ids}
-    for lo, hi in _edges(table, in2, u2):  # pairs of neighbours that both shared
-        shared = keys[lo].c_sk.exchange(c_pub[hi])
+    edges = _edges(table, in2, u2)  # pairs of neighbours that both shared
+    box_secrets = exchange_many([keys[lo].c_sk for lo, _ in edges], [c_pub[hi] for _, hi in edges])
+    for (lo, hi), shared in zip(edges, box_secrets, strict=True):
         k_up, k_down = share_box_keys(shared, session=session, round_index=round_index, a=lo, b=hi)
         for src, dst, key in ((lo, hi, k_up), (hi, lo, k_down)):
             b_share, sk_share = shares[src][dst]
@@ -435,19 +430,20 @@ def _mask_inputs(
     # For each survivor in order, the pairs it expands: (peer, + for this client, peer is a
     # survivor whose masked input gets the opposite sign).
     schedule: list[tuple[int, list[tuple[int, bool, bool]]]] = []
-    pair_keys: list[bytes] = []
+    pairs: list[tuple[int, int]] = []
     for u in order:
         todo = []
         for v in table[u].tolist():
             if not u2[v] or (u3[v] and pos[v] < pos[u]):
                 continue
-            lo, hi = (u, v) if u < v else (v, u)
-            shared = keys[lo].s_sk.exchange(s_pub[hi])
-            pair_keys.append(
-                pair_mask_key(shared, session=session, round_index=round_index, a=lo, b=hi)
-            )
+            pairs.append((u, v) if u < v else (v, u))
             todo.append((v, u < v, bool(u3[v])))
         schedule.append((u, todo))
+    mask_secrets = exchange_many([keys[lo].s_sk for lo, _ in pairs], [s_pub[hi] for _, hi in pairs])
+    pair_keys = [
+        pair_mask_key(shared, session=session, round_index=round_index, a=lo, b=hi)
+        for (lo, hi), shared in zip(pairs, mask_secrets, strict=True)
+    ]
     self_keys = [
         self_mask_key(keys[u].seed, session=session, round_index=round_index, client=u)
         for u in order

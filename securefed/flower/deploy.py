@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import securefed
-from protocols.secagg.batched import usable_cores
+from protocols.cores import usable_cores
 from securefed import runs
 from securefed.errors import ConfigError, ProtocolError
 from securefed.flower import require_flwr
