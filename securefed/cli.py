@@ -30,6 +30,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from securefed.allocator import keep_large_buffers
 from securefed.cli_common import (
     EXIT_RUN_FAILED,
     MODEL_HELP,
@@ -653,7 +654,10 @@ _register_optional_commands()
 
 
 def main() -> None:
-    """Console entry point."""
+    """Console entry point. The allocator settings go first: glibc's arena cap binds only
+    threads that have not yet chosen an arena, and torch and numpy start theirs while the
+    data loads (``train()`` sets them again, idempotently, for library callers)."""
+    keep_large_buffers()
     app()
 
 

@@ -57,3 +57,51 @@ def _probe(mode: str, what: str) -> int:
         [sys.executable, "-c", PROBE, mode, what], capture_output=True, text=True, check=True
     )
     return int(out.stdout.strip())
+
+
+ARENAS = """
+import ctypes, ctypes.util, re, sys, tempfile, threading
+import numpy as np
+if sys.argv[1] == "tuned":
+    from securefed.allocator import keep_large_buffers
+    assert keep_large_buffers()
+n = 8
+barrier = threading.Barrier(n)
+def work():  # eight threads allocating at once: each would get an arena of its own
+    barrier.wait()
+    a = np.ones(1 << 20)
+    barrier.wait()
+    del a
+threads = [threading.Thread(target=work) for _ in range(n)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+libc.fopen.restype = ctypes.c_void_p
+libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+with tempfile.NamedTemporaryFile(suffix=".xml") as f:
+    fp = libc.fopen(f.name.encode(), b"w")
+    libc.malloc_info(0, fp)
+    libc.fclose(fp)
+    print(len(re.findall(r"<heap nr=", open(f.name).read())))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt is Linux-only")
+def test_threads_share_at_most_arena_max_arenas() -> None:
+    # Uncapped, glibc gave the eight threads arenas of their own (9 heaps here); blocks freed in
+    # them were stranded when later threads got other arenas (the README's secure run peaked
+    # at 3.57 GB instead of 2.50 GB).
+    from securefed.allocator import ARENA_MAX
+
+    def heaps(mode: str) -> int:
+        out = subprocess.run(
+            [sys.executable, "-c", ARENAS, mode], capture_output=True, text=True, check=True
+        )
+        return int(out.stdout.strip())
+
+    assert heaps("plain") > ARENA_MAX + 2  # the probe does reach many arenas
+    assert heaps("tuned") <= ARENA_MAX == 2
