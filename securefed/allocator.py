@@ -21,9 +21,9 @@ may be handed other arenas, so freed blocks accumulate. :data:`ARENA_MAX` caps t
 two (the main thread's and one that every other thread shares): the README's `securefed train
 --secagg --epsilon 2` (3,000 clients, streamed secure rounds, 3 rounds) peaked at 3.57 GB RSS
 uncapped, 2.50 GB with two arenas and 2.15 GB with one (``MALLOC_ARENA_MAX``), 2.60 GB with
-this cap set first thing in the CLI, at the same speed (23-27 s a round each); FedRAP on MovieLens 100K with `--secagg --epsilon 1` 2.24-2.27 -> 2.03-2.13 GB, its
-plain rounds and the MovieLens-1M-sized paged round unchanged in time and memory
-(docs/benchmarks.md).
+this cap set first thing in the CLI, at the same speed (23-27 s a round each); FedRAP on
+MovieLens 100K with `--secagg --epsilon 1` 2.24-2.27 -> 2.03-2.13 GB, its plain rounds and
+the MovieLens-1M-sized paged round unchanged in time and memory (docs/benchmarks.md).
 
 Reuse is not exact: torch asks glibc for 64-byte aligned blocks, a little larger than a freed
 block of the same tensor size, so a freed buffer fenced in by small blocks (the thread pool
