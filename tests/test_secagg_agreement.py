@@ -4,6 +4,8 @@ in-process computation, and a batched SecAgg+ round is unchanged by it."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -112,6 +114,16 @@ def test_lengths_must_match():
     private, public = _batch(3, 4)
     with pytest.raises(ValueError, match="same length, got 4 and 3"):
         ag.exchange_many(private, public[:3])
+
+
+def test_the_helper_is_outside_the_terminal_s_process_group_and_exits_on_eof(forced):
+    private, public = _batch(20, 100)
+    ag.exchange_many(private, public)
+    helper = ag._helper
+    assert helper is not None
+    assert os.getsid(helper.proc.pid) != os.getsid(0)  # Ctrl-C does not reach it
+    helper.proc.stdin.close()  # what the parent's exit does
+    assert helper.proc.wait(timeout=5) == 0
 
 
 def test_a_forked_child_starts_its_own_helper(forced):

@@ -78,6 +78,9 @@ class _Helper:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
+            # Not in the terminal's process group: Ctrl-C interrupts the run, not its helper
+            # (which exits when its stdin closes, also when the parent is killed).
+            start_new_session=True,
         )
 
     def request(
