@@ -9,10 +9,11 @@ import os
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from test_secagg_engines import _batched  # tests/ is on sys.path under pytest
 
-from protocols.secagg import SecAggConfig
+from protocols.secagg import DropoutSchedule, SecAggConfig
 from protocols.secagg import agreement as ag
-from protocols.secagg.batched import STAGES, ClientSecrets, batched_round
+from protocols.secagg.batched import STAGES, ClientSecrets
 
 
 @pytest.fixture
@@ -137,28 +138,6 @@ def test_a_forked_child_starts_its_own_helper(forced):
     parent.close()
 
 
-def _round(x, cfg, secrets, silent):
-    masked: dict[int, np.ndarray] = {}
-
-    def observe(client, start, values):
-        row = masked.setdefault(client, np.zeros(x.shape[1], dtype=values.dtype))
-        row[start : start + len(values)] = values
-
-    out = batched_round(
-        x,
-        config=cfg,
-        bits=cfg.modulus_bits,
-        round_index=5,
-        public_seed=b"agreement-helper",
-        silent={name: frozenset(silent.get(name, ())) for name in STAGES},
-        secrets=secrets,
-        observe=observe,
-        chunk_bytes=256,
-        workers=2,
-    )
-    return masked, out
-
-
 @pytest.mark.parametrize("silent", [{}, {"masked_input": {3, 17}, "unmask": {8}}])
 def test_a_batched_round_is_the_same_with_the_helper(forced, monkeypatch, silent):
     """Same secrets, helper on and off: the same masked inputs, sum and client sets (the
@@ -167,10 +146,11 @@ def test_a_batched_round_is_the_same_with_the_helper(forced, monkeypatch, silent
     cfg = SecAggConfig(n_clients=n, neighbours=10, threshold=6, modulus_bits=bits)
     x = np.random.default_rng(1).integers(0, 1 << bits, size=(n, dim), dtype=np.uint64)
     secrets = {u: ClientSecrets.generate() for u in range(n)}
-    masked_on, on = _round(x, cfg, secrets, silent)
+    sched = DropoutSchedule(**{name: set(silent.get(name, ())) for name in STAGES})
+    masked_on, on = _batched(x, cfg, 5, sched, secrets, chunk_bytes=256, workers=2)
     assert len(forced) == 2  # share-box keys and mask keys
     monkeypatch.setattr(ag, "MIN_PAIRS", 10**9)
-    masked_off, off = _round(x, cfg, secrets, silent)
+    masked_off, off = _batched(x, cfg, 5, sched, secrets, chunk_bytes=256, workers=2)
     assert len(forced) == 2
     assert sorted(masked_on) == sorted(masked_off)
     for u, y in masked_off.items():
