@@ -9,6 +9,8 @@ Usage::
     # a Gowalla cohort: 3,000 clients of FedRAP updates (40,981 items x 32), inputs streamed
     # a block of coordinates at a time (the [n, d] table would be 31 GB), 5 % dropouts
     python benchmarks/secagg_speed.py --clients 3000 --dim 1311392 --clip 1000 --stream --json
+    # the agreement helper process on and off, alternated round by round in one process
+    python benchmarks/secagg_speed.py --training --repeats 6 --agreement-helper alternate --json
     # the k = 10 headline (no dropout tolerated: t = 6, a 27-bit ring in 32-bit words)
     python benchmarks/secagg_speed.py --neighbours 10 --dropout 0 --dropout-tolerance 0 \
         --corrupt-fraction 0 --repeats 3 --json
@@ -47,6 +49,7 @@ from protocols.secagg import (  # noqa: E402
     FixedPointCodec,
     RoundAborted,
     SecAggConfig,
+    agreement,  # noqa: E402
     secure_sum,
     shamir,  # noqa: E402
 )
@@ -180,9 +183,13 @@ def run(args: argparse.Namespace) -> dict:
         )
     )
     sched = DropoutSchedule.random(args.clients, rate=args.dropout, rng=rng)
-    walls, cpus = [], []
+    walls, cpus, helper_on = [], [], []
     result, aborted = None, False
-    for _ in range(args.repeats):
+    min_pairs = agreement.MIN_PAIRS
+    for i in range(args.repeats):
+        on = args.agreement_helper == "on" or (args.agreement_helper == "alternate" and i % 2 == 0)
+        agreement.MIN_PAIRS = min_pairs if on else sys.maxsize
+        helper_on.append(on)
         t0, c0 = time.perf_counter(), time.process_time()
         try:
             result = secure_sum(
@@ -199,6 +206,7 @@ def run(args: argparse.Namespace) -> dict:
             break
         walls.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
+    agreement.MIN_PAIRS = min_pairs
     seconds = min(walls) if walls else float("nan")
     if source is None:
         assert ring is not None
@@ -225,6 +233,8 @@ def run(args: argparse.Namespace) -> dict:
         "seconds_per_round": seconds,
         "seconds_all_repeats": walls,
         "cpu_seconds_all_repeats": cpus,
+        "agreement_helper": args.agreement_helper,
+        "agreement_helper_all_repeats": helper_on[: len(walls)],
         "plain_sum_seconds": plain_s,
         "streamed": bool(args.stream),
         "aes_ctr_gbps": aes_gbps,
@@ -285,6 +295,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="produce the inputs a block of coordinates at a time (RingBlocks) instead of "
         "holding the [clients, dim] table; batched engine only",
+    )
+    p.add_argument(
+        "--agreement-helper",
+        choices=("on", "off", "alternate"),
+        default="on",
+        help="the batched engine's X25519 helper process (protocols/secagg/agreement.py): on "
+        "(the default everywhere), off, or alternate round by round from on (a ratio in one run)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
