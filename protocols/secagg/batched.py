@@ -414,8 +414,9 @@ def _mask_inputs(
 
     ``y_u = x_u + PRG(b_u) + sum_{v > u} PRG(s_uv) - sum_{v < u} PRG(s_uv)`` over the
     neighbours ``v`` that shared keys (``U2``), as :meth:`SecAggClient.masked_input`, in the
-    ring's word size. Each pair's agreement and key are computed once, when the first of its
-    survivors in the locality order comes up, and each keystream word once. With ``workers >
+    ring's word size. Each pair's agreement and key are computed once (in one batch,
+    :func:`~protocols.secagg.agreement.exchange_many`, in the order its first survivor comes
+    up in the locality order), and each keystream word once. With ``workers >
     1`` the coordinates are split into that many contiguous ranges, each expanded by its own
     thread from the range's first AES block on (AES-CTR and numpy release the GIL). Streamed
     inputs are asked for one ``[n, chunk]`` block per pass, the chunk narrowed to

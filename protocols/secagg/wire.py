@@ -432,7 +432,7 @@ def decode_masked_input(
 ) -> np.ndarray:
     """The masked vector as an array of the ring dtype (:func:`unpack_ring`)."""
     r = _Reader(env.open(message, Kind.MASKED_INPUT, sender=sender, receiver=SERVER))
-    ring_dtype(bits)
+    ring_dtype(bits)  # a caller's bits no ring has: ValueError, before the message is read
     if r.u8() != bits or r.u32() != dim:
         raise IntegrityError()
     data = r.take(packed_bytes(dim, bits))
