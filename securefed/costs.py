@@ -118,7 +118,10 @@ _ALS_S = 2.0e-9  # per (interaction x dim^2 + user x dim^3) of an ALS sweep
 # streamed: 134 s). The per-pair term covers the key agreements, share boxes and Shamir work.
 _SECAGG_S = 1.0e-9  # per word: clients x (k + 1) x d
 _KEY_AGREEMENT_S = 80e-6  # per client x neighbour
-_DDG_S = 3.5e-8  # distributed DP: rounding and discrete Gaussian per client coordinate
+# Distributed DP: rounding and discrete Gaussian per client coordinate; refitted 2026-12-06
+# for the block-table sampler (FedRAP MovieLens 100K --secagg --epsilon 1: 2.9-3.0 s a
+# round, estimated 3.1; the README's streamed --secagg --epsilon 2: 18.8-20.4 s, 17.5).
+_DDG_S = 2.0e-8
 # machine_speed()'s workload on the development machine when quiet (7.7-8.2 ms, 2026-12-05,
 # load average 0.9; the rates above were refitted on quiet runs that day or read as such).
 _PROBE_REFERENCE_S = 0.0080

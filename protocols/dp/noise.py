@@ -21,6 +21,8 @@ import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from protocols.cores import usable_cores
+from protocols.dp.table_sampler import block_table
+from protocols.dp.table_sampler import fill as fill_from_table
 from protocols.errors import ConfigError
 
 _TWO_M53 = 2.0**-53
@@ -284,7 +286,14 @@ def discrete_gaussian(
     """Draw i.i.d. samples of the discrete Gaussian N_Z(0, sigma**2) as int64.
 
     ``P[X = x]`` is proportional to ``exp(-x**2 / (2 sigma**2))`` on the integers.
-    Implements Canonne, Kamath and Steinke, "The Discrete Gaussian for Differential
+
+    Two samplers of the same distribution. On OS randomness (``secure``) with ``sigma`` up
+    to :data:`~protocols.dp.table_sampler.TABLE_SIGMA_MAX` (4.8e6), an alias table over
+    blocks of integers with rejection inside a block
+    (:mod:`protocols.dp.table_sampler`: two keystream words and one exponential a sample,
+    within about 1e-15 in total variation of N_Z(0, sigma**2); 2x faster). With a
+    ``generator`` (replay, whose draws stay bit for bit what they were) or a larger sigma,
+    Canonne, Kamath and Steinke, "The Discrete Gaussian for Differential
     Privacy" (NeurIPS 2020), Algorithm 3 (rejection from a discrete Laplace proposal with
     scale ``t = floor(sigma) + 1``) with Algorithm 2's discrete Laplace drawn as the
     difference of two geometric variables. It is batched: within each chunk of
@@ -356,6 +365,11 @@ def _discrete_gaussian_into(
 ) -> None:
     """Fill the 1-D int64 ``out`` with N_Z(0, sigma**2) samples (the loop of
     :func:`discrete_gaussian`, on one cache-sized chunk)."""
+    if secure:
+        table = block_table(sigma)
+        if table is not None:
+            fill_from_table(out.numpy(), table, os_cipher())
+            return
     t = math.floor(sigma) + 1
     shift = sigma * sigma / t
     minus_inv_two_var = -1.0 / (2.0 * sigma * sigma)
