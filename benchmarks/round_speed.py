@@ -153,7 +153,7 @@ def _table(rows: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     body = "".join(
-        f"| {r['model']} | {r['dataset']} ({r['users']}x{r['items']}) | "
+        f"| {r['model']} | {r['dataset']} ({r['users']}x{r['items']}){_views(r)} | "
         f"{_cohort(r)} | {r['rounds']} | "
         f"{'yes' if r['evaluation'] else 'no'} | {r['train_seconds_per_round']:.3f} | "
         f"{_num(r['eval_seconds_per_round'])} | "
@@ -162,6 +162,11 @@ def _table(rows: list[dict]) -> str:
         for r in rows
     )
     return head + body
+
+
+def _views(row: dict) -> str:
+    """FedRAP's storage of the private views, where it is not dense."""
+    return f", {row['views']} views" if row.get("views") not in (None, "dense") else ""
 
 
 def _cohort(row: dict) -> str:
@@ -225,6 +230,12 @@ def main() -> None:
     ap.add_argument(
         "--ml1m-memory", action="store_true", help="also FedRAP on a 6040x3706 synthetic set"
     )
+    ap.add_argument(
+        "--ml1m-views",
+        default="auto",
+        help="comma-separated private-view storages of the --ml1m-memory rows (auto, dense, "
+        "paged: one row each)",
+    )
     ap.add_argument("--client-fraction", type=float, default=None, help=argparse.SUPPRESS)
     ap.add_argument(
         "--views",
@@ -284,25 +295,10 @@ def main() -> None:
         result = _run([*compare_args, "--baseline-fedrecgel", args.baseline_fedrecgel])
         print(json.dumps(result), flush=True)
         extra = _compare_table(result, args.baseline_fedrecgel)
-    if args.ml1m_memory:
-        rows.append(
-            _run(
-                [
-                    "--model",
-                    "fedrap",
-                    "--dataset",
-                    "synthetic-ml1m",
-                    "--rounds",
-                    "3",
-                    "--eval",
-                    "1",
-                    "--threads",
-                    str(args.threads),
-                    "--out",
-                    args.out,
-                ]
-            )
-        )
+    for views in args.ml1m_views.split(",") if args.ml1m_memory else []:
+        ml1m = ["--model", "fedrap", "--dataset", "synthetic-ml1m", "--rounds", "3", "--eval", "1"]
+        ml1m += ["--threads", str(args.threads), "--out", args.out]
+        rows.append(_run(ml1m + ([] if views == "auto" else ["--views", views])))
         print(json.dumps(rows[-1]), flush=True)
     if args.write:
         _write_docs(rows, "python benchmarks/round_speed.py " + " ".join(sys.argv[1:]), extra)

@@ -72,6 +72,7 @@ import dataclasses
 import math
 import mmap
 import shutil
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -354,7 +355,7 @@ def _bce_terms(logit: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torc
     return dz, value
 
 
-def _substep(
+def _pair_terms(
     q_d: torch.Tensor,
     q_c: torch.Tensor,
     pair_user: torch.Tensor,
@@ -364,30 +365,45 @@ def _substep(
     w: torch.Tensor,
     b: torch.Tensor,
     scale: torch.Tensor,
-    lr: torch.Tensor,
-    lr_net: torch.Tensor,
     lam: float,
     mu: float,
-    l2: float,
-) -> tuple[torch.Tensor, ...]:
-    """One local SGD step of every client on its touched (user, item) pairs: the hot path.
-
-    Per pair: ``count`` samples in this batch, label ``y``; per client (``[m]`` tensors,
-    gathered by ``pair_user``): batch ``size``, scorer ``w``/``b``, in-round scale, learning
-    rates ``lr`` (C and D) and ``lr_net`` (scorer), zero for clients that do not step.
-    Updates ``q_d`` and ``q_c`` in place (under ``torch.compile`` the kernel writes them
-    directly) and returns the new ``w``, ``b``, ``scale`` and each client's batch loss.
-    """
-    m, dim = w.shape
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per pair of a sub-step: the logit's gradient ``g``, the pair's loss and its batch
+    weight ``coef = count / size`` (the first half of :func:`_substep`, compiled)."""
+    dim = w.shape[1]
     coef = count / size.clamp_min(1)[pair_user]
     s = scale[pair_user].unsqueeze(1)
     wp = w[pair_user]
     d = q_d * s
     c = q_c * s
-    dc = d + c
-    logit = (dc * wp).sum(1) + b[pair_user]
+    logit = ((d + c) * wp).sum(1) + b[pair_user]
     dz, bce = _bce_terms(logit, y)
     g_logit = coef * dz
+    diff = d - c
+    pair_loss = coef * (bce - (lam / dim) * (diff * diff).sum(1) + (mu / dim) * c.abs().sum(1))
+    return g_logit, pair_loss, coef
+
+
+def _pair_update(
+    q_d: torch.Tensor,
+    q_c: torch.Tensor,
+    pair_user: torch.Tensor,
+    g_logit: torch.Tensor,
+    coef: torch.Tensor,
+    w: torch.Tensor,
+    scale: torch.Tensor,
+    lr: torch.Tensor,
+    lam: float,
+    mu: float,
+    l2: float,
+) -> torch.Tensor:
+    """The SGD step of the gathered D and C rows, in place (the second half of
+    :func:`_substep`, compiled); returns every client's new in-round scale."""
+    dim = w.shape[1]
+    s = scale[pair_user].unsqueeze(1)
+    wp = w[pair_user]
+    d = q_d * s
+    c = q_c * s
     diff = d - c
     k = (2.0 * lam / dim) * coef.unsqueeze(1)
     g_common = g_logit.unsqueeze(1) * wp
@@ -395,16 +411,82 @@ def _substep(
     grad_c = g_common + k * diff + (mu / dim) * coef.unsqueeze(1) * torch.sign(c)
     new_scale = scale * (1 - lr * l2)
     step = (lr / new_scale)[pair_user].unsqueeze(1)
-    pair_loss = coef * (bce - (lam / dim) * (diff * diff).sum(1) + (mu / dim) * c.abs().sum(1))
-    grad_w = torch.zeros_like(w).index_add_(0, pair_user, g_logit.unsqueeze(1) * dc)
-    grad_b = torch.zeros_like(b).index_add_(0, pair_user, g_logit)
-    loss = torch.zeros_like(b).index_add_(0, pair_user, pair_loss)
-    f_net = 1 - lr_net * l2
-    new_w = f_net.unsqueeze(1) * w - lr_net.unsqueeze(1) * grad_w
-    new_b = f_net * b - lr_net * grad_b
     q_d.sub_(step * grad_d)
     q_c.sub_(step * grad_c)
-    return new_w, new_b, new_scale, loss
+    return new_scale
+
+
+def _client_sums(
+    rows: torch.Tensor, g_logit: torch.Tensor, q_d: torch.Tensor, q_c: torch.Tensor
+) -> torch.Tensor:
+    """``sum_p g_p (q_d[p] + q_c[p])`` over each client's pairs, ``[m, dim]``: a CSR matrix
+    (client ``u``'s pairs are ``rows[u] .. rows[u + 1] - 1``, consecutive) times the rows.
+    Deterministic and without the atomic adds that ``index_add_`` compiles to under
+    ``torch.compile``, which took more than half of a sub-step (docs/benchmarks.md)."""
+    with warnings.catch_warnings():  # "sparse CSR support is in beta": CSR x dense is not
+        warnings.simplefilter("ignore", UserWarning)
+        per_pair = torch.sparse_csr_tensor(
+            rows,
+            torch.arange(g_logit.shape[0]),
+            g_logit,
+            size=(rows.shape[0] - 1, g_logit.shape[0]),
+            check_invariants=False,
+        )
+    return (per_pair @ q_d).add_(per_pair @ q_c)
+
+
+class _SubStep:
+    """One local SGD step of every client on its touched (user, item) pairs: the hot path.
+
+    Per pair: ``count`` samples in this batch, label ``y``; per client (``[m]`` tensors,
+    gathered by ``pair_user``): batch ``size``, scorer ``w``/``b``, in-round scale, learning
+    rates ``lr`` (C and D) and ``lr_net`` (scorer), zero for clients that do not step;
+    ``rows`` (``[m + 1]``): where each client's pairs start, as CSR row pointers into the
+    chunk. Updates ``q_d`` and ``q_c`` in place and returns the new ``w``, ``b``, ``scale``
+    and each client's batch loss.
+
+    Two passes over the pairs (:func:`_pair_terms`, then :func:`_pair_update`, each compiled
+    with ``torch.compile`` for large rounds) with the per-client sums between them as a
+    CSR product (:func:`_client_sums`): compiled as one function, those sums became atomic
+    float adds, 32 a pair, 125 ms of a 1 M-pair sub-step against 54 ms split so (a
+    MovieLens-1M-sized chunk, docs/benchmarks.md). The results equal the single function's
+    up to float summation order (``tests/test_fedrap.py`` keeps the per-client loop).
+    """
+
+    def __init__(self, terms: Any, update: Any) -> None:
+        self.terms = terms
+        self.update = update
+
+    def __call__(
+        self,
+        q_d: torch.Tensor,
+        q_c: torch.Tensor,
+        pair_user: torch.Tensor,
+        rows: torch.Tensor,
+        y: torch.Tensor,
+        count: torch.Tensor,
+        size: torch.Tensor,
+        w: torch.Tensor,
+        b: torch.Tensor,
+        scale: torch.Tensor,
+        lr: torch.Tensor,
+        lr_net: torch.Tensor,
+        lam: float,
+        mu: float,
+        l2: float,
+    ) -> tuple[torch.Tensor, ...]:
+        g_logit, pair_loss, coef = self.terms(
+            q_d, q_c, pair_user, y, count, size, w, b, scale, lam, mu
+        )
+        # dc = s_u (q_d + q_c) on every pair of client u, so sum_p g_p dc_p = s_u sum_p g_p (...).
+        grad_w = _client_sums(rows, g_logit, q_d, q_c).mul_(scale.unsqueeze(1))
+        grad_b = torch.zeros_like(b).index_add_(0, pair_user, g_logit)
+        loss = torch.zeros_like(b).index_add_(0, pair_user, pair_loss)
+        new_scale = self.update(q_d, q_c, pair_user, g_logit, coef, w, scale, lr, lam, mu, l2)
+        f_net = 1 - lr_net * l2
+        new_w = f_net.unsqueeze(1) * w - lr_net.unsqueeze(1) * grad_w
+        new_b = f_net * b - lr_net * grad_b
+        return new_w, new_b, new_scale, loss
 
 
 def dpsgd_clipped_sums(
@@ -521,15 +603,18 @@ def _dpsgd_step(
     return torch.zeros(n, dtype=torch.float64).index_add_(0, user, bce.double().sum(1))
 
 
-_compiled_substep: Any = None
+_substep = _SubStep(_pair_terms, _pair_update)
+_compiled_substep: _SubStep | None = None
 
 
-def _substep_fn(use_compile: bool) -> Any:
+def _substep_fn(use_compile: bool) -> _SubStep:
     global _compiled_substep
     if not use_compile:
         return _substep
     if _compiled_substep is None:
-        _compiled_substep = torch.compile(_substep, dynamic=True)
+        _compiled_substep = _SubStep(
+            torch.compile(_pair_terms, dynamic=True), torch.compile(_pair_update, dynamic=True)
+        )
     return _compiled_substep
 
 
@@ -1043,7 +1128,8 @@ class FedRAP:
         multi_sample0 = plan.multi_start
         # Sub-steps run on chunks of whole clients' pairs (PAIR_CHUNK_BYTES of [pairs, dim]
         # rows each), written back in place: no full-size temporaries per sub-step.
-        user_first_pair = torch.searchsorted(pair_user, torch.arange(m + 1)).tolist()
+        first_pair = torch.searchsorted(pair_user, torch.arange(m + 1))
+        user_first_pair = first_pair.tolist()
         sub_chunks = [
             client_chunks(user_first_pair, int(first), pair_chunk_rows(cfg.dim))
             for first in first_user.tolist()
@@ -1091,6 +1177,7 @@ class FedRAP:
                         q_d[p0:p1],
                         q_c[p0:p1],
                         pair_user[p0:p1],
+                        first_pair.sub(p0).clamp_(0, p1 - p0),
                         pair_label[p0:p1],
                         pc,
                         size,
