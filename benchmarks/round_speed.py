@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import resource
+import shlex
 import subprocess
 import sys
 import time
@@ -153,7 +154,7 @@ def _table(rows: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     body = "".join(
-        f"| {r['model']} | {r['dataset']} ({r['users']}x{r['items']}){_views(r)} | "
+        f"| {r['model']} | {_name(r['dataset'])} ({r['users']}x{r['items']}){_views(r)} | "
         f"{_cohort(r)} | {r['rounds']} | "
         f"{'yes' if r['evaluation'] else 'no'} | {r['train_seconds_per_round']:.3f} | "
         f"{_num(r['eval_seconds_per_round'])} | "
@@ -162,6 +163,11 @@ def _table(rows: list[dict]) -> str:
         for r in rows
     )
     return head + body
+
+
+def _name(dataset: str) -> str:
+    """A dataset's name for the table: a file as its folder and name."""
+    return "/".join(Path(dataset).parts[-2:]) if dataset.endswith(".csv") else dataset
 
 
 def _views(row: dict) -> str:
@@ -191,12 +197,19 @@ def _compare_table(result: dict, baseline: str) -> str:
     )
 
 
-def _write_docs(rows: list[dict], command: str, extra: str = "") -> None:
+def _write_docs(
+    rows: list[dict],
+    command: str,
+    extra: str = "",
+    *,
+    mark: str = "round-speed",
+    title: str = "## Seconds per round and peak memory",
+) -> None:
     path = ROOT / "docs" / "benchmarks.md"
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    start, end = "<!-- round-speed:start -->", "<!-- round-speed:end -->"
+    start, end = f"<!-- {mark}:start -->", f"<!-- {mark}:end -->"
     block = (
-        f"{start}\n## Seconds per round and peak memory\n\nMeasured with `{command}` "
+        f"{start}\n{title}\n\nMeasured with `{command}` "
         f"({time.strftime('%Y-%m-%d')}, 2 cores, torch CPU, each row its own process; "
         f"load average {os.getloadavg()[0]:.1f} when written).\n\n"
         + _table(rows)
@@ -254,6 +267,13 @@ def main() -> None:
         default=None,
         help="a copy of an earlier fedrecgel.py to time against the current one (on FilmTrust)",
     )
+    ap.add_argument(
+        "--gowalla",
+        default=None,
+        help="also FedRAP, FedRecGEL and fedals on this Gowalla check-in file: 5 rounds at "
+        "client fraction 0.1, every user evaluated (sampled and full ranking) every round; "
+        "written into their own table",
+    )
     ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     args = ap.parse_args()
     if args.child:
@@ -300,8 +320,19 @@ def main() -> None:
         ml1m += ["--threads", str(args.threads), "--out", args.out]
         rows.append(_run(ml1m + ([] if views == "auto" else ["--views", views])))
         print(json.dumps(rows[-1]), flush=True)
-    if args.write:
-        _write_docs(rows, "python benchmarks/round_speed.py " + " ".join(sys.argv[1:]), extra)
+    command = "python benchmarks/round_speed.py " + shlex.join(sys.argv[1:])
+    if args.write and rows:
+        _write_docs(rows, command, extra)
+    if args.gowalla:
+        large = []
+        for model in ("fedrap", "fedrecgel", "fedals"):
+            run = ["--model", model, "--dataset", args.gowalla, "--rounds", "5", "--eval", "1"]
+            run += ["--client-fraction", "0.1", "--threads", str(args.threads), "--out", args.out]
+            large.append(_run(run))
+            print(json.dumps(large[-1]), flush=True)
+        if args.write:
+            title = "### Gowalla: 5 rounds at client fraction 0.1, every user evaluated"
+            _write_docs(large, command, mark="round-speed-gowalla", title=title)
 
 
 if __name__ == "__main__":
