@@ -1,10 +1,16 @@
-"""Seconds per federated round and peak memory of FedRAP and FedRecGEL.
+"""Seconds per federated round and peak memory of FedRAP and FedRecGEL (and fedals on Gowalla).
 
 Each measurement runs in its own subprocess so that peak RSS belongs to one configuration.
 Results are printed as JSON and, with ``--write``, written into ``docs/benchmarks.md``
 between the ``round-speed`` markers.
 
     python benchmarks/round_speed.py --data-dir ../shared/data --rounds 100 --write
+    python benchmarks/round_speed.py --data-dir ../shared/data --rounds 100 --ml1m-memory \
+        --ml1m-views dense,paged --write       # + FedRAP at MovieLens-1M size, both storages
+
+``--gowalla FILE`` times FedRAP, FedRecGEL and fedals on the Gowalla check-ins (5 rounds at
+client fraction 0.1, every user evaluated every round) into their own table, between the
+``round-speed-gowalla`` markers (``--models '' --extra-fedrecgel-dataset ''`` runs only those).
 
 ``--baseline-fedrecgel FILE`` also times a saved copy of an earlier
 ``securefed/models/fedrecgel.py`` against the current one on FilmTrust, interleaved round by

@@ -369,7 +369,7 @@ def _pair_terms(
     mu: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per pair of a sub-step: the logit's gradient ``g``, the pair's loss and its batch
-    weight ``coef = count / size`` (the first half of :func:`_substep`, compiled)."""
+    weight ``coef = count / size`` (the first pass of :class:`_SubStep`, compiled)."""
     dim = w.shape[1]
     coef = count / size.clamp_min(1)[pair_user]
     s = scale[pair_user].unsqueeze(1)
@@ -397,8 +397,8 @@ def _pair_update(
     mu: float,
     l2: float,
 ) -> torch.Tensor:
-    """The SGD step of the gathered D and C rows, in place (the second half of
-    :func:`_substep`, compiled); returns every client's new in-round scale."""
+    """The SGD step of the gathered D and C rows, in place (the second pass of
+    :class:`_SubStep`, compiled); returns every client's new in-round scale."""
     dim = w.shape[1]
     s = scale[pair_user].unsqueeze(1)
     wp = w[pair_user]
@@ -423,7 +423,7 @@ def _client_sums(
     (client ``u``'s pairs are ``rows[u] .. rows[u + 1] - 1``, consecutive) times the rows.
     Deterministic and without the atomic adds that ``index_add_`` compiles to under
     ``torch.compile``, which took more than half of a sub-step (docs/benchmarks.md)."""
-    with warnings.catch_warnings():  # "sparse CSR support is in beta": CSR x dense is not
+    with warnings.catch_warnings():  # torch's once-a-process "sparse CSR is in beta"
         warnings.simplefilter("ignore", UserWarning)
         per_pair = torch.sparse_csr_tensor(
             rows,
@@ -448,7 +448,7 @@ class _SubStep:
     Two passes over the pairs (:func:`_pair_terms`, then :func:`_pair_update`, each compiled
     with ``torch.compile`` for large rounds) with the per-client sums between them as a
     CSR product (:func:`_client_sums`): compiled as one function, those sums became atomic
-    float adds, 32 a pair, 125 ms of a 1 M-pair sub-step against 54 ms split so (a
+    float adds, 34 a pair, 125 ms of a 1 M-pair sub-step against 54 ms split so (a
     MovieLens-1M-sized chunk, docs/benchmarks.md). The results equal the single function's
     up to float summation order (``tests/test_fedrap.py`` keeps the per-client loop).
     """
