@@ -675,9 +675,10 @@ def estimate_run(
             pair_bytes = d * 4 * FEDRAP_PAIR_FLOATS + FEDRAP_PAIR_EXTRA
             round_bytes = int(samples * pair_bytes)
             # Local training runs in chunks of PAIR_CHUNK_BYTES (below the allocator's mmap
-            # threshold, securefed.allocator), so no round page-faults its pair buffers: the
-            # MovieLens-1M-sized round measured 4.21 s on the quiet machine
-            # (docs/benchmarks.md), 4.3e-9 per unit.
+            # threshold, securefed.allocator), so no round page-faults its pair buffers. Since
+            # the sub-step lost its atomic adds (2026-12-06) the rate is about 5e-9 per unit at
+            # MovieLens-1M size (3.0-3.4 s dense; the gathers weigh more) and 3.4e-9 on
+            # MovieLens 100K (0.31-0.36 s): _FEDRAP_S lies between (docs/benchmarks.md).
             round_s = _FEDRAP_S * samples * params.local_epochs * d
             if samples >= 50_000 and params.compile is not False:
                 compile_bytes = COMPILE_BYTES
