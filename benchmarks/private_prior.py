@@ -105,7 +105,7 @@ def grid(args: argparse.Namespace) -> None:
     models = [m for m in args.models.split(",") if m]
     started = time.time()
     lines = [
-        f"Written by `nice python benchmarks/private_prior.py --datasets {args.datasets} "
+        f"Written by `python benchmarks/private_prior.py --datasets {args.datasets} "
         f"--epsilons {args.epsilons} --seeds {args.seeds} --models {args.models} --rounds "
         f"{args.rounds} --fraction {args.fraction:g} --share {args.share:g} "
         f"--weighting {args.weighting} --out {args.out}"
