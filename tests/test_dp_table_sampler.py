@@ -21,6 +21,14 @@ FALSE_FAILURE = 1e-6
 SIGMAS = [0.5, 3.0, 30.0, 127.9, 128.0, 300.0, 198_073.0]
 
 
+def exact_pmf(support: np.ndarray, sigma: float) -> np.ndarray:
+    """N_Z(0, sigma**2) on ``support`` (long double), normalised over it: the table's range
+    leaves out less than 1e-42 of the mass."""
+    x = support.astype(np.longdouble)
+    probs = np.exp(-(x * x) / (2 * np.longdouble(sigma) ** 2))
+    return probs / probs.sum()
+
+
 @pytest.mark.parametrize("sigma", SIGMAS + [4.0e6])
 def test_alias_table_draws_each_block_with_exactly_its_weight(sigma: float) -> None:
     """From ``keep`` and ``alias`` alone, in integers: entry j is drawn from its own bucket
@@ -48,10 +56,7 @@ def test_realized_distribution_is_within_1e15_of_the_discrete_gaussian(sigma: fl
     support, realized = realized_pmf(table)
     assert support[0] <= -table_sampler.TAIL_SIGMAS * sigma
     assert support[-1] + 1 >= table_sampler.TAIL_SIGMAS * sigma
-    x = support.astype(np.longdouble)
-    ideal = np.exp(-(x * x) / (2 * np.longdouble(sigma) ** 2))
-    ideal /= ideal.sum()
-    assert float(np.abs(realized - ideal).sum()) / 2 < 1e-15
+    assert float(np.abs(realized - exact_pmf(support, sigma)).sum()) / 2 < 1e-15
 
 
 def test_sigma_above_the_table_goes_to_the_rejection_sampler(monkeypatch) -> None:
@@ -76,9 +81,7 @@ def binned_pvalue(samples: np.ndarray, sigma: float, bins: int = 40) -> float:
     table = block_table(sigma)
     assert table is not None
     support, _ = realized_pmf(table)  # every integer of the table's range
-    x = support.astype(np.longdouble)
-    probs = np.exp(-(x * x) / (2 * np.longdouble(sigma) ** 2))
-    probs /= probs.sum()
+    probs = exact_pmf(support, sigma)
     edges = np.linspace(-5 * sigma, 5 * sigma, bins + 1)
     which = np.searchsorted(edges, support, side="right")  # 0: left tail, bins + 1: right
     expected = np.bincount(which, weights=probs.astype(np.float64), minlength=bins + 2)
@@ -124,9 +127,7 @@ def test_offsets_inside_blocks_fit_the_discrete_gaussian(sigma: float) -> None:
     assert table is not None and table.block_bits > 0
     width = 1 << table.block_bits
     support, _ = realized_pmf(table)
-    x = support.astype(np.longdouble)
-    probs = np.exp(-(x * x) / (2 * np.longdouble(sigma) ** 2))
-    probs /= probs.sum()
+    probs = exact_pmf(support, sigma)
     expected = np.bincount(support % width, weights=probs.astype(np.float64), minlength=width)
     draws = noise.discrete_gaussian((200_000,), sigma, generator=None, secure=True).numpy()
     observed = np.bincount(draws % width, minlength=width)
@@ -143,15 +144,7 @@ def test_rejections_happen_at_the_tables_rate(sigma: float, monkeypatch) -> None
     rejected proposals is binomial, within its two-sided 1e-6 interval."""
     table = block_table(sigma)
     assert table is not None
-    width = 1 << table.block_bits
-    support, _ = realized_pmf(table)
-    nearest = np.repeat(table.nearest[: table.blocks], width)
-    scaled = table_sampler.scaled_acceptance(
-        support, nearest, sigma, np.empty(support.size), np.empty_like(support)
-    )
-    accept = np.minimum(np.ceil(scaled), 2.0**53) / 2.0**53
-    block_p = np.repeat(np.array(table.weights[: table.blocks], dtype=float) / 2.0**64, width)
-    alpha = float((block_p * accept).sum() / width)
+    alpha = table_sampler.acceptance_rate(table)
     counts = {"proposed": 0, "rejected": 0}
     real = table_sampler._propose
 

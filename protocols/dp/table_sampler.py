@@ -242,21 +242,33 @@ def fill(out: np.ndarray, table: BlockTable, cipher: Any) -> None:
         pending = np.concatenate([part[~accepted], pending[PIECE:]])
 
 
-def realized_pmf(table: BlockTable) -> tuple[np.ndarray, np.ndarray]:
-    """The distribution :func:`fill` samples with ``table``, exactly up to the long double
-    arithmetic used to normalise it: every integer of ``[-K M, K M)`` and its probability
-    (``np.longdouble``). Block ``j`` is drawn with probability ``weights[j] / 2**64``, an
-    offset with ``1 / M``, and accepted when its 53-bit uniform ``u`` (an integer in
-    ``[0, 2**53)``) is below :func:`scaled_acceptance`, i.e. with probability
-    ``min(ceil(a), 2**53) / 2**53``. For tests and audits: ``2 K M`` entries."""
+def _proposals(table: BlockTable) -> tuple[np.ndarray, np.ndarray]:
+    """Every integer of ``[-K M, K M)`` and the probability (``np.longdouble``) that one
+    proposal is that integer and is accepted: block ``j`` with ``weights[j] / 2**64``, an
+    offset with ``1 / M``, and acceptance when its 53-bit uniform ``u`` (an integer in
+    ``[0, 2**53)``) is below :func:`scaled_acceptance`, i.e. ``min(ceil(a), 2**53) / 2**53``."""
     width = 1 << table.block_bits
     blocks = table.blocks
     support = table.start + np.arange(blocks * width, dtype=np.int64)
     nearest = np.repeat(table.nearest[:blocks], width)
     scaled = scaled_acceptance(
-        support, nearest.copy(), table.sigma, np.empty(support.size), np.empty_like(support)
+        support, nearest, table.sigma, np.empty(support.size), np.empty_like(support)
     )
     accept = np.minimum(np.ceil(scaled), _TWO_53).astype(np.longdouble) / np.longdouble(_TWO_53)
     block_p = np.array(table.weights[:blocks], dtype=np.longdouble) / np.longdouble(2.0**64)
-    joint = np.repeat(block_p, width) * accept / width
+    return support, np.repeat(block_p, width) * accept / width
+
+
+def realized_pmf(table: BlockTable) -> tuple[np.ndarray, np.ndarray]:
+    """The distribution :func:`fill` samples with ``table``, exactly up to the long double
+    arithmetic used to normalise it: every integer of ``[-K M, K M)`` and its probability
+    (``np.longdouble``), the accepted proposals' law. For tests and audits: ``2 K M``
+    entries."""
+    support, joint = _proposals(table)
     return support, joint / joint.sum()
+
+
+def acceptance_rate(table: BlockTable) -> float:
+    """The probability that one proposal of :func:`fill` is accepted, exactly as the tables
+    and the acceptance test realise it (the sum of :func:`_proposals`)."""
+    return float(_proposals(table)[1].sum())
