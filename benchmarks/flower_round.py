@@ -10,7 +10,9 @@ distributed protocol over an in-process transport: the protocol's own cost), ``s
 and SuperNode authentication, one long-lived ClientApp process per node: the defaults),
 ``deployment-insecure`` (the same with ``insecure=True``: no TLS, no node authentication) and
 ``deployment-per-message`` (TLS and authentication, but Flower's own scheduling: a fresh
-ClientApp process per message and the SuperNode's 3 s idle poll; not run by default).
+ClientApp process per message and the SuperNode's 3 s idle poll; not run by default) and
+``deployment-four`` (the default deployment with eager masking off: the paper's four exchanges
+a round, masked inputs in their own stage; not run by default).
 Deployment rows carry ``tls``, ``authenticated`` and ``isolation``; every row the 1-minute
 load average when it finished (the machine is shared).
 
@@ -45,8 +47,9 @@ ENGINES = (
     "deployment",
     "deployment-insecure",
     "deployment-per-message",
+    "deployment-four",
 )
-DEFAULT_ENGINES = ENGINES[:-1]
+DEFAULT_ENGINES = ENGINES[:-2]
 
 
 def _config(args: argparse.Namespace):
@@ -105,6 +108,7 @@ def measure(engine: str, args: argparse.Namespace, work: Path) -> dict:
             insecure=engine == "deployment-insecure",
             isolation="subprocess" if per_message else "process",
             idle_poll=None if per_message else args.idle_poll,
+            eager_masking=engine != "deployment-four",
         )
     wall = time.perf_counter() - t0
     deployed = engine.startswith("deployment")
@@ -119,6 +123,7 @@ def measure(engine: str, args: argparse.Namespace, work: Path) -> dict:
     }
     if deployed:
         row["isolation"] = "subprocess" if engine == "deployment-per-message" else "process"
+        row["eager_masking"] = engine != "deployment-four"
     row["load_average"] = round(os.getloadavg()[0], 2)
     return row
 
@@ -166,6 +171,7 @@ _LABELS = {
     "deployment": "local deployment, TLS + node auth, long-lived ClientApp",
     "deployment-insecure": "local deployment, `--insecure`, long-lived ClientApp",
     "deployment-per-message": "local deployment, TLS + node auth, ClientApp per message",
+    "deployment-four": "local deployment, TLS + node auth, long-lived, eager masking off",
 }
 
 

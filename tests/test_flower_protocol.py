@@ -20,7 +20,7 @@ from securefed.errors import ConfigError, IntegrityError
 from securefed.federation.base import DenseUpdates
 from securefed.flower import models
 from securefed.flower.local import LocalTransport
-from securefed.flower.messages import SESSION_KEY
+from securefed.flower.messages import SESSION_KEY, join_messages, split_messages
 from securefed.flower.node import NodeRuntime, TrainTask
 from securefed.flower.pipeline import encode_updates, public_seed, round_parameters
 from securefed.flower.server import FederatedServer, ServerSettings
@@ -51,10 +51,13 @@ def _cfg(**kw) -> TrainConfig:
     return TrainConfig(**base)
 
 
-def _run(cfg, tmp_path, name="fl", **kw):
+def _run(cfg, tmp_path, name="fl", *, eager=True, **kw):
     transport = LocalTransport(3, state_dir=tmp_path / f"{name}-nodes", **kw)
     server = FederatedServer(
-        cfg, run_dir=tmp_path / name, transport=transport, settings=ServerSettings()
+        cfg,
+        run_dir=tmp_path / name,
+        transport=transport,
+        settings=ServerSettings(eager_masking=eager),
     )
     return server.run(), transport
 
@@ -121,21 +124,34 @@ def _replay_ring(cfg, tmp_path, round_index=0):
 
 
 @pytest.mark.slow
-def test_node_killed_before_masked_input_gives_the_survivors_sum(tmp_path):
+@pytest.mark.parametrize(
+    ("eager", "stage", "dropped"),
+    [
+        # the paper's four exchanges: node 101's users shared keys, then went silent; their
+        # mask keys are rebuilt from the survivors' shares
+        (False, "masked", 20),
+        # eager masking: node 101 never answers the share stage, the server discards the
+        # eager inputs (masked towards its users too) and runs the masked stage after all
+        (True, "share", 0),
+    ],
+)
+def test_node_killed_mid_round_gives_the_survivors_sum(tmp_path, eager, stage, dropped):
     # One of three nodes is a third of the users: the graph must tolerate that many dropouts.
     cfg = _cfg(
         rounds=1,
         privacy=PrivacyConfig(secagg=True, epsilon=8.0, secagg_dropout=0.4, replay=True),
     )
     res, transport = _run(
-        cfg, tmp_path, drop=lambda stage, node, r: stage == "masked" and node == 101
+        cfg, tmp_path, eager=eager, drop=lambda st, node, r: st == stage and node == 101
     )
     rec = res.metrics[0]
     assert "aborted" not in rec, rec.get("aborted")
     holders = torch.arange(1, 60, 3)  # partition 1: users 1, 4, 7, ...
     survivors = [u for u in range(60) if u not in set(holders.tolist())]
     assert rec["contributors"] == rec["secagg_survivors"] == len(survivors) == 40
-    assert rec["secagg_dropped"] == 20
+    assert rec["secagg_dropped"] == dropped
+    assert rec["secagg_eager"] is False  # a fallback, or eager masking off
+    assert rec["flower_masked_seconds"] > 0
     # The server's model step used exactly the survivors' sum (recomputed by replay).
     inputs, params, agg, arrays = _replay_ring(cfg, tmp_path)
     bits = params.codec.modulus_bits
@@ -162,6 +178,21 @@ def test_node_killed_before_masked_input_gives_the_survivors_sum(tmp_path):
     assert transport.dead == {101}
 
 
+def test_a_round_without_dropouts_is_three_exchanges(tmp_path):
+    cfg = _cfg(rounds=1)
+    res, transport = _run(cfg, tmp_path)
+    rec = res.metrics[0]
+    assert rec["secagg_eager"] is True and rec["secagg_survivors"] == 60
+    assert [s for s, *_ in transport.seen if s != "hello"].count("masked") == 0
+    assert sorted({s for s, *_ in transport.seen}) == [
+        "evaluate",
+        "hello",
+        "share",
+        "train",
+        "unmask",
+    ]
+
+
 def test_too_many_dropouts_abort_cleanly_and_spend_nothing(tmp_path):
     cfg = _cfg(rounds=1)
     res, _ = _run(cfg, tmp_path, drop=lambda stage, node, r: stage == "share" and node != 100)
@@ -176,7 +207,8 @@ def test_too_many_dropouts_abort_cleanly_and_spend_nothing(tmp_path):
     assert torch.equal(runs.load_checkpoint(tmp_path / "fl")["global"]["C"], init.C)
 
 
-def test_tampered_masked_input_is_an_integrity_failure_treated_as_dropout(tmp_path):
+@pytest.mark.parametrize("eager", [False, True])
+def test_tampered_masked_input_is_an_integrity_failure_treated_as_dropout(tmp_path, eager):
     cfg = _cfg(
         rounds=1,
         privacy=PrivacyConfig(secagg=True, epsilon=8.0, secagg_dropout=0.4, replay=True),
@@ -184,22 +216,35 @@ def test_tampered_masked_input_is_an_integrity_failure_treated_as_dropout(tmp_pa
     transport = LocalTransport(3, state_dir=tmp_path / "nodes")
     original = transport.exchange
 
+    def corrupt(masked: bytes) -> bytes:
+        raw = bytearray(masked)
+        raw[-1] ^= 1  # one flipped bit in the masked vector is still a valid message...
+        raw[20] ^= 0xFF  # ...but a corrupted header is not
+        return bytes(raw)
+
     def tamper(stage, messages, *, timeout):
         replies = original(stage, messages, timeout=timeout)
-        if stage == "masked" and 102 in replies:
+        if stage == ("share" if eager else "masked") and 102 in replies:
             cfgrec = replies[102].config
             key = sorted(cfgrec)[0]
-            raw = bytearray(cfgrec[key])
-            raw[-1] ^= 1  # one flipped bit in the masked vector is still a valid message...
-            raw[20] ^= 0xFF  # ...but a corrupted header is not
-            cfgrec[key] = bytes(raw)
+            if eager:  # the masked input travels after the shares in the same value
+                shares, masked = split_messages(cfgrec[key])
+                cfgrec[key] = join_messages(shares, corrupt(masked))
+            else:
+                cfgrec[key] = corrupt(cfgrec[key])
         return replies
 
     transport.exchange = tamper  # type: ignore[method-assign]
-    res = FederatedServer(cfg, run_dir=tmp_path / "fl", transport=transport).run()
+    settings = ServerSettings(eager_masking=eager)
+    res = FederatedServer(
+        cfg, run_dir=tmp_path / "fl", transport=transport, settings=settings
+    ).run()
     rec = res.metrics[0]
     assert rec["secagg_survivors"] == 59  # the tampered user dropped, the round completed
-    assert rec["secagg_dropped"] == 1
+    # eager: its shares were refused with its input, so it left the graph before anyone
+    # needed its mask key (and the masked stage ran as the fallback)
+    assert rec["secagg_dropped"] == (0 if eager else 1)
+    assert rec["secagg_eager"] is False
 
 
 def test_server_never_receives_an_unmasked_input(tmp_path):
@@ -217,8 +262,9 @@ def test_server_never_receives_an_unmasked_input(tmp_path):
         }
         for key, value in reply.config.items():
             assert key.startswith("sid.") or stage == "hello", key
-            if stage == "masked":
-                masked[int(key[4:])] = wire.unpack_ring(value[-body:], bits, inputs[0].size)
+            if stage == "share":  # eager masking: each user's masked input follows its shares
+                _, y = split_messages(value)
+                masked[int(key[4:])] = wire.unpack_ring(y[-body:], bits, inputs[0].size)
     assert len(masked) == 60
     for sid, y in masked.items():
         x = inputs[sid].astype(dtype)

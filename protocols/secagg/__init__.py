@@ -31,13 +31,14 @@ from protocols.secagg.config import (
 from protocols.secagg.errors import ClientAborted, RoundAborted, ShareVerificationFailed
 from protocols.secagg.fixedpoint import FixedPointCodec
 from protocols.secagg.identity import ClientIdentity, IdentityDirectory, enroll
-from protocols.secagg.server import SecAggServer
+from protocols.secagg.server import EagerOutcome, SecAggServer
 from protocols.secagg.simulation import DropoutSchedule, SecureSumResult, secure_sum
 
 __all__ = [
     "ClientAborted",
     "ClientIdentity",
     "DropoutSchedule",
+    "EagerOutcome",
     "FixedPointCodec",
     "GraphGuarantee",
     "IdentityDirectory",

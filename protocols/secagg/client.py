@@ -6,6 +6,15 @@ in order, once each (``advertise``, ``share_keys``, ``masked_input``, in malicio
 failed check moves it to ``ABORTED`` (secrets wiped) and raises, after which it answers
 nothing.
 
+Eager masking (semi-honest mode; securefed's, not Bonawitz et al.'s): right after
+``share_keys`` the client may also send ``eager_masked_input``, its input masked with every
+neighbour whose keys it received, in the same message as its shares. If every one of those
+neighbours delivered shares too, the server asks for the unmasking shares at once and sends the
+forwarded share boxes with that request (``unmask(request, forward)``): one exchange fewer per
+round. Otherwise the server discards every eager input and the round goes on as in the paper
+(``masked_input`` with the FORWARD message, then ``unmask``); the client keeps ``s_sk`` and
+``b`` until then. docs/secagg.md, "Eager masking", has the argument.
+
 In ``mode="malicious"`` (Bonawitz et al. §4, active adversary; see docs/secagg.md) the client
 also holds its long-term :class:`~protocols.secagg.identity.ClientIdentity` and the enrollment's
 :class:`~protocols.secagg.identity.IdentityDirectory`: it signs its advertisement, verifies
@@ -50,6 +59,7 @@ class Stage(Enum):
     ADVERTISED = "advertised"
     SHARED = "shared"
     MASKED = "masked"
+    EAGER = "eager"  # shares sent with an input masked towards every advertised neighbour
     CONSISTENT = "consistent"  # malicious mode: survivor set signed (Bonawitz et al. round 3)
     DONE = "done"
     ABORTED = "aborted"
@@ -220,53 +230,41 @@ class SecAggClient:
             self._c_sk = None  # only needed for the share boxes
             return wire.encode_shares(self._env, self.id, boxes)
 
+    def eager_masked_input(self, x: np.ndarray) -> bytes:
+        """Rounds 1 and 2 in one message (eager masking, semi-honest mode only): ``x``
+        masked as in :meth:`masked_input`, towards every neighbour whose keys came in round 1.
+
+        Called right after :meth:`share_keys`; its message travels with the shares. The
+        client then answers either :meth:`unmask` with the forwarded share boxes (every
+        neighbour it masked with delivered shares) or, when someone did not, the paper's
+        :meth:`masked_input` (``s_sk`` and ``b`` are kept for it).
+
+        Args:
+            x: This client's ring-encoded input, uint64 ``[dim]`` with values ``< 2**bits``.
+        """
+        self._check_input(x)
+        with self._stage_step(Stage.SHARED, Stage.EAGER):
+            if self.config.malicious:  # the consistency round needs the survivors of round 1
+                raise IntegrityError()
+            acc = self._mask(x, _need(self._s_pks))
+            return wire.encode_masked_input(self._env, self.id, acc, self.bits)
+
     def masked_input(self, forward_message: bytes, x: np.ndarray) -> bytes:
         """Round 2: ``y = x + PRG(b) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv) mod 2**bits``.
+
+        Also the fallback after :meth:`eager_masked_input` when some neighbour delivered no
+        shares (the server discards the eager input).
 
         Args:
             forward_message: The server's FORWARD message (shares from neighbours that
                 completed round 1; these are exactly the neighbours this client masks with).
             x: This client's ring-encoded input, uint64 ``[dim]`` with values ``< 2**bits``.
         """
-        x = np.asarray(x)
-        if x.dtype != np.uint64 or x.shape != (self.dim,):
-            raise ConfigError(f"x must be a uint64 array of shape ({self.dim},)")
-        if self.bits < 64 and int(x.max()) >> self.bits:
-            raise ConfigError(f"x must be reduced modulo 2**{self.bits}")
-        with self._stage_step(Stage.SHARED, Stage.MASKED):
-            entries = wire.decode_forward(
-                self._env, forward_message, receiver=self.id, n_clients=self.config.n_clients
-            )
-            box_in, s_pks = _need(self._box_in), _need(self._s_pks)
-            s_sk, seed = _need(self._s_sk), _need(self._b)
-            held = {}
-            for cid, ct in entries:
-                key = box_in.get(cid)
-                if key is None:
-                    raise IntegrityError()
-                ad = wire.share_associated_data(self._env, cid, self.id)
-                plaintext = open_sealed(key, ct, ad)
-                held[cid] = wire.unpack_share_plaintext(plaintext, sender=cid, receiver=self.id)
-            if len(held) < self.config.t:
-                raise ClientAborted(
-                    f"only {len(held)} neighbours completed key sharing, fewer than the "
-                    f"threshold t={self.config.t}"
-                )
-            ex = self._expander
-            acc = ex.acc
-            self_key = self_mask_key(
-                seed, session=self._session, round_index=self.round_index, client=self.id
-            )
-            np.add(x, ex.expand(self_key), out=acc, casting="unsafe")  # mod 2**word bits
-            for cid in held:
-                shared = exchange(s_sk, s_pks[cid])
-                key = pair_mask_key(
-                    shared, session=self._session, round_index=self.round_index, a=self.id, b=cid
-                )
-                if cid > self.id:
-                    ex.add(key, acc)
-                else:
-                    ex.sub(key, acc)
+        self._check_input(x)
+        with self._stage_step((Stage.SHARED, Stage.EAGER), Stage.MASKED):
+            held = self._open_forward(forward_message)
+            s_pks = _need(self._s_pks)
+            acc = self._mask(x, {cid: s_pks[cid] for cid in held})
             self._held = held
             self._s_sk = None  # recoverable from shares if this client drops; no longer needed
             self._b = None
@@ -306,8 +304,13 @@ class SecAggClient:
             self._survivors, self._statement = surv, statement
             return wire.encode_survivors_signature(self._env, self.id, signature)
 
-    def unmask(self, request_message: bytes) -> bytes:
+    def unmask(self, request_message: bytes, forward_message: bytes | None = None) -> bytes:
         """Round 4: reveal ``b``-shares of surviving and ``s_sk``-shares of dropped neighbours.
+
+        After :meth:`eager_masked_input` (and no fallback) ``forward_message`` is the FORWARD
+        message the paper's round 2 would have carried: the client opens its boxes first, and
+        aborts unless they come from exactly the neighbours it masked with and the request
+        names none of them dropped (every one of them sent its input with its shares).
 
         Aborts (:class:`ClientAborted`) if the request names a client both survivor and
         dropped, names this client dropped, claims fewer than ``t`` survivors, or does not
@@ -321,31 +324,107 @@ class SecAggClient:
         not the server's word.
         """
         if self.config.malicious:
+            if forward_message is not None:  # no eager masking in malicious mode
+                self._abort()
+                raise IntegrityError()
             return self._unmask_signed(request_message)
+        if self.stage is Stage.EAGER:
+            return self._unmask_eager(request_message, forward_message)
         with self._stage_step(Stage.MASKED, Stage.DONE):
-            total, survivors, dropped = wire.decode_unmask_request(
-                self._env, request_message, receiver=self.id, n_clients=self.config.n_clients
-            )
-            surv, drop = set(survivors), set(dropped)
-            if surv & drop:
-                raise ClientAborted("unmask request names a client both survivor and dropped")
-            if self.id in drop or self.id in surv:
-                raise ClientAborted("unmask request lists this client among its neighbours")
-            if total < self.config.t:
-                raise ClientAborted(
-                    f"unmask request names {total} survivors, fewer than t={self.config.t}"
-                )
-            if total < len(surv) + 1:
-                raise ClientAborted("unmask request's survivor count is inconsistent")
+            if forward_message is not None:
+                raise IntegrityError()
             held = _need(self._held)
-            if surv | drop != set(held):
-                raise ClientAborted(
-                    "unmask request does not classify exactly the neighbours this client "
-                    "masked with"
-                )
-            return self._reveal(held, surv)
+            return self._reveal(held, self._classified(request_message, held, eager=False))
 
     # -- machinery --------------------------------------------------------------------------
+
+    def _check_input(self, x: np.ndarray) -> None:
+        x = np.asarray(x)
+        if x.dtype != np.uint64 or x.shape != (self.dim,):
+            raise ConfigError(f"x must be a uint64 array of shape ({self.dim},)")
+        if self.bits < 64 and int(x.max()) >> self.bits:
+            raise ConfigError(f"x must be reduced modulo 2**{self.bits}")
+
+    def _open_forward(self, forward_message: bytes) -> dict[int, tuple[bytes, bytes]]:
+        """The neighbours' shares for this client from a FORWARD message (at least ``t``)."""
+        entries = wire.decode_forward(
+            self._env, forward_message, receiver=self.id, n_clients=self.config.n_clients
+        )
+        box_in = _need(self._box_in)
+        held = {}
+        for cid, ct in entries:
+            key = box_in.get(cid)
+            if key is None:
+                raise IntegrityError()
+            ad = wire.share_associated_data(self._env, cid, self.id)
+            plaintext = open_sealed(key, ct, ad)
+            held[cid] = wire.unpack_share_plaintext(plaintext, sender=cid, receiver=self.id)
+        if len(held) < self.config.t:
+            raise ClientAborted(
+                f"only {len(held)} neighbours completed key sharing, fewer than the "
+                f"threshold t={self.config.t}"
+            )
+        return held
+
+    def _mask(self, x: np.ndarray, s_pks: dict[int, bytes]) -> np.ndarray:
+        """``x + PRG(b)`` plus the pairwise masks towards ``s_pks`` (the expander's buffer)."""
+        s_sk, seed = _need(self._s_sk), _need(self._b)
+        ex = self._expander
+        acc = ex.acc
+        self_key = self_mask_key(
+            seed, session=self._session, round_index=self.round_index, client=self.id
+        )
+        np.add(np.asarray(x), ex.expand(self_key), out=acc, casting="unsafe")  # mod 2**word
+        for cid in sorted(s_pks):
+            shared = exchange(s_sk, s_pks[cid])
+            key = pair_mask_key(
+                shared, session=self._session, round_index=self.round_index, a=self.id, b=cid
+            )
+            if cid > self.id:
+                ex.add(key, acc)
+            else:
+                ex.sub(key, acc)
+        return acc
+
+    def _classified(
+        self, request_message: bytes, held: dict[int, tuple[bytes, bytes]], *, eager: bool
+    ) -> set[int]:
+        """The surviving neighbours of an UNMASK_REQUEST, after its checks."""
+        total, survivors, dropped = wire.decode_unmask_request(
+            self._env, request_message, receiver=self.id, n_clients=self.config.n_clients
+        )
+        surv, drop = set(survivors), set(dropped)
+        if surv & drop:
+            raise ClientAborted("unmask request names a client both survivor and dropped")
+        if self.id in drop or self.id in surv:
+            raise ClientAborted("unmask request lists this client among its neighbours")
+        if total < self.config.t:
+            raise ClientAborted(
+                f"unmask request names {total} survivors, fewer than t={self.config.t}"
+            )
+        if total < len(surv) + 1:
+            raise ClientAborted("unmask request's survivor count is inconsistent")
+        if surv | drop != set(held):
+            raise ClientAborted(
+                "unmask request does not classify exactly the neighbours this client masked with"
+            )
+        if eager and drop:
+            raise ClientAborted(
+                "eager unmask request names a neighbour dropped; its input came with its shares"
+            )
+        return surv
+
+    def _unmask_eager(self, request_message: bytes, forward_message: bytes | None) -> bytes:
+        with self._stage_step(Stage.EAGER, Stage.DONE):
+            if forward_message is None:
+                raise IntegrityError()
+            held = self._open_forward(forward_message)
+            if set(held) != set(_need(self._s_pks)):
+                raise ClientAborted(
+                    "the server unmasks eagerly but a neighbour this client masked with sent "
+                    "no shares"
+                )
+            return self._reveal(held, self._classified(request_message, held, eager=True))
 
     def _verified_keys(self, keys_message: bytes) -> list[tuple[int, bytes, bytes]]:
         """The KEYS entries; in malicious mode each signature is checked first."""
@@ -394,8 +473,8 @@ class SecAggClient:
         return wire.encode_unmask_shares(self._env, self.id, out)
 
     @contextmanager
-    def _stage_step(self, expected: Stage, after: Stage) -> Iterator[None]:
-        if self.stage is not expected:
+    def _stage_step(self, expected: Stage | tuple[Stage, ...], after: Stage) -> Iterator[None]:
+        if self.stage not in (expected if isinstance(expected, tuple) else (expected,)):
             self._abort()
             raise IntegrityError()
         try:

@@ -17,11 +17,19 @@ one's signature over it (checked), and ``finish_consistency`` returns, for each 
 ``U4``, the signatures of its neighbours in ``U4`` (Bonawitz et al. 2017 §4, Fig. 4 round 3).
 The clients check all of it; this server is honest, the checks on its side only keep honest
 rounds alive.
+
+Eager masking (semi-honest mode, :mod:`protocols.secagg.client`): ``receive_eager`` takes a
+client's shares and its eager masked input together (both or neither), and ``finish_eager``
+closes rounds 1 and 2 at once when every client of ``U1`` sent both (``U1 = U2 = U3``: the
+unmask requests go out with the FORWARD messages); otherwise it discards every eager input
+and returns the FORWARD messages of the paper's round 2 (``U2`` = the clients whose shares
+came), after which ``receive_masked_input`` / ``finish_masked_input`` run as usual.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
@@ -33,6 +41,23 @@ from protocols.secagg.config import SecAggConfig, neighbour_table
 from protocols.secagg.errors import RoundAborted, ShareVerificationFailed
 from protocols.secagg.identity import IdentityDirectory
 from protocols.secagg.primitives import MaskExpander, pair_mask_key, self_mask_key, session_id
+
+
+@dataclass(frozen=True)
+class EagerOutcome:
+    """What :meth:`SecAggServer.finish_eager` returns.
+
+    Attributes:
+        fallback: Some client of ``U1`` sent no shares or no eager input: every eager input
+            was discarded; send ``forward`` as the paper's round 2 (``masked_input``).
+        forward: The FORWARD message for each client of ``U2``.
+        unmask: Without fallback, the UNMASK_REQUEST for each client (sent with its
+            ``forward``); empty on fallback.
+    """
+
+    fallback: bool
+    forward: dict[int, bytes]
+    unmask: dict[int, bytes]
 
 
 class SecAggServer:
@@ -127,6 +152,9 @@ class SecAggServer:
     # -- round 1 ----------------------------------------------------------------------------
 
     def receive_shares(self, sender: int, message: bytes) -> None:
+        self._boxes[sender] = self._decode_shares(sender, message)
+
+    def _decode_shares(self, sender: int, message: bytes) -> list[tuple[int, bytes]]:
         self._check_stage(Stage.ADVERTISED)
         if sender not in self.u1:
             raise IntegrityError()
@@ -137,7 +165,36 @@ class SecAggServer:
         expected = [int(j) for j in self._table[sender] if int(j) in self.u1]
         if [cid for cid, _ in boxes] != expected:
             raise IntegrityError()
+        return boxes
+
+    def receive_eager(self, sender: int, shares_message: bytes, masked_message: bytes) -> None:
+        """One client's shares and eager masked input: both are checked before either is
+        kept, so a client with one bad message is simply absent from ``U2``."""
+        if self.config.malicious:
+            raise IntegrityError()
+        boxes = self._decode_shares(sender, shares_message)
+        y = wire.decode_masked_input(
+            self._env, masked_message, sender=sender, bits=self.bits, dim=self.dim
+        )
         self._boxes[sender] = boxes
+        np.add(self._acc, y, out=self._acc)
+        self._u3.add(sender)
+
+    def finish_eager(self) -> EagerOutcome:
+        """Close round 1 after :meth:`receive_eager`, and round 2 too if nobody is missing.
+
+        Without fallback ``U3 = U2 = U1`` and the outcome carries the unmask requests;
+        otherwise the eager inputs are discarded (the running sum restarts) and the round
+        continues with round 2's FORWARD messages.
+        """
+        if self.config.malicious:
+            raise IntegrityError()
+        forward = self.finish_shares()
+        if self.u2 == self.u1 and self._u3 == set(self.u2):
+            return EagerOutcome(fallback=False, forward=forward, unmask=self.finish_masked_input())
+        self._acc[:] = 0
+        self._u3.clear()
+        return EagerOutcome(fallback=True, forward=forward, unmask={})
 
     def finish_shares(self) -> dict[int, bytes]:
         """Close round 1; returns the FORWARD message for each client in ``U2``."""

@@ -16,8 +16,9 @@ Run config of the ``ServerApp`` (``[tool.flwr.app.config]`` or ``flwr run --run-
 ``config-file`` (the run's securefed TOML, a path on the SuperLink's machine), ``run-dir``
 (created there), ``stage-timeout`` (seconds), ``transcript`` (bool), ``resume`` (bool:
 continue the interrupted run in ``run-dir`` from its last checkpoint with the config it
-recorded). Node config of each SuperNode (``--node-config``): ``partition-id``,
-``num-partitions``, ``state-dir``.
+recorded), ``eager-masking`` (bool, default true: masked inputs travel with the shares;
+:class:`~securefed.flower.server.ServerSettings`). Node config of each SuperNode
+(``--node-config``): ``partition-id``, ``num-partitions``, ``state-dir``.
 """
 
 from __future__ import annotations
@@ -308,6 +309,7 @@ def make_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
             connect_timeout=float(cfg.get("connect-timeout", 300.0)),
             transcript=bool(cfg.get("transcript", False)),
             enrollment=str(cfg["enrollment"]) if cfg.get("enrollment") else None,
+            eager_masking=bool(cfg.get("eager-masking", True)),
         )
         run_dir = Path(str(cfg["run-dir"]))
         if bool(cfg.get("resume", False)):  # continue from the run directory's checkpoint

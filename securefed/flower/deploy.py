@@ -67,10 +67,12 @@ def write_app(
     transcript: bool = False,
     resume: bool = False,
     enrollment: Path | None = None,
+    eager_masking: bool = True,
 ) -> Path:
     """Write the Flower app directory (``pyproject.toml`` only) and return it; with
     ``resume`` the app continues the interrupted run in ``run_dir``; ``enrollment`` is the
-    enrollment directory file a malicious-mode run's server reads."""
+    enrollment directory file a malicious-mode run's server reads; ``eager_masking`` is
+    :class:`~securefed.flower.server.ServerSettings`'s."""
     app_dir.mkdir(parents=True, exist_ok=True)
     text = f"""[build-system]
 requires = ["hatchling"]
@@ -96,6 +98,7 @@ run-dir = {_toml_str(str(run_dir.resolve()))}
 stage-timeout = {float(stage_timeout)!r}
 transcript = {"true" if transcript else "false"}
 resume = {"true" if resume else "false"}
+eager-masking = {"true" if eager_masking else "false"}
 """
     if enrollment is not None:
         text += f"enrollment = {_toml_str(str(enrollment.resolve()))}\n"
@@ -650,11 +653,13 @@ def run_local_deployment(
     isolation: str = "process",
     idle_poll: float | None = DEFAULT_IDLE_POLL,
     resume: bool = False,
+    eager_masking: bool = True,
 ) -> dict[str, Any]:
     """A whole run on a local deployment (see the module docstring); returns the summary.
 
     ``insecure=True`` is for debugging only: no TLS and no SuperNode authentication.
-    ``isolation`` and ``idle_poll`` are those of :func:`local_deployment`. With ``resume``
+    ``isolation`` and ``idle_poll`` are those of :func:`local_deployment`;
+    ``eager_masking`` that of :class:`~securefed.flower.server.ServerSettings`. With ``resume``
     the interrupted run in ``run_dir`` continues from its last checkpoint on a fresh
     SuperLink and SuperNodes, which find their users' state in ``work_dir`` (``config``
     and ``nodes`` as recorded: :func:`check_resumable`).
@@ -671,6 +676,7 @@ def run_local_deployment(
         transcript=transcript,
         resume=resume,
         enrollment=enrolled,
+        eager_masking=eager_masking,
     )
     extra = (
         {p: {"enrollment": _toml_str(str(enrolled))} for p in range(nodes)}

@@ -13,11 +13,18 @@ Stages of a round (``STAGES``)::
 
     hello     server -> node: run token            node -> server: partition id and count
     train     shared model, cohort, public seed    per-user ADVERTISE, loss/clip counters
-    share     per-user KEYS                        per-user SHARES
+    share     per-user KEYS                        per-user SHARES (+ eager MASKED_INPUT)
     masked    per-user FORWARD                     per-user MASKED_INPUT
     consistency  per-user SURVIVORS (malicious mode)  per-user SURVIVORS_SIGNATURE
-    unmask    per-user UNMASK_REQUEST              per-user UNMASK_SHARES
+    unmask    per-user UNMASK_REQUEST (+ FORWARD)  per-user UNMASK_SHARES
     evaluate  shared model                         HR/NDCG sums over the node's users
+
+With eager masking (``"eager": true`` in the share and unmask messages; semi-honest mode,
+:mod:`protocols.secagg.client`) a user's share reply carries its masked input too, and when
+every user's came the server skips ``masked``: the unmask message then carries each user's
+FORWARD with its request. The two wire messages of one user travel as one value
+(:func:`join_messages`). A round is then three exchanges instead of four; ``masked`` runs only
+as the fallback when some user's share reply is missing.
 
 Between the messages of a round a node keeps its round session (the SecAgg secrets) either
 as frozen bytes in a store the transport gives back with the next message (Flower's
@@ -39,8 +46,9 @@ import numpy as np
 from securefed.errors import ConfigError, IntegrityError, ProtocolError
 
 #: Version 2: large per-user messages travel as one array (apps.to_content). Version 3: the
-#: SecAgg wire format of version 2 (masked inputs packed to the ring's bits).
-PROTOCOL = "securefed-flower/3"
+#: SecAgg wire format of version 2 (masked inputs packed to the ring's bits). Version 4: eager
+#: masking (a round's masked inputs travel with its shares).
+PROTOCOL = "securefed-flower/4"
 STAGES = ("hello", "train", "share", "masked", "consistency", "unmask", "evaluate")
 #: ``consistency`` runs in malicious mode only (the signed survivor set); ``unmask`` is last.
 SECAGG_STAGES = ("share", "masked", "consistency", "unmask")
@@ -76,6 +84,21 @@ def unpack_sids(config: Mapping[str, Any]) -> dict[int, bytes]:
             raise IntegrityError()
         out[int(digits)] = value
     return out
+
+
+def join_messages(first: bytes, second: bytes) -> bytes:
+    """Two wire messages of one user as one value (``len(first)`` as 4 bytes, then both)."""
+    return len(first).to_bytes(4, "big") + first + second
+
+
+def split_messages(value: bytes) -> tuple[bytes, bytes]:
+    """The two messages of :func:`join_messages`; a malformed value is an integrity error."""
+    if len(value) < 4:
+        raise IntegrityError()
+    cut = 4 + int.from_bytes(value[:4], "big")
+    if cut > len(value):
+        raise IntegrityError()
+    return bytes(value[4:cut]), bytes(value[cut:])
 
 
 def _scalars(config: Mapping[str, Any]) -> dict[str, float]:
@@ -154,7 +177,8 @@ def handle_node_message(
             raise ProtocolError(f"{stage} message without a round session on this node")
         if _int(payload.config, "round") != session.round_index:
             raise IntegrityError()
-        replies = session.step(stage, unpack_sids(payload.config))
+        eager = payload.config.get("eager", False) is True
+        replies = session.step(stage, unpack_sids(payload.config), eager=eager)
         if memory is None:
             state[SESSION_KEY] = session.freeze()
         elif stage == SECAGG_STAGES[-1]:

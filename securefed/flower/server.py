@@ -5,13 +5,14 @@ the ``ServerApp``; a direct call in tests). A round reads top to bottom::
 
     sample cohort (as securefed.train: from the OS in a DP run, else from the seed)
       -> train:    nodes train their participants, clip, noise, encode, ADVERTISE
-      -> share:    KEYS -> SHARES             (SecAggServer.receive_shares / finish_shares)
-      -> masked:   FORWARD -> MASKED_INPUT    (streamed into the running sum)
+      -> share:    KEYS -> SHARES + eager MASKED_INPUT   (receive_eager / finish_eager)
+      -> masked:   FORWARD -> MASKED_INPUT    (only when a share reply was missing, or with
+                   eager masking off; streamed into the running sum)
       -> consistency (malicious mode): SURVIVORS -> signatures (finish_consistency)
       -> ledger:   the round's privacy event, written ahead to privacy_ledger.json (fsync);
                    a round the budget refuses, or with fewer inputs than the noise is
                    sized for, is never unmasked
-      -> unmask:   UNMASK_REQUEST -> UNMASK_SHARES -> finish_unmask (survivors' sum)
+      -> unmask:   UNMASK_REQUEST (+ FORWARD when eager) -> UNMASK_SHARES -> finish_unmask
       -> decode, model.apply_aggregate, end_round
       -> evaluate: nodes return HR/NDCG sums over their users
       -> metrics line, checkpoint, ledger (the same run directory as securefed.train)
@@ -43,7 +44,15 @@ from securefed import runs
 from securefed.errors import ConfigError, IntegrityError, PrivacyBudgetError, ProtocolError
 from securefed.federation.cohort import round_cohort
 from securefed.flower import enrollment, models
-from securefed.flower.messages import PROTOCOL, SCALAR, Payload, pack_sids, unpack_sids
+from securefed.flower.messages import (
+    PROTOCOL,
+    SCALAR,
+    Payload,
+    join_messages,
+    pack_sids,
+    split_messages,
+    unpack_sids,
+)
 from securefed.flower.node import partition_users
 from securefed.flower.pipeline import (
     commit_before_unmask,
@@ -100,12 +109,16 @@ class ServerSettings:
         enrollment: The enrollment directory file (:mod:`securefed.flower.enrollment`), needed
             when the run's secure aggregation is in malicious mode: the server checks each
             advertisement's signature and drops a forger (the clients check them anyway).
+        eager_masking: Ask for each user's masked input together with its shares (semi-honest
+            mode; :mod:`protocols.secagg.client`): three exchanges a round instead of four
+            while nobody drops, the paper's four (the masks computed twice) when someone does.
     """
 
     stage_timeout: float = 120.0
     connect_timeout: float = 300.0
     transcript: bool = False
     enrollment: str | None = None
+    eager_masking: bool = True
 
     def __post_init__(self) -> None:
         for name in ("stage_timeout", "connect_timeout"):
@@ -449,18 +462,22 @@ class FederatedServer:
             config=params.secagg, round_index=r, public_seed=seed, dim=agg.dim, directory=directory
         )
         transcript = _Transcript(self.run_dir, r, enabled=self.settings.transcript)
+        eager = self.settings.eager_masking and not params.secagg.malicious
         try:
-            inbox = self._collect(
-                server.receive_advertise, replies, node_of_sid, transcript, "advertise"
-            )
+            self._collect(server.receive_advertise, replies, node_of_sid, transcript, "advertise")
             outbox = server.finish_advertise()
-            for stage, receive, finish in (
-                ("share", server.receive_shares, server.finish_shares),
-                ("masked", server.receive_masked_input, server.finish_masked_input),
-            ):
-                replies = self._send(stage, r, outbox, node_of_sid, timeout)
-                inbox = self._collect(receive, replies, node_of_sid, transcript, stage)
-                outbox = finish()
+            if eager:
+                outbox, eager = self._share_eagerly(server, outbox, r, node_of_sid, transcript)
+            else:
+                replies = self._send("share", r, outbox, node_of_sid, timeout)
+                self._collect(server.receive_shares, replies, node_of_sid, transcript, "share")
+                outbox = server.finish_shares()
+            if not eager:
+                replies = self._send("masked", r, outbox, node_of_sid, timeout)
+                self._collect(
+                    server.receive_masked_input, replies, node_of_sid, transcript, "masked"
+                )
+                outbox = server.finish_masked_input()
             if params.secagg.malicious:
                 outbox = self._consistency(server, outbox, r, node_of_sid, transcript)
         except RoundAborted as exc:
@@ -478,7 +495,7 @@ class FederatedServer:
         # Account before unmasking: a round the budget refuses is never unmasked.
         event = commit_before_unmask(agg, round_index=r, survivors=len(server.u3))
         try:
-            replies = self._send("unmask", r, outbox, node_of_sid, timeout)
+            replies = self._send("unmask", r, outbox, node_of_sid, timeout, eager=eager)
             self._collect(server.receive_unmask_shares, replies, node_of_sid, transcript, "unmask")
             total = server.finish_unmask()
         except RoundAborted as exc:
@@ -486,7 +503,6 @@ class FederatedServer:
                 agg.withdraw(event)  # too few shares: nothing was unmasked or released
             record_abort(agg, str(exc), clipped=clipped, participants=m)
             return None, stats
-        del inbox
         result = finish_round(
             agg,
             total,
@@ -498,7 +514,28 @@ class FederatedServer:
             participants=m,
         )
         agg._last["secagg_dropped"] = len(server.dropped)
+        agg._last["secagg_eager"] = eager
         return result, stats
+
+    def _share_eagerly(
+        self,
+        server: SecAggServer,
+        keys: Mapping[int, bytes],
+        r: int,
+        node_of_sid: Mapping[int, int],
+        transcript: _Transcript,
+    ) -> tuple[dict[int, bytes], bool]:
+        """The share stage with eager masking; returns the next stage's messages and whether
+        they are the unmask requests (each joined with its FORWARD) or, on fallback, the
+        FORWARD messages of the ``masked`` stage."""
+
+        replies = self._send("share", r, keys, node_of_sid, self.settings.stage_timeout, eager=True)
+        self._collect(server.receive_eager, replies, node_of_sid, transcript, "share", eager=True)
+        outcome = server.finish_eager()
+        if outcome.fallback:
+            return outcome.forward, False
+        joined = {sid: join_messages(outcome.forward[sid], m) for sid, m in outcome.unmask.items()}
+        return joined, True
 
     def _consistency(
         self,
@@ -536,30 +573,36 @@ class FederatedServer:
         outbox: Mapping[int, bytes],
         node_of_sid: Mapping[int, int],
         timeout: float,
+        *,
+        eager: bool = False,
     ) -> dict[int, Payload]:
         per_node: dict[int, dict[int, bytes]] = {}
         for sid, msg in outbox.items():
             per_node.setdefault(node_of_sid[sid], {})[sid] = msg
+        head = {**self._base(), "round": r, **({"eager": True} if eager else {})}
         messages = {
-            node: Payload(config={**self._base(), "round": r, **pack_sids(msgs)})
-            for node, msgs in per_node.items()
+            node: Payload(config={**head, **pack_sids(msgs)}) for node, msgs in per_node.items()
         }
         return self._exchange(stage, messages, timeout=timeout)
 
     @staticmethod
     def _collect(
-        receive: Callable[[int, bytes], None],
+        receive: Callable[..., None],
         replies: Mapping[int, Payload],
         node_of_sid: Mapping[int, int],
         transcript: _Transcript,
         stage: str,
+        *,
+        eager: bool = False,
     ) -> int:
         """Feed every per-user reply to the SecAgg server; returns how many were accepted.
 
         The channel authenticates the node, not the user: a node may speak only for the
         users it holds. A node that speaks for another's user, or sends anything the wire
         decoder rejects, is treated as dropped from that stage on (its later messages are
-        not requested), the same as an aborting client in simulation.
+        not requested), the same as an aborting client in simulation. With ``eager`` each
+        reply is a user's shares and masked input (:func:`split_messages`), recorded as
+        ``share`` and ``masked`` and received together.
         """
         accepted = 0
         for node, reply in sorted(replies.items()):
@@ -570,9 +613,15 @@ class FederatedServer:
             for sid, msg in sorted(msgs.items()):
                 if node_of_sid.get(sid) != node:
                     continue
-                transcript.record(stage, node, sid, msg)
                 try:
-                    receive(sid, msg)
+                    if eager:
+                        shares, masked = split_messages(msg)
+                        transcript.record(stage, node, sid, shares)
+                        transcript.record("masked", node, sid, masked)
+                        receive(sid, shares, masked)
+                    else:
+                        transcript.record(stage, node, sid, msg)
+                        receive(sid, msg)
                 except IntegrityError:
                     continue
                 accepted += 1

@@ -26,6 +26,7 @@ from protocols.secagg import ClientAborted, SecAggClient
 from protocols.secagg.identity import ClientIdentity, IdentityDirectory
 from protocols.secagg.primitives import MaskExpander
 from securefed.errors import IntegrityError, ProtocolError
+from securefed.flower.messages import join_messages, split_messages
 
 
 def _x25519(raw: bytes) -> X25519PrivateKey:
@@ -109,8 +110,13 @@ class NodeSession:
             raise IntegrityError()
         return session
 
-    def step(self, stage: str, inbox: dict[int, bytes]) -> dict[int, bytes]:
+    def step(self, stage: str, inbox: dict[int, bytes], *, eager: bool = False) -> dict[int, bytes]:
         """Run one SecAgg stage for every addressed user; a refusing client stays silent.
+
+        With ``eager`` (eager masking, :mod:`securefed.flower.messages`) a ``share`` reply
+        joins the user's shares and masked input, and an ``unmask`` message joins the
+        FORWARD and the request; the encoded input is kept after an eager share reply in
+        case the server falls back to the ``masked`` stage.
 
         Raises:
             IntegrityError: a message for a user this node does not hold in this round.
@@ -123,12 +129,20 @@ class NodeSession:
             try:
                 if stage == "share":
                     out[sid] = client.share_keys(msg)
+                    if eager:
+                        masked = client.eager_masked_input(self.inputs[sid])
+                        out[sid] = join_messages(out[sid], masked)
                 elif stage == "masked":
                     out[sid] = client.masked_input(msg, self.inputs.pop(sid))
                 elif stage == "consistency":
                     out[sid] = client.consistency(msg)
                 elif stage == "unmask":
-                    out[sid] = client.unmask(msg)
+                    self.inputs.pop(sid, None)
+                    if eager:
+                        forward, request = split_messages(msg)
+                        out[sid] = client.unmask(request, forward)
+                    else:
+                        out[sid] = client.unmask(msg)
                 else:
                     raise ProtocolError(f"unknown secure-aggregation stage {stage!r}")
             except (ClientAborted, IntegrityError):

@@ -1,0 +1,246 @@
+"""Eager masking: shares and masked input in one message, with the paper's round 2 as fallback."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from protocols.errors import IntegrityError
+from protocols.secagg import (
+    ClientAborted,
+    RoundAborted,
+    SecAggClient,
+    SecAggConfig,
+    SecAggServer,
+    Stage,
+    enroll,
+    wire,
+)
+from protocols.secagg.config import majority
+from protocols.secagg.primitives import session_id
+
+SEED = b"public-seed-eager"
+ROUND = 3
+ENV = wire.Envelope(session=session_id(SEED, ROUND), round_index=ROUND)
+COMPLETED: list[bool] = []  # fallback or not, per completed round of the property test
+
+
+def _inputs(n: int, d: int, bits: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 1 << bits, size=(n, d), dtype=np.uint64, endpoint=False)
+
+
+def _plain(x: np.ndarray, ids, bits: int) -> np.ndarray:
+    rows = sorted(ids)
+    return x[rows].sum(axis=0, dtype=np.uint64) & np.uint64((1 << bits) - 1)
+
+
+def _parties(cfg: SecAggConfig, d: int):
+    kw = {"config": cfg, "round_index": ROUND, "public_seed": SEED, "dim": d}
+    clients = [SecAggClient(i, **kw) for i in range(cfg.n_clients)]
+    return clients, SecAggServer(**kw)
+
+
+def _eager_stage(clients, server, x, *, silent=frozenset()):
+    for c in clients:
+        server.receive_advertise(c.id, c.advertise())
+    for i, msg in server.finish_advertise().items():
+        try:
+            shares = clients[i].share_keys(msg)
+        except ClientAborted:
+            continue  # to the server an aborting client is a dropout
+        masked = clients[i].eager_masked_input(x[i])
+        if i not in silent:
+            server.receive_eager(i, shares, masked)
+    return server.finish_eager()
+
+
+def _eager_round(x, cfg, *, silent_eager=(), silent_masked=(), silent_unmask=()):
+    clients, server = _parties(cfg, x.shape[1])
+    outcome = _eager_stage(clients, server, x, silent=frozenset(silent_eager))
+    forward: dict[int, bytes] = {}
+    if outcome.fallback:
+        for i, msg in outcome.forward.items():
+            if i not in silent_masked:
+                with contextlib.suppress(ClientAborted):  # an aborting client is a dropout
+                    server.receive_masked_input(i, clients[i].masked_input(msg, x[i]))
+        requests = server.finish_masked_input()
+    else:
+        requests, forward = outcome.unmask, outcome.forward
+    for i, msg in requests.items():
+        if i not in silent_unmask:
+            with contextlib.suppress(ClientAborted):
+                server.receive_unmask_shares(i, clients[i].unmask(msg, forward.get(i)))
+    return outcome, server, server.finish_unmask()
+
+
+def test_no_dropout_unmasks_without_round_two():
+    cfg = SecAggConfig(n_clients=8, neighbours=4, threshold=3, modulus_bits=20)
+    x = _inputs(8, 5, 20)
+    outcome, server, total = _eager_round(x, cfg)
+    assert not outcome.fallback
+    assert set(outcome.unmask) == set(outcome.forward) == set(range(8))
+    assert server.u1 == server.u2 == server.u3 == frozenset(range(8))
+    assert not server.dropped
+    np.testing.assert_array_equal(total, _plain(x, range(8), 20))
+
+
+def test_a_client_missing_from_the_eager_stage_falls_back_to_round_two():
+    cfg = SecAggConfig(n_clients=8, neighbours=4, threshold=3, modulus_bits=33)
+    x = _inputs(8, 4, 33, seed=1)
+    outcome, server, total = _eager_round(x, cfg, silent_eager={2})
+    assert outcome.fallback and not outcome.unmask
+    assert set(outcome.forward) == set(range(8)) - {2}
+    assert server.u2 == server.u3 == frozenset(range(8)) - {2}
+    # the eager inputs (masked towards client 2 too) were discarded, not summed
+    np.testing.assert_array_equal(total, _plain(x, set(range(8)) - {2}, 33))
+
+
+def test_fallback_recovers_a_client_that_drops_in_round_two():
+    cfg = SecAggConfig(n_clients=9, neighbours=6, threshold=4, modulus_bits=64)
+    x = _inputs(9, 3, 64, seed=2)
+    outcome, server, total = _eager_round(x, cfg, silent_eager={0}, silent_masked={5})
+    assert outcome.fallback
+    assert server.dropped == frozenset({5})  # its mask key rebuilt from the survivors' shares
+    np.testing.assert_array_equal(total, _plain(x, set(range(9)) - {0, 5}, 64))
+
+
+def test_eager_round_survives_silence_at_unmask():
+    cfg = SecAggConfig(n_clients=8, neighbours=6, threshold=4, modulus_bits=20)
+    x = _inputs(8, 6, 20, seed=3)
+    outcome, _, total = _eager_round(x, cfg, silent_unmask={1, 6})
+    assert not outcome.fallback
+    np.testing.assert_array_equal(total, _plain(x, range(8), 20))  # both inputs are in the sum
+
+
+@st.composite
+def _rounds(draw):
+    n = draw(st.integers(4, 10))
+    d = draw(st.integers(1, 4))
+    bits = draw(st.sampled_from([8, 33, 64]))
+    k = draw(st.integers(2, n - 1))
+    k = min(k + k % 2, n - 1)
+    t = min(k, majority(k) + draw(st.integers(0, 1)))
+    # mostly no dropout, so that rounds with a fallback complete often enough to be checked
+    stage = draw(st.lists(st.sampled_from([None] * 8 + [0, 1, 2]), min_size=n, max_size=n))
+    silent = [{i for i, s in enumerate(stage) if s == j} for j in range(3)]
+    if draw(st.booleans()):  # half the rounds fall back: one client silent at the eager stage
+        who = draw(st.integers(0, n - 1))
+        for ids in silent:
+            ids.discard(who)
+        silent[0].add(who)
+    return n, d, bits, k, t, silent, draw(st.integers(0, 2**16))
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,  # the same examples every run: the check below cannot flake
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(_rounds())
+def test_eager_sum_is_exact_or_the_round_aborts(params):
+    n, d, bits, k, t, (at_eager, at_masked, at_unmask), seed = params
+    cfg = SecAggConfig(n_clients=n, neighbours=k, threshold=t, modulus_bits=bits)
+    x = _inputs(n, d, bits, seed)
+    try:
+        outcome, server, total = _eager_round(
+            x, cfg, silent_eager=at_eager, silent_masked=at_masked, silent_unmask=at_unmask
+        )
+    except RoundAborted:
+        return
+    assert outcome.fallback or not at_eager
+    # survivors: the masked inputs the server kept (aborting clients are dropouts too)
+    gone = set(range(n)) - server.u3
+    assert gone >= at_eager | (at_masked if outcome.fallback else set())
+    np.testing.assert_array_equal(total, _plain(x, server.u3, bits))
+    COMPLETED.append(outcome.fallback)
+
+
+def test_the_property_test_saw_both_paths():
+    # the property test above ran first (same module): rounds with and without a fallback
+    # completed and were checked, not only aborts
+    assert True in COMPLETED and False in COMPLETED
+
+
+def _eager_clients(n=6, k=4, t=3, d=3):
+    cfg = SecAggConfig(n_clients=n, neighbours=k, threshold=t, modulus_bits=20)
+    x = _inputs(n, d, 20, seed=4)
+    clients, server = _parties(cfg, d)
+    return x, clients, server, _eager_stage(clients, server, x)
+
+
+def test_eager_unmask_needs_the_forwarded_boxes():
+    _, clients, _, outcome = _eager_clients()
+    with pytest.raises(IntegrityError):
+        clients[0].unmask(outcome.unmask[0])
+    assert clients[0].stage is Stage.ABORTED
+
+
+def test_eager_unmask_refuses_boxes_missing_a_neighbour_it_masked_with():
+    _, clients, _, outcome = _eager_clients()
+    entries = wire.decode_forward(ENV, outcome.forward[0], receiver=0, n_clients=6)
+    short = wire.encode_forward(ENV, 0, entries[1:])  # still >= t boxes
+    with pytest.raises(ClientAborted, match="sent no shares"):
+        clients[0].unmask(outcome.unmask[0], short)
+    assert clients[0].stage is Stage.ABORTED
+
+
+def test_eager_unmask_refuses_a_request_naming_a_neighbour_dropped():
+    _, clients, server, outcome = _eager_clients()
+    peers = sorted(int(j) for j in server.neighbours(0))
+    request = wire.encode_unmask_request(ENV, 0, 6, peers[1:], peers[:1])
+    with pytest.raises(ClientAborted, match="dropped"):
+        clients[0].unmask(request, outcome.forward[0])
+
+
+def test_a_standard_unmask_refuses_forwarded_boxes():
+    cfg = SecAggConfig(n_clients=6, neighbours=4, threshold=3, modulus_bits=20)
+    x = _inputs(6, 3, 20)
+    clients, server = _parties(cfg, 3)
+    outcome = _eager_stage(clients, server, x, silent={5})
+    assert outcome.fallback
+    for i, msg in outcome.forward.items():
+        server.receive_masked_input(i, clients[i].masked_input(msg, x[i]))
+    requests = server.finish_masked_input()
+    with pytest.raises(IntegrityError):
+        clients[0].unmask(requests[0], outcome.forward[0])
+
+
+def test_a_bad_eager_input_keeps_the_shares_out_too():
+    cfg = SecAggConfig(n_clients=6, neighbours=4, threshold=3, modulus_bits=20)
+    x = _inputs(6, 3, 20)
+    clients, server = _parties(cfg, 3)
+    for c in clients:
+        server.receive_advertise(c.id, c.advertise())
+    for i, msg in server.finish_advertise().items():
+        shares = clients[i].share_keys(msg)
+        masked = clients[i].eager_masked_input(x[i])
+        if i == 4:
+            with pytest.raises(IntegrityError):
+                server.receive_eager(i, shares, masked[:-1])
+            continue
+        server.receive_eager(i, shares, masked)
+    outcome = server.finish_eager()
+    assert outcome.fallback
+    assert server.u2 == frozenset(range(6)) - {4}
+
+
+def test_malicious_mode_has_no_eager_masking():
+    cfg = SecAggConfig(n_clients=5, neighbours=4, threshold=3, modulus_bits=20, mode="malicious")
+    identities, directory = enroll(5)
+    kw = {"config": cfg, "round_index": ROUND, "public_seed": SEED, "dim": 2}
+    clients = [SecAggClient(i, identity=identities[i], directory=directory, **kw) for i in range(5)]
+    server = SecAggServer(directory=directory, **kw)
+    for c in clients:
+        server.receive_advertise(c.id, c.advertise())
+    keys = server.finish_advertise()
+    shares = clients[0].share_keys(keys[0])
+    with pytest.raises(IntegrityError):
+        clients[0].eager_masked_input(np.zeros(2, dtype=np.uint64))
+    with pytest.raises(IntegrityError):
+        server.receive_eager(0, shares, b"")
