@@ -528,7 +528,6 @@ class FederatedServer:
         """The share stage with eager masking; returns the next stage's messages and whether
         they are the unmask requests (each joined with its FORWARD) or, on fallback, the
         FORWARD messages of the ``masked`` stage."""
-
         replies = self._send("share", r, keys, node_of_sid, self.settings.stage_timeout, eager=True)
         self._collect(server.receive_eager, replies, node_of_sid, transcript, "share", eager=True)
         outcome = server.finish_eager()
