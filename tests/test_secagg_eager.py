@@ -82,7 +82,7 @@ def test_no_dropout_unmasks_without_round_two():
     cfg = SecAggConfig(n_clients=8, neighbours=4, threshold=3, modulus_bits=20)
     x = _inputs(8, 5, 20)
     outcome, server, total = _eager_round(x, cfg)
-    assert not outcome.fallback
+    assert outcome.fallback is False
     assert set(outcome.unmask) == set(outcome.forward) == set(range(8))
     assert server.u1 == server.u2 == server.u3 == frozenset(range(8))
     assert not server.dropped
@@ -93,7 +93,7 @@ def test_a_client_missing_from_the_eager_stage_falls_back_to_round_two():
     cfg = SecAggConfig(n_clients=8, neighbours=4, threshold=3, modulus_bits=33)
     x = _inputs(8, 4, 33, seed=1)
     outcome, server, total = _eager_round(x, cfg, silent_eager={2})
-    assert outcome.fallback and not outcome.unmask
+    assert outcome.fallback is True and outcome.unmask == {}
     assert set(outcome.forward) == set(range(8)) - {2}
     assert server.u2 == server.u3 == frozenset(range(8)) - {2}
     # the eager inputs (masked towards client 2 too) were discarded, not summed
@@ -165,6 +165,16 @@ def test_the_property_test_saw_both_paths():
     # the property test above ran first (same module): rounds with and without a fallback
     # completed and were checked, not only aborts
     assert True in COMPLETED and False in COMPLETED
+
+
+def test_an_eager_client_is_done_and_wiped_after_unmasking():
+    x, clients, server, outcome = _eager_clients()
+    reply = clients[0].unmask(outcome.unmask[0], outcome.forward[0])
+    server.receive_unmask_shares(0, reply)
+    assert clients[0].stage is Stage.DONE
+    assert clients[0]._s_sk is None and clients[0]._b is None and clients[0]._held is None
+    with pytest.raises(IntegrityError):  # one request answered, never a second
+        clients[0].unmask(outcome.unmask[0], outcome.forward[0])
 
 
 def _eager_clients(n=6, k=4, t=3, d=3):
