@@ -13,8 +13,9 @@ and SuperNode authentication, one long-lived ClientApp process per node: the def
 ClientApp process per message and the SuperNode's 3 s idle poll; not run by default) and
 ``deployment-four`` (the default deployment with eager masking off: the paper's four exchanges
 a round, masked inputs in their own stage; not run by default).
-Deployment rows carry ``tls``, ``authenticated`` and ``isolation``; every row the 1-minute
-load average when it finished (the machine is shared).
+Deployment rows carry ``tls``, ``authenticated``, ``isolation`` and ``eager_masking``; the
+distributed engines' rows ``stage_seconds`` (mean seconds a round of each Flower exchange); every
+row the 1-minute load average when it finished (the machine is shared).
 
     python benchmarks/flower_round.py --rounds 3 --nodes 3 --json
     python benchmarks/flower_round.py --rounds 2 --nodes 3 --write    # docs/deployment.md
@@ -77,6 +78,21 @@ def _round_seconds(run_dir: Path) -> float:
     return sum(m["train_seconds"] for m in metrics) / max(len(metrics), 1)
 
 
+def _stage_seconds(run_dir: Path) -> dict[str, float]:
+    """Mean seconds a round of each Flower exchange (the server's ``flower_<stage>_seconds``:
+    the message path there and back plus the nodes' work); a stage that ran in only some
+    rounds (the ``masked`` fallback) is averaged over all rounds."""
+    from securefed import runs
+
+    metrics = runs.read_metrics(run_dir)
+    keys = sorted({k for m in metrics for k in m if k.startswith("flower_")})
+    n = max(len(metrics), 1)
+    return {
+        k[len("flower_") : -len("_seconds")]: round(sum(m.get(k, 0.0) for m in metrics) / n, 3)
+        for k in keys
+    }
+
+
 def measure(engine: str, args: argparse.Namespace, work: Path) -> dict:
     cfg = _config(args)
     work = work / f"{len(list(work.iterdir()))}"  # an engine may be listed twice
@@ -121,6 +137,9 @@ def measure(engine: str, args: argparse.Namespace, work: Path) -> dict:
         "round_seconds": round(_round_seconds(run_dir), 2),
         "wall_seconds": round(wall, 1),
     }
+    stages = _stage_seconds(run_dir)
+    if stages:  # the distributed engines: where a round's exchanges went
+        row["stage_seconds"] = stages
     if deployed:
         row["isolation"] = "subprocess" if engine == "deployment-per-message" else "process"
         row["eager_masking"] = engine != "deployment-four"
