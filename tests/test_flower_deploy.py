@@ -251,6 +251,26 @@ def test_supernode_killed_after_masked_input_round_completes_with_survivors(tmp_
 
 
 @pytest.mark.slow
+def test_supernode_killed_at_the_share_stage_falls_back_to_the_masked_stage(tmp_path):
+    """Eager masking across real processes: a node killed before its share reply leaves its
+    users out of the round; the server discards the eager masked inputs (masked towards them
+    too) and runs the ``masked`` stage, and the round sums the other 40 users."""
+    cfg = _cfg(secagg_dropout=0.4)
+    work, run_dir = tmp_path / "work", tmp_path / "run"
+    with _run_until_stalled(cfg, work, run_dir, partition=1, at="share:0") as (dep, proc):
+        dep.kill_node(1)
+        proc.wait(timeout=600)
+    first, second = runs.read_metrics(run_dir)
+    for rec in (first, second):
+        assert "aborted" not in rec
+        assert rec["contributors"] == rec["secagg_survivors"] == 40
+    assert first["secagg_eager"] is False and first["flower_masked_seconds"] > 0  # the fallback
+    assert second["secagg_eager"] is True  # the node is gone: nobody missing, three exchanges
+    # (That the fallback's sum is exactly the survivors' is checked against a replay of their
+    # inputs in tests/test_flower_protocol.py; here: it runs across real processes.)
+
+
+@pytest.mark.slow
 def test_deployment_stopped_mid_round_resumes_to_the_uninterrupted_result(tmp_path):
     """Issue 16 item 4: every process of a local deployment (SuperLink, SuperNodes, their
     ClientApp processes, ``flwr run``) is stopped in the middle of round 3, after the
