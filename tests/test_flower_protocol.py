@@ -536,3 +536,11 @@ def test_long_lived_node_keeps_round_secrets_in_memory_and_computes_the_same_run
     for memory in kept.memories.values():
         assert memory.sessions == {}  # dropped after the last unmask: no secret outlives it
         assert memory.runtime.trained_rounds == 2
+
+
+def test_joined_messages_split_back_and_malformed_ones_are_refused():
+    assert split_messages(join_messages(b"shares", b"masked")) == (b"shares", b"masked")
+    assert split_messages(join_messages(b"", b"x")) == (b"", b"x")
+    for bad in (b"", b"\x00\x00\x01", (7).to_bytes(4, "big") + b"short"):
+        with pytest.raises(IntegrityError):
+            split_messages(bad)
