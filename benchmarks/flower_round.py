@@ -11,11 +11,12 @@ and SuperNode authentication, one long-lived ClientApp process per node: the def
 ``deployment-insecure`` (the same with ``insecure=True``: no TLS, no node authentication) and
 ``deployment-per-message`` (TLS and authentication, but Flower's own scheduling: a fresh
 ClientApp process per message and the SuperNode's 3 s idle poll; not run by default) and
-``deployment-four`` (the default deployment with eager masking off: the paper's four exchanges
-a round, masked inputs in their own stage; not run by default).
-Deployment rows carry ``tls``, ``authenticated``, ``isolation`` and ``eager_masking``; the
-distributed engines' rows ``stage_seconds`` (mean seconds a round of each Flower exchange); every
-row the 1-minute load average when it finished (the machine is shared).
+``deployment-three`` (the default deployment without keys ahead: three exchanges a round,
+each round advertising in its train reply) and ``deployment-four`` (eager masking off too: the
+paper's four exchanges a round; neither run by default).
+Deployment rows carry ``tls``, ``authenticated``, ``isolation``, ``eager_masking`` and
+``keys_ahead``; the distributed engines' rows ``stage_seconds`` (mean seconds a round of each
+Flower exchange); every row the 1-minute load average when it finished (the machine is shared).
 
     python benchmarks/flower_round.py --rounds 3 --nodes 3 --json
     python benchmarks/flower_round.py --rounds 2 --nodes 3 --write    # docs/deployment.md
@@ -48,9 +49,10 @@ ENGINES = (
     "deployment",
     "deployment-insecure",
     "deployment-per-message",
+    "deployment-three",
     "deployment-four",
 )
-DEFAULT_ENGINES = ENGINES[:-2]
+DEFAULT_ENGINES = ENGINES[:-3]
 
 
 def _config(args: argparse.Namespace):
@@ -125,6 +127,7 @@ def measure(engine: str, args: argparse.Namespace, work: Path) -> dict:
             isolation="subprocess" if per_message else "process",
             idle_poll=None if per_message else args.idle_poll,
             eager_masking=engine != "deployment-four",
+            keys_ahead=engine not in ("deployment-three", "deployment-four"),
         )
     wall = time.perf_counter() - t0
     deployed = engine.startswith("deployment")
@@ -143,6 +146,7 @@ def measure(engine: str, args: argparse.Namespace, work: Path) -> dict:
     if deployed:
         row["isolation"] = "subprocess" if engine == "deployment-per-message" else "process"
         row["eager_masking"] = engine != "deployment-four"
+        row["keys_ahead"] = engine not in ("deployment-three", "deployment-four")
     row["load_average"] = round(os.getloadavg()[0], 2)
     return row
 
@@ -190,6 +194,7 @@ _LABELS = {
     "deployment": "local deployment, TLS + node auth, long-lived ClientApp",
     "deployment-insecure": "local deployment, `--insecure`, long-lived ClientApp",
     "deployment-per-message": "local deployment, TLS + node auth, ClientApp per message",
+    "deployment-three": "local deployment, TLS + node auth, long-lived, keys ahead off",
     "deployment-four": "local deployment, TLS + node auth, long-lived, eager masking off",
 }
 

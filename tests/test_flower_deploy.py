@@ -285,7 +285,7 @@ def test_deployment_stopped_mid_round_resumes_to_the_uninterrupted_result(tmp_pa
     )
     ref = train(cfg, out=tmp_path / "ref")
     work, run_dir = tmp_path / "work", tmp_path / "run"
-    with _run_until_stalled(cfg, work, run_dir, partition=0, at="share:2"):
+    with _run_until_stalled(cfg, work, run_dir, partition=0, at="train:2"):
         pass  # node 0 hangs in round 3; leaving stops every process
     # Everything is stopped; the run directory holds the checkpoint of round 2.
     assert runs.load_checkpoint(run_dir)["round"] == 2

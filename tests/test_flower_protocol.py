@@ -18,6 +18,7 @@ from protocols.secagg.wire import ring_dtype
 from securefed import runs
 from securefed.errors import ConfigError, IntegrityError
 from securefed.federation.base import DenseUpdates
+from securefed.federation.cohort import round_cohort
 from securefed.flower import models
 from securefed.flower.local import LocalTransport
 from securefed.flower.messages import SESSION_KEY, join_messages, split_messages
@@ -178,7 +179,50 @@ def test_node_killed_mid_round_gives_the_survivors_sum(tmp_path, eager, stage, d
     assert transport.dead == {101}
 
 
-def test_a_round_without_dropouts_is_three_exchanges(tmp_path):
+def test_keys_ahead_make_every_later_round_two_exchanges(tmp_path):
+    cfg = _cfg(rounds=3, eval_every=3)
+    ref = train(cfg, out=tmp_path / "ref")
+    res, transport = _run(cfg, tmp_path)
+    stages = [s for s, *_ in transport.seen if s != "hello"]
+    # round 1: train (advertise), share (+ masked), unmask (+ round 2's keys); rounds 2 and
+    # 3: train (keys in, shares and masked inputs out), unmask; then the evaluation
+    assert stages.count("share") == 3  # one reply per node, round 1 only
+    assert stages.count("train") == stages.count("unmask") == 9
+    assert "masked" not in stages
+    assert [m.get("flower_share_seconds") is not None for m in res.metrics] == [True, False, False]
+    for a, b in zip(ref.metrics, res.metrics, strict=True):  # the same rounds as in process
+        assert a["contributors"] == b["contributors"] == 60
+        for key in METRICS:
+            if key in a:
+                assert b[key] == pytest.approx(a[key], abs=1e-12), key
+
+
+def test_keys_ahead_reach_a_node_with_no_users_in_this_round(tmp_path):
+    # Cohorts of 4 of 60 users on 3 nodes: some node holds nobody in one round and somebody in
+    # the next, so the announcement reaches it without a round session of its own.
+    cfg = _cfg(rounds=4, eval_every=4, clients_per_round=4, seed=1)
+    split = load_split(cfg)
+    cohorts = [
+        set(
+            (round_cohort(cfg.cohort(60), 60, seed=cfg.seed, round_index=r, secure=False) % 3)
+            .unique()
+            .tolist()
+        )
+        for r in range(4)
+    ]
+    assert split.n_users == 60
+    assert any(cohorts[r + 1] - cohorts[r] for r in range(3))  # the case is exercised
+    ref = train(cfg, out=tmp_path / "ref")
+    res, transport = _run(cfg, tmp_path, long_lived=True)
+    assert [s for s, *_ in transport.seen].count("share") == len(cohorts[0])  # round 1 only
+    for a, b in zip(ref.metrics, res.metrics, strict=True):
+        assert a["contributors"] == b["contributors"] == 4
+        for key in METRICS:
+            if key in a:
+                assert b[key] == pytest.approx(a[key], abs=1e-12), key
+
+
+def test_a_first_round_without_dropouts_is_three_exchanges(tmp_path):
     cfg = _cfg(rounds=1)
     res, transport = _run(cfg, tmp_path)
     rec = res.metrics[0]

@@ -79,7 +79,7 @@ SIGMA = PrivacyConfig(secagg=True, noise_multiplier=1.0, replay=True)  # no epsi
 @pytest.mark.parametrize(
     ("model", "stage", "long_lived"),
     [
-        ("fedrap", "share", False),  # before the round's release: nothing to count again
+        ("fedrap", "train", False),  # before the round's release: nothing to count again
         ("fedrap", "evaluate", True),  # after the release (ledger written ahead of unmask)
         ("fedrecgel", "unmask", False),  # server Adam state comes back from the checkpoint
     ],

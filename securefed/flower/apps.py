@@ -16,7 +16,8 @@ Run config of the ``ServerApp`` (``[tool.flwr.app.config]`` or ``flwr run --run-
 ``config-file`` (the run's securefed TOML, a path on the SuperLink's machine), ``run-dir``
 (created there), ``stage-timeout`` (seconds), ``transcript`` (bool), ``resume`` (bool:
 continue the interrupted run in ``run-dir`` from its last checkpoint with the config it
-recorded), ``eager-masking`` (bool, default true: masked inputs travel with the shares;
+recorded), ``eager-masking`` (bool, default true: masked inputs travel with the shares) and
+``keys-ahead`` (bool, default true: the next round's keys travel with the unmask replies; both
 :class:`~securefed.flower.server.ServerSettings`). Node config of each SuperNode
 (``--node-config``): ``partition-id``, ``num-partitions``, ``state-dir``.
 """
@@ -310,6 +311,7 @@ def make_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
             transcript=bool(cfg.get("transcript", False)),
             enrollment=str(cfg["enrollment"]) if cfg.get("enrollment") else None,
             eager_masking=bool(cfg.get("eager-masking", True)),
+            keys_ahead=bool(cfg.get("keys-ahead", True)),
         )
         run_dir = Path(str(cfg["run-dir"]))
         if bool(cfg.get("resume", False)):  # continue from the run directory's checkpoint

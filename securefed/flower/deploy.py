@@ -68,11 +68,12 @@ def write_app(
     resume: bool = False,
     enrollment: Path | None = None,
     eager_masking: bool = True,
+    keys_ahead: bool = True,
 ) -> Path:
     """Write the Flower app directory (``pyproject.toml`` only) and return it; with
     ``resume`` the app continues the interrupted run in ``run_dir``; ``enrollment`` is the
-    enrollment directory file a malicious-mode run's server reads; ``eager_masking`` is
-    :class:`~securefed.flower.server.ServerSettings`'s."""
+    enrollment directory file a malicious-mode run's server reads; ``eager_masking`` and
+    ``keys_ahead`` are :class:`~securefed.flower.server.ServerSettings`'s."""
     app_dir.mkdir(parents=True, exist_ok=True)
     text = f"""[build-system]
 requires = ["hatchling"]
@@ -99,6 +100,7 @@ stage-timeout = {float(stage_timeout)!r}
 transcript = {"true" if transcript else "false"}
 resume = {"true" if resume else "false"}
 eager-masking = {"true" if eager_masking else "false"}
+keys-ahead = {"true" if keys_ahead else "false"}
 """
     if enrollment is not None:
         text += f"enrollment = {_toml_str(str(enrollment.resolve()))}\n"
@@ -654,12 +656,14 @@ def run_local_deployment(
     idle_poll: float | None = DEFAULT_IDLE_POLL,
     resume: bool = False,
     eager_masking: bool = True,
+    keys_ahead: bool = True,
 ) -> dict[str, Any]:
     """A whole run on a local deployment (see the module docstring); returns the summary.
 
     ``insecure=True`` is for debugging only: no TLS and no SuperNode authentication.
     ``isolation`` and ``idle_poll`` are those of :func:`local_deployment`;
-    ``eager_masking`` that of :class:`~securefed.flower.server.ServerSettings`. With ``resume``
+    ``eager_masking`` and ``keys_ahead`` those of
+    :class:`~securefed.flower.server.ServerSettings`. With ``resume``
     the interrupted run in ``run_dir`` continues from its last checkpoint on a fresh
     SuperLink and SuperNodes, which find their users' state in ``work_dir`` (``config``
     and ``nodes`` as recorded: :func:`check_resumable`).
@@ -677,6 +681,7 @@ def run_local_deployment(
         resume=resume,
         enrollment=enrolled,
         eager_masking=eager_masking,
+        keys_ahead=keys_ahead,
     )
     extra = (
         {p: {"enrollment": _toml_str(str(enrolled))} for p in range(nodes)}

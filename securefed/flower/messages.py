@@ -56,6 +56,14 @@ SECAGG_STAGES = ("share", "masked", "consistency", "unmask")
 SID = "sid."
 #: Prefix of schedule scalars (e.g. FedRAP's learning rates) in a config record.
 SCALAR = "scalar."
+#: Keys ahead: the next round's task in an unmask request (``next-round``, ``next-cohort``,
+#: ``next-public-seed``, ``next-fingerprint``, ``next-aggregate``), the next round's
+#: per-user ADVERTISE in the reply (``adv.<id>``), and the train message's flag that its
+#: ``sid.<id>`` entries are KEYS.
+NEXT = "next-"
+NEXT_ROUND = "next-round"
+ADVERT = "adv."
+KEYS_AHEAD = "keys-ahead"
 #: Key of the node's round session in its ``Context.state``.
 SESSION_KEY = "securefed.session"
 
@@ -69,17 +77,17 @@ class Payload:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def pack_sids(messages: Mapping[int, bytes]) -> dict[str, bytes]:
-    return {f"{SID}{sid}": bytes(msg) for sid, msg in messages.items()}
+def pack_sids(messages: Mapping[int, bytes], *, prefix: str = SID) -> dict[str, bytes]:
+    return {f"{prefix}{sid}": bytes(msg) for sid, msg in messages.items()}
 
 
-def unpack_sids(config: Mapping[str, Any]) -> dict[int, bytes]:
+def unpack_sids(config: Mapping[str, Any], *, prefix: str = SID) -> dict[int, bytes]:
     """Per-user wire messages of a config record; anything malformed is an integrity error."""
     out: dict[int, bytes] = {}
     for key, value in config.items():
-        if not key.startswith(SID):
+        if not key.startswith(prefix):
             continue
-        digits = key[len(SID) :]
+        digits = key[len(prefix) :]
         if not digits.isdigit() or not isinstance(value, bytes):
             raise IntegrityError()
         out[int(digits)] = value
@@ -155,8 +163,6 @@ def handle_node_message(
     Returns:
         The reply.
     """
-    from securefed.flower.session import NodeSession
-
     if payload.config.get("protocol") != PROTOCOL:
         raise ProtocolError(
             f"message protocol {payload.config.get('protocol')!r} is not {PROTOCOL!r}; "
@@ -168,27 +174,77 @@ def handle_node_message(
         return Payload(config={"partition-id": pid, "num-partitions": nparts})
     token = str(payload.config.get("run-token", ""))
     if stage in SECAGG_STAGES:
-        if memory is not None:
-            session = memory.sessions.get(token)
-        else:
-            blob = state.get(SESSION_KEY)
-            session = NodeSession.thaw(blob) if blob is not None else None
-        if session is None:
-            raise ProtocolError(f"{stage} message without a round session on this node")
-        if _int(payload.config, "round") != session.round_index:
-            raise IntegrityError()
-        eager = payload.config.get("eager", False) is True
-        replies = session.step(stage, unpack_sids(payload.config), eager=eager)
-        if memory is None:
-            state[SESSION_KEY] = session.freeze()
-        elif stage == SECAGG_STAGES[-1]:
-            memory.sessions.pop(token, None)  # the round's secrets are no longer needed
-        return Payload(config=pack_sids(replies))
+        inbox = unpack_sids(payload.config)
+        announced = stage == SECAGG_STAGES[-1] and NEXT_ROUND in payload.config
+        replies: dict[int, bytes] = {}
+        if inbox or not announced:  # an announcement alone may reach a node without users
+            session = _session(token, state, memory)
+            if session is None:
+                raise ProtocolError(f"{stage} message without a round session on this node")
+            if _int(payload.config, "round") != session.round_index:
+                raise IntegrityError()
+            eager = payload.config.get("eager", False) is True
+            replies = session.step(stage, inbox, eager=eager)
+            if memory is None:
+                state[SESSION_KEY] = session.freeze()
+            elif stage == SECAGG_STAGES[-1]:
+                memory.sessions.pop(token, None)  # the round's secrets are no longer needed
+        reply = Payload(config=pack_sids(replies))
+        if not announced:
+            return reply
+        # keys ahead: the next round's advertisements travel with this round's last reply
+        runtime = _runtime(payload, node_config, memory, token, pid, nparts)
+        upcoming, adverts = runtime.advertise(_task(payload.config, prefix=NEXT))
+        _keep(upcoming, token, state, memory)
+        reply.config.update(pack_sids(adverts, prefix=ADVERT))
+        return reply
     if stage not in ("train", "evaluate"):
         raise ProtocolError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
+    runtime = _runtime(payload, node_config, memory, token, pid, nparts)
+    try:
+        return _run_task(stage, payload, runtime, token, state, memory)
+    except BaseException:
+        if memory is not None:  # a failed step may leave the model half-updated: reload
+            memory.runtime = memory.runtime_key = None
+        raise
+
+
+def _session(token: str, state: MutableMapping[str, bytes], memory: NodeMemory | None) -> Any:
+    """The node's round session (live in ``memory``, else frozen in ``state``), or None."""
+    from securefed.flower.session import NodeSession
+
+    if memory is not None:
+        return memory.sessions.get(token)
+    blob = state.get(SESSION_KEY)
+    return NodeSession.thaw(blob) if blob is not None else None
+
+
+def _keep(
+    session: Any, token: str, state: MutableMapping[str, bytes], memory: NodeMemory | None
+) -> None:
+    """Keep ``session`` as the node's round session until the next message."""
+    if memory is not None:
+        memory.sessions = {token: session}  # the run in progress only
+        state.pop(SESSION_KEY, None)
+    else:
+        state[SESSION_KEY] = session.freeze()
+
+
+def _runtime(
+    payload: Payload,
+    node_config: Mapping[str, Any],
+    memory: NodeMemory | None,
+    token: str,
+    pid: int,
+    nparts: int,
+) -> Any:
+    """The node's :class:`~securefed.flower.node.NodeRuntime` for the message's run and
+    config (the long-lived process's own, when it is that one)."""
     from securefed.flower.node import NodeRuntime, config_digest
     from securefed.training import TrainConfig
 
+    if "config" not in payload.config:
+        raise ProtocolError("message without the run's config")
     config = TrainConfig.from_dict(tomllib.loads(str(payload.config["config"])))
     state_dir = node_config.get("state-dir")
     if not state_dir:
@@ -199,24 +255,38 @@ def handle_node_message(
     enrolled = node_config.get("enrollment")
     key = (token, config_digest(config), pid, nparts, str(state_dir), str(enrolled))
     if memory is not None and memory.runtime_key == key:
-        runtime = memory.runtime
-    else:
-        runtime = NodeRuntime(
-            config,
-            run_token=str(payload.config["run-token"]),
-            partition_id=pid,
-            num_partitions=nparts,
-            state_dir=Path(str(state_dir)),
-            enrollment=Path(str(enrolled)) if enrolled else None,
-        )
-        if memory is not None:
-            memory.runtime, memory.runtime_key = runtime, key
-    try:
-        return _run_task(stage, payload, runtime, token, state, memory)
-    except BaseException:
-        if memory is not None:  # a failed step may leave the model half-updated: reload
-            memory.runtime = memory.runtime_key = None
-        raise
+        return memory.runtime
+    runtime = NodeRuntime(
+        config,
+        run_token=str(payload.config["run-token"]),
+        partition_id=pid,
+        num_partitions=nparts,
+        state_dir=Path(str(state_dir)),
+        enrollment=Path(str(enrolled)) if enrolled else None,
+    )
+    if memory is not None:
+        memory.runtime, memory.runtime_key = runtime, key
+    return runtime
+
+
+def _task(config: Mapping[str, Any], *, prefix: str = "") -> Any:
+    """The :class:`~securefed.flower.node.TrainTask` of a message (``prefix`` ``"next-"``:
+    the next round's, sent with this round's unmask request for keys ahead)."""
+    import torch
+
+    from securefed.flower.node import TrainTask
+
+    cohort = config.get(f"{prefix}cohort", [])
+    if not isinstance(cohort, list) or not all(isinstance(u, int) for u in cohort):
+        raise ProtocolError(f"message field '{prefix}cohort' must be a list of user ids")
+    return TrainTask(
+        round_index=_int(config, f"{prefix}round"),
+        cohort=torch.tensor(cohort, dtype=torch.long),
+        public_seed=bytes(config.get(f"{prefix}public-seed", b"")),
+        fingerprint=str(config.get(f"{prefix}fingerprint", "")),
+        aggregate=bool(config.get(f"{prefix}aggregate", False)),
+        resume=bool(config.get(f"{prefix}resume", False)),
+    )
 
 
 def _run_task(
@@ -228,32 +298,22 @@ def _run_task(
     memory: NodeMemory | None,
 ) -> Payload:
     """``train`` or ``evaluate`` on the node's runtime."""
-    import torch
-
-    from securefed.flower.node import TrainTask
-
     scalars = _scalars(payload.config)
     if stage == "evaluate":
         return Payload(
             metrics=runtime.evaluate(payload.arrays, scalars, full=bool(payload.config["full"]))
         )
-    cohort = payload.config.get("cohort", [])
-    if not isinstance(cohort, list) or not all(isinstance(u, int) for u in cohort):
-        raise ProtocolError("train message field 'cohort' must be a list of user ids")
-    task = TrainTask(
-        round_index=_int(payload.config, "round"),
-        cohort=torch.tensor(cohort, dtype=torch.long),
-        public_seed=bytes(payload.config.get("public-seed", b"")),
-        fingerprint=str(payload.config.get("fingerprint", "")),
-        aggregate=bool(payload.config.get("aggregate", False)),
-        resume=bool(payload.config.get("resume", False)),
-    )
-    reply = runtime.train(task, payload.arrays, scalars)
-    if memory is not None:
-        memory.sessions = {token: reply.session}  # the run in progress only
-        state.pop(SESSION_KEY, None)
+    task = _task(payload.config)
+    if payload.config.get(KEYS_AHEAD, False) is True:
+        ahead = _session(token, state, memory)
+        if ahead is None or ahead.round_index != task.round_index:
+            raise ProtocolError("train message with keys ahead but no advertised session here")
+        reply = runtime.train(
+            task, payload.arrays, scalars, ahead=ahead, keys=unpack_sids(payload.config)
+        )
     else:
-        state[SESSION_KEY] = reply.session.freeze()
+        reply = runtime.train(task, payload.arrays, scalars)
+    _keep(reply.session, token, state, memory)
     return Payload(
         config=pack_sids(reply.adverts),
         metrics={

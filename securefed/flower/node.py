@@ -39,7 +39,7 @@ from protocols.secagg.identity import ClientIdentity, IdentityDirectory
 from protocols.secagg.primitives import MaskExpander
 from protocols.seeding import torch_generator
 from securefed import runs
-from securefed.errors import ConfigError, ProtocolError
+from securefed.errors import ConfigError, IntegrityError, ProtocolError
 from securefed.evaluation import evaluate_splits
 from securefed.flower import enrollment, models
 from securefed.flower.pipeline import RoundParameters, encode_updates, round_parameters
@@ -257,13 +257,54 @@ class NodeRuntime:
         and noises this node's users only."""
         return not self.config.privacy.os_randomness
 
+    def advertise(self, task: TrainTask) -> tuple[NodeSession, dict[int, bytes]]:
+        """SecAgg round 0 of a coming round ahead of its training (keys ahead, semi-honest
+        mode): fresh keys for each of this node's users in ``task.cohort``, so that the
+        round's train message can carry the neighbours' keys (:meth:`train` with ``ahead``)."""
+        cohort = _checked_cohort(task)
+        own = cohort[torch.isin(cohort, self.users)]
+        session = NodeSession(round_index=task.round_index)
+        if own.numel() == 0 or not task.aggregate:
+            return session, {}
+        params = self._parameters(task, int(cohort.numel()))
+        if params.secagg.malicious:
+            raise ProtocolError("keys ahead are for semi-honest secure aggregation only")
+        sid_of = {int(u): i for i, u in enumerate(cohort.tolist())}
+        expander = MaskExpander(self.aggregator.dim, wire.ring_dtype(params.codec.modulus_bits))
+        adverts = {}
+        for user in own.tolist():
+            sid = sid_of[int(user)]
+            session.clients[sid] = client = _new_client(sid, params, task, expander)
+            adverts[sid] = client.advertise()
+        return session, adverts
+
+    def _parameters(self, task: TrainTask, m: int) -> RoundParameters:
+        params = round_parameters(self.aggregator, m)
+        if params.fingerprint() != task.fingerprint:
+            raise ProtocolError(
+                "the server's round parameters differ from this node's "
+                f"({task.fingerprint!r} != {params.fingerprint()!r}); are both on the same "
+                "securefed version and config?"
+            )
+        return params
+
     def train(
-        self, task: TrainTask, arrays: dict[str, np.ndarray], scalars: dict[str, float]
+        self,
+        task: TrainTask,
+        arrays: dict[str, np.ndarray],
+        scalars: dict[str, float],
+        *,
+        ahead: NodeSession | None = None,
+        keys: dict[int, bytes] | None = None,
     ) -> TrainReply:
-        """Local training of this node's participants, then SecAgg round 0 for each of them."""
-        cohort = task.cohort.to(torch.long)
-        if cohort.ndim != 1 or (cohort.numel() > 1 and bool((cohort.diff() <= 0).any())):
-            raise ProtocolError("the round's cohort must be strictly increasing user ids")
+        """Local training of this node's participants, then SecAgg round 0 for each of them.
+
+        With ``ahead`` (the session :meth:`advertise` made for this round) and ``keys`` (the
+        neighbours' KEYS per user, from the train message), each user's reply is instead its
+        shares and eager masked input (:func:`~securefed.flower.messages.join_messages`):
+        rounds 0-2 of the round done, the server's next message is the unmask request.
+        """
+        cohort = _checked_cohort(task)
         if task.round_index < self.trained_rounds:
             if not task.resume:
                 raise ProtocolError(
@@ -292,13 +333,7 @@ class NodeRuntime:
         loss_sum = float(stats.loss) * trained
         if not task.aggregate:
             return TrainReply({}, session, loss_sum, trained, 0)
-        params = round_parameters(self.aggregator, int(cohort.numel()))
-        if params.fingerprint() != task.fingerprint:
-            raise ProtocolError(
-                "the server's round parameters differ from this node's "
-                f"({task.fingerprint!r} != {params.fingerprint()!r}); are both on the same "
-                "securefed version and config?"
-            )
+        params = self._parameters(task, int(cohort.numel()))
         ring, clipped = encode_updates(
             self.aggregator,
             updates,
@@ -307,6 +342,16 @@ class NodeRuntime:
             positions=positions,
         )
         sid_of = {int(u): i for i, u in enumerate(cohort.tolist())}
+        if ahead is not None:
+            if ahead.round_index != task.round_index:
+                raise IntegrityError()
+            replies: dict[int, bytes] = {}
+            for row, user in enumerate(updates.clients.tolist()):
+                sid = sid_of[int(user)]
+                if sid in ahead.clients and keys is not None and sid in keys:
+                    ahead.inputs[sid] = ring[row]
+                    replies.update(ahead.step("share", {sid: keys[sid]}, eager=True))
+            return TrainReply(replies, ahead, loss_sum, trained, clipped)
         expander = MaskExpander(ring.shape[1], wire.ring_dtype(params.codec.modulus_bits))
         directory, identities = self._round_identities(params, cohort, own)
         adverts = {}
@@ -364,6 +409,13 @@ def _sums(prefix: str, ranks: np.ndarray) -> dict[str, float]:
     r = ranks.astype(np.float64)
     gains = np.where(r < 10, 1.0 / np.log2(r + 2.0), 0.0)
     return {f"{prefix}hr@10": float((r < 10).sum()), f"{prefix}ndcg@10": float(gains.sum())}
+
+
+def _checked_cohort(task: TrainTask) -> torch.Tensor:
+    cohort = task.cohort.to(torch.long)
+    if cohort.ndim != 1 or (cohort.numel() > 1 and bool((cohort.diff() <= 0).any())):
+        raise ProtocolError("the round's cohort must be strictly increasing user ids")
+    return cohort
 
 
 def _new_client(

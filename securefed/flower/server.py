@@ -33,7 +33,7 @@ import json
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -45,8 +45,13 @@ from securefed.errors import ConfigError, IntegrityError, PrivacyBudgetError, Pr
 from securefed.federation.cohort import round_cohort
 from securefed.flower import enrollment, models
 from securefed.flower.messages import (
+    ADVERT,
+    KEYS_AHEAD,
+    NEXT,
+    NEXT_ROUND,
     PROTOCOL,
     SCALAR,
+    SID,
     Payload,
     join_messages,
     pack_sids,
@@ -112,6 +117,10 @@ class ServerSettings:
         eager_masking: Ask for each user's masked input together with its shares (semi-honest
             mode; :mod:`protocols.secagg.client`): three exchanges a round instead of four
             while nobody drops, the paper's four (the masks computed twice) when someone does.
+        keys_ahead: With eager masking, draw each next round's cohort during this round's
+            unmask stage and have its users advertise their keys with the unmask replies, so
+            that its train message carries the neighbours' keys: two exchanges a round (train,
+            unmask) after the first.
     """
 
     stage_timeout: float = 120.0
@@ -119,6 +128,7 @@ class ServerSettings:
     transcript: bool = False
     enrollment: str | None = None
     eager_masking: bool = True
+    keys_ahead: bool = True
 
     def __post_init__(self) -> None:
         for name in ("stage_timeout", "connect_timeout"):
@@ -182,6 +192,11 @@ class FederatedServer:
         self._enrolled: dict[int, bytes] = {}
         # Seconds of each stage's exchange in the current round (metrics: flower_*_seconds).
         self._stage_seconds: dict[str, float] = {}
+        # Keys ahead: the next round's cohort, parameters and advertised keys, collected with
+        # this round's unmask replies (None: the next round advertises in its train reply).
+        self._ahead: _KeysAhead | None = None
+        self._cohort_spec: Any = None
+        self._n_users = 0
 
     @classmethod
     def resume(
@@ -292,6 +307,7 @@ class FederatedServer:
         # A Flower run always aggregates securely (check_config), hence privately.
         assert isinstance(agg, PrivateAggregator)
         cohort_spec = config.cohort(split.n_users)
+        self._cohort_spec, self._n_users = cohort_spec, split.n_users
         if cohort_spec.kind == "fixed" and cohort_spec.size > split.n_users:
             raise ConfigError(
                 f"--clients-per-round {cohort_spec.size} exceeds the {split.n_users} users"
@@ -335,18 +351,15 @@ class FederatedServer:
             except PrivacyBudgetError as exc:
                 stopped = str(exc)
                 break
-            participants = round_cohort(
-                cohort_spec,
-                split.n_users,
-                seed=config.seed,
-                round_index=r,
-                secure=config.privacy.os_randomness,
-            )
+            ahead = self._ahead if self._ahead is not None and self._ahead.round == r else None
+            self._ahead = None
+            # With keys ahead this round's cohort was drawn during the last one's unmask.
+            participants = ahead.participants if ahead is not None else self._cohort(r)
             self._stage_seconds = {}
             try:
                 resumed_at = start_round if self.resuming and r == start_round else None
                 agg_result, stats = self._round(
-                    r, participants, owner, model, agg, resumed_at=resumed_at
+                    r, participants, owner, model, agg, resumed_at=resumed_at, ahead=ahead
                 )
             except PrivacyBudgetError as exc:
                 stopped = str(exc)
@@ -418,13 +431,17 @@ class FederatedServer:
         agg: Any,
         *,
         resumed_at: int | None = None,
+        ahead: _KeysAhead | None = None,
     ) -> tuple[Any, dict[str, float]]:
         m = int(participants.shape[0])
         timeout = self.settings.stage_timeout
         started = time.perf_counter()
         aggregate = m >= 2
-        params = round_parameters(agg, m) if aggregate else None
-        seed = public_seed(agg, r)
+        if ahead is not None:  # drawn with the keys, during the last round's unmask
+            params, seed = ahead.params, ahead.seed
+        else:
+            params = round_parameters(agg, m) if aggregate else None
+            seed = public_seed(agg, r)
         arrays, scalars = self._shared(model)
         cohort = participants.tolist()
         node_of_sid = {sid: int(owner[u]) for sid, u in enumerate(cohort)}
@@ -443,9 +460,16 @@ class FederatedServer:
             # The first round of a resume: a node that trained past it rewinds its users'
             # private state to its snapshot of this round.
             task["resume"] = True
-        replies = self._exchange(
-            "train", {n: Payload(config=task, arrays=arrays) for n in nodes}, timeout=timeout
-        )
+        messages = {n: Payload(config=task, arrays=arrays) for n in nodes}
+        if ahead is not None:
+            # Keys ahead: each node's users' neighbour KEYS ride on the train message; the
+            # replies are their shares and eager masked inputs.
+            for sid, keys in ahead.keys.items():
+                node = node_of_sid[sid]
+                if messages[node].config is task:
+                    messages[node] = Payload(config={**task, KEYS_AHEAD: True}, arrays=arrays)
+                messages[node].config[f"{SID}{sid}"] = keys
+        replies = self._exchange("train", messages, timeout=timeout)
         stats = {"loss_sum": 0.0, "trained": 0.0, "clipped": 0.0}
         for reply in replies.values():
             for key in stats:
@@ -458,18 +482,36 @@ class FederatedServer:
         directory = (
             enrollment.round_directory(cohort, self._enrolled) if params.secagg.malicious else None
         )
-        server = SecAggServer(
-            config=params.secagg, round_index=r, public_seed=seed, dim=agg.dim, directory=directory
-        )
         transcript = _Transcript(self.run_dir, r, enabled=self.settings.transcript)
         eager = self.settings.eager_masking and not params.secagg.malicious
+        if ahead is not None:
+            server = ahead.server
+        else:
+            server = SecAggServer(
+                config=params.secagg,
+                round_index=r,
+                public_seed=seed,
+                dim=agg.dim,
+                directory=directory,
+            )
         try:
-            self._collect(server.receive_advertise, replies, node_of_sid, transcript, "advertise")
-            outbox = server.finish_advertise()
-            if eager:
-                outbox, eager = self._share_eagerly(server, outbox, r, node_of_sid, transcript)
+            if ahead is not None:  # the train replies were the share stage's
+                self._collect(
+                    server.receive_eager, replies, node_of_sid, transcript, "share", eager=True
+                )
+                outbox, eager = self._finish_eagerly(server)
+            elif eager:
+                self._collect(
+                    server.receive_advertise, replies, node_of_sid, transcript, "advertise"
+                )
+                outbox, eager = self._share_eagerly(
+                    server, server.finish_advertise(), r, node_of_sid, transcript
+                )
             else:
-                replies = self._send("share", r, outbox, node_of_sid, timeout)
+                self._collect(
+                    server.receive_advertise, replies, node_of_sid, transcript, "advertise"
+                )
+                replies = self._send("share", r, server.finish_advertise(), node_of_sid, timeout)
                 self._collect(server.receive_shares, replies, node_of_sid, transcript, "share")
                 outbox = server.finish_shares()
             if not eager:
@@ -494,8 +536,19 @@ class FederatedServer:
             return None, stats
         # Account before unmasking: a round the budget refuses is never unmasked.
         event = commit_before_unmask(agg, round_index=r, survivors=len(server.u3))
+        upcoming = self._upcoming(r, agg, owner) if eager else None
         try:
-            replies = self._send("unmask", r, outbox, node_of_sid, timeout, eager=eager)
+            replies = self._send(
+                "unmask",
+                r,
+                outbox,
+                node_of_sid,
+                timeout,
+                eager=eager,
+                extra=upcoming.announcement if upcoming is not None else None,
+            )
+            if upcoming is not None:
+                self._collect_ahead(upcoming, replies)
             self._collect(server.receive_unmask_shares, replies, node_of_sid, transcript, "unmask")
             total = server.finish_unmask()
         except RoundAborted as exc:
@@ -525,16 +578,84 @@ class FederatedServer:
         node_of_sid: Mapping[int, int],
         transcript: _Transcript,
     ) -> tuple[dict[int, bytes], bool]:
-        """The share stage with eager masking; returns the next stage's messages and whether
-        they are the unmask requests (each joined with its FORWARD) or, on fallback, the
-        FORWARD messages of the ``masked`` stage."""
+        """The share stage with eager masking (see :meth:`_finish_eagerly`)."""
         replies = self._send("share", r, keys, node_of_sid, self.settings.stage_timeout, eager=True)
         self._collect(server.receive_eager, replies, node_of_sid, transcript, "share", eager=True)
+        return self._finish_eagerly(server)
+
+    @staticmethod
+    def _finish_eagerly(server: SecAggServer) -> tuple[dict[int, bytes], bool]:
+        """After the eager shares: the next stage's messages and whether they are the unmask
+        requests (each joined with its FORWARD) or, on fallback, the FORWARD messages of the
+        ``masked`` stage."""
         outcome = server.finish_eager()
         if outcome.fallback:
             return outcome.forward, False
         joined = {sid: join_messages(outcome.forward[sid], m) for sid, m in outcome.unmask.items()}
         return joined, True
+
+    def _cohort(self, r: int) -> torch.Tensor:
+        """Round ``r``'s cohort (as securefed.train: from the OS in a DP run, else the seed)."""
+        return round_cohort(
+            self._cohort_spec,
+            self._n_users,
+            seed=self.config.seed,
+            round_index=r,
+            secure=self.config.privacy.os_randomness,
+        )
+
+    def _upcoming(self, r: int, agg: Any, owner: list[int]) -> _KeysAhead | None:
+        """Keys ahead for round ``r + 1``: its cohort, seed and parameters, drawn now so that
+        the nodes advertise its keys with this round's unmask replies and its train message
+        carries the neighbours' keys (two exchanges a round). ``None`` after the last round
+        or when the next round would not aggregate."""
+        if not self.settings.keys_ahead or r + 1 >= self.config.rounds:
+            return None
+        participants = self._cohort(r + 1)
+        m = int(participants.shape[0])
+        if m < 2:
+            return None
+        params = round_parameters(agg, m)
+        seed = public_seed(agg, r + 1)
+        cohort = [int(u) for u in participants.tolist()]
+        node_of_sid = {sid: int(owner[u]) for sid, u in enumerate(cohort)}
+        announcement = {
+            "config": self.config_toml,
+            NEXT_ROUND: r + 1,
+            f"{NEXT}cohort": cohort,
+            f"{NEXT}public-seed": seed,
+            f"{NEXT}fingerprint": params.fingerprint(),
+            f"{NEXT}aggregate": True,
+        }
+        server = SecAggServer(
+            config=params.secagg, round_index=r + 1, public_seed=seed, dim=agg.dim
+        )
+        return _KeysAhead(
+            round=r + 1,
+            participants=participants,
+            params=params,
+            seed=seed,
+            server=server,
+            node_of_sid=node_of_sid,
+            announcement={node: announcement for node in set(node_of_sid.values())},
+        )
+
+    def _collect_ahead(self, upcoming: _KeysAhead, replies: Mapping[int, Payload]) -> None:
+        """The next round's advertisements from the unmask replies; keeps the keys ahead if
+        at least ``t`` users advertised (else the next round advertises in its train reply)."""
+        transcript = _Transcript(self.run_dir, upcoming.round, enabled=self.settings.transcript)
+        self._collect(
+            upcoming.server.receive_advertise,
+            {n: Payload(config=_prefixed(p.config, ADVERT)) for n, p in replies.items()},
+            upcoming.node_of_sid,
+            transcript,
+            "advertise",
+        )
+        try:
+            upcoming.keys = upcoming.server.finish_advertise()
+        except RoundAborted:
+            return
+        self._ahead = upcoming
 
     def _consistency(
         self,
@@ -574,13 +695,21 @@ class FederatedServer:
         timeout: float,
         *,
         eager: bool = False,
+        extra: Mapping[int, Mapping[str, Any]] | None = None,
     ) -> dict[int, Payload]:
+        """One stage's per-user messages, grouped per node; ``extra`` adds config entries
+        for some nodes (keys ahead: the next round's task, to nodes with or without users in
+        this stage)."""
         per_node: dict[int, dict[int, bytes]] = {}
         for sid, msg in outbox.items():
             per_node.setdefault(node_of_sid[sid], {})[sid] = msg
         head = {**self._base(), "round": r, **({"eager": True} if eager else {})}
+        extra = extra or {}
         messages = {
-            node: Payload(config={**head, **pack_sids(msgs)}) for node, msgs in per_node.items()
+            node: Payload(
+                config={**head, **pack_sids(per_node.get(node, {})), **extra.get(node, {})}
+            )
+            for node in sorted(set(per_node) | set(extra))
         }
         return self._exchange(stage, messages, timeout=timeout)
 
@@ -649,6 +778,27 @@ class FederatedServer:
         for key in keys:
             out[key] = sum(float(p.metrics.get(key, 0.0)) for p in replies.values()) / users
         return out
+
+
+@dataclass
+class _KeysAhead:
+    """The next round's cohort, parameters and SecAgg server, drawn during this round's
+    unmask stage, and (``keys``) the KEYS of the users who advertised with their node's
+    unmask reply."""
+
+    round: int
+    participants: torch.Tensor
+    params: Any
+    seed: bytes
+    server: SecAggServer
+    node_of_sid: dict[int, int]
+    announcement: dict[int, dict[str, Any]]
+    keys: dict[int, bytes] = field(default_factory=dict)
+
+
+def _prefixed(config: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """The entries of ``config`` under ``prefix``, renamed as per-user ``sid.`` entries."""
+    return {f"{SID}{k[len(prefix) :]}": v for k, v in config.items() if k.startswith(prefix)}
 
 
 class _Transcript:
