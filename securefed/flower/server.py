@@ -484,6 +484,7 @@ class FederatedServer:
         )
         transcript = _Transcript(self.run_dir, r, enabled=self.settings.transcript)
         eager = self.settings.eager_masking and not params.secagg.malicious
+        ahead_next = eager  # keys ahead need eager masking (even after a fallback this round)
         if ahead is not None:
             server = ahead.server
         else:
@@ -536,7 +537,7 @@ class FederatedServer:
             return None, stats
         # Account before unmasking: a round the budget refuses is never unmasked.
         event = commit_before_unmask(agg, round_index=r, survivors=len(server.u3))
-        upcoming = self._upcoming(r, agg, owner) if eager else None
+        upcoming = self._upcoming(r, agg, owner) if ahead_next else None
         try:
             replies = self._send(
                 "unmask",
