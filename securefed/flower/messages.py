@@ -26,6 +26,11 @@ FORWARD with its request. The two wire messages of one user travel as one value
 (:func:`join_messages`). A round is then three exchanges instead of four; ``masked`` runs only
 as the fallback when some user's share reply is missing.
 
+With keys ahead (:data:`KEYS_AHEAD`, also semi-honest mode) the unmask message announces the
+next round (``next-*`` entries and the run's config) and the reply adds that round's per-user
+ADVERTISE (``adv.<id>``); the next train message then carries per-user KEYS (``sid.<id>``,
+``keys-ahead``: true) and its reply the users' SHARES and eager MASKED_INPUT: two exchanges.
+
 Between the messages of a round a node keeps its round session (the SecAgg secrets) either
 as frozen bytes in a store the transport gives back with the next message (Flower's
 ``Context.state``: one ClientApp process per message) or, when the process outlives the
@@ -126,7 +131,8 @@ class NodeMemory:
 
     ``sessions`` holds the round session of the one run in progress (keyed by the
     transport's run id), as live objects: never frozen, never written anywhere; it is
-    dropped once the round's unmask stage has run. ``runtime`` is the node's
+    dropped once the round's unmask stage has run (with keys ahead, replaced by the next
+    round's session of fresh keys). ``runtime`` is the node's
     :class:`~securefed.flower.node.NodeRuntime` (split, model, its users' private state,
     aggregator), rebuilt only when the run, config or partition changes; its private state
     is still written to ``state-dir`` after every local training, so a restarted node
