@@ -345,12 +345,13 @@ class NodeRuntime:
         if ahead is not None:
             if ahead.round_index != task.round_index:
                 raise IntegrityError()
-            replies: dict[int, bytes] = {}
+            inbox: dict[int, bytes] = {}
             for row, user in enumerate(updates.clients.tolist()):
                 sid = sid_of[int(user)]
                 if sid in ahead.clients and keys is not None and sid in keys:
                     ahead.inputs[sid] = ring[row]
-                    replies.update(ahead.step("share", {sid: keys[sid]}, eager=True))
+                    inbox[sid] = keys[sid]
+            replies = ahead.step("share", inbox, eager=True)
             return TrainReply(replies, ahead, loss_sum, trained, clipped)
         expander = MaskExpander(ring.shape[1], wire.ring_dtype(params.codec.modulus_bits))
         directory, identities = self._round_identities(params, cohort, own)

@@ -460,15 +460,20 @@ class FederatedServer:
             # The first round of a resume: a node that trained past it rewinds its users'
             # private state to its snapshot of this round.
             task["resume"] = True
-        messages = {n: Payload(config=task, arrays=arrays) for n in nodes}
-        if ahead is not None:
-            # Keys ahead: each node's users' neighbour KEYS ride on the train message; the
-            # replies are their shares and eager masked inputs.
-            for sid, keys in ahead.keys.items():
-                node = node_of_sid[sid]
-                if messages[node].config is task:
-                    messages[node] = Payload(config={**task, KEYS_AHEAD: True}, arrays=arrays)
-                messages[node].config[f"{SID}{sid}"] = keys
+        # Keys ahead: each node's users' neighbour KEYS ride on the train message; the
+        # replies are their shares and eager masked inputs.
+        keys_of: dict[int, dict[int, bytes]] = {}
+        for sid, msg in (ahead.keys if ahead is not None else {}).items():
+            keys_of.setdefault(node_of_sid[sid], {})[sid] = msg
+        messages = {
+            n: Payload(
+                config={**task, KEYS_AHEAD: True, **pack_sids(keys_of[n])}
+                if n in keys_of
+                else task,
+                arrays=arrays,
+            )
+            for n in nodes
+        }
         replies = self._exchange("train", messages, timeout=timeout)
         stats = {"loss_sum": 0.0, "trained": 0.0, "clipped": 0.0}
         for reply in replies.values():
@@ -501,20 +506,17 @@ class FederatedServer:
                     server.receive_eager, replies, node_of_sid, transcript, "share", eager=True
                 )
                 outbox, eager = self._finish_eagerly(server)
-            elif eager:
-                self._collect(
-                    server.receive_advertise, replies, node_of_sid, transcript, "advertise"
-                )
-                outbox, eager = self._share_eagerly(
-                    server, server.finish_advertise(), r, node_of_sid, transcript
-                )
             else:
                 self._collect(
                     server.receive_advertise, replies, node_of_sid, transcript, "advertise"
                 )
-                replies = self._send("share", r, server.finish_advertise(), node_of_sid, timeout)
-                self._collect(server.receive_shares, replies, node_of_sid, transcript, "share")
-                outbox = server.finish_shares()
+                keys = server.finish_advertise()
+                if eager:
+                    outbox, eager = self._share_eagerly(server, keys, r, node_of_sid, transcript)
+                else:
+                    replies = self._send("share", r, keys, node_of_sid, timeout)
+                    self._collect(server.receive_shares, replies, node_of_sid, transcript, "share")
+                    outbox = server.finish_shares()
             if not eager:
                 replies = self._send("masked", r, outbox, node_of_sid, timeout)
                 self._collect(
@@ -647,10 +649,11 @@ class FederatedServer:
         transcript = _Transcript(self.run_dir, upcoming.round, enabled=self.settings.transcript)
         self._collect(
             upcoming.server.receive_advertise,
-            {n: Payload(config=_prefixed(p.config, ADVERT)) for n, p in replies.items()},
+            replies,
             upcoming.node_of_sid,
             transcript,
             "advertise",
+            prefix=ADVERT,
         )
         try:
             upcoming.keys = upcoming.server.finish_advertise()
@@ -723,6 +726,7 @@ class FederatedServer:
         stage: str,
         *,
         eager: bool = False,
+        prefix: str = SID,
     ) -> int:
         """Feed every per-user reply to the SecAgg server; returns how many were accepted.
 
@@ -731,12 +735,14 @@ class FederatedServer:
         decoder rejects, is treated as dropped from that stage on (its later messages are
         not requested), the same as an aborting client in simulation. With ``eager`` each
         reply is a user's shares and masked input (:func:`split_messages`), recorded as
-        ``share`` and ``masked`` and received together.
+        ``share`` and ``masked`` and received together. ``prefix`` selects the per-user
+        entries (:data:`~securefed.flower.messages.ADVERT`: the next round's advertisements
+        in unmask replies).
         """
         accepted = 0
         for node, reply in sorted(replies.items()):
             try:
-                msgs = unpack_sids(reply.config)
+                msgs = unpack_sids(reply.config, prefix=prefix)
             except IntegrityError:
                 continue
             for sid, msg in sorted(msgs.items()):
@@ -795,11 +801,6 @@ class _KeysAhead:
     node_of_sid: dict[int, int]
     announcement: dict[int, dict[str, Any]]
     keys: dict[int, bytes] = field(default_factory=dict)
-
-
-def _prefixed(config: Mapping[str, Any], prefix: str) -> dict[str, Any]:
-    """The entries of ``config`` under ``prefix``, renamed as per-user ``sid.`` entries."""
-    return {f"{SID}{k[len(prefix) :]}": v for k, v in config.items() if k.startswith(prefix)}
 
 
 class _Transcript:
