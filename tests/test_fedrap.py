@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -273,3 +275,20 @@ def test_compiled_substep_runs_on_chunks_of_one_client(small_split, monkeypatch)
         got[c.compile] = model
     for name in ("D", "w", "b"):
         torch.testing.assert_close(getattr(got[True], name), getattr(got[False], name))
+
+
+def test_client_sums_raise_no_warning_on_the_hot_path() -> None:
+    """torch's once-a-process "sparse CSR is in beta" warning is taken at import, so the hot
+    path needs no (thread-unsafe) ``catch_warnings``: in a fresh process with every warning an
+    error, importing FedRAP and summing over CSR rows runs clean."""
+    code = (
+        "import torch\n"
+        "from securefed.models.fedrap import _client_sums\n"
+        "out = _client_sums(torch.tensor([0, 2, 3]), torch.tensor([1.0, 2.0, 3.0]),\n"
+        "                   torch.ones(3, 2), torch.zeros(3, 2))\n"
+        "assert out.tolist() == [[3.0, 3.0], [3.0, 3.0]], out\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]

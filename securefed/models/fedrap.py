@@ -423,16 +423,30 @@ def _client_sums(
     (client ``u``'s pairs are ``rows[u] .. rows[u + 1] - 1``, consecutive) times the rows.
     Deterministic and without the atomic adds that ``index_add_`` compiles to under
     ``torch.compile``, which took more than half of a sub-step (docs/benchmarks.md)."""
-    with warnings.catch_warnings():  # torch's once-a-process "sparse CSR is in beta"
-        warnings.simplefilter("ignore", UserWarning)
-        per_pair = torch.sparse_csr_tensor(
-            rows,
-            torch.arange(g_logit.shape[0]),
-            g_logit,
-            size=(rows.shape[0] - 1, g_logit.shape[0]),
-            check_invariants=False,
-        )
+    per_pair = torch.sparse_csr_tensor(
+        rows,
+        torch.arange(g_logit.shape[0]),
+        g_logit,
+        size=(rows.shape[0] - 1, g_logit.shape[0]),
+        check_invariants=False,
+    )
     return (per_pair @ q_d).add_(per_pair @ q_c)
+
+
+def _absorb_csr_beta_warning() -> None:
+    """Take torch's once-a-process "sparse CSR tensor support is in beta" ``UserWarning``
+    here, at import (under the import lock), so that :func:`_client_sums` needs no
+    ``warnings.catch_warnings`` on the hot path: that swaps the process's global filters and
+    is not thread-safe (another thread's warnings could be lost or its filters restored
+    wrongly)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        torch.sparse_csr_tensor(
+            torch.tensor([0, 1]), torch.tensor([0]), torch.tensor([1.0]), size=(1, 1)
+        )
+
+
+_absorb_csr_beta_warning()
 
 
 class _SubStep:
