@@ -58,9 +58,13 @@ def audit(
         typer.Option(help="Federated rounds to train (default 10, or the model's if fewer)."),
     ] = None,
     seed: Annotated[int, typer.Option(help="Root seed of every random step.")] = 0,
-    out_dir: Annotated[Path, typer.Option("--out", help="Audit output directory.")] = Path(
-        "audits/latest"
-    ),
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Audit output directory (default: a new audits/<time>-<model>-<dataset>).",
+        ),
+    ] = None,
     data_dir: Annotated[Path | None, typer.Option(help="Folder holding datasets.")] = None,
     run: Annotated[
         Path | None,
@@ -176,6 +180,19 @@ def audit(
             released_iterations=released_iterations,
             keep_recording=keep_recording,
         )
+        if out_dir is None:  # a fresh directory per audit, as train's runs/<...>
+            from datetime import UTC, datetime
+
+            from securefed.runs import unused_path
+            from securefed.training import default_run_dir
+
+            out_dir = (
+                default_run_dir(train_cfg, "audits")
+                if run is None
+                else unused_path(
+                    Path("audits") / f"{datetime.now(UTC):%Y%m%d-%H%M%S}-of-{run.resolve().name}"
+                )
+            )
         before_train, progress = _announce()
         if err.is_terminal:
             with err.status("training and recording what each observer sees ..."):

@@ -100,9 +100,9 @@ def _config(
 
 
 def _dirs(config: Any, out_dir: Path | None, work_dir: Path | None) -> tuple[Path, Path]:
-    from securefed.training import _default_run_dir
+    from securefed.training import default_run_dir
 
-    run_dir = out_dir if out_dir is not None else _default_run_dir(config)
+    run_dir = out_dir if out_dir is not None else default_run_dir(config)
     return run_dir, work_dir if work_dir is not None else run_dir.with_name(
         run_dir.name + ".flower"
     )

@@ -95,6 +95,16 @@ def dumps_toml(config: Mapping[str, Any]) -> str:
     return out.getvalue()
 
 
+def unused_path(base: Path) -> Path:
+    """``base``, or ``base-2``, ``base-3``, ... the first that does not exist (two commands
+    started the same second get two default directories)."""
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
 def append_metrics(run_dir: Path, record: Mapping[str, Any]) -> None:
     """Append one round's metrics line; flushed and fsynced so a crash keeps whole lines."""
     path = run_dir / METRICS_FILE

@@ -244,10 +244,13 @@ def build_aggregator(config: TrainConfig, split: Split, model: Recommender) -> A
     )
 
 
-def _default_run_dir(config: TrainConfig) -> Path:
+def default_run_dir(config: TrainConfig, parent: str = "runs") -> Path:
+    """``parent/<UTC time>-<model>-<dataset>``, a path that does not exist yet (``-2``,
+    ``-3``, ... appended when one started the same second): a fresh directory per command by
+    default (``train`` and ``flower local`` in ``runs/``, ``audit`` in ``audits/``)."""
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     name = Path(config.dataset).stem if config.dataset not in ("synthetic",) else "synthetic"
-    return Path("runs") / f"{stamp}-{config.model}-{name}"
+    return runs.unused_path(Path(parent) / f"{stamp}-{config.model}-{name}")
 
 
 def _evaluate_round(
@@ -468,7 +471,7 @@ def train(
         config = check_resume(run_dir)
     else:
         config = config or TrainConfig()
-        run_dir = Path(out) if out is not None else _default_run_dir(config)
+        run_dir = Path(out) if out is not None else default_run_dir(config)
         if (run_dir / runs.CONFIG_FILE).exists() or (run_dir / runs.METRICS_FILE).exists():
             raise ConfigError(
                 f"{run_dir} already holds a run; choose another --out or continue it "

@@ -208,3 +208,16 @@ def test_audit_too_big_for_memory_is_refused_in_one_line_and_leaves_nothing(
     everything = audit_memory_bytes(chosen, split.n_users, split.n_items, upload=True)
     monkeypatch.setattr(costs, "available_memory", lambda: everything)
     assert _check_audit_memory(cfg, split, chosen, upload=True) == everything
+
+
+def test_two_audits_without_out_get_two_directories(tmp_path, monkeypatch) -> None:
+    """``--out`` left out: each audit writes a fresh audits/<time>-<model>-<dataset> (it was
+    one fixed audits/latest, so a second audit was refused)."""
+    monkeypatch.chdir(tmp_path)
+    small = [*SMALL[:-2], "--canaries", "8", "--attacks", "row-change", "--rounds", "1"]
+    for _ in range(2):
+        res = runner.invoke(app, small)
+        assert res.exit_code == 0, res.output
+    made = sorted(p.name for p in (tmp_path / "audits").iterdir())
+    assert len(made) == 2 and all("-fedrap-synthetic" in name for name in made), made
+    assert all((tmp_path / "audits" / name / "audit.json").is_file() for name in made)

@@ -178,3 +178,29 @@ def test_resume_with_a_damaged_run_directory_is_one_line_and_changes_nothing(tmp
     assert "Traceback" not in res.output
     assert len([line for line in res.output.splitlines() if line.strip()]) == 1, res.output
     assert _snapshot(run_dir) == before
+
+
+def test_default_directories_never_collide(tmp_path, monkeypatch):
+    """Two commands started the same second get two default directories (train's runs/ and
+    audit's audits/), never one that already holds something."""
+    from datetime import datetime
+
+    from securefed import training
+    from securefed.training import TrainConfig, default_run_dir
+
+    class Frozen:
+        @staticmethod
+        def now(tz):
+            return datetime(2026, 12, 6, 7, 30, 0, tzinfo=tz)
+
+    monkeypatch.setattr(training, "datetime", Frozen)
+    monkeypatch.chdir(tmp_path)
+    cfg = TrainConfig()
+    first = default_run_dir(cfg)
+    assert first == Path("runs/20261206-073000-fedals-synthetic")
+    first.mkdir(parents=True)
+    assert default_run_dir(cfg) == Path("runs/20261206-073000-fedals-synthetic-2")
+    Path("runs/20261206-073000-fedals-synthetic-2").mkdir()
+    assert default_run_dir(cfg) == Path("runs/20261206-073000-fedals-synthetic-3")
+    assert default_run_dir(cfg, "audits") == Path("audits/20261206-073000-fedals-synthetic")
+    assert runs.unused_path(tmp_path / "nothing-here") == tmp_path / "nothing-here"
