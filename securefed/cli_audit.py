@@ -23,6 +23,7 @@ from securefed.cli_common import (
     _fail,
     _user_errors,
     err,
+    escape,
     out,
     parse_params,
 )
@@ -280,30 +281,39 @@ def _print(result: Any) -> None:
         "attack",
         "threat model",
         "AUC [95% CI]",
-        "vs chance (AUC 0.5)",
+        "vs chance",
         "TPR@1%FPR (random)",
         "F1 (random)",
         "extra",
     ):
+        left = col in ("attack", "threat model", "extra")
         table.add_column(
-            col, justify="left" if col in ("attack", "threat model", "extra") else "right"
+            col, justify="left" if left else "right", no_wrap=col not in ("vs chance", "extra")
         )
+    aside: list[str] = []  # attacks with no row: skipped, or nothing in the run to score
     for a in rep["attacks"]:
         m, ci, base = a["metrics"], a["ci95"], a["baseline"]
         if not m:
-            table.add_row(a["name"], a["threat_model"], "-", "-", "-", a["note"], "-")
+            aside.append(f"{a['name']} ({a['threat_model']}): {a['note']}")
+            continue
+        auc_value = m.get("auc")
+        if isinstance(auc_value, float) and auc_value != auc_value:  # NaN: nothing observed
+            aside.append(
+                f"{a['name']} ({a['threat_model']}): nothing in this run to score "
+                f"({m.get('users', 0)} users observed); {a['note']}"
+            )
             continue
         auc_ci = ci.get("auc", [None, None])
-        auc = f"{_num(m.get('auc'))} [{_num(auc_ci[0])}, {_num(auc_ci[1])}]"
+        auc = f"{_num(auc_value)} [{_num(auc_ci[0])}, {_num(auc_ci[1])}]"
         extra = ""
         if "embedding_cosine" in m:
             extra = f"cosine {_num(m['embedding_cosine'])}"
         elif "touched_auc" in m:
-            extra = f"AUC among touched rows {_num(m['touched_auc'])}"
+            extra = f"touched-row AUC {_num(m['touched_auc'])}"
         elif "uncalibrated_auc" in m:
             extra = f"uncalibrated AUC {_num(m['uncalibrated_auc'])}"
         elif "macro_f1" in m:
-            extra = "F1 is macro-F1; its reference predicts the majority class"
+            extra = "macro-F1 (random: the majority class)"
         verdict = a.get("verdict") or auc_verdict(m, ci, base)
         if verdict == "BELOW CHANCE":
             verdict = "[bold red]BELOW CHANCE[/]: a broken attack, not evidence of privacy"
@@ -318,6 +328,8 @@ def _print(result: Any) -> None:
             extra,
         )
     out.print(table)
+    for line in aside:
+        out.print(f"not in the table: {escape(line)}")
     block = rep.get("audit")
     if block is not None:
         out.print(

@@ -6,6 +6,7 @@ imported on their own without importing the app that registers them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
@@ -29,8 +30,20 @@ LocalEpochs = Annotated[int | None, typer.Option(help="FedRAP local epochs per r
 MODEL_HELP = f"One of {', '.join(model_names())} (docs/models.md)."
 Delta = Annotated[float, typer.Option(help="DP delta.")]
 
-err = Console(stderr=True)
-out = Console()
+#: Columns of output that goes to a file or a pipe (rich's own default there is 80, which
+#: wraps the result tables' cells over several lines); ``COLUMNS`` still wins.
+LOG_WIDTH = 140
+
+
+def _console(*, stderr: bool = False) -> Console:
+    console = Console(stderr=stderr)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = LOG_WIDTH
+    return console
+
+
+err = _console(stderr=True)
+out = _console()
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:

@@ -221,3 +221,65 @@ def test_two_audits_without_out_get_two_directories(tmp_path, monkeypatch) -> No
     made = sorted(p.name for p in (tmp_path / "audits").iterdir())
     assert len(made) == 2 and all("-fedrap-synthetic" in name for name in made), made
     assert all((tmp_path / "audits" / name / "audit.json").is_file() for name in made)
+
+
+def test_printed_table_keeps_names_whole_and_lists_unscored_attacks_below() -> None:
+    """Output to a file or pipe is 140 columns wide, so names are not cut; an attack with
+    nothing to score (NaN AUC) and a skipped one are lines under the table, not rows of
+    "nan" or a reason squeezed into a metric column."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from securefed.cli_audit import _print
+    from securefed.cli_common import LOG_WIDTH, out
+
+    nan = float("nan")
+    scored = {
+        "name": "attribute-gender",
+        "threat_model": "aggregate-observer",
+        "metrics": {"auc": 0.61, "macro_f1": 0.5},
+        "ci95": {"auc": [0.55, 0.67]},
+        "baseline": {"auc": 0.5, "macro_f1": 0.4},
+        "note": "",
+    }
+    empty = {
+        "name": "gradient-ratio",
+        "threat_model": "upload-observer",
+        "metrics": {"auc": nan, "users": 0},
+        "ci95": {"auc": [nan, nan]},
+        "baseline": {"auc": 0.5},
+        "note": "no upload carried a direction",
+    }
+    skipped = {
+        "name": "imia",
+        "threat_model": "upload-observer",
+        "metrics": {},
+        "ci95": {},
+        "baseline": {},
+        "note": "skipped: not for this model",
+    }
+    report = {
+        "model": "fedals",
+        "dataset": "synthetic",
+        "epsilon": None,
+        "secagg": False,
+        "rounds": 2,
+        "accounted_epsilon": None,
+        "attacks": [scored, empty, skipped],
+        "audit": None,
+    }
+    result = SimpleNamespace(
+        report=report, bytes_recorded=0, kept_recording=False, out_dir=Path("audits/x")
+    )
+    assert out.width == LOG_WIDTH  # pytest captures stdout: not a terminal
+    with out.capture() as captured:
+        _print(result)
+    text = captured.get()
+    rows = [line for line in text.splitlines() if line.startswith("│ attr")]
+    assert len(rows) == 1 and "attribute-gender" in rows[0]
+    assert "aggregate-observer" in rows[0] and "0.610 [0.550, 0.670]" in rows[0]
+    assert "nan" not in text and "gradient-ratio │" not in text and "imia │" not in text
+    assert (
+        "not in the table: gradient-ratio (upload-observer): nothing in this run to score" in text
+    )
+    assert "not in the table: imia (upload-observer): skipped: not for this model" in text
