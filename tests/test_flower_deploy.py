@@ -104,11 +104,12 @@ def test_local_deployment_matches_in_process_and_server_sees_only_masked_inputs(
     dtype = ring_dtype(bits)
     dim = next(iter(inputs.values())).size
     lines = [json.loads(x) for x in (tmp_path / "run" / "flower_transcript.jsonl").open()]
-    assert {x["stage"] for x in lines} == {"advertise", "share", "masked", "unmask"}
-    masked = [x for x in lines if x["stage"] == "masked" and x["round"] == 0]
+    # eager masking without a fallback: the masked inputs came with the shares ("eager")
+    assert {x["stage"] for x in lines} == {"advertise", "share", "eager", "unmask"}
+    masked = [x for x in lines if x["stage"] == "eager" and x["round"] == 0]
     assert len(masked) == 60
     for x in masked:
-        raw = (tmp_path / "run" / "transcript" / f"r0-masked-{x['sid']}.bin").read_bytes()
+        raw = (tmp_path / "run" / "transcript" / f"r0-eager-{x['sid']}.bin").read_bytes()
         y = wire.unpack_ring(raw[-wire.packed_bytes(dim, bits) :], bits, dim)
         assert np.mean(y == inputs[x["sid"]].astype(dtype)) < 0.01
     # No leftover processes hold the ports: everything was stopped.

@@ -774,7 +774,7 @@ def test_encode_boxes_message_for_a_wrong_ciphertext_length() -> None:
 def test_share_associated_data_takes_every_u64_round() -> None:
     env = wire.Envelope(session=bytes(32), round_index=2**64 - 1)
     ad = wire.share_associated_data(env, 2**31 - 1, 5)
-    assert ad == b"SAGG\x02" + bytes(32) + b"\xff" * 8 + bytes([0x7F, 0xFF, 0xFF, 0xFF, 0, 0, 0, 5])
+    assert ad == b"SAGG\x03" + bytes(32) + b"\xff" * 8 + bytes([0x7F, 0xFF, 0xFF, 0xFF, 0, 0, 0, 5])
 
 
 def test_share_plaintext_of_the_wrong_length_is_refused() -> None:
@@ -785,6 +785,15 @@ def test_share_plaintext_of_the_wrong_length_is_refused() -> None:
     for bad in (good + b"\x00", good[:-1]):
         with pytest.raises(IntegrityError):
             wire.unpack_share_plaintext(bad, sender=2, receiver=3)
+    eager = wire.pack_share_plaintext(2, 3, 7, 9, 11)
+    assert len(eager) == wire.EAGER_SHARE_PLAINTEXT_BYTES
+    b, sk, b2 = wire.unpack_eager_share_plaintext(eager, sender=2, receiver=3)
+    assert [int.from_bytes(v, "big") for v in (b, sk, b2)] == [7, 9, 11]
+    for bad in (eager + b"\x00", eager[:-1], good):
+        with pytest.raises(IntegrityError):
+            wire.unpack_eager_share_plaintext(bad, sender=2, receiver=3)
+    with pytest.raises(IntegrityError):
+        wire.unpack_share_plaintext(eager, sender=2, receiver=3)
 
 
 def test_ring_dtype_boundaries_and_message() -> None:

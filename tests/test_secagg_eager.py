@@ -18,10 +18,11 @@ from protocols.secagg import (
     SecAggServer,
     Stage,
     enroll,
+    shamir,
     wire,
 )
 from protocols.secagg.config import majority
-from protocols.secagg.primitives import session_id
+from protocols.secagg.primitives import MaskExpander, self_mask_key, session_id
 
 SEED = b"public-seed-eager"
 ROUND = 3
@@ -50,7 +51,7 @@ def _eager_stage(clients, server, x, *, silent=frozenset()):
         server.receive_advertise(c.id, c.advertise())
     for i, msg in server.finish_advertise().items():
         try:
-            shares = clients[i].share_keys(msg)
+            shares = clients[i].share_keys(msg, eager=True)
         except ClientAborted:
             continue  # to the server an aborting client is a dropout
         masked = clients[i].eager_masked_input(x[i])
@@ -193,7 +194,7 @@ def test_eager_unmask_needs_the_forwarded_boxes():
 
 def test_eager_unmask_refuses_boxes_missing_a_neighbour_it_masked_with():
     _, clients, _, outcome = _eager_clients()
-    entries = wire.decode_forward(ENV, outcome.forward[0], receiver=0, n_clients=6)
+    entries = wire.decode_forward(ENV, outcome.forward[0], receiver=0, n_clients=6, eager=True)
     short = wire.encode_forward(ENV, 0, entries[1:])  # still >= t boxes
     with pytest.raises(ClientAborted, match="sent no shares"):
         clients[0].unmask(outcome.unmask[0], short)
@@ -228,7 +229,7 @@ def test_a_bad_eager_input_keeps_the_shares_out_too():
     for c in clients:
         server.receive_advertise(c.id, c.advertise())
     for i, msg in server.finish_advertise().items():
-        shares = clients[i].share_keys(msg)
+        shares = clients[i].share_keys(msg, eager=True)
         masked = clients[i].eager_masked_input(x[i])
         if i == 4:
             with pytest.raises(IntegrityError):
@@ -249,8 +250,95 @@ def test_malicious_mode_has_no_eager_masking():
     for c in clients:
         server.receive_advertise(c.id, c.advertise())
     keys = server.finish_advertise()
-    shares = clients[0].share_keys(keys[0])
     with pytest.raises(IntegrityError):
-        clients[0].eager_masked_input(np.zeros(2, dtype=np.uint64))
+        clients[0].share_keys(keys[0], eager=True)  # no fallback seed in malicious mode
+    shares = clients[1].share_keys(keys[1])
     with pytest.raises(IntegrityError):
-        server.receive_eager(0, shares, b"")
+        clients[1].eager_masked_input(np.zeros(2, dtype=np.uint64))
+    with pytest.raises(IntegrityError):
+        server.receive_eager(1, shares, b"")
+
+
+def test_a_server_choosing_fallback_boxes_learns_no_partial_sum():
+    """The attack a review found (2026-12-06) against the first version, where the fallback
+    input was masked with the same ``b`` as the eager one: a server that forces a fallback and
+    forwards each client a server-chosen (asymmetric) set of boxes, then asks a truthful unmask
+    (nobody named dropped), held two inputs per client and ``b`` of each, and the difference
+    ``y1 - y2`` (the pair masks the server left out) let it cancel the masks of the triple
+    ``G`` against those of the next triple: it read the sum of three inputs. Now the fallback
+    masks with ``b'`` and the unmask reveals shares of ``b'`` only, so ``y1`` stays padded by
+    ``PRG(b)``: the same combination gives noise, and no share of any ``b`` leaves a client."""
+    bits, dim = 32, 5
+    cfg = SecAggConfig(n_clients=9, neighbours=8, threshold=5, modulus_bits=bits)
+    clients, server = _parties(cfg, dim)
+    x = _inputs(9, dim, bits, seed=7)
+    groups = [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    group = {u: i for i, g in enumerate(groups) for u in g}
+    for c in clients:
+        server.receive_advertise(c.id, c.advertise())
+    boxes, y1, y2 = {}, {}, {}
+    for i, msg in server.finish_advertise().items():
+        shares = clients[i].share_keys(msg, eager=True)
+        masked = clients[i].eager_masked_input(x[i])
+        for receiver, ct in wire.decode_shares(ENV, shares, sender=i, n_clients=9, eager=True):
+            boxes[(i, receiver)] = ct
+        y1[i] = wire.decode_masked_input(ENV, masked, sender=i, bits=bits, dim=dim)
+    # own triple both ways, the next triple one way: at least t = 5 boxes each, asymmetric
+    held = {
+        u: sorted(v for v in range(9) if v != u and group[v] in (group[u], (group[u] + 1) % 3))
+        for u in range(9)
+    }
+    for u in range(9):
+        forward = wire.encode_forward(ENV, u, [(v, boxes[(v, u)]) for v in held[u]])
+        y2[u] = wire.decode_masked_input(
+            ENV, clients[u].masked_input(forward, x[u]), sender=u, bits=bits, dim=dim
+        )
+    revealed: dict[tuple[int, wire.ShareKind], list] = {}
+    for u in range(9):
+        request = wire.encode_unmask_request(ENV, u, 9, held[u], [])  # the truth
+        reply = clients[u].unmask(request)
+        for owner, kind, share in wire.decode_unmask_shares(ENV, reply, sender=u, n_clients=9):
+            revealed.setdefault((owner, kind), []).append((u + 1, shamir.share_from_bytes(share)))
+    assert {kind for _, kind in revealed} == {wire.ShareKind.FALLBACK_SEED}
+    assert all(c.stage is Stage.DONE for c in clients)  # nobody refused: the fix is the seed
+    ex = MaskExpander(dim, wire.ring_dtype(bits))
+    pad = {}
+    for (owner, _), points in revealed.items():
+        seed = shamir.reconstruct(*zip(*points, strict=True), threshold=cfg.t)
+        key = self_mask_key(seed, session=ENV.session, round_index=ROUND, client=owner)
+        pad[owner] = ex.expand(key).astype(np.uint64).copy()
+    mod = np.uint64((1 << bits) - 1)
+    for i, g in enumerate(groups):
+        following = groups[(i + 1) % 3]
+        # sum_G (y2 - pad) + sum_next (y1 - y2): what read sum_G x when y1 carried PRG(b)
+        guess = sum((y2[u] - pad[u] for u in g), np.zeros(dim, np.uint64))
+        guess = guess + sum((y1[v] - y2[v] for v in following), np.zeros(dim, np.uint64))
+        assert not np.array_equal(guess & mod, x[g].sum(axis=0, dtype=np.uint64) & mod)
+
+
+def test_eager_input_needs_eager_shares_and_one_kind_of_box_a_round():
+    """No eager input without the fallback seed's shares (the fallback would have to reuse
+    ``b``); the server takes either eager or paper-sized boxes in a round, not both; the
+    client's own ``b`` is wiped once its eager input is out, ``b'`` once the fallback is."""
+    cfg = SecAggConfig(n_clients=6, neighbours=4, threshold=3, modulus_bits=20)
+    x = _inputs(6, 3, 20)
+    clients, server = _parties(cfg, 3)
+    for c in clients:
+        server.receive_advertise(c.id, c.advertise())
+    keys = server.finish_advertise()
+    plain = clients[0].share_keys(keys[0])
+    with pytest.raises(IntegrityError):
+        clients[0].eager_masked_input(x[0])
+    assert clients[0].stage is Stage.ABORTED
+    shares = clients[1].share_keys(keys[1], eager=True)
+    masked = clients[1].eager_masked_input(x[1])
+    assert clients[1]._b is None and clients[1]._b2 is not None
+    server.receive_eager(1, shares, masked)
+    with pytest.raises(IntegrityError):
+        server.receive_shares(0, plain)  # a paper-sized box in an eager round
+    server2 = SecAggServer(config=cfg, round_index=ROUND, public_seed=SEED, dim=3)
+    for c in _parties(cfg, 3)[0]:
+        server2.receive_advertise(c.id, c.advertise())
+    assert server2.finish_advertise()
+    with pytest.raises(IntegrityError):  # shares of the wrong size for a paper round
+        server2.receive_shares(1, shares)

@@ -6,14 +6,16 @@ in order, once each (``advertise``, ``share_keys``, ``masked_input``, in malicio
 failed check moves it to ``ABORTED`` (secrets wiped) and raises, after which it answers
 nothing.
 
-Eager masking (semi-honest mode; securefed's, not Bonawitz et al.'s): right after
-``share_keys`` the client may also send ``eager_masked_input``, its input masked with every
-neighbour whose keys it received, in the same message as its shares. If every one of those
-neighbours delivered shares too, the server asks for the unmasking shares at once and sends the
-forwarded share boxes with that request (``unmask(request, forward)``): one exchange fewer per
-round. Otherwise the server discards every eager input and the round goes on as in the paper
-(``masked_input`` with the FORWARD message, then ``unmask``); the client keeps ``s_sk`` and
-``b`` until then. docs/secagg.md, "Eager masking", has the argument.
+Eager masking (semi-honest mode; securefed's, not Bonawitz et al.'s): ``share_keys(...,
+eager=True)`` also shares a second self-mask seed ``b'``, and the client then sends
+``eager_masked_input``, its input masked with ``b`` and every neighbour whose keys it received,
+in the same message as its shares. If every one of those neighbours delivered shares too, the
+server asks for the unmasking shares at once and sends the forwarded share boxes with that
+request (``unmask(request, forward)``): one exchange fewer per round. Otherwise the server
+discards every eager input and the round goes on as in the paper (``masked_input`` with the
+FORWARD message, then ``unmask``) with ``b'`` as the self mask, and the unmask stage reveals
+shares of ``b'``, never of ``b``: the server can unmask at most one of a client's two inputs
+(docs/secagg.md, "Eager masking", has the argument and the attack this prevents).
 
 In ``mode="malicious"`` (Bonawitz et al. §4, active adversary; see docs/secagg.md) the client
 also holds its long-term :class:`~protocols.secagg.identity.ClientIdentity` and the enrollment's
@@ -108,10 +110,11 @@ class SecAggClient:
     _c_sk: X25519PrivateKey | None
     _s_sk: X25519PrivateKey | None
     _b: bytes | None
+    _b2: bytes | None  # eager masking's fallback self-mask seed b'
     _own_keys: tuple[bytes, ...]
     _s_pks: dict[int, bytes] | None
     _box_in: dict[int, bytes] | None
-    _held: dict[int, tuple[bytes, bytes]] | None
+    _held: dict[int, tuple[bytes, ...]] | None
     _survivors: frozenset[int] | None
     _statement: bytes | None
 
@@ -161,6 +164,8 @@ class SecAggClient:
                 f"{self._expander.dim} and {self._expander.dtype}"
             )
         self.stage = Stage.INIT
+        self._eager = False  # shares carry b' (share_keys(eager=True))
+        self._fallback = False  # the eager round fell back: b' masks, b' shares revealed
         self._wipe()
 
     def __repr__(self) -> str:
@@ -185,8 +190,11 @@ class SecAggClient:
                 return wire.encode_signed_advertise(self._env, self.id, c_pk, s_pk, signature)
             return wire.encode_advertise(self._env, self.id, *self._own_keys)
 
-    def share_keys(self, keys_message: bytes) -> bytes:
+    def share_keys(self, keys_message: bytes, *, eager: bool = False) -> bytes:
         """Round 1: t-of-k shares of ``b`` and of ``s_sk`` for each neighbour, AES-GCM sealed.
+
+        ``eager`` (semi-honest mode): also shares of a fresh fallback seed ``b'``, for
+        :meth:`eager_masked_input` (which needs them) and its fallback.
 
         In malicious mode every neighbour's advertisement must carry its valid Ed25519
         signature under the directory's key (Bonawitz et al. §4, round 1: "verify all
@@ -194,6 +202,8 @@ class SecAggClient:
         key agreement, share or box is computed.
         """
         with self._stage_step(Stage.ADVERTISED, Stage.SHARED):
+            if eager and self.config.malicious:  # the consistency round needs the paper's
+                raise IntegrityError()
             entries = self._verified_keys(keys_message)
             ids = [cid for cid, _, _ in entries]
             if not set(ids) <= self.neighbours:
@@ -213,6 +223,10 @@ class SecAggClient:
             b_shares = shamir.split(seed, xs, self.config.t)
             sk_shares = shamir.split(sk_bytes, xs, self.config.t)
             del sk_bytes
+            b2_shares: list[int | None] = [None] * len(xs)
+            if eager:
+                self._b2 = os.urandom(shamir.SECRET_BYTES)
+                b2_shares = list(shamir.split(self._b2, xs, self.config.t))
             boxes = []
             s_pks: dict[int, bytes] = {}
             box_in: dict[int, bytes] = {}
@@ -223,10 +237,13 @@ class SecAggClient:
                 )
                 box_in[cid] = k_in
                 s_pks[cid] = s_pk
-                plaintext = wire.pack_share_plaintext(self.id, cid, b_shares[j], sk_shares[j])
+                plaintext = wire.pack_share_plaintext(
+                    self.id, cid, b_shares[j], sk_shares[j], b2_shares[j]
+                )
                 ad = wire.share_associated_data(self._env, self.id, cid)
                 boxes.append((cid, seal(k_out, plaintext, ad)))
             self._s_pks, self._box_in = s_pks, box_in
+            self._eager = eager
             self._c_sk = None  # only needed for the share boxes
             return wire.encode_shares(self._env, self.id, boxes)
 
@@ -234,26 +251,30 @@ class SecAggClient:
         """Rounds 1 and 2 in one message (eager masking, semi-honest mode only): ``x``
         masked as in :meth:`masked_input`, towards every neighbour whose keys came in round 1.
 
-        Called right after :meth:`share_keys`; its message travels with the shares. The
-        client then answers either :meth:`unmask` with the forwarded share boxes (every
-        neighbour it masked with delivered shares) or, when someone did not, the paper's
-        :meth:`masked_input` (``s_sk`` and ``b`` are kept for it).
+        Called right after ``share_keys(..., eager=True)``; its message travels with the
+        shares. The client then answers either :meth:`unmask` with the forwarded share boxes
+        (every neighbour it masked with delivered shares) or, when someone did not, the
+        paper's :meth:`masked_input` with the fallback seed ``b'`` as its self mask (``s_sk``
+        and ``b'`` are kept for it).
 
         Args:
             x: This client's ring-encoded input, uint64 ``[dim]`` with values ``< 2**bits``.
         """
         self._check_input(x)
         with self._stage_step(Stage.SHARED, Stage.EAGER):
-            if self.config.malicious:  # the consistency round needs the survivors of round 1
+            if self.config.malicious or not self._eager:  # no b' shared: no safe fallback
                 raise IntegrityError()
-            acc = self._mask(x, _need(self._s_pks))
+            acc = self._mask(x, _need(self._s_pks), _need(self._b))
+            self._b = None  # used; a fallback masks with b'
             return wire.encode_masked_input(self._env, self.id, acc, self.bits)
 
     def masked_input(self, forward_message: bytes, x: np.ndarray) -> bytes:
         """Round 2: ``y = x + PRG(b) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv) mod 2**bits``.
 
         Also the fallback after :meth:`eager_masked_input` when some neighbour delivered no
-        shares (the server discards the eager input).
+        shares (the server discards the eager input): then the self mask is ``PRG(b')``, and
+        :meth:`unmask` reveals shares of ``b'``. The eager input, masked with ``b`` and with
+        pairwise masks the server chose fewer of here, stays padded by ``PRG(b)`` for good.
 
         Args:
             forward_message: The server's FORWARD message (shares from neighbours that
@@ -264,10 +285,13 @@ class SecAggClient:
         with self._stage_step((Stage.SHARED, Stage.EAGER), Stage.MASKED):
             held = self._open_forward(forward_message)
             s_pks = _need(self._s_pks)
-            acc = self._mask(x, {cid: s_pks[cid] for cid in held})
+            self._fallback = self.stage is Stage.EAGER
+            seed = _need(self._b2) if self._fallback else _need(self._b)
+            acc = self._mask(x, {cid: s_pks[cid] for cid in held}, seed)
             self._held = held
             self._s_sk = None  # recoverable from shares if this client drops; no longer needed
             self._b = None
+            self._b2 = None
             self._box_in = None
             return wire.encode_masked_input(self._env, self.id, acc, self.bits)
 
@@ -305,7 +329,8 @@ class SecAggClient:
             return wire.encode_survivors_signature(self._env, self.id, signature)
 
     def unmask(self, request_message: bytes, forward_message: bytes | None = None) -> bytes:
-        """Round 4: reveal ``b``-shares of surviving and ``s_sk``-shares of dropped neighbours.
+        """Round 4: reveal ``b``-shares of surviving and ``s_sk``-shares of dropped neighbours
+        (``b'``-shares of surviving ones after an eager round's fallback).
 
         After :meth:`eager_masked_input` (and no fallback) ``forward_message`` is the FORWARD
         message the paper's round 2 would have carried: the client opens its boxes first, and
@@ -315,7 +340,8 @@ class SecAggClient:
         Aborts (:class:`ClientAborted`) if the request names a client both survivor and
         dropped, names this client dropped, claims fewer than ``t`` survivors, or does not
         classify exactly the neighbours this client masked with. Never reveals both shares of
-        one client: each owner appears once, and the client answers only one request.
+        one client: each owner appears once, and the client answers only one request (of
+        ``b``, ``b'`` and ``s_sk``, one share per neighbour).
 
         In malicious mode the request is the neighbours' signatures over the survivor set of
         round 3: every entry must be a neighbour named in that set with a valid signature over
@@ -345,20 +371,26 @@ class SecAggClient:
         if self.bits < 64 and int(x.max()) >> self.bits:
             raise ConfigError(f"x must be reduced modulo 2**{self.bits}")
 
-    def _open_forward(self, forward_message: bytes) -> dict[int, tuple[bytes, bytes]]:
-        """The neighbours' shares for this client from a FORWARD message (at least ``t``)."""
+    def _open_forward(self, forward_message: bytes) -> dict[int, tuple[bytes, ...]]:
+        """The neighbours' shares for this client from a FORWARD message (at least ``t``):
+        ``(b, s_sk)`` or, with eager masking, ``(b, s_sk, b')`` per neighbour."""
         entries = wire.decode_forward(
-            self._env, forward_message, receiver=self.id, n_clients=self.config.n_clients
+            self._env,
+            forward_message,
+            receiver=self.id,
+            n_clients=self.config.n_clients,
+            eager=self._eager,
         )
+        unpack = wire.unpack_eager_share_plaintext if self._eager else wire.unpack_share_plaintext
         box_in = _need(self._box_in)
-        held = {}
+        held: dict[int, tuple[bytes, ...]] = {}
         for cid, ct in entries:
             key = box_in.get(cid)
             if key is None:
                 raise IntegrityError()
             ad = wire.share_associated_data(self._env, cid, self.id)
             plaintext = open_sealed(key, ct, ad)
-            held[cid] = wire.unpack_share_plaintext(plaintext, sender=cid, receiver=self.id)
+            held[cid] = unpack(plaintext, sender=cid, receiver=self.id)
         if len(held) < self.config.t:
             raise ClientAborted(
                 f"only {len(held)} neighbours completed key sharing, fewer than the "
@@ -366,9 +398,10 @@ class SecAggClient:
             )
         return held
 
-    def _mask(self, x: np.ndarray, s_pks: dict[int, bytes]) -> np.ndarray:
-        """``x + PRG(b)`` plus the pairwise masks towards ``s_pks`` (the expander's buffer)."""
-        s_sk, seed = _need(self._s_sk), _need(self._b)
+    def _mask(self, x: np.ndarray, s_pks: dict[int, bytes], seed: bytes) -> np.ndarray:
+        """``x + PRG(seed)`` plus the pairwise masks towards ``s_pks`` (the expander's
+        buffer); ``seed`` is ``b``, or ``b'`` in an eager round's fallback."""
+        s_sk = _need(self._s_sk)
         ex = self._expander
         acc = ex.acc
         self_key = self_mask_key(
@@ -387,7 +420,7 @@ class SecAggClient:
         return acc
 
     def _classified(
-        self, request_message: bytes, held: dict[int, tuple[bytes, bytes]], *, eager: bool
+        self, request_message: bytes, held: dict[int, tuple[bytes, ...]], *, eager: bool
     ) -> set[int]:
         """The surviving neighbours of an UNMASK_REQUEST, after its checks."""
         total, survivors, dropped = wire.decode_unmask_request(
@@ -459,17 +492,18 @@ class SecAggClient:
                 )
             return self._reveal(_need(self._held), surv)
 
-    def _reveal(
-        self, held: dict[int, tuple[bytes, bytes]], surv: frozenset[int] | set[int]
-    ) -> bytes:
-        """One share per neighbour masked with: ``b`` if it survived, else ``s_sk``."""
+    def _reveal(self, held: dict[int, tuple[bytes, ...]], surv: frozenset[int] | set[int]) -> bytes:
+        """One share per neighbour masked with: ``b`` if it survived (``b'`` after a
+        fallback, when every survivor's input carries ``PRG(b')``), else ``s_sk``."""
         out = []
         for owner in sorted(held):
-            b_share, sk_share = held[owner]
-            if owner in surv:
-                out.append((owner, wire.ShareKind.SELF_MASK_SEED, b_share))
+            shares = held[owner]
+            if owner not in surv:
+                out.append((owner, wire.ShareKind.MASK_KEY, shares[1]))
+            elif self._fallback:
+                out.append((owner, wire.ShareKind.FALLBACK_SEED, shares[2]))
             else:
-                out.append((owner, wire.ShareKind.MASK_KEY, sk_share))
+                out.append((owner, wire.ShareKind.SELF_MASK_SEED, shares[0]))
         return wire.encode_unmask_shares(self._env, self.id, out)
 
     @contextmanager
@@ -494,6 +528,7 @@ class SecAggClient:
         self._c_sk = None
         self._s_sk = None
         self._b = None
+        self._b2 = None
         self._own_keys = ()
         self._s_pks = None
         self._box_in = None

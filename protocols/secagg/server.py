@@ -104,6 +104,8 @@ class SecAggServer:
         self._boxes: dict[int, list[tuple[int, bytes]]] = {}
         self._acc = np.zeros(dim, dtype=word)
         self._u3: set[int] = set()
+        self._eager = False  # the round's boxes are eager masking's (they carry b' shares)
+        self._fallback = False  # an eager round fell back: inputs carry PRG(b'), not PRG(b)
         self._requested: dict[int, dict[int, wire.ShareKind]] = {}
         self._revealed: dict[tuple[int, wire.ShareKind], list[tuple[int, int]]] = defaultdict(list)
         self._responded: set[int] = set()
@@ -152,15 +154,19 @@ class SecAggServer:
     # -- round 1 ----------------------------------------------------------------------------
 
     def receive_shares(self, sender: int, message: bytes) -> None:
-        self._boxes[sender] = self._decode_shares(sender, message)
+        self._boxes[sender] = self._decode_shares(sender, message, eager=False)
 
-    def _decode_shares(self, sender: int, message: bytes) -> list[tuple[int, bytes]]:
+    def _decode_shares(
+        self, sender: int, message: bytes, *, eager: bool
+    ) -> list[tuple[int, bytes]]:
         self._check_stage(Stage.ADVERTISED)
         if sender not in self.u1:
             raise IntegrityError()
         self._check_sender(sender, self._boxes)
+        if self._boxes and eager is not self._eager:  # one kind of box a round
+            raise IntegrityError()
         boxes = wire.decode_shares(
-            self._env, message, sender=sender, n_clients=self.config.n_clients
+            self._env, message, sender=sender, n_clients=self.config.n_clients, eager=eager
         )
         expected = [int(j) for j in self._table[sender] if int(j) in self.u1]
         if [cid for cid, _ in boxes] != expected:
@@ -172,10 +178,11 @@ class SecAggServer:
         kept, so a client with one bad message is simply absent from ``U2``."""
         if self.config.malicious:
             raise IntegrityError()
-        boxes = self._decode_shares(sender, shares_message)
+        boxes = self._decode_shares(sender, shares_message, eager=True)
         y = wire.decode_masked_input(
             self._env, masked_message, sender=sender, bits=self.bits, dim=self.dim
         )
+        self._eager = True
         self._boxes[sender] = boxes
         np.add(self._acc, y, out=self._acc)
         self._u3.add(sender)
@@ -185,15 +192,17 @@ class SecAggServer:
 
         Without fallback ``U3 = U2 = U1`` and the outcome carries the unmask requests;
         otherwise the eager inputs are discarded (the running sum restarts) and the round
-        continues with round 2's FORWARD messages.
+        continues with round 2's FORWARD messages, the survivors' self masks being their
+        fallback seeds ``b'`` (requested and rebuilt in round 4 instead of ``b``).
         """
-        if self.config.malicious:
+        if self.config.malicious or (self._boxes and not self._eager):
             raise IntegrityError()
         forward = self.finish_shares()
         if self.u2 == self.u1 and self._u3 == set(self.u2):
             return EagerOutcome(fallback=False, forward=forward, unmask=self.finish_masked_input())
         self._acc[:] = 0
         self._u3.clear()
+        self._fallback = True
         return EagerOutcome(fallback=True, forward=forward, unmask={})
 
     def finish_shares(self) -> dict[int, bytes]:
@@ -248,7 +257,7 @@ class SecAggServer:
         partners = [int(j) for j in self._table[i] if int(j) in self.u2]
         surv = [j for j in partners if j in self.u3]
         drop = [j for j in partners if j not in self.u3]
-        self._requested[i] = {j: wire.ShareKind.SELF_MASK_SEED for j in surv} | {
+        self._requested[i] = {j: self._seed_kind for j in surv} | {
             j: wire.ShareKind.MASK_KEY for j in drop
         }
         return surv, drop
@@ -323,9 +332,7 @@ class SecAggServer:
         self._check_stage(self._unmask_stage())
         t = self.config.t
         try:
-            seeds = {
-                u: self._reconstruct(u, wire.ShareKind.SELF_MASK_SEED, t) for u in sorted(self.u3)
-            }
+            seeds = {u: self._reconstruct(u, self._seed_kind, t) for u in sorted(self.u3)}
             dropped_keys = {}
             for u in sorted(self.dropped):
                 sk = X25519PrivateKey.from_private_bytes(
@@ -377,6 +384,11 @@ class SecAggServer:
             return shamir.reconstruct(xs, ys, threshold=t)
         except IntegrityError:
             raise ShareVerificationFailed() from None
+
+    @property
+    def _seed_kind(self) -> wire.ShareKind:
+        """The self-mask seed of this round's inputs: ``b``, or ``b'`` after a fallback."""
+        return wire.ShareKind.FALLBACK_SEED if self._fallback else wire.ShareKind.SELF_MASK_SEED
 
     def _unmask_stage(self) -> Stage:
         return Stage.CONSISTENT if self.config.malicious else Stage.MASKED

@@ -52,18 +52,22 @@ from protocols.secagg.primitives import GCM_TAG_BYTES
 from protocols.secagg.shamir import SHARE_BYTES
 
 MAGIC = b"SAGG"
-VERSION = 2  # 2: masked inputs packed to the ring's bits
+VERSION = 3  # 2: masked inputs packed to the ring's bits; 3: eager boxes with a fallback seed
 SERVER = 0xFFFFFFFF
 KEY_BYTES = 32
 SESSION_BYTES = 16
 SHARE_PLAINTEXT_BYTES = 8 + 2 * SHARE_BYTES
 CIPHERTEXT_BYTES = SHARE_PLAINTEXT_BYTES + GCM_TAG_BYTES
+#: An eager-masking box also holds a share of the fallback self-mask seed ``b'``.
+EAGER_SHARE_PLAINTEXT_BYTES = 8 + 3 * SHARE_BYTES
+EAGER_CIPHERTEXT_BYTES = EAGER_SHARE_PLAINTEXT_BYTES + GCM_TAG_BYTES
 
 _HEADER = struct.Struct(">4sBBH16sQIII")
 HEADER_BYTES = _HEADER.size
 _U32 = struct.Struct(">I")
 _KEY_ENTRY = struct.Struct(f">I{KEY_BYTES}s{KEY_BYTES}s")
 _BOX_ENTRY = struct.Struct(f">I{CIPHERTEXT_BYTES}s")
+_EAGER_BOX_ENTRY = struct.Struct(f">I{EAGER_CIPHERTEXT_BYTES}s")
 _SHARE_ENTRY = struct.Struct(f">IB{SHARE_BYTES}s")
 _SIGNED_KEY_ENTRY = struct.Struct(f">I{KEY_BYTES}s{KEY_BYTES}s{SIGNATURE_BYTES}s")
 _SIGNATURE_ENTRY = struct.Struct(f">I{SIGNATURE_BYTES}s")
@@ -92,6 +96,7 @@ class ShareKind(IntEnum):
 
     SELF_MASK_SEED = 0  # b_u of a survivor
     MASK_KEY = 1  # s_u^SK of a dropped client
+    FALLBACK_SEED = 2  # b'_u of a survivor of an eager round that fell back (docs/secagg.md)
 
 
 _MAX_SHARE_KIND = max(ShareKind)
@@ -224,10 +229,13 @@ def decode_keys(
 
 
 def _encode_boxes(entries: list[tuple[int, bytes]]) -> bytes:
+    """Boxes of one size: the paper's (:data:`CIPHERTEXT_BYTES`) or eager masking's
+    (:data:`EAGER_CIPHERTEXT_BYTES`)."""
     body = [_U32.pack(len(entries))]
+    sizes = {len(ct) for _, ct in entries}
+    if not sizes <= {CIPHERTEXT_BYTES, EAGER_CIPHERTEXT_BYTES} or len(sizes) > 1:
+        raise ValueError("ciphertext has the wrong length")
     for cid, ct in entries:
-        if len(ct) != CIPHERTEXT_BYTES:
-            raise ValueError("ciphertext has the wrong length")
         body.append(_U32.pack(cid) + ct)
     return b"".join(body)
 
@@ -242,8 +250,8 @@ def _decode_table(r: _Reader, entry: struct.Struct, n_clients: int) -> list[Any]
     return out
 
 
-def _decode_boxes(r: _Reader, n_clients: int) -> list[tuple[int, bytes]]:
-    return _decode_table(r, _BOX_ENTRY, n_clients)
+def _decode_boxes(r: _Reader, n_clients: int, eager: bool) -> list[tuple[int, bytes]]:
+    return _decode_table(r, _EAGER_BOX_ENTRY if eager else _BOX_ENTRY, n_clients)
 
 
 def encode_shares(env: Envelope, sender: int, boxes: list[tuple[int, bytes]]) -> bytes:
@@ -251,10 +259,11 @@ def encode_shares(env: Envelope, sender: int, boxes: list[tuple[int, bytes]]) ->
 
 
 def decode_shares(
-    env: Envelope, message: bytes, *, sender: int, n_clients: int
+    env: Envelope, message: bytes, *, sender: int, n_clients: int, eager: bool = False
 ) -> list[tuple[int, bytes]]:
+    """The boxes of a SHARES message; ``eager``: of eager masking's size."""
     body = env.open(message, Kind.SHARES, sender=sender, receiver=SERVER)
-    return _decode_boxes(_Reader(body), n_clients)
+    return _decode_boxes(_Reader(body), n_clients, eager)
 
 
 def encode_forward(env: Envelope, receiver: int, boxes: list[tuple[int, bytes]]) -> bytes:
@@ -262,10 +271,11 @@ def encode_forward(env: Envelope, receiver: int, boxes: list[tuple[int, bytes]])
 
 
 def decode_forward(
-    env: Envelope, message: bytes, *, receiver: int, n_clients: int
+    env: Envelope, message: bytes, *, receiver: int, n_clients: int, eager: bool = False
 ) -> list[tuple[int, bytes]]:
+    """The boxes of a FORWARD message; ``eager``: of eager masking's size."""
     body = env.open(message, Kind.FORWARD, sender=SERVER, receiver=receiver)
-    return _decode_boxes(_Reader(body), n_clients)
+    return _decode_boxes(_Reader(body), n_clients, eager)
 
 
 def share_associated_data(env: Envelope, sender: int, receiver: int) -> bytes:
@@ -278,21 +288,40 @@ def share_associated_data(env: Envelope, sender: int, receiver: int) -> bytes:
     )
 
 
-def pack_share_plaintext(sender: int, receiver: int, b_share: int, sk_share: int) -> bytes:
-    return (
+def pack_share_plaintext(
+    sender: int, receiver: int, b_share: int, sk_share: int, fallback_share: int | None = None
+) -> bytes:
+    """One box's plaintext: shares of ``b`` and ``s_sk``, and with eager masking of the
+    fallback seed ``b'`` too."""
+    out = (
         struct.pack(">II", sender, receiver)
         + b_share.to_bytes(SHARE_BYTES, "big")
         + sk_share.to_bytes(SHARE_BYTES, "big")
     )
+    return out if fallback_share is None else out + fallback_share.to_bytes(SHARE_BYTES, "big")
 
 
 def unpack_share_plaintext(data: bytes, *, sender: int, receiver: int) -> tuple[bytes, bytes]:
+    """``(b share, s_sk share)`` of a paper-sized box."""
     if len(data) != SHARE_PLAINTEXT_BYTES or struct.unpack_from(">II", data) != (
         sender,
         receiver,
     ):
         raise IntegrityError()
     return data[8 : 8 + SHARE_BYTES], data[8 + SHARE_BYTES :]
+
+
+def unpack_eager_share_plaintext(
+    data: bytes, *, sender: int, receiver: int
+) -> tuple[bytes, bytes, bytes]:
+    """``(b share, s_sk share, b' share)`` of an eager-masking box."""
+    if len(data) != EAGER_SHARE_PLAINTEXT_BYTES or struct.unpack_from(">II", data) != (
+        sender,
+        receiver,
+    ):
+        raise IntegrityError()
+    b, sk = data[8 : 8 + SHARE_BYTES], data[8 + SHARE_BYTES : 8 + 2 * SHARE_BYTES]
+    return b, sk, data[8 + 2 * SHARE_BYTES :]
 
 
 # -- MASKED_INPUT -----------------------------------------------------------------------------

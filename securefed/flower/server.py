@@ -752,7 +752,8 @@ class FederatedServer:
                     if eager:
                         shares, masked = split_messages(msg)
                         transcript.record(stage, node, sid, shares)
-                        transcript.record("masked", node, sid, masked)
+                        # not "masked": a fallback's input of the same user is recorded there
+                        transcript.record("eager", node, sid, masked)
                         receive(sid, shares, masked)
                     else:
                         transcript.record(stage, node, sid, msg)

@@ -128,7 +128,7 @@ class NodeSession:
                 raise IntegrityError()
             try:
                 if stage == "share":
-                    out[sid] = client.share_keys(msg)
+                    out[sid] = client.share_keys(msg, eager=eager)
                     if eager:
                         masked = client.eager_masked_input(self.inputs[sid])
                         out[sid] = join_messages(out[sid], masked)
