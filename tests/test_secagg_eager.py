@@ -342,3 +342,29 @@ def test_eager_input_needs_eager_shares_and_one_kind_of_box_a_round():
     assert server2.finish_advertise()
     with pytest.raises(IntegrityError):  # shares of the wrong size for a paper round
         server2.receive_shares(1, shares)
+
+
+def test_fallback_survives_silence_at_unmask_and_a_drop_in_round_two():
+    """After a fallback the survivors' ``b'`` are rebuilt from fewer shares when some
+    clients are silent at unmask, and a round-2 dropout's key from the others'."""
+    cfg = SecAggConfig(n_clients=10, neighbours=9, threshold=5, modulus_bits=24)
+    x = _inputs(10, 4, 24, seed=11)
+    outcome, server, total = _eager_round(
+        x, cfg, silent_eager={3}, silent_masked={7}, silent_unmask={1, 8}
+    )
+    assert outcome.fallback and server.dropped == frozenset({7})
+    np.testing.assert_array_equal(total, _plain(x, set(range(10)) - {3, 7}, 24))
+
+
+def test_an_eager_round_closes_only_through_finish_eager():
+    """``finish_shares`` alone would leave the eager inputs in the sum: refused."""
+    cfg = SecAggConfig(n_clients=6, neighbours=4, threshold=3, modulus_bits=20)
+    x = _inputs(6, 3, 20)
+    clients, server = _parties(cfg, 3)
+    for c in clients:
+        server.receive_advertise(c.id, c.advertise())
+    for i, msg in server.finish_advertise().items():
+        shares = clients[i].share_keys(msg, eager=True)
+        server.receive_eager(i, shares, clients[i].eager_masked_input(x[i]))
+    with pytest.raises(IntegrityError):
+        server.finish_shares()
