@@ -257,6 +257,8 @@ def test_malicious_mode_has_no_eager_masking():
         clients[1].eager_masked_input(np.zeros(2, dtype=np.uint64))
     with pytest.raises(IntegrityError):
         server.receive_eager(1, shares, b"")
+    with pytest.raises(IntegrityError):
+        server.finish_eager()
 
 
 def test_a_server_choosing_fallback_boxes_learns_no_partial_sum():
@@ -342,6 +344,13 @@ def test_eager_input_needs_eager_shares_and_one_kind_of_box_a_round():
     assert server2.finish_advertise()
     with pytest.raises(IntegrityError):  # shares of the wrong size for a paper round
         server2.receive_shares(1, shares)
+    server2.receive_shares(0, plain)
+    with pytest.raises(IntegrityError):  # a paper round does not close eagerly
+        server2.finish_eager()
+    boxes = wire.decode_shares(ENV, shares, sender=1, n_clients=6, eager=True)
+    paper = wire.decode_shares(ENV, plain, sender=0, n_clients=6)
+    with pytest.raises(ValueError, match="wrong length"):  # one box size a message
+        wire.encode_forward(ENV, 2, sorted([boxes[0], paper[-1]]))
 
 
 def test_fallback_survives_silence_at_unmask_and_a_drop_in_round_two():
