@@ -46,7 +46,7 @@ def _parties(cfg: SecAggConfig, d: int):
     return clients, SecAggServer(**kw)
 
 
-def _eager_stage(clients, server, x, *, silent=frozenset()):
+def _eager_stage(clients, server, x, *, silent=frozenset(), finish=True):
     for c in clients:
         server.receive_advertise(c.id, c.advertise())
     for i, msg in server.finish_advertise().items():
@@ -57,7 +57,7 @@ def _eager_stage(clients, server, x, *, silent=frozenset()):
         masked = clients[i].eager_masked_input(x[i])
         if i not in silent:
             server.receive_eager(i, shares, masked)
-    return server.finish_eager()
+    return server.finish_eager() if finish else None
 
 
 def _eager_round(x, cfg, *, silent_eager=(), silent_masked=(), silent_unmask=()):
@@ -368,12 +368,7 @@ def test_fallback_survives_silence_at_unmask_and_a_drop_in_round_two():
 def test_an_eager_round_closes_only_through_finish_eager():
     """``finish_shares`` alone would leave the eager inputs in the sum: refused."""
     cfg = SecAggConfig(n_clients=6, neighbours=4, threshold=3, modulus_bits=20)
-    x = _inputs(6, 3, 20)
     clients, server = _parties(cfg, 3)
-    for c in clients:
-        server.receive_advertise(c.id, c.advertise())
-    for i, msg in server.finish_advertise().items():
-        shares = clients[i].share_keys(msg, eager=True)
-        server.receive_eager(i, shares, clients[i].eager_masked_input(x[i]))
+    _eager_stage(clients, server, _inputs(6, 3, 20), finish=False)
     with pytest.raises(IntegrityError):
         server.finish_shares()
