@@ -70,7 +70,13 @@ def prior_canary_scores(
     if canaries.unit != "user":
         raise ValueError("the prior's canary test is for user-level canaries")
     k = int(privacy.prior_items)
-    updates = prior_updates(split, max_items=k, seed=seed, weighting=privacy.prior_weighting)
+    updates = prior_updates(
+        split,
+        max_items=k,
+        seed=seed,
+        weighting=privacy.prior_weighting,
+        secure=privacy.os_randomness,  # False: audits replay, so the sample is the run's
+    )
     clip = float(np.sqrt(k))
     factors = torch.clamp(clip / updates.norms().clamp_min(1e-30), max=1.0)
     everyone = updates.weighted_sum(factors).to(torch.float64).numpy()

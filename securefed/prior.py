@@ -173,14 +173,16 @@ def capped_weights(
 
 
 def prior_updates(
-    split: Split, *, max_items: int, seed: int, weighting: str = "capped"
+    split: Split, *, max_items: int, seed: int, weighting: str = "capped", secure: bool = True
 ) -> ClientUpdates:
     """Every user's upload for the prior, L2 norm at most ``sqrt(max_items)``, formed on the
     device: ``sqrt`` weights each of the user's ``n_u`` training items ``sqrt(k / n_u)``,
     ``capped`` the same up to :data:`CAPPED_ITEMS` items (:func:`capped_weights`);
-    ``sample`` is the indicator of at most ``k`` of them, sampled uniformly (a generator derived
-    from the run seed: the bound, not the secrecy of the sample, is what the guarantee relies
-    on)."""
+    ``sample`` is the indicator of at most ``k`` of them, sampled uniformly from OS
+    randomness when ``secure`` (every DP run without replay), else from a generator derived
+    from ``seed``: with one known stream for all users the sample of each depends on the
+    users before it, and the count's sensitivity is not ``sqrt(k)``
+    (:func:`securefed.models.mostpop.bounded_pairs`)."""
     from securefed.federation.base import UpdateLayout
 
     if weighting not in WEIGHTINGS:
@@ -200,9 +202,8 @@ def prior_updates(
             pair_item=items_t,
             weight=weights(local_t, split.n_users, max_items),
         )
-    local_t, items_t = bounded_pairs(
-        local_t, items_t, split.n_users, max_items, torch_generator(seed, "prior-sample")
-    )
+    source = None if secure else torch_generator(seed, "prior-sample")
+    local_t, items_t = bounded_pairs(local_t, items_t, split.n_users, max_items, source)
     return MostPopUpdates(clients=users, layout=layout, pair_client=local_t, pair_item=items_t)
 
 
@@ -352,6 +353,7 @@ def ensure_released(
         max_items=config.privacy.prior_items,
         seed=config.seed,
         weighting=config.privacy.prior_weighting,
+        secure=config.privacy.os_randomness,
     )
     model.prior.install(aggregator.release_prior(updates, 0))
     runs.save_state(path, model.prior.state_dict())

@@ -223,3 +223,69 @@ def test_count_scorer_ranks_by_count(small_split):
     counts = popularity_counts(small_split)
     res = evaluate_splits(CountScorer(counts), small_split, which=("test",))["test"]
     assert 0 <= res.hr <= 1
+
+
+def _sample(model, users, seed=0):
+    plan = model.plan_round(users, torch.Generator().manual_seed(seed))
+    return plan.pair_client, plan.pair_item
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_a_private_count_samples_its_items_from_the_os_unless_it_replays(small_split, replay):
+    """Found in review (2026-12-06): the k items each user counts were drawn from one stream
+    derived from the recorded run seed, in user order, so removing a user shifted every later
+    user's sample; for a known seed the count's sensitivity was ~13 sqrt(k). Under DP without
+    replay the sample now comes from the OS (two plans with the same generator differ; the
+    sampling is still k of the user's own items), with replay from the generator as before."""
+    from securefed.models.registry import get_spec
+
+    privacy = PrivacyConfig(epsilon=2.0, replay=replay)
+    spec = get_spec("mostpop")
+    params = spec.resolve_params(MostPopConfig(max_items=3, os_sampling=replay), privacy)
+    assert params.os_sampling is (not replay)  # set by the run, whatever was given
+    model = MostPop(small_split, params, generator=torch.Generator())
+    users = torch.arange(small_split.n_users)
+    (c1, i1), (c2, i2) = _sample(model, users), _sample(model, users)
+    sizes = torch.from_numpy(small_split.train_indptr).diff()
+    for c in (c1, c2):
+        assert torch.equal(torch.bincount(c, minlength=small_split.n_users), sizes.clamp(max=3))
+    same = torch.equal(c1, c2) and torch.equal(i1, i2)
+    assert same is replay
+    # without replay, one user's sample no longer depends on the users before it: the
+    # second half of the users drawn alone is distributed as in the whole run (OS keys)
+    if replay:
+        half = users[users.shape[0] // 2 :]
+        alone = _sample(model, half)[1]
+        whole = i1[torch.isin(c1, torch.arange(users.shape[0] // 2, users.shape[0]))]
+        assert not torch.equal(alone, whole)  # the seeded stream shifts: why replay is no DP
+
+
+def test_fedals_count_items_and_the_sampled_prior_follow_the_run(small_split):
+    from securefed.models.fedals import FedALSConfig
+    from securefed.models.registry import get_spec
+    from securefed.prior import prior_updates
+
+    spec = get_spec("fedals")
+    dp = PrivacyConfig(epsilon=2.0)
+    assert spec.resolve_params(FedALSConfig(count_items=3), dp).os_sampling is True
+    replay = PrivacyConfig(epsilon=2.0, replay=True)
+    assert spec.resolve_params(FedALSConfig(count_items=3), replay).os_sampling is False
+    a = prior_updates(small_split, max_items=3, seed=0, weighting="sample")
+    b = prior_updates(small_split, max_items=3, seed=0, weighting="sample")
+    assert not torch.equal(a.pair_item, b.pair_item)  # secure by default
+    a = prior_updates(small_split, max_items=3, seed=0, weighting="sample", secure=False)
+    b = prior_updates(small_split, max_items=3, seed=0, weighting="sample", secure=False)
+    assert torch.equal(a.pair_item, b.pair_item)
+
+
+def test_a_fixed_size_cohort_under_dp_says_its_accounting_is_not_exact(tmp_path):
+    """Found in review (2026-12-06): a fixed-size cohort is accounted as full participation
+    at sensitivity one clip, but adding a user can swap another out of it (two clips); until
+    the accounting covers that, every such run says so where it prints its epsilon."""
+    dp = PrivacyConfig(epsilon=2.0, accountant="rdp")
+    fixed = train(
+        TrainConfig(model="mostpop", privacy=dp, clients_per_round=20, **SMALL), out=tmp_path / "f"
+    )
+    assert "CAVEAT: a fixed-size cohort (20 of 60 users)" in fixed.summary["amplification"]
+    every = train(TrainConfig(model="mostpop", privacy=dp, **SMALL), out=tmp_path / "a")
+    assert "CAVEAT" not in every.summary["amplification"]

@@ -154,6 +154,9 @@ class FedALSConfig:
             co-occurrence set beside the ``gram_items`` most counted others, so the canary test
             reads the co-occurrence releases; 0 in training (set by ``securefed audit``,
             docs/attacks.md).
+        os_sampling: Draw ``count_items``'s sample from OS randomness. Set by the run under
+            user-level DP without replay, whatever was given
+            (:func:`securefed.models.mostpop.bounded_pairs` says why).
     """
 
     dim: int | None = None
@@ -181,6 +184,7 @@ class FedALSConfig:
     gram_items: int | None = None
     gram_scale: float = 10.0
     gram_audit_items: int = 0
+    os_sampling: bool = False
 
     @property
     def factor_dim(self) -> int:
@@ -793,7 +797,8 @@ class FedALS:
         from securefed.models.mostpop import bounded_pairs
 
         local, items = self._pairs(users)
-        local, items = bounded_pairs(local, items, users.shape[0], cfg.count_items, generator)
+        source = None if cfg.os_sampling else generator
+        local, items = bounded_pairs(local, items, users.shape[0], cfg.count_items, source)
         return FedALSPlan(participants=users, pair_client=local, pair_item=items)
 
     def client_round(
@@ -1291,7 +1296,8 @@ def _resolve(params: FedALSConfig, privacy: Any) -> FedALSConfig:
     if params.private is None:
         dp = bool(getattr(privacy, "dp", False)) and not getattr(privacy, "interaction_dp", False)
         params = dataclasses.replace(params, private=dp)
-    return resolve_reg(params)
+    os_sampling = bool(getattr(privacy, "os_randomness", False))
+    return resolve_reg(dataclasses.replace(params, os_sampling=os_sampling))
 
 
 def _rounds(privacy: Any) -> int:

@@ -60,9 +60,13 @@ class MostPopConfig:
     Attributes:
         max_items: Items a client contributes at most (sampled uniformly on the device);
             None counts all of them. Under DP it is set to :data:`DP_MAX_ITEMS` when not given.
+        os_sampling: Draw that sample from OS randomness. Set by the run under user-level DP
+            without replay (``PrivacyConfig.os_randomness``), whatever was given: see
+            :func:`bounded_pairs`.
     """
 
     max_items: int | None = None
+    os_sampling: bool = False
 
     def __post_init__(self) -> None:
         k = self.max_items
@@ -76,16 +80,33 @@ def _train_pairs(split: Split, users: torch.Tensor) -> tuple[torch.Tensor, torch
 
 
 def bounded_pairs(
-    local: torch.Tensor, items: torch.Tensor, m: int, k: int | None, generator: torch.Generator
+    local: torch.Tensor,
+    items: torch.Tensor,
+    m: int,
+    k: int | None,
+    generator: torch.Generator | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """At most ``k`` of each client's pairs, chosen uniformly (all when ``k`` is None).
 
     One uniform key per pair; a client keeps its ``k`` smallest keys, so the choice is a
     uniform ``k``-subset and at most ``k`` pairs of any client survive.
+
+    ``generator`` None: the keys come from OS randomness, as every DP run's must. The keys of
+    all clients are one stream in client order, so with a *known* generator (one derived from
+    the recorded run seed) removing a client shifts the keys, hence the samples, of every later
+    client: for a fixed seed the count's sensitivity is far above ``sqrt(k)`` (13 times it for
+    the first of 300 synthetic users, found in review 2026-12-06). With secret, fresh keys each
+    client's sample is a uniform ``k``-subset of its own items independent of everyone else's,
+    and the sensitivity is ``sqrt(k)``. A seeded generator is for runs without DP and replay.
     """
     if k is None or local.numel() == 0:
         return local, items
-    keys = torch.rand(local.shape[0], generator=generator, dtype=torch.float64)
+    if generator is None:
+        from protocols.dp.noise import os_uniform
+
+        keys = os_uniform(local.shape[0])
+    else:
+        keys = torch.rand(local.shape[0], generator=generator, dtype=torch.float64)
     order = torch.argsort(local.to(torch.float64) * 2.0 + keys, stable=True)
     ordered = local[order]
     first = torch.searchsorted(ordered, ordered)
@@ -184,7 +205,8 @@ class MostPop:
     def plan_round(self, participants: torch.Tensor, generator: torch.Generator) -> MostPopPlan:
         users = participants.to(torch.long).cpu()
         local, items = _train_pairs(self.split, users)
-        local, items = bounded_pairs(local, items, users.shape[0], self.config.max_items, generator)
+        source = None if self.config.os_sampling else generator
+        local, items = bounded_pairs(local, items, users.shape[0], self.config.max_items, source)
         return MostPopPlan(participants=users, pair_client=local, pair_item=items)
 
     def _updates(self, plan: MostPopPlan) -> tuple[MostPopUpdates, RoundStats]:
@@ -283,6 +305,10 @@ def dp_popularity_counts(
     uniformly sampled items (L2 sensitivity ``sqrt(max_items)``; unit: one user).
 
     The noise multiplier comes from the caller's accountant (one release, sample rate 1).
+    The sample and the noise come from ``generator``: this is the yardstick printed beside
+    private models (:mod:`securefed.baselines`), the same draw for every run of a seed, not a
+    release under any run's guarantee (a private run of ``--model mostpop`` samples and
+    noises from the OS, :func:`bounded_pairs`).
     """
     users = torch.arange(split.n_users)
     local, items = _train_pairs(split, users)
@@ -297,8 +323,8 @@ def dp_popularity_counts(
 
 def _resolve(params: MostPopConfig, privacy: Any) -> MostPopConfig:
     if getattr(privacy, "dp", False) and params.max_items is None:
-        return dataclasses.replace(params, max_items=DP_MAX_ITEMS)
-    return params
+        params = dataclasses.replace(params, max_items=DP_MAX_ITEMS)
+    return dataclasses.replace(params, os_sampling=bool(getattr(privacy, "os_randomness", False)))
 
 
 SPEC = ModelSpec(
