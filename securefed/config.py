@@ -377,14 +377,37 @@ class TrainConfig:
         return get_spec(self.model)
 
     def cohort(self, n_users: int) -> CohortSpec:
-        """The cohort sampling of this run (flags first, else the model's paper default)."""
+        """The cohort sampling of this run (flags first, else the model's paper default).
+
+        Under user-level DP a cohort is Poisson or everyone: a fixed-size cohort cannot be
+        accounted as full participation (adding a user can push another out of it, which
+        moves the round's sum by up to two clips), so ``clients_per_round`` is refused there
+        and a model's fixed-size default (FedRecGEL's 10 %) becomes Poisson sampling at the
+        same expected size, accounted with amplification (docs/privacy.md, "Fixed-size
+        cohorts")."""
+        user_dp = self.privacy.dp and not self.privacy.interaction_dp
         if self.client_fraction is not None:
             if self.client_fraction == 1.0:
                 return CohortSpec(kind="all")
             return CohortSpec(kind="poisson", fraction=self.client_fraction)
         if self.clients_per_round is not None:
+            if user_dp:
+                raise ConfigError(
+                    f"--clients-per-round {self.clients_per_round} (a fixed-size cohort) is not "
+                    "accounted exactly under user-level DP: adding a user can push another out "
+                    "of it; use --client-fraction "
+                    f"{min(1.0, self.clients_per_round / max(n_users, 1)):.3g} (Poisson cohorts "
+                    "of that expected size, accounted with amplification) or leave both out"
+                )
             return CohortSpec(kind="fixed", size=self.clients_per_round)
         default = self.spec.cohort(n_users)
+        if default is not None and default.kind == "fixed" and user_dp:
+            fraction = min(1.0, default.size / max(n_users, 1))
+            return (
+                CohortSpec(kind="all")
+                if fraction >= 1.0
+                else CohortSpec(kind="poisson", fraction=fraction)
+            )
         return default if default is not None else CohortSpec(kind="all")
 
     def resolved_full_eval_every(self) -> int:

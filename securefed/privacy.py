@@ -347,17 +347,6 @@ def secagg_engine(config: Any) -> Literal["batched", "objects"]:
     return "objects" if config.malicious else "batched"
 
 
-#: Said with every user-level DP run on a fixed-size cohort smaller than the population
-#: (docs/privacy.md, "Fixed-size cohorts: a known gap in the accounting").
-FIXED_COHORT_CAVEAT = (
-    "; CAVEAT: a fixed-size cohort ({size} of {users} users) is accounted as if every user "
-    "took part, with sensitivity one clip, but adding a user can push another out of a "
-    "fixed-size cohort (sensitivity up to two clips), so the printed epsilon is understated "
-    'when the cohort is a large part of the population (docs/privacy.md, "Fixed-size '
-    'cohorts"); --client-fraction (Poisson cohorts) is accounted exactly'
-)
-
-
 class PrivateAggregator:
     """Clip, noise, securely sum and account one round's updates (see module docstring)."""
 
@@ -1005,14 +994,6 @@ class PrivateAggregator:
             rates = {r for r in rates if r < 1.0} or {1.0}
         if self.interaction is not None or max(rates) >= 1.0:
             out["amplification"] = "none: every round is accounted at sample rate 1"
-            if (
-                self.interaction is None
-                and self.cohort.kind == "fixed"
-                and self.cohort.size < self.n_users
-            ):
-                out["amplification"] += FIXED_COHORT_CAVEAT.format(
-                    size=self.cohort.size, users=self.n_users
-                )
             return out
         q = ", ".join(f"{r:g}" for r in sorted(rates))
         if self.replay:

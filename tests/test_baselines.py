@@ -278,14 +278,38 @@ def test_fedals_count_items_and_the_sampled_prior_follow_the_run(small_split):
     assert torch.equal(a.pair_item, b.pair_item)
 
 
-def test_a_fixed_size_cohort_under_dp_says_its_accounting_is_not_exact(tmp_path):
-    """Found in review (2026-12-06): a fixed-size cohort is accounted as full participation
-    at sensitivity one clip, but adding a user can swap another out of it (two clips); until
-    the accounting covers that, every such run says so where it prints its epsilon."""
+def test_under_user_level_dp_a_cohort_is_poisson_or_everyone(tmp_path):
+    """Found in review (2026-12-06): a fixed-size cohort was accounted as full participation
+    at sensitivity one clip, but adding a user can push another out of it (two clips; one
+    release at p = B / N = 0.5 is epsilon 3.5 where 2 was printed). Under user-level DP an
+    explicit fixed-size cohort is refused with one line, and FedRecGEL's fixed 10 % default
+    becomes Poisson at the same expected size; without DP both stay fixed."""
     dp = PrivacyConfig(epsilon=2.0, accountant="rdp")
-    fixed = train(
-        TrainConfig(model="mostpop", privacy=dp, clients_per_round=20, **SMALL), out=tmp_path / "f"
+    with pytest.raises(ConfigError, match="--client-fraction 0.333"):
+        TrainConfig(model="mostpop", privacy=dp, clients_per_round=20).cohort(60)
+    res = runner.invoke(
+        app,
+        [
+            "train",
+            "--model",
+            "mostpop",
+            "--epsilon",
+            "2",
+            "--clients-per-round",
+            "20",
+            "--synthetic-users",
+            "60",
+            "--synthetic-items",
+            "400",
+            "--out",
+            str(tmp_path / "r"),
+        ],
     )
-    assert "CAVEAT: a fixed-size cohort (20 of 60 users)" in fixed.summary["amplification"]
-    every = train(TrainConfig(model="mostpop", privacy=dp, **SMALL), out=tmp_path / "a")
-    assert "CAVEAT" not in every.summary["amplification"]
+    assert res.exit_code == 2 and "fixed-size cohort" in res.output
+    assert not (tmp_path / "r" / "summary.json").exists()
+    default = TrainConfig(model="fedrecgel", privacy=dp).cohort(943)
+    assert default.kind == "poisson" and default.fraction == pytest.approx(94 / 943)
+    assert TrainConfig(model="fedrecgel").cohort(943).kind == "fixed"
+    assert TrainConfig(model="mostpop", clients_per_round=20).cohort(60).kind == "fixed"
+    interaction = PrivacyConfig(epsilon=2.0, privacy_unit="interaction")
+    assert TrainConfig(model="fedrecgel", privacy=interaction).cohort(943).kind == "fixed"

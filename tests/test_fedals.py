@@ -728,13 +728,13 @@ def test_population_rule_keeps_what_the_user_set(small_split):
         TrainConfig(**base, params=FedALSConfig(population="small")), small_split
     )
     assert got.params.population == "small"
-    # A fixed cohort claims no amplification, as the run's accountant does not: the same
-    # noise as every client every round; a Poisson cohort amplifies (less noise).
+    # A Poisson cohort amplifies (less noise); a fixed-size one is refused under DP.
     eps = dict(model="fedals", privacy=PrivacyConfig(epsilon=2.0))
     every = population_ratio(TrainConfig(**eps), small_split.n_users)
-    fixed = population_ratio(TrainConfig(**eps, clients_per_round=10), small_split.n_users)
+    with pytest.raises(ConfigError, match="fixed-size cohort"):
+        population_ratio(TrainConfig(**eps, clients_per_round=10), small_split.n_users)
     poisson = population_ratio(TrainConfig(**eps, client_fraction=0.25), small_split.n_users)
-    assert fixed == pytest.approx(every) and poisson > every
+    assert poisson > every
     # Without DP nothing changes but the dimension, which the catalogue decides.
     plain = TrainConfig(model="fedals")
     got, note = resolve_population(plain, small_split)
