@@ -260,7 +260,7 @@ def train(
     flags_given = [k for k, v in locals().items() if v is not None and k != "resume"]
     import dataclasses
 
-    from securefed.config import TrainConfig, load_config_file
+    from securefed.config import TrainConfig, load_config_file, refuse_legacy_secure
     from securefed.models.registry import DEFAULT_MODEL, get_spec, params_from_flags
     from securefed.training import RunFinished, check_resume, check_run_dir_writable
     from securefed.training import train as run_train
@@ -277,13 +277,7 @@ def train(
         else:
             _check_secure_flag(secure, replay_from_seed)
             raw: dict[str, Any] = load_config_file(config) if config is not None else {}
-            legacy = dict(raw.get("privacy", {})).get("secure")
-            if legacy is False:
-                raise _fail(
-                    f"[privacy] secure = false in {config} asked for DP noise derived from the "
-                    "seed; that is now replay = true (experiments only), and OS randomness is "
-                    "the default: write replay = true or delete the key"
-                )
+            refuse_legacy_secure(raw, str(config))
             top = _given(
                 model=model,
                 dataset=dataset,

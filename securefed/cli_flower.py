@@ -77,9 +77,11 @@ def _config(
     dataset: str | None = None,
     data_dir: Path | None = None,
 ) -> Any:
+    from securefed.config import refuse_legacy_secure
     from securefed.training import TrainConfig, load_config_file
 
     raw: dict[str, Any] = load_config_file(config) if config is not None else {}
+    refuse_legacy_secure(raw, str(config))
     for key, value in (
         ("model", model),
         ("dataset", dataset),

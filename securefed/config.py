@@ -507,6 +507,22 @@ def legacy_privacy_keys(values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def refuse_legacy_secure(raw: Mapping[str, Any], source: str | Path) -> None:
+    """Refuse ``[privacy] secure = false`` in a config a user gives for a *new* run.
+
+    :func:`legacy_privacy_keys` reads it as ``replay = true`` so that old run directories
+    resume as they ran; a new run asking for seeded DP noise that way would get it silently
+    (``train`` refused it already; ``flower local``/``simulate``/``app`` and the ServerApp's
+    ``config-file`` did not until 2026-12-06, found in review)."""
+    privacy = raw.get("privacy", {})
+    if isinstance(privacy, Mapping) and privacy.get("secure") is False:
+        raise ConfigError(
+            f"[privacy] secure = false in {source} asked for DP noise derived from the "
+            "seed; that is now replay = true (experiments only), and OS randomness is "
+            "the default: write replay = true or delete the key"
+        )
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a TOML config file into a mapping, with a clear error for a bad file."""
     p = Path(path)
@@ -525,5 +541,6 @@ __all__ = [
     "PrivacyConfig",
     "TrainConfig",
     "legacy_privacy_keys",
+    "refuse_legacy_secure",
     "load_config_file",
 ]

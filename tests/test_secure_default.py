@@ -228,3 +228,10 @@ def test_replay_needs_dp_and_legacy_secure_keys_keep_their_meaning(tmp_path):
     res = runner.invoke(app, ["train", "--config", str(path), "--out", str(tmp_path / "r")])
     assert res.exit_code == 2 and "replay = true" in res.output, res.output
     assert not (tmp_path / "r").exists()
+    # ... and so is it by the Flower commands (found in review, 2026-12-06: they turned it
+    # into a replay run, labelled only at the end), before anything starts.
+    for command in (["flower", "simulate"], ["flower", "local"]):
+        out = tmp_path / f"f-{command[1]}"
+        res = runner.invoke(app, [*command, "--config", str(path), "--out", str(out)])
+        assert res.exit_code == 2 and "secure = false" in res.output, (command, res.output)
+        assert not out.exists()

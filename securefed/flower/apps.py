@@ -300,6 +300,7 @@ def make_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        from securefed.config import refuse_legacy_secure
         from securefed.flower.server import FederatedServer, ServerSettings
         from securefed.training import TrainConfig, load_config_file
 
@@ -319,7 +320,9 @@ def make_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
                 run_dir, transport=GridTransport(grid), settings=settings
             )
         else:
-            config = TrainConfig.from_dict(load_config_file(str(cfg["config-file"])))
+            raw = load_config_file(str(cfg["config-file"]))
+            refuse_legacy_secure(raw, str(cfg["config-file"]))
+            config = TrainConfig.from_dict(raw)
             server = FederatedServer(
                 config, run_dir=run_dir, transport=GridTransport(grid), settings=settings
             )
