@@ -182,17 +182,12 @@ def audit(
             keep_recording=keep_recording,
         )
         if out_dir is None:  # a fresh directory per audit, as train's runs/<...>
-            from datetime import UTC, datetime
-
-            from securefed.runs import unused_path
-            from securefed.training import default_run_dir
+            from securefed.training import default_run_dir, stamped_dir
 
             out_dir = (
                 default_run_dir(train_cfg, "audits")
                 if run is None
-                else unused_path(
-                    Path("audits") / f"{datetime.now(UTC):%Y%m%d-%H%M%S}-of-{run.resolve().name}"
-                )
+                else stamped_dir("audits", f"of-{run.resolve().name}")
             )
         before_train, progress = _announce()
         if err.is_terminal:

@@ -245,12 +245,18 @@ def build_aggregator(config: TrainConfig, split: Split, model: Recommender) -> A
 
 
 def default_run_dir(config: TrainConfig, parent: str = "runs") -> Path:
-    """``parent/<UTC time>-<model>-<dataset>``, a path that does not exist yet (``-2``,
-    ``-3``, ... appended when one started the same second): a fresh directory per command by
-    default (``train`` and ``flower local`` in ``runs/``, ``audit`` in ``audits/``)."""
-    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    """``parent/<UTC time>-<model>-<dataset>`` (:func:`stamped_dir`): a fresh directory per
+    command by default (``train`` and ``flower local`` in ``runs/``, ``audit`` in
+    ``audits/``)."""
     name = Path(config.dataset).stem if config.dataset not in ("synthetic",) else "synthetic"
-    return runs.unused_path(Path(parent) / f"{stamp}-{config.model}-{name}")
+    return stamped_dir(parent, f"{config.model}-{name}")
+
+
+def stamped_dir(parent: str, label: str) -> Path:
+    """``parent/<UTC time>-<label>``, a path that does not exist yet (``-2``, ``-3``, ...
+    appended when one started the same second)."""
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    return runs.unused_path(Path(parent) / f"{stamp}-{label}")
 
 
 def _evaluate_round(

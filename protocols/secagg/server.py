@@ -106,7 +106,6 @@ class SecAggServer:
         self._u3: set[int] = set()
         self._eager = False  # the round's boxes are eager masking's (they carry b' shares)
         self._fallback = False  # an eager round fell back: inputs carry PRG(b'), not PRG(b)
-        self._closing_eager = False
         self._requested: dict[int, dict[int, wire.ShareKind]] = {}
         self._revealed: dict[tuple[int, wire.ShareKind], list[tuple[int, int]]] = defaultdict(list)
         self._responded: set[int] = set()
@@ -198,8 +197,7 @@ class SecAggServer:
         """
         if self.config.malicious or (self._boxes and not self._eager):
             raise IntegrityError()
-        self._closing_eager = True
-        forward = self.finish_shares()
+        forward = self._close_shares()
         if self.u2 == self.u1 and self._u3 == set(self.u2):
             return EagerOutcome(fallback=False, forward=forward, unmask=self.finish_masked_input())
         self._acc[:] = 0
@@ -210,11 +208,14 @@ class SecAggServer:
     def finish_shares(self) -> dict[int, bytes]:
         """Close round 1; returns the FORWARD message for each client in ``U2``.
 
-        An eager round closes with :meth:`finish_eager` (which calls this), never this alone:
-        its running sum holds the eager inputs."""
-        self._check_stage(Stage.ADVERTISED)
-        if self._eager and not self._closing_eager:
+        An eager round closes with :meth:`finish_eager` instead, never this: its running sum
+        holds the eager inputs."""
+        if self._eager:
             raise IntegrityError()
+        return self._close_shares()
+
+    def _close_shares(self) -> dict[int, bytes]:
+        self._check_stage(Stage.ADVERTISED)
         self.u2 = frozenset(self._boxes)
         self._require(len(self.u2), "shared keys")
         inbox: dict[int, list[tuple[int, bytes]]] = defaultdict(list)

@@ -301,27 +301,28 @@ def pack_share_plaintext(
     return out if fallback_share is None else out + fallback_share.to_bytes(SHARE_BYTES, "big")
 
 
-def unpack_share_plaintext(data: bytes, *, sender: int, receiver: int) -> tuple[bytes, bytes]:
-    """``(b share, s_sk share)`` of a paper-sized box."""
-    if len(data) != SHARE_PLAINTEXT_BYTES or struct.unpack_from(">II", data) != (
+def _unpack_shares(data: bytes, sender: int, receiver: int, count: int) -> tuple[bytes, ...]:
+    """The ``count`` shares of a box's plaintext, after checking its length and both ids."""
+    if len(data) != 8 + count * SHARE_BYTES or struct.unpack_from(">II", data) != (
         sender,
         receiver,
     ):
         raise IntegrityError()
-    return data[8 : 8 + SHARE_BYTES], data[8 + SHARE_BYTES :]
+    return tuple(data[8 + i * SHARE_BYTES : 8 + (i + 1) * SHARE_BYTES] for i in range(count))
+
+
+def unpack_share_plaintext(data: bytes, *, sender: int, receiver: int) -> tuple[bytes, bytes]:
+    """``(b share, s_sk share)`` of a paper-sized box."""
+    b, sk = _unpack_shares(data, sender, receiver, 2)
+    return b, sk
 
 
 def unpack_eager_share_plaintext(
     data: bytes, *, sender: int, receiver: int
 ) -> tuple[bytes, bytes, bytes]:
     """``(b share, s_sk share, b' share)`` of an eager-masking box."""
-    if len(data) != EAGER_SHARE_PLAINTEXT_BYTES or struct.unpack_from(">II", data) != (
-        sender,
-        receiver,
-    ):
-        raise IntegrityError()
-    b, sk = data[8 : 8 + SHARE_BYTES], data[8 + SHARE_BYTES : 8 + 2 * SHARE_BYTES]
-    return b, sk, data[8 + 2 * SHARE_BYTES :]
+    b, sk, b2 = _unpack_shares(data, sender, receiver, 3)
+    return b, sk, b2
 
 
 # -- MASKED_INPUT -----------------------------------------------------------------------------

@@ -444,7 +444,7 @@ class FederatedServer:
             seed = public_seed(agg, r)
         arrays, scalars = self._shared(model)
         cohort = participants.tolist()
-        node_of_sid = {sid: int(owner[u]) for sid, u in enumerate(cohort)}
+        node_of_sid = _node_of_sid(cohort, owner)
         nodes = sorted(set(node_of_sid.values()))
         task = {
             **self._base(),
@@ -462,9 +462,7 @@ class FederatedServer:
             task["resume"] = True
         # Keys ahead: each node's users' neighbour KEYS ride on the train message; the
         # replies are their shares and eager masked inputs.
-        keys_of: dict[int, dict[int, bytes]] = {}
-        for sid, msg in (ahead.keys if ahead is not None else {}).items():
-            keys_of.setdefault(node_of_sid[sid], {})[sid] = msg
+        keys_of = _by_node(ahead.keys if ahead is not None else {}, node_of_sid)
         messages = {
             n: Payload(
                 config={**task, KEYS_AHEAD: True, **pack_sids(keys_of[n])}
@@ -621,7 +619,7 @@ class FederatedServer:
         params = round_parameters(agg, m)
         seed = public_seed(agg, r + 1)
         cohort = [int(u) for u in participants.tolist()]
-        node_of_sid = {sid: int(owner[u]) for sid, u in enumerate(cohort)}
+        node_of_sid = _node_of_sid(cohort, owner)
         announcement = {
             "config": self.config_toml,
             NEXT_ROUND: r + 1,
@@ -704,9 +702,7 @@ class FederatedServer:
         """One stage's per-user messages, grouped per node; ``extra`` adds config entries
         for some nodes (keys ahead: the next round's task, to nodes with or without users in
         this stage)."""
-        per_node: dict[int, dict[int, bytes]] = {}
-        for sid, msg in outbox.items():
-            per_node.setdefault(node_of_sid[sid], {})[sid] = msg
+        per_node = _by_node(outbox, node_of_sid)
         head = {**self._base(), "round": r, **({"eager": True} if eager else {})}
         extra = extra or {}
         messages = {
@@ -735,9 +731,9 @@ class FederatedServer:
         decoder rejects, is treated as dropped from that stage on (its later messages are
         not requested), the same as an aborting client in simulation. With ``eager`` each
         reply is a user's shares and masked input (:func:`split_messages`), recorded as
-        ``share`` and ``masked`` and received together. ``prefix`` selects the per-user
-        entries (:data:`~securefed.flower.messages.ADVERT`: the next round's advertisements
-        in unmask replies).
+        ``share`` and ``eager`` (a fallback's input is ``masked``) and received together.
+        ``prefix`` selects the per-user entries (:data:`~securefed.flower.messages.ADVERT`:
+        the next round's advertisements in unmask replies).
         """
         accepted = 0
         for node, reply in sorted(replies.items()):
@@ -786,6 +782,21 @@ class FederatedServer:
         for key in keys:
             out[key] = sum(float(p.metrics.get(key, 0.0)) for p in replies.values()) / users
         return out
+
+
+def _node_of_sid(cohort: list[int], owner: list[int]) -> dict[int, int]:
+    """Each cohort position's node (``owner``: the node of every user)."""
+    return {sid: int(owner[u]) for sid, u in enumerate(cohort)}
+
+
+def _by_node(
+    messages: Mapping[int, bytes], node_of_sid: Mapping[int, int]
+) -> dict[int, dict[int, bytes]]:
+    """Per-user messages grouped by the node that holds each user."""
+    out: dict[int, dict[int, bytes]] = {}
+    for sid, msg in messages.items():
+        out.setdefault(node_of_sid[sid], {})[sid] = msg
+    return out
 
 
 @dataclass
