@@ -444,8 +444,6 @@ def _audit(
             "attack statistics, so it cannot be re-simulated; audit without --run (the audit "
             "trains its own replay run) or audit a run trained with --replay-from-seed"
         )
-    out_dir.mkdir(parents=True, exist_ok=True)
-
     split = load_split(train_cfg)
     n_real, n_real_users = split.n_items, split.n_users
     rng = numpy_generator(train_cfg.seed, "audit-canaries")
@@ -460,6 +458,14 @@ def _audit(
         recorded = meta.get("canaries")
         n_canaries = 0 if recorded is None else len(recorded["users"])
     canaries = None
+    if n_canaries > 0 and train_cfg.privacy.dp:
+        # The bounds' delta must fit the canaries before anything trains (attacks.report).
+        from attacks.canaries import check_canary_delta
+        from attacks.report import canary_significance
+
+        prior = not interaction and bool(train_cfg.privacy.prior_share)
+        alpha = canary_significance(cfg, prior=prior)
+        check_canary_delta(n_canaries, train_cfg.privacy.delta, alpha)
     if n_canaries > 0:
         if interaction:
             split, canaries = plant_interaction_canaries(split, n_canaries, rng)
@@ -472,6 +478,7 @@ def _audit(
             if hooks is not None and hooks.prepare_audit is not None:
                 train_cfg = hooks.prepare_audit(train_cfg, n_canaries * per)
 
+    out_dir.mkdir(parents=True, exist_ok=True)
     bytes_recorded = 0
     train_seconds: float | None = None  # None: the recording was reused, nothing trained
     prior_dir = run_dir  # where the run's released popularity prior lies, if it has one

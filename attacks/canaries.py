@@ -299,6 +299,25 @@ def _one_run_eps(correct: int, guesses: int, beta: float) -> float:
     return float(optimize.brentq(lambda e: tail(e) - beta, 0.0, hi, xtol=1e-6))
 
 
+def check_canary_delta(n_canaries: int, delta: float, alpha: float) -> None:
+    """Refuse a delta the one-run bound cannot use: it spends ``m * delta`` of its
+    significance ``alpha`` (Steinke, Nasr, Jagielski 2023), so ``m * delta < alpha``.
+
+    Raises:
+        ConfigError: ``n_canaries * delta >= alpha``, naming the most canaries that fit.
+    """
+    if n_canaries * delta >= alpha:
+        most = max(0, math.ceil(alpha / delta) - 1)
+        while most > 0 and most * delta >= alpha:  # alpha / delta rounds up (0.025 / 1e-4)
+            most -= 1
+        raise ConfigError(
+            f"delta {delta:g} is too large for an audit with {n_canaries} canaries: the "
+            f"one-run bound spends canaries x delta ({n_canaries * delta:.3g}) of its "
+            f"significance {alpha:.3g}; audit with --canaries {most} or fewer, or train "
+            "with a smaller delta"
+        )
+
+
 def one_run_bound(
     scores: np.ndarray, included: np.ndarray, *, delta: float, alpha: float
 ) -> tuple[float, dict[str, int]]:
@@ -311,11 +330,8 @@ def one_run_bound(
     y = np.asarray(included, dtype=bool)
     m = s.size
     fractions = (0.05, 0.1, 0.2, 0.5, 1.0)
+    check_canary_delta(m, delta, alpha)
     beta = (alpha - m * delta) / len(fractions)
-    if beta <= 0:
-        raise ConfigError(
-            f"delta {delta:g} is too large for an audit with {m} canaries (m * delta >= alpha)"
-        )
     order = np.argsort(-s, kind="stable")
     best, detail = 0.0, {"guesses": 0, "correct": 0}
     for f in fractions:

@@ -390,6 +390,13 @@ def _optimization(
     )
 
 
+def canary_significance(cfg: AuditConfig, *, prior: bool) -> float:
+    """The significance each canary bound is computed at: ``1 - confidence``, halved for a
+    run with a popularity prior (two statistics, Bonferroni) and halved again between the
+    Clopper-Pearson and one-run bounds (:func:`_audit`)."""
+    return (1.0 - cfg.confidence) / (2.0 if prior else 1.0) / 2.0
+
+
 def _audit(
     scores: np.ndarray,
     canaries: Canaries,
@@ -403,12 +410,11 @@ def _audit(
     popularity prior, the rounds' and the prior's, each at ``alpha / 2`` (Bonferroni), and
     the larger bound is the audit's; within a statistic Clopper-Pearson and one-run split its
     level in two as well."""
-    alpha = 1.0 - cfg.confidence
     delta = train_cfg.privacy.delta if train_cfg.privacy.dp else 0.0
     stats = (
         {"rounds": scores} if prior_scores is None else {"rounds": scores, "prior": prior_scores}
     )
-    level = alpha / len(stats)
+    level = 2.0 * canary_significance(cfg, prior=prior_scores is not None)
     releases: dict[str, dict[str, Any]] = {}
     for name, s in stats.items():
         cp = clopper_pearson_bound(s, canaries.included, delta=delta, alpha=level / 2, rng=rng)

@@ -401,7 +401,11 @@ def _privacy_summary(aggregator: Aggregator) -> dict[str, Any]:
     describe = getattr(aggregator, "summary", None)
     if describe is None:
         return {"epsilon": None, "privacy_unit": None, "secagg": False}
-    return dict(describe())
+    out = dict(describe())
+    # The ledger's count of events: the run's summary keeps "rounds" for rounds run (a secure
+    # round that aborted ran and released nothing); "released_rounds" counts the others.
+    out.pop("rounds", None)
+    return out
 
 
 def train(

@@ -283,3 +283,29 @@ def test_printed_table_keeps_names_whole_and_lists_unscored_attacks_below() -> N
         "not in the table: gradient-ratio (upload-observer): nothing in this run to score" in text
     )
     assert "not in the table: imia (upload-observer): skipped: not for this model" in text
+
+
+def test_a_delta_the_canary_bound_cannot_use_is_refused_before_training(
+    tmp_path, monkeypatch
+) -> None:
+    """The one-run bound spends canaries x delta of its significance (0.025 at the default
+    95 % confidence): delta 1e-4 with 256 canaries used to be refused only after the whole
+    replay had trained, leaving a run without audit.json. It is refused first, in one line
+    naming the canaries that fit, and nothing is written."""
+    import attacks.audit
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the audit trained before refusing its delta")
+
+    monkeypatch.setattr(attacks.audit, "train", no_training)
+    out = tmp_path / "audit"
+    args = ["--epsilon", "2", "--delta", "1e-4", "--out", str(out), *SMALL, "--canaries", "256"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2, res.output
+    text = " ".join(res.output.split())
+    assert "delta 0.0001 is too large for an audit with 256 canaries" in text
+    assert "--canaries 250 or fewer" in text  # 250 x 1e-4 < 0.025 (1 - 0.95 is 0.05 + 4e-17)
+    assert "Traceback" not in res.output and not out.exists()
+    # With a popularity prior the significance is halved again: 125 canaries fit.
+    res = runner.invoke(app, [*args, "--canaries", "200", "--private-prior", "0.5"])
+    assert res.exit_code == 2 and "--canaries 125 or fewer" in " ".join(res.output.split())

@@ -45,6 +45,30 @@ def test_plan_sizes_shares_for_min_survivors() -> None:
     )
 
 
+def test_a_share_divisor_below_t_sizes_larger_shares_and_nothing_else() -> None:
+    """A cohort of 12 with 5 % dropout tolerance: t = 12 survivors, shares sized for 11.4, so
+    12 surviving shares carry sigma^2 D2^2 / 0.95 and any t carry at least sigma^2 D2^2."""
+    kw = dict(clip=1.0, noise_multiplier=1.5, scale=1000.0, dim=400, min_survivors=12)
+    at_t = distributed_noise_plan(**kw)
+    plan = distributed_noise_plan(**kw, share_divisor=0.95 * 12)
+    d2 = plan.l2_sensitivity_after_rounding
+    assert plan.share_sigma == pytest.approx(1.5 * d2 / math.sqrt(11.4))
+    assert 12 * plan.share_sigma**2 == pytest.approx((1.5 * d2) ** 2 / 0.95)
+    assert plan.min_survivors == 12 and plan.share_sigma > at_t.share_sigma
+    assert {
+        k: v
+        for k, v in plan.__dict__.items()
+        if k not in ("share_sigma", "noise_bound", "per_coordinate_bound", "min_ring_bits")
+    } == {
+        k: v
+        for k, v in at_t.__dict__.items()
+        if k not in ("share_sigma", "noise_bound", "per_coordinate_bound", "min_ring_bits")
+    }
+    for bad in (0.0, -1.0, 12.5, math.nan, True):
+        with pytest.raises(ConfigError, match="share_divisor"):
+            distributed_noise_plan(**kw, share_divisor=bad)
+
+
 @pytest.mark.statistical
 def test_discrete_shares_sum_to_calibrated_variance() -> None:
     plan = distributed_noise_plan(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from typer.testing import CliRunner
@@ -106,6 +107,35 @@ def test_secagg_dp_round_below_min_survivors_releases_nothing(tmp_path):
     ledger = json.loads((tmp_path / "few" / "privacy_ledger.json").read_text())
     assert ledger["events"] == []
     assert res.summary["min_survivors"] == 57  # ceil(0.95 * 60)
+    # Two rounds ran and none released (the ledger's count of events used to overwrite
+    # "rounds", so a run with aborted rounds looked unfinished and printed "0 of 0").
+    assert res.summary["rounds"] == 2 and res.summary["released_rounds"] == 0
+
+
+def test_poisson_rounds_under_distributed_noise_size_shares_for_their_own_cohort(tmp_path):
+    """A Poisson cohort's size varies; each round's shares are sized for ceil(0.95 m) of its
+    own m clients (shares for 0.95 m), so no round aborts for a short sample and every
+    round's noise is sigma^2 D2^2 / 0.95 whatever m is: neither the aborts nor the noise's
+    size tells an observer of the releases how many clients were sampled. Shares sized for
+    a fixed t (the expected cohort) aborted the short rounds and gave the others m / t of the
+    calibrated variance."""
+    cfg = TrainConfig(
+        privacy=PrivacyConfig(secagg=True, epsilon=4.0),
+        **{**SMALL, "rounds": 6, "client_fraction": 0.5, "checkpoint_every": 6},
+    )
+    res = train(cfg, out=tmp_path / "poisson")
+    assert not any(m.get("aborted") for m in res.metrics)
+    events = json.loads((tmp_path / "poisson" / "privacy_ledger.json").read_text())["events"]
+    sizes = [m["participants"] for m in res.metrics]
+    assert len(events) == 6 and len(set(sizes)) > 1, sizes  # the sample's size varied
+    sigma = res.summary["noise_multiplier"]
+    for event, m in zip(events, sizes, strict=True):
+        assert event["noise_contributors"] == m
+        assert event["min_survivors"] == math.ceil(0.95 * m)
+        assert m * event["share_sigma"] ** 2 == pytest.approx(
+            (sigma * event["l2_sensitivity"]) ** 2 / 0.95
+        )
+    assert res.summary["min_survivor_fraction"] == 0.95 and "min_survivors" not in res.summary
 
 
 def _streamed(monkeypatch, workers):

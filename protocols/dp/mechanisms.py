@@ -275,7 +275,9 @@ class DistributedNoisePlan:
         rounding_beta: Conditional randomized rounding parameter beta.
         l2_sensitivity_after_rounding: D2, L2 bound of a rounded update, integer units.
         l1_sensitivity_after_rounding: D1 = D2 * min(sqrt(d), D2), integer units.
-        share_sigma: Each client's discrete Gaussian scale: ``sigma * D2 / sqrt(t)``.
+        share_sigma: Each client's discrete Gaussian scale: ``sigma * D2 / sqrt(t)``, or
+            over the square root of a smaller real ``share_divisor`` (see
+            :func:`distributed_noise_plan`).
         noise_bound: Per-coordinate bound on |sum of cohort_size shares| at failure_prob.
         per_coordinate_bound: Bound on |sum of rounded updates + shares| per coordinate:
             ``cohort_size * floor(D2) + noise_bound``.
@@ -365,6 +367,7 @@ def distributed_noise_plan(
     dim: int,
     min_survivors: int,
     cohort_size: int | None = None,
+    share_divisor: float | None = None,
     failure_prob: float = 2.0**-40,
     rounding_beta: float = DEFAULT_ROUNDING_BETA,
 ) -> DistributedNoisePlan:
@@ -386,6 +389,12 @@ def distributed_noise_plan(
             aggregation threshold).
         cohort_size: The most clients that can be summed, for ring sizing; defaults to
             ``min_survivors`` (pass the real cohort size when it is larger).
+        share_divisor: ``s = sigma * D2 / sqrt(share_divisor)``, a real number in
+            ``(0, t]`` (default ``t``): any t surviving shares still carry at least
+            ``sigma^2 D2^2``. Sizing the shares of a cohort of ``m`` for ``(1 - f) m``
+            rather than ``ceil((1 - f) m)`` keeps the noise of a round everyone survives at
+            ``sigma^2 D2^2 / (1 - f)`` whatever ``m`` is, so the noise's size (measurable
+            over many coordinates) says nothing about the cohort's size.
         failure_prob: Ring-overflow probability budget over all coordinates.
         rounding_beta: Conditional rounding beta in [0, 1); 0 for unconditional rounding.
 
@@ -406,11 +415,21 @@ def distributed_noise_plan(
     n_max = t if cohort_size is None else _positive_int(cohort_size, "cohort_size")
     if n_max < t:
         raise ConfigError(f"cohort_size {n_max} is below min_survivors {t}")
+    divisor = float(t) if share_divisor is None else share_divisor
+    if not (
+        isinstance(divisor, numbers.Real)
+        and not isinstance(divisor, bool)
+        and math.isfinite(divisor)
+        and 0 < divisor <= t
+    ):
+        raise ConfigError(
+            f"share_divisor must be a number in (0, min_survivors={t}], got {share_divisor!r}"
+        )
     if not (0.0 < failure_prob < 1.0):
         raise ConfigError(f"failure probability must be in (0, 1), got {failure_prob!r}")
     d2 = rounded_l2_bound(c * float(scale), d, rounding_beta)
     d1 = d2 * min(math.sqrt(d), d2)
-    share_sigma = z * d2 / math.sqrt(t)
+    share_sigma = z * d2 / math.sqrt(float(divisor))
     if share_sigma < 0.5:
         raise ConfigError(
             f"discrete noise share sigma {share_sigma!r} is below 0.5 integer units; "

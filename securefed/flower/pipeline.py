@@ -25,8 +25,8 @@ model as ``securefed.train`` with that seed, which is what the equivalence test 
 run without replay (the default) draws every DP random number from the OS and the node encodes
 only its own rows.
 
-This module reads a few private members of ``PrivateAggregator`` (``_ddg``,
-``_denominator``, ``_last``); they are the seam a future public split of ``_secure_round``
+This module reads a few private members of ``PrivateAggregator`` (``_denominator``,
+``_last``); they are the seam a future public split of ``_secure_round``
 should expose.
 """
 
@@ -72,7 +72,7 @@ class RoundParameters:
 
 def round_parameters(agg: PrivateAggregator, m: int) -> RoundParameters:
     """Codec and SecAgg configuration for a round of ``m`` participants (as in-process)."""
-    ddg = agg._ddg
+    ddg = agg.discrete_noise(m)
     if ddg is not None:
         plan = ddg.plan
         codec = FixedPointCodec.for_sum(
@@ -143,7 +143,7 @@ def encode_updates(
     dim = agg.dim
     factors, clipped = clip_factors(agg, updates)
     codec = params.codec
-    ddg = agg._ddg
+    ddg = agg.discrete_noise(params.secagg.n_clients)
     secure = agg.secure
     if secure and positions is not None:
         raise ProtocolError(
@@ -208,9 +208,12 @@ def finish_round(
     )
 
 
-def commit_before_unmask(agg: PrivateAggregator, *, round_index: int, survivors: int) -> Any:
-    """Account a secure round once the server knows whose masked inputs it holds, before it
-    asks for a single unmasking share (write-ahead; :meth:`PrivateAggregator.commit`).
+def commit_before_unmask(
+    agg: PrivateAggregator, *, round_index: int, survivors: int, participants: int
+) -> Any:
+    """Account a secure round of ``participants`` clients once the server knows whose masked
+    inputs it holds, before it asks for a single unmasking share (write-ahead;
+    :meth:`PrivateAggregator.commit`).
 
     Returns:
         The committed event (``None`` without user-level DP), to withdraw if unmasking aborts.
@@ -218,9 +221,10 @@ def commit_before_unmask(agg: PrivateAggregator, *, round_index: int, survivors:
     Raises:
         PrivacyBudgetError: the round would overspend; the server must not unmask.
     """
-    if agg.dp is None or agg._ddg is None:
+    ddg = agg.discrete_noise(participants)
+    if agg.dp is None or ddg is None:
         return None
-    event = agg._ddg.event(round_index, sample_rate=agg.sample_rate, noise_contributors=survivors)
+    event = ddg.event(round_index, sample_rate=agg.sample_rate, noise_contributors=survivors)
     agg.commit(event)
     return event
 

@@ -526,7 +526,7 @@ class FederatedServer:
         except RoundAborted as exc:
             record_abort(agg, str(exc), clipped=clipped, participants=m)
             return None, stats
-        ddg = agg._ddg
+        ddg = agg.discrete_noise(m)
         if ddg is not None and len(server.u3) < ddg.plan.min_survivors:
             # The noise shares are sized for at least that many inputs: never unmask fewer.
             reason = (
@@ -536,7 +536,7 @@ class FederatedServer:
             record_abort(agg, reason, clipped=clipped, participants=m)
             return None, stats
         # Account before unmasking: a round the budget refuses is never unmasked.
-        event = commit_before_unmask(agg, round_index=r, survivors=len(server.u3))
+        event = commit_before_unmask(agg, round_index=r, survivors=len(server.u3), participants=m)
         upcoming = self._upcoming(r, agg, owner) if ahead_next else None
         try:
             replies = self._send(
