@@ -186,6 +186,38 @@ def test_new_models_canary_bound_below_accountant(tmp_path, model) -> None:
     assert res.report["audit"]["epsilon_lower_bound"] <= accounted
 
 
+@pytest.mark.parametrize("model", ["fedrap", "fedrecgel", "fedals", "mostpop"])
+def test_the_audit_flags_noise_ten_times_below_what_is_accounted(
+    tmp_path, monkeypatch, model
+) -> None:
+    """A mutant mechanism: central noise at a tenth of the calibrated sigma, the ledger still
+    accounting epsilon 2 (true epsilon about 33). The canary test projects the release, less
+    every other participant, on each canary's whole clipped upload, and flags it: its lower
+    bound passes the accounted epsilon (MostPop, whose 3-item canaries fill 39 % of the clip,
+    reaches 1.36: at least two thirds of it). Scored on the canary item's coordinates only
+    (before 2026-12-06) the same runs read 0.21 (FedRAP), 0 (FedRecGEL) and 0.69 (MostPop):
+    the audit caught DP switched off, not DP weakened (docs/attacks.md)."""
+    from protocols.dp import CentralGaussian
+
+    real = CentralGaussian.noise_for_sum
+
+    def tenth(self, dim, *args, **kwargs):
+        return real(self, dim, *args, **kwargs) * 0.1
+
+    monkeypatch.setattr(CentralGaussian, "noise_for_sum", tenth)
+    cfg = TrainConfig(
+        model=model, rounds=2, client_fraction=1.0, privacy=PrivacyConfig(epsilon=2.0), **SMALL
+    )
+    res = audit(AuditConfig(train=cfg, attacks=("differencing",), canaries=100), out=tmp_path)
+    block = res.report["audit"]
+    accounted = res.report["accounted_epsilon"]
+    assert accounted == pytest.approx(2.0, abs=0.01)
+    if model == "mostpop":
+        assert block["epsilon_lower_bound"] > 2 * accounted / 3, block
+    else:
+        assert block["epsilon_lower_bound"] > accounted, block
+
+
 def test_centralized_reference_is_refused_by_the_audit(tmp_path) -> None:
     with pytest.raises(ConfigError, match="centralized reference"):
         audit(AuditConfig(train=TrainConfig(model="ials", **SMALL)), out=tmp_path)
