@@ -347,6 +347,10 @@ def secagg_engine(config: Any) -> Literal["batched", "objects"]:
     return "objects" if config.malicious else "batched"
 
 
+#: Cohort sizes tried for the smallest one secure aggregation accepts (secure_minimum).
+_SECURE_MINIMUM_SEARCH = 4096
+
+
 class PrivateAggregator:
     """Clip, noise, securely sum and account one round's updates (see module docstring)."""
 
@@ -383,6 +387,7 @@ class PrivateAggregator:
         # scale, and each cohort size's plan (:meth:`discrete_noise`).
         self._discrete_scale: float | None = None
         self._noise_plans: dict[int, DistributedDiscreteGaussian] = {}
+        self._secure_minimum: int | None = None
         if placement == "distributed" and not p.secagg and p.dp:
             placement_note = "continuous Gaussian shares (no secure aggregation)"
         else:
@@ -459,6 +464,42 @@ class PrivateAggregator:
         cfg = DPConfig(**{**self.dp.to_dict(), "accountant": accountant, "placement": "central"})
         return cfg.resolve_noise_multiplier(
             sample_rate=self.sample_rate, steps=self.rounds, n_users=self.n_users
+        )
+
+    def secure_minimum(self) -> int:
+        """The fewest clients a secure round can have at this run's secure-aggregation
+        settings: below it no (neighbours, threshold) meets the security and correctness
+        bounds (``SecAggConfig`` refuses it; 4 at the defaults), and the round aborts before
+        anything is encoded, releasing nothing. A Poisson cohort can fall that low where its
+        expected size is small."""
+        if self._secure_minimum is None:
+            from protocols.secagg import SecAggConfig
+
+            error: ConfigError | None = None
+            for n in range(2, _SECURE_MINIMUM_SEARCH):
+                try:
+                    SecAggConfig(
+                        n_clients=n,
+                        neighbours=self.p.secagg_neighbours,
+                        dropout_tolerance=self.p.secagg_dropout,
+                        corrupt_fraction=self.p.secagg_corrupt,
+                        mode=self.p.secagg_mode,
+                    )
+                except ConfigError as exc:
+                    error = exc
+                    continue
+                self._secure_minimum = n
+                break
+            else:
+                assert error is not None
+                raise error
+        return self._secure_minimum
+
+    def too_few(self, m: int) -> str:
+        """Why a secure round of ``m`` clients aborted before it began."""
+        return (
+            f"{m} participants, fewer than the {self.secure_minimum()} secure aggregation needs "
+            "at these settings"
         )
 
     def min_survivors(self, m: int) -> int:
@@ -786,8 +827,8 @@ class PrivateAggregator:
         )
 
         m = len(updates)
-        if m < 2:
-            self._last["aborted"] = "fewer than 2 participants"
+        if m < self.secure_minimum():
+            self._last["aborted"] = self.too_few(m)
             return None
         scale_bits = self.p.secagg_scale_bits
         t0 = time.perf_counter()

@@ -597,3 +597,24 @@ def test_joined_messages_split_back_and_malformed_ones_are_refused():
     for bad in (b"", b"\x00\x00\x01", (7).to_bytes(4, "big") + b"short"):
         with pytest.raises(IntegrityError):
             split_messages(bad)
+
+
+def test_the_round_fingerprint_carries_the_noise_share():
+    """Shares are sized for each round's own cohort since protocol 6: the fingerprint a node
+    checks before any secret carries the share's scale, so a node that would size its shares
+    otherwise (an older version: for the expected cohort) is refused even where bits, n, k
+    and t agree (the review found 11 of 13 cohort sizes that agreed)."""
+    import dataclasses
+
+    cfg = _cfg(synthetic_users=300, client_fraction=0.3)
+    split = load_split(cfg)
+    agg = build_aggregator(cfg, split, build_model(cfg, split))
+    params = round_parameters(agg, 60)
+    assert params.share_sigma == agg.discrete_noise(60).plan.share_sigma
+    assert params.fingerprint().endswith(f";share={params.share_sigma!r}")
+    older = dataclasses.replace(params, share_sigma=agg.discrete_noise(90).plan.share_sigma)
+    assert older.fingerprint() != params.fingerprint()
+    plain = _cfg(privacy=PrivacyConfig(secagg=True))
+    split = load_split(plain)
+    agg = build_aggregator(plain, split, build_model(plain, split))
+    assert round_parameters(agg, 60).fingerprint().endswith(";share=none")

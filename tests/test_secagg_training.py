@@ -138,6 +138,28 @@ def test_poisson_rounds_under_distributed_noise_size_shares_for_their_own_cohort
     assert res.summary["min_survivor_fraction"] == 0.95 and "min_survivors" not in res.summary
 
 
+def test_a_poisson_round_too_small_for_secure_aggregation_aborts_and_the_run_goes_on(tmp_path):
+    """At q = 0.05 of 60 users (3 expected) rounds of 1-3 clients come up; no (k, t) meets
+    secure aggregation's bounds below 4 clients at the defaults. Such a round aborts before
+    anything is encoded (nothing released or charged) and the run goes on; it used to stop
+    the run with a ConfigError from SecAggConfig."""
+    cfg = TrainConfig(  # replay: the seed's cohorts, so the small rounds surely come up
+        privacy=PrivacyConfig(secagg=True, epsilon=8.0, replay=True),
+        **{**SMALL, "rounds": 8, "client_fraction": 0.05, "checkpoint_every": 8},
+    )
+    res = train(cfg, out=tmp_path / "tiny")
+    sizes = [m["participants"] for m in res.metrics]
+    assert len(sizes) == 8 and any(0 < n < 4 for n in sizes), sizes
+    for m in res.metrics:
+        if m["participants"] < 4:
+            assert m["contributors"] == 0
+            assert "secure aggregation needs" in m["aborted"], m
+        else:
+            assert not m.get("aborted")
+    events = json.loads((tmp_path / "tiny" / "privacy_ledger.json").read_text())["events"]
+    assert len(events) == sum(n >= 4 for n in sizes) == res.summary["released_rounds"]
+
+
 def _streamed(monkeypatch, workers):
     """Stream every secure round of the SMALL run (the threshold at 1,000 ring words), in
     tiles of 256 coordinates and blocks of 512, with ``workers`` mask threads."""

@@ -53,8 +53,9 @@ from securefed.errors import ConfigError, IntegrityError, ProtocolError
 #: Version 2: large per-user messages travel as one array (apps.to_content). Version 3: the
 #: SecAgg wire format of version 2 (masked inputs packed to the ring's bits). Version 4: eager
 #: masking (a round's masked inputs travel with its shares). Version 5: SecAgg wire format 3
-#: (eager boxes carry shares of the fallback seed b').
-PROTOCOL = "securefed-flower/5"
+#: (eager boxes carry shares of the fallback seed b'). Version 6: distributed noise shares
+#: sized for each round's own cohort (the round fingerprint carries the share's scale).
+PROTOCOL = "securefed-flower/6"
 STAGES = ("hello", "train", "share", "masked", "consistency", "unmask", "evaluate")
 #: ``consistency`` runs in malicious mode only (the signed survivor set); ``unmask`` is last.
 SECAGG_STAGES = ("share", "masked", "consistency", "unmask")

@@ -57,16 +57,23 @@ from securefed.privacy import encode_rows  # noqa: E402
 
 @dataclass(frozen=True, kw_only=True)
 class RoundParameters:
-    """The public parameters of one secure round (same on the server and every node)."""
+    """The public parameters of one secure round (same on the server and every node).
+
+    ``share_sigma``: each client's distributed discrete Gaussian scale this round (integer
+    units; ``None`` without distributed noise), in the fingerprint so that a node that would
+    add other noise than the server accounts is refused before any secret is used."""
 
     codec: FixedPointCodec
     secagg: SecAggConfig
+    share_sigma: float | None = None
 
     def fingerprint(self) -> str:
         """A short public summary both sides compare before any secret is used."""
         c, s = self.codec, self.secagg
+        noise = "none" if self.share_sigma is None else repr(self.share_sigma)
         return (
-            f"bits={c.modulus_bits};scale={c.scale!r};n={s.n_clients};k={s.k};t={s.t};mode={s.mode}"
+            f"bits={c.modulus_bits};scale={c.scale!r};n={s.n_clients};k={s.k};t={s.t};"
+            f"mode={s.mode};share={noise}"
         )
 
 
@@ -93,7 +100,8 @@ def round_parameters(agg: PrivateAggregator, m: int) -> RoundParameters:
         modulus_bits=codec.modulus_bits,
         mode=agg.p.secagg_mode,
     )
-    return RoundParameters(codec=codec, secagg=sa_cfg)
+    share = ddg.plan.share_sigma if ddg is not None else None
+    return RoundParameters(codec=codec, secagg=sa_cfg, share_sigma=share)
 
 
 def public_seed(agg: PrivateAggregator, round_index: int) -> bytes:

@@ -436,7 +436,7 @@ class FederatedServer:
         m = int(participants.shape[0])
         timeout = self.settings.stage_timeout
         started = time.perf_counter()
-        aggregate = m >= 2
+        aggregate = m >= agg.secure_minimum()
         if ahead is not None:  # drawn with the keys, during the last round's unmask
             params, seed = ahead.params, ahead.seed
         else:
@@ -479,7 +479,7 @@ class FederatedServer:
                 stats[key] += float(reply.metrics.get(key, 0.0))
         clipped = int(stats["clipped"])
         if params is None:
-            record_abort(agg, "fewer than 2 participants", clipped=clipped, participants=m)
+            record_abort(agg, agg.too_few(m), clipped=clipped, participants=m)
             return None, stats
         assert params is not None
         directory = (
@@ -614,7 +614,7 @@ class FederatedServer:
             return None
         participants = self._cohort(r + 1)
         m = int(participants.shape[0])
-        if m < 2:
+        if m < agg.secure_minimum():
             return None
         params = round_parameters(agg, m)
         seed = public_seed(agg, r + 1)
