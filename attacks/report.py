@@ -468,5 +468,8 @@ def _audit(
         "threat_model": _UP if canaries.unit == "interaction" else _AGG,
         "attack": attack,
         "accounted_epsilon": summary.get("epsilon"),
+        # With Poisson cohorts the test knows which rounds a canary took part in (and whom
+        # to subtract): the guarantee against that adversary is the unamplified one.
+        "accounted_epsilon_unamplified": summary.get("epsilon_unamplified"),
         "delta": delta,
     }

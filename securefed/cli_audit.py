@@ -332,6 +332,12 @@ def _print(result: Any) -> None:
             f"{block['confidence']:.0%} confidence ({block['canaries']} canaries; "
             f"Clopper-Pearson {block['clopper_pearson']:.3f}, one-run {block['one_run']:.3f}); "
             f"accounted epsilon {_num(rep['accounted_epsilon'])}"
+            + (
+                f" (amplified by sampling; {_num(block['accounted_epsilon_unamplified'])} "
+                "against an adversary who knows the cohorts, as this test does)"
+                if block.get("accounted_epsilon_unamplified") is not None
+                else ""
+            )
         )
         releases = block.get("releases", {})
         if len(releases) > 1:

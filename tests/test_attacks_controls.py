@@ -218,6 +218,24 @@ def test_the_audit_flags_noise_ten_times_below_what_is_accounted(
         assert block["epsilon_lower_bound"] > accounted, block
 
 
+def test_a_poisson_audit_reports_the_epsilon_its_test_is_held_to(tmp_path) -> None:
+    """The canary test knows which rounds a canary took part in: under Poisson cohorts the
+    guarantee against it is the unamplified epsilon, which the audit reports beside the
+    printed (amplified) one."""
+    cfg = TrainConfig(
+        model="fedrap", rounds=2, client_fraction=0.5, privacy=PrivacyConfig(epsilon=2.0), **SMALL
+    )
+    res = audit(AuditConfig(train=cfg, attacks=("differencing",), canaries=100), out=tmp_path)
+    block = res.report["audit"]
+    assert block["accounted_epsilon"] == res.report["accounted_epsilon"] <= 2.0
+    assert block["accounted_epsilon_unamplified"] > 2.0
+    every = TrainConfig(model="fedrap", rounds=2, privacy=PrivacyConfig(epsilon=2.0), **SMALL)
+    res = audit(
+        AuditConfig(train=every, attacks=("differencing",), canaries=100), out=tmp_path / "all"
+    )
+    assert res.report["audit"]["accounted_epsilon_unamplified"] is None
+
+
 def test_centralized_reference_is_refused_by_the_audit(tmp_path) -> None:
     with pytest.raises(ConfigError, match="centralized reference"):
         audit(AuditConfig(train=TrainConfig(model="ials", **SMALL)), out=tmp_path)
