@@ -47,9 +47,13 @@ def eps_of_flags(p: float, p2: float, rounds: int, delta: float) -> float:
 
 
 def _smallest_eps(lp: np.ndarray, lq: np.ndarray, delta: float) -> float:
-    def excess(eps: float) -> float:
-        return float(np.clip(np.exp(lp) - np.exp(eps + lq), 0.0, None).sum())
+    return _bisect(
+        lambda eps: float(np.clip(np.exp(lp) - np.exp(eps + lq), 0.0, None).sum()), delta
+    )
 
+
+def _bisect(excess, delta: float) -> float:
+    """Smallest epsilon (to 1e-4) with ``excess(epsilon) <= delta`` (``excess`` decreasing)."""
     if excess(0.0) <= delta:
         return 0.0
     lo, hi = 0.0, 1.0
@@ -101,13 +105,7 @@ def eps_of_sizes(pmf: np.ndarray, pmf2: np.ndarray, rounds: int, delta: float, g
             hit = loss > eps
             return float((mass[hit] * (1.0 - np.exp(eps - loss[hit]))).sum())
 
-        a, b = 0.0, 1.0
-        while excess(b) > target:
-            a, b = b, 2 * b
-        while b - a > 1e-4:
-            mid = 0.5 * (a + b)
-            a, b = (mid, b) if excess(mid) > target else (a, mid)
-        out.append(b if excess(0.0) > target else 0.0)
+        out.append(_bisect(excess, target))
     return tuple(out)
 
 
