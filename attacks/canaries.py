@@ -299,6 +299,11 @@ def _one_run_eps(correct: int, guesses: int, beta: float) -> float:
     return float(optimize.brentq(lambda e: tail(e) - beta, 0.0, hi, xtol=1e-6))
 
 
+#: The one-run bound's grid of guess counts, as fractions of the canaries (Bonferroni over
+#: them): the top half of each count guessed in, the bottom half out, the rest abstained on.
+ONE_RUN_FRACTIONS = (0.05, 0.1, 0.2, 0.5, 0.8, 0.9, 1.0)
+
+
 def check_canary_delta(n_canaries: int, delta: float, alpha: float) -> None:
     """Refuse a delta the one-run bound cannot use: it spends ``m * delta`` of its
     significance ``alpha`` (Steinke, Nasr, Jagielski 2023), so ``m * delta < alpha``.
@@ -329,7 +334,7 @@ def one_run_bound(
     s = np.asarray(scores, dtype=np.float64)
     y = np.asarray(included, dtype=bool)
     m = s.size
-    fractions = (0.05, 0.1, 0.2, 0.5, 1.0)
+    fractions = ONE_RUN_FRACTIONS
     check_canary_delta(m, delta, alpha)
     beta = (alpha - m * delta) / len(fractions)
     order = np.argsort(-s, kind="stable")
