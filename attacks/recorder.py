@@ -183,7 +183,6 @@ class AttackRecorder:
         self._wants_upload = set(RECORDER_TABLES["upload"]) <= held
         self._wants_imia = "imia_score" in held
         self._absent: dict[int, torch.Tensor] = {}
-        self._absent_upload: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         # Canaries seen in an earlier round (FedRAP flips the sign of their own-row push).
         self._canary_seen: torch.Tensor | None = None
 
@@ -259,9 +258,11 @@ class AttackRecorder:
         return observer_hooks(self.plan.model)
 
     def _canary_rows(self, flat: torch.Tensor, view: Any, n_tot: int) -> torch.Tensor:
-        """``[c, n_tot, k]``: the coordinates of each item that the interaction canary test
-        reads: the model's ratio rows, the layout's first coordinates."""
+        """``[c, n_tot, k]``: the coordinates of each item that the canary test reads (the
+        model's ``canary_rows``; by default its ratio rows, the layout's first coordinates)."""
         hooks = self._hooks
+        if hooks.canary_rows is not None:
+            return hooks.canary_rows(flat, view.global_before, n_tot)
         k = hooks.ratio_width(view.global_before)
         return flat[:, : n_tot * k].view(flat.shape[0], n_tot, k)
 
@@ -478,17 +479,14 @@ class AttackRecorder:
         self, view: Any, updates: Any, clients: torch.Tensor, norms: torch.Tensor
     ) -> np.ndarray:
         """Known-others test on the release: subtract every other participant's clipped
-        contribution (the DP adversary knows the rest of the data) and project what is left
-        on the canary's whole clipped upload (the auditor owns the canary client)
-        (:meth:`_whole_upload_scores`).
+        contribution (the DP adversary knows the rest of the data), project the canary row
+        on the direction a positive would push it (the auditor owns the canary client).
 
         Interaction canaries: the release is each host's own upload (its DP-SGD output), so
         the canary row of the host's upload is projected; other clients do not enter."""
         plan = self.plan
         can = plan.canaries
         assert can is not None
-        if can.unit == "user":
-            return self._whole_upload_scores(view, updates, clients, norms)
         n_tot = _total_items(view, plan)
         factors = self._clip_factors(norms)
         position = torch.full((plan.n_users,), -1, dtype=torch.long)
@@ -500,94 +498,56 @@ class AttackRecorder:
         pos[present] = position[users[present]]
         here = pos >= 0
         hooks = self._hooks
+
+        def extra(flat: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+            """The model's coordinates of item ``at[r]`` beyond its rows (``canary_extra``)."""
+            if hooks.canary_extra is None:
+                return flat.new_zeros(flat.shape[0], 0)
+            return hooks.canary_extra(flat, view.global_before, at)
+
         empty = torch.zeros(1, updates.layout.size)
-        k = self._canary_rows(empty[:0], view, n_tot).shape[-1]
-        obs = torch.zeros(users.shape[0], k)  # each host's own (clipped) canary row
+        k = self._canary_rows(empty[:0], view, n_tot).shape[-1] + extra(empty, items[:1]).shape[1]
+        obs = torch.zeros(users.shape[0], k)  # each canary's own (clipped) contribution
         if bool(here.any()):
             own = updates.dense(pos[here]) * factors[pos[here]].unsqueeze(1)
             own_rows = self._canary_rows(own, view, n_tot)
-            obs[here] = own_rows[torch.arange(own_rows.shape[0]), items[here]].to(obs.dtype)
-        # Present canaries: the direction a positive pushes the row (the auditor owns them).
-        # Absent ones: a fixed random unit vector (their score is noise either way).
-        d = self._absent_directions(k).clone()
-        if bool(present.any()):
-            truth_dir, _ = self._truth_direction(view, users[present])
-            d[present] = truth_dir.to(d.dtype)
-        if self._canary_seen is None:
-            self._canary_seen = torch.zeros(users.shape[0], dtype=torch.bool)
-        sign = hooks.canary_sign
-        if sign is not None:
-            # The model says how a positive's push on its row evolves after the first round
-            # (FedRAP: it flips; under DP-SGD its sign is unknown, so it is not scored).
-            d = d * sign(here & self._canary_seen).unsqueeze(1).to(d.dtype)
-        self._canary_seen |= here
+            own_rows = own_rows[torch.arange(own_rows.shape[0]), items[here]]
+            obs[here] = torch.cat([own_rows, extra(own, items[here])], 1).to(obs.dtype)
+        own_push = obs.clone()
+        if can.unit == "user":
+            # Plus the residual of the release after the other participants' contributions
+            # (not needed for interaction canaries, whose release is the host's upload).
+            resid = view.aggregate.total.to(torch.float32) - updates.weighted_sum(factors)
+            r = resid.unsqueeze(0)
+            rows = self._canary_rows(r, view, n_tot)[0][items]
+            obs += torch.cat([rows, extra(r.expand(items.shape[0], -1), items)], 1).to(obs.dtype)
+        # Present canaries: the direction their positive pushes the coordinates (the auditor
+        # owns them). Absent ones: a fixed random unit vector (their score is noise either way).
+        if hooks.canary_own_direction:
+            # The canary's own clipped contribution this round. Where it is zero (not in the
+            # cohort; a fedals item without a factor) the random vector too, so the score is
+            # the release's noise as an absent canary's: a zero direction would score exactly
+            # 0 and tell present canaries apart by a missing noise term, not by the release.
+            d = own_push
+            idle = d.norm(dim=1) == 0
+            d[idle] = self._absent_directions(k)[idle]
+        else:
+            d = self._absent_directions(k).clone()
+            if bool(present.any()):
+                truth_dir, _ = self._truth_direction(view, users[present])
+                d[present] = truth_dir.to(d.dtype)
+            if self._canary_seen is None:
+                self._canary_seen = torch.zeros(users.shape[0], dtype=torch.bool)
+            sign = hooks.canary_sign
+            if sign is not None:
+                # The model says how a positive's push on its row evolves after the first round
+                # (FedRAP: it flips; under DP-SGD its sign is unknown, so it is not scored).
+                d = d * sign(here & self._canary_seen, can.unit).unsqueeze(1).to(d.dtype)
+            self._canary_seen |= here
         d = d / d.norm(dim=1, keepdim=True).clamp_min(1e-30)
         score = (obs * d).sum(1).double().numpy()
         self.acc.canary_score += score
         return score
-
-    def _whole_upload_scores(
-        self, view: Any, updates: Any, clients: torch.Tensor, norms: torch.Tensor
-    ) -> np.ndarray:
-        """Each user-level canary's score this round: the release less every participant's
-        clipped contribution (what is left is the mechanism's noise), plus the canary's own
-        clipped upload if it took part, projected on that upload's direction. A canary in
-        the round scores ``|x_c| + <noise, x_c / |x_c|>``; one not in it (or whose clipped
-        upload is zero) scores the noise on a fixed random unit direction (its own, over
-        ``_ABSENT_SUPPORT`` coordinates), which for isotropic noise has the same law as the
-        noise on any unit vector, so the two differ by the canary's push only.
-
-        This is the likelihood-ratio statistic of the "knows everyone else" adversary for a
-        Gaussian release: the whole upload, up to the clip, rather than the canary item's
-        coordinates alone (before 2026-12-06, a small part of the clip: docs/attacks.md,
-        "What the audit can and cannot see")."""
-        can = self.plan.canaries
-        assert can is not None
-        factors = self._clip_factors(norms)
-        resid = (view.aggregate.total.to(torch.float32) - updates.weighted_sum(factors)).flatten()
-        position = torch.full((self.plan.n_users,), -1, dtype=torch.long)
-        position[clients] = torch.arange(clients.shape[0])
-        users = torch.from_numpy(can.users)
-        present = users >= 0
-        pos = torch.full_like(users, -1)
-        pos[present] = position[users[present]]
-        score = torch.zeros(users.shape[0], dtype=torch.float64)
-        idle = torch.ones(users.shape[0], dtype=torch.bool)
-        where = torch.nonzero(pos >= 0).squeeze(1)
-        for lo in range(0, where.shape[0], _CANARY_CHUNK):
-            at = where[lo : lo + _CANARY_CHUNK]
-            rows = pos[at]
-            own = updates.dense(rows) * factors[rows].unsqueeze(1)
-            size = own.norm(dim=1)
-            moved = size > 0
-            unit = own[moved] / size[moved].unsqueeze(1)
-            score[at[moved]] = (size[moved] + unit @ resid).double()
-            idle[at[moved]] = False
-        if bool(idle.any()):
-            index, weight = self._absent_support(resid.shape[0])
-            score[idle] = (resid[index[idle]] * weight[idle]).sum(1).double()
-        out = score.numpy()
-        self.acc.canary_score += out
-        return out
-
-    def _absent_support(self, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per canary, a fixed random unit direction over ``min(dim, _ABSENT_SUPPORT)``
-        coordinates drawn without replacement: ``(index [c, s], weight [c, s])``."""
-        if dim not in self._absent_upload:
-            assert self.plan.canaries is not None
-            c = self.plan.canaries.size
-            s = min(dim, _ABSENT_SUPPORT)
-            gen = torch_generator(self.plan.seed, "audit-canary-upload-direction", dim)
-            index = torch.stack([torch.randperm(dim, generator=gen)[:s] for _ in range(c)])
-            weight = torch.randn(c, s, generator=gen)
-            self._absent_upload[dim] = (index, weight / weight.norm(dim=1, keepdim=True))
-        return self._absent_upload[dim]
-
-
-#: Canaries whose uploads are materialised at once by the whole-upload test.
-_CANARY_CHUNK = 64
-#: Coordinates of the random direction an idle canary's score reads the noise on.
-_ABSENT_SUPPORT = 4096
 
 
 def _total_items(view: Any, plan: RecordPlan) -> int:

@@ -326,11 +326,13 @@ def test_cooccurrence_upload_is_every_pair_of_head_items_at_unit_norm(small_spli
     torch.testing.assert_close(up.norms(), dense.norm(dim=1), rtol=1e-6, atol=1e-6)
 
 
-def test_audit_items_join_the_cooccurrence_set(small_split):
+def test_audit_items_join_the_cooccurrence_set_and_the_canary_reads_their_row(small_split):
     """``gram_audit_items`` (set by ``securefed audit``): the catalogue's last items join the
-    co-occurrence set beside the ``gram_items`` most counted others, and the layout grows by
-    them, so a canary's pair of fresh items is released with the rest of its upload."""
-    from securefed.models.fedals import gram_size
+    co-occurrence set beside the ``gram_items`` most counted others, the layout grows by
+    them, and the audit hook ``canary_extra`` returns exactly item ``i``'s row of each
+    upload's co-occurrence matrix (zero at itself; zeros for an item outside the set; no
+    columns in a count round)."""
+    from securefed.models.fedals import SPEC, gram_size
 
     big, audit_items = 8, 3
     cfg = FedALSConfig(
@@ -341,7 +343,9 @@ def test_audit_items_join_the_cooccurrence_set(small_split):
     assert gram_size(dataclasses.replace(cfg, gram_items=0), n) == 0  # ALS mode: no set
     m = FedALS(small_split, cfg, generator=torch.Generator().manual_seed(0))
     users = torch.arange(small_split.n_users)
-    up, _ = m.client_round(users, 0, None)  # the count round
+    hook = SPEC.observer.canary_extra
+    up, _ = m.client_round(users, 0, None)  # count round: no co-occurrence part yet
+    assert hook(up.dense(), _public(m), torch.zeros(len(up), dtype=torch.long)).shape[1] == 0
     total = up.weighted_sum(torch.ones(len(up)))
     m.apply_aggregate(Aggregate(total=total, contributors=len(up), denominator=len(up)), 0)
     members = torch.nonzero(m.head).reshape(-1)
@@ -349,8 +353,27 @@ def test_audit_items_join_the_cooccurrence_set(small_split):
     assert members.numel() == g and torch.equal(members[-audit_items:], torch.arange(n - 3, n))
     top = torch.argsort(m.prior[: n - audit_items], descending=True, stable=True)[:big]
     assert torch.equal(members[:-audit_items], torch.sort(top).values)
+    gb = _public(m)
     up, _ = m.client_round(users, 1, None)
-    assert m.layout.split(up.dense().double())["cooc"].shape == (len(up), g * (g - 1) // 2)
+    flat = up.dense()
+    cooc = m.layout.split(flat.double())["cooc"]
+    rows, cols = torch.triu_indices(g, g, offset=1)
+    outside = int(torch.nonzero(~m.head)[0])
+    read = 0.0
+    for item in [int(members[0]), int(members[5]), n - 1, outside]:
+        at = torch.full((len(up),), item, dtype=torch.long)
+        got = hook(flat, gb, at).double()
+        assert got.shape == (len(up), g)
+        for c in range(len(up)):
+            full = torch.zeros(g, g, dtype=torch.float64)
+            full[rows, cols] = cooc[c]
+            full = full + full.T
+            want = (
+                full[(members == item).nonzero().reshape(-1)[0]] if item != outside else 0 * full[0]
+            )
+            torch.testing.assert_close(got[c], want, rtol=0, atol=0)
+        read += float(got.abs().sum()) if item != outside else 0.0
+    assert read > 0  # the rows read are not all empty
 
 
 def _public(model):

@@ -1263,6 +1263,33 @@ def _prepare_audit(config: Any, canary_items: int) -> Any:
     return dataclasses.replace(config, params=params)
 
 
+def _canary_cooc(
+    flat: torch.Tensor, global_before: dict[str, torch.Tensor], items: torch.Tensor
+) -> torch.Tensor:
+    """``[c, G]``: row ``r``'s co-occurrence coordinates of item ``items[r]`` with each of the
+    ``G`` co-occurrence items (zero at itself, and everywhere for an item outside the set);
+    ``[c, 0]`` when the upload has no co-occurrence part this round."""
+    head = global_before["head"] > 0.5
+    n = int(head.shape[0])
+    members = torch.nonzero(head).reshape(-1)
+    g = int(members.shape[0])
+    layout = fedals_layout(n, int(global_before["V"].shape[1]), g)
+    if "cooc" not in layout.names or layout.size != int(flat.shape[1]):
+        return flat.new_zeros(flat.shape[0], 0)
+    cooc = layout.split(flat)["cooc"]
+    length = int(cooc.shape[1])
+    position = torch.full((n,), -1, dtype=torch.long)
+    position[members] = torch.arange(g)
+    p = position[items.to(torch.long)].unsqueeze(1)
+    q = torch.arange(g).unsqueeze(0)
+    a, b = torch.minimum(p, q), torch.maximum(p, q)
+    # The pair (a, b), a < b, in the upper triangle packed row by row (torch.triu_indices).
+    index = a * (g - 1) - a * (a - 1) // 2 + (b - a - 1)
+    valid = (p >= 0) & (q != p)
+    out = cooc.gather(1, index.clamp(0, length - 1).expand(flat.shape[0], g))
+    return out * valid
+
+
 def _resolve(params: FedALSConfig, privacy: Any) -> FedALSConfig:
     """User-level DP runs use the private mode unless it was set explicitly; then the
     regularisation rule (:func:`resolve_reg`)."""
@@ -1307,10 +1334,17 @@ SPEC = ModelSpec(
         recovered_embedding=lambda direction, gb: -direction,
         ratio_width=lambda gb: int(gb["V"].shape[1]),
         positives_minority=False,
-        # Co-occurrence rounds release item pairs: each canary owns a pair of fresh items and
-        # the audit adds them to the co-occurrence set, so the releases carry the pair.
+        # The canary test reads the item's gradient row and count (a count round releases only
+        # the count) along the canary's own contribution: the private mode's first ALS round
+        # pushes a positive's row along +x_u, later rounds (and runs without DP) along -x_u.
+        canary_rows=lambda flat, gb, n_items: _item_rows(flat, gb, n_items)[0],
+        canary_own_direction=True,
+        # Co-occurrence rounds release item pairs: each canary owns a pair of fresh items, the
+        # audit adds them to the co-occurrence set, and the test reads the canary item's row
+        # of the released co-occurrence beside its gradient row and count.
         canary_items=2,
         prepare_audit=_prepare_audit,
+        canary_extra=_canary_cooc,
     ),
     unsupported_attacks={
         "imia": "fedals samples no negatives: every non-zero item row of an upload is a "

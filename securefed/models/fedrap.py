@@ -1460,12 +1460,18 @@ def _item_rows(
     return rows, rows
 
 
-def _canary_sign(seen: torch.Tensor) -> torch.Tensor:
-    """The interaction canary test's weight of a round. In its first round a positive pushes
-    C[j] along +w_u; under DP-SGD the clipped push then competes with the unclipped
-    regulariser ``-lambda ||D_u - C||^2``, whose sign is not known in advance: later rounds
-    are not scored (0)."""
-    return torch.where(seen, torch.zeros(seen.shape), torch.ones(seen.shape))
+def _canary_sign(seen: torch.Tensor, unit: str) -> torch.Tensor:
+    """In its first round a positive pushes C[j] along +w_u; D_u[j] takes the same push, so
+    from then on -lambda ||D_u - C||^2 pushes C[j] away from D_u[j], along -w_u (measured:
+    every included canary's own-row projection is > 0 in its first round and < 0 in every
+    later one). Under DP-SGD (interaction canaries) the clipped push competes with the
+    unclipped regulariser, whose sign is not known in advance: later rounds are not scored."""
+    later = (
+        torch.zeros_like(seen, dtype=torch.float32)
+        if unit == "interaction"
+        else -torch.ones(seen.shape)
+    )
+    return torch.where(seen, later, torch.ones(seen.shape))
 
 
 def _against(updates: Any, global_before: dict[str, torch.Tensor]) -> Any:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from securefed.data.types import Split
     from securefed.federation.cohort import CohortSpec
 
+    _CanaryExtra = Callable[[torch.Tensor, dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -69,22 +70,35 @@ class ObserverHooks:
             vector an observer recovers from an estimated ratio-row direction.
         ratio_width: ``global_before -> k'``: the width of a ratio row. The ratio rows of item
             ``i`` are coordinates ``[i * k', (i + 1) * k')`` of the flat upload (the layout
-            starts with them), which the interaction canary audit reads.
-        canary_sign: ``seen_before [b] bool -> [b] float``: the interaction canary test's
-            weight of a round, +1 where a canary's push keeps ``truth_direction`` and 0
-            where its sign is unknown (not scored). None: always +1. (User-level canaries are
-            scored on their whole upload and need no model hook.)
+            starts with them), which the canary audit reads unless ``canary_rows`` says
+            otherwise.
+        canary_sign: ``(seen_before [b] bool, unit) -> [b] float``: +1 where a canary's push
+            keeps ``truth_direction``, -1 where it flips after the first round, 0 where its sign
+            is unknown (not scored). None: always +1.
         positives_minority: Whether training positives are the minority of a client's changed
             rows (the model samples negatives), which orients the ratio direction; False when
             every changed row is a positive.
         upload_against: ``(updates, global_before) -> updates``: the uploads as they left the
             clients, for update types that refer to server state the server step changes
             (FedRAP's refers to the live ``C``). None: the updates as they are.
+        canary_rows: ``(flat [c, d], global_before, n_items) -> [c, n_items, k]``: every
+            coordinate of an upload or a released sum that item ``i``'s data enters, which the
+            canary audit reads (fedals: the item's gradient row and its count, since a count
+            round releases only the count). None: the ratio rows.
+        canary_own_direction: Whether the canary test projects a canary's coordinates on the
+            canary client's own clipped contribution to them (the auditor owns the canary and
+            forms its upload) rather than on ``truth_direction`` with ``canary_sign``: for
+            models whose push on an item's coordinates changes form between rounds (fedals's
+            count and ALS rounds, whose first ALS round pushes along ``+x_u``).
         canary_items: Fresh items per user-level canary (attacks/canaries.py): 2 for a
             model that releases item pairs, so that each canary owns a pair.
         prepare_audit: ``(config, n_items) -> config``: the run's config adapted to an
             audit whose canary items are the last ``n_items`` of the planted catalogue
             (fedals: its co-occurrence rounds release their pairs too). None: unchanged.
+        canary_extra: ``(flat [c, d], global_before, items [c]) -> [c, e]``: coordinates
+            of row ``r`` of ``flat`` that item ``items[r]``'s data enters beyond its
+            ``canary_rows`` (fedals: the item's row of the released co-occurrence), read by
+            the canary test beside them. None: none.
     """
 
     item_rows: Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -92,11 +106,14 @@ class ObserverHooks:
     truth_direction: Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
     recovered_embedding: Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
     ratio_width: Callable[[dict[str, torch.Tensor]], int]
-    canary_sign: Callable[[torch.Tensor], torch.Tensor] | None = None
+    canary_sign: Callable[[torch.Tensor, str], torch.Tensor] | None = None
     positives_minority: bool = True
     upload_against: Callable[[Any, dict[str, torch.Tensor]], Any] | None = None
+    canary_rows: Callable[..., torch.Tensor] | None = None
+    canary_own_direction: bool = False
     canary_items: int = 1
     prepare_audit: Callable[[Any, int], Any] | None = None
+    canary_extra: _CanaryExtra | None = None
 
 
 def _all_cohort(n_users: int) -> CohortSpec | None:
