@@ -52,6 +52,7 @@ from securefed.errors import ConfigError
 from securefed.training import (
     TrainConfig,
     build_model,
+    check_run_dir_writable,
     load_config_file,
     load_split,
     public_state,
@@ -434,6 +435,7 @@ def _audit(
 
     if (out_dir / AUDIT_FILE).exists():
         raise ConfigError(f"{out_dir} already holds an audit; choose another --out")
+    check_run_dir_writable(out_dir, kind="audit directory")
     run_dir = Path(cfg.run) if cfg.run is not None else None
     train_cfg = _load_run(run_dir) if run_dir is not None else _replay_config(cfg.train)
     chosen, skipped = _resolve_attacks(cfg, train_cfg)

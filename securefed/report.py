@@ -704,8 +704,11 @@ def run_report(
             memory (:func:`estimate_sweep`); nothing was trained.
         DataError: The dataset is missing or malformed.
     """
+    from securefed.training import check_run_dir_writable
+
     check_report_dependencies()  # before the first cell trains, not after the last
     out = Path(out)
+    check_run_dir_writable(out, kind="report directory")
     notes: list[str] = []
     config = _cheap_references(config, notes)
     cells, skipped = plan_cells(config)
@@ -1032,7 +1035,10 @@ def build_report(
         out: Report directory to write (created).
         min_hr: Utility floor of the summary (see :class:`ReportConfig`).
     """
+    from securefed.training import check_run_dir_writable
+
     check_report_dependencies()
+    check_run_dir_writable(Path(out), kind="report directory")
     skipped: list[SkippedCell] = []
     notes: list[str] = []
     for d in dirs:  # skipped combinations recorded by an earlier sweep stay in the report

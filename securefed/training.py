@@ -907,8 +907,9 @@ def _non_finite_names(tensors: Mapping[str, Any], prefix: str = "") -> list[str]
     return names
 
 
-def check_run_dir_writable(run_dir: Path) -> None:
-    """Refuse a run directory that cannot be created or written, changing nothing.
+def check_run_dir_writable(run_dir: Path, *, kind: str = "run directory") -> None:
+    """Refuse a run directory (or an audit's or report's, ``kind``) that cannot be created or
+    written, changing nothing.
 
     Probes the nearest existing folder on the way to ``run_dir`` with a temporary file (removed
     at once): permission bits alone would pass for root on a read-only file system.
@@ -921,14 +922,14 @@ def check_run_dir_writable(run_dir: Path) -> None:
         probe = probe.parent
     if not probe.is_dir():
         raise ConfigError(
-            f"cannot create the run directory {run_dir}: {probe} is a file, not a folder; "
+            f"cannot create the {kind} {run_dir}: {probe} is a file, not a folder; "
             "choose another --out"
         )
     try:
         fd, tmp = tempfile.mkstemp(dir=probe, prefix=".securefed-write-test.")
     except OSError as exc:
         raise ConfigError(
-            f"cannot write the run directory {run_dir}: {probe} is not writable "
+            f"cannot write the {kind} {run_dir}: {probe} is not writable "
             f"({exc.strerror or type(exc).__name__}); choose another --out"
         ) from None
     os.close(fd)

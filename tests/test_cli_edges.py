@@ -126,3 +126,41 @@ def test_a_seed_outside_what_the_derivation_hashes_is_one_line(tmp_path, seed):
     _one_clear_line(res)
     assert "seed must be an integer in [0, 2**128)" in res.output
     assert not (tmp_path / "r").exists()
+
+
+def test_first_hour_mistakes_found_in_review_are_one_line_each(tmp_path):
+    """A folder or a binary file as --config, a file as an audit's or a report's --out, a
+    non-boolean --param for a boolean setting and a delta below PRV's resolution were
+    tracebacks (or, for the --param, silently read as true)."""
+    binary = tmp_path / "bin.toml"
+    binary.write_bytes(b"\xff\xfe\x00bad")
+    afile = tmp_path / "afile.txt"
+    afile.write_text("keep me")
+    cases = [
+        (["train", *SMALL, "--config", str(tmp_path)], "is a folder, not a config file"),
+        (["train", *SMALL, "--config", str(binary)], "is not UTF-8 text"),
+        (
+            ["audit", *SMALL, "--canaries", "0", "--attacks", "row-change", "--out", str(afile)],
+            "cannot create the audit directory",
+        ),
+        (
+            [
+                "report", "--models", "fedals", "--references", "none", "--defenses", "none",
+                "--epsilons", "inf", "--seeds", "1", "--no-audit", *SMALL,
+                "--out", str(afile / "x"),
+            ],
+            "cannot create the report directory",
+        ),
+        (
+            ["train", *SMALL, "--epsilon", "2", "--param", "private=maybe",
+             "--out", str(tmp_path / "p")],
+            "fedals setting private is true or false, got 'maybe'",
+        ),
+    ]  # fmt: skip
+    for args, expected in cases:
+        res = runner.invoke(app, args)
+        _one_clear_line(res)
+        assert expected in " ".join(res.output.split()), (args, res.output)
+    assert afile.read_text() == "keep me" and not (tmp_path / "p").exists()
+    res = runner.invoke(app, ["account", "--epsilon", "2", "--delta", "1e-15"])
+    assert res.exit_code == 0 and "delta 1e-15" in res.output, res.output

@@ -304,3 +304,17 @@ def test_poisson_subsampled_rdp_is_zhu_wang_theorem_6(sigma, q):
     want = [_zhu_wang(lambda ell: float(ell) / (2 * sigma**2), a, q) for a in orders]
     np.testing.assert_allclose(got, want, rtol=1e-10)
     assert any(w < float(eps(a)) for w, a in zip(want, orders, strict=True))  # amplification
+
+
+def test_prv_answers_a_delta_below_its_resolution_with_the_rdp_bound() -> None:
+    """Opacus's PRV raises "Floating point errors will dominate" for delta below about 1e-13
+    (`securefed account --epsilon 2 --delta 1e-15` printed a traceback); the RDP bound, also
+    an upper bound, answers there, as it does outside PRV's other limits."""
+    from protocols.dp.accounting import gaussian_epsilon
+
+    history = [(2.0, 0.1, 100)]
+    rdp = gaussian_epsilon(history, delta=1e-15, accountant="rdp")
+    assert gaussian_epsilon(history, delta=1e-15, accountant="prv") == rdp
+    assert gaussian_epsilon(history, delta=1e-5, accountant="prv") < gaussian_epsilon(
+        history, delta=1e-5, accountant="rdp"
+    )

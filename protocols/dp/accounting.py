@@ -152,7 +152,8 @@ def gaussian_epsilon(
         An upper bound on epsilon (PRV returns its certified upper bound). With PRV, when
         the RDP bound exceeds ``PRV_MAX_EPSILON``, some sigma is below ``PRV_MIN_SIGMA`` or
         PRV's grid would exceed ``PRV_MAX_POINTS`` (very many steps) the RDP bound is
-        returned: PRV's domain would not fit in memory or time there.
+        returned: PRV's domain would not fit in memory or time there; so it is where delta
+        is below PRV's floating-point resolution (about 1e-13).
     """
     if not history:
         return 0.0
@@ -176,7 +177,15 @@ def gaussian_epsilon(
         # q = 1 makes Opacus's PRV evaluate log(1 - q) = -inf harmlessly; RDP warns when
         # the optimal order is at the edge of its grid. Neither affects the bound.
         warnings.simplefilter("ignore")
-        return float(acc.get_epsilon(delta=delta))
+        try:
+            return float(acc.get_epsilon(delta=delta))
+        except ValueError as exc:
+            # PRV refuses a delta below its grid's floating-point resolution (about 1e-13 at
+            # typical domains: "Floating point errors will dominate"); RDP, also an upper
+            # bound, answers there.
+            if accountant != "prv" or "Floating point errors" not in str(exc):
+                raise
+            return gaussian_epsilon(history, delta=delta, accountant="rdp")
 
 
 def prv_grid_points(

@@ -271,6 +271,25 @@ def get_spec(name: str) -> ModelSpec:
     return spec
 
 
+def _typed(model: str, name: str, annotation: Any, value: Any) -> Any:
+    """``value`` checked against a settings field's annotation (``bool``, ``int``, ``float``,
+    optionally ``| None``): ``--param private=maybe`` was kept as the string "maybe", which
+    reads as true. Other annotations pass through (the settings' own checks apply)."""
+    kinds = {part.strip() for part in str(annotation).split("|")}
+    if value is None and "None" in kinds:
+        return value
+    base = kinds - {"None"}
+    if base == {"bool"} and not isinstance(value, bool):
+        raise ConfigError(f"{model} setting {name} is true or false, got {value!r}")
+    if base == {"int"} and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{model} setting {name} is a whole number, got {value!r}")
+    if base == {"float"}:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{model} setting {name} is a number, got {value!r}")
+        return float(value)
+    return value
+
+
 def params_from_flags(spec: ModelSpec, flags: Mapping[str, Any], base: Any = None) -> Any:
     """``base`` (or the defaults) with the CLI's model flags applied.
 
@@ -288,7 +307,7 @@ def params_from_flags(spec: ModelSpec, flags: Mapping[str, Any], base: Any = Non
                 f"--{flag.replace('_', '-')} is not a setting of {spec.name}; its settings: "
                 f"{', '.join(sorted(known))} (give them as --param key=value)"
             )
-        changes[name] = value
+        changes[name] = _typed(spec.name, name, known[name].type, value)
     try:
         return dataclasses.replace(params, **changes)
     except TypeError as exc:
