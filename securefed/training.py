@@ -30,7 +30,7 @@ from securefed.data.registry import load_dataset
 from securefed.data.split import leave_one_out
 from securefed.data.synthetic import make_synthetic
 from securefed.data.types import LoadReport, Split
-from securefed.errors import ConfigError, IntegrityError, PrivacyBudgetError
+from securefed.errors import ConfigError, DataError, IntegrityError, PrivacyBudgetError
 from securefed.evaluation import eval_user_sample, evaluate_splits
 from securefed.federation.aggregation import Aggregator, PlainAggregator
 from securefed.federation.base import Recommender
@@ -203,6 +203,11 @@ def load_split(config: TrainConfig, *, download_progress: Any = None) -> Split:
             ),
             min_inter,
         )
+        if data.n_users == 0:
+            raise DataError(
+                f"synthetic data: no user has at least {min_inter} interactions; lower "
+                "--min-interactions or raise --synthetic-items"
+            )
     else:
         data = load_dataset(
             config.dataset,
