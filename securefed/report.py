@@ -723,6 +723,14 @@ def run_report(
             "This sweep ran no attack audit (--no-audit); audits written by earlier sweeps "
             "into the same cells are kept."
         )
+    if not cells:
+        reasons = sorted({s.reason for s in skipped})
+        raise ConfigError(
+            "the grid has no cell to run"
+            + (f" ({'; '.join(reasons)})" if reasons else "")
+            + "; change --models, --defenses or --epsilons"
+        )
+    fresh_dir, fresh_file = not out.exists(), not (out / SWEEP_FILE).exists()
     out.mkdir(parents=True, exist_ok=True)
     runs.write_json(
         out / SWEEP_FILE,
@@ -733,7 +741,17 @@ def run_report(
             "notes": notes,
         },
     )
-    _sweep(config, cells, out, audit, progress)
+    try:
+        _sweep(config, cells, out, audit, progress)
+    except SecureFedError:
+        # Refused before any cell finished (bad data, too big for memory): leave nothing
+        # this call wrote behind; a sweep that finished cells keeps them to continue.
+        if not any((out / CELLS_DIR / c.name / runs.SUMMARY_FILE).exists() for c in cells):
+            if fresh_dir:
+                shutil.rmtree(out, ignore_errors=True)
+            elif fresh_file:
+                (out / SWEEP_FILE).unlink(missing_ok=True)
+        raise
     return _build(
         [out / CELLS_DIR / c.name for c in cells],
         out,

@@ -170,3 +170,28 @@ def test_first_hour_mistakes_found_in_review_are_one_line_each(tmp_path):
     assert not (tmp_path / "p").exists() and not (tmp_path / "mi").exists()
     res = runner.invoke(app, ["account", "--epsilon", "2", "--delta", "1e-15"])
     assert res.exit_code == 0 and "delta 1e-15" in res.output, res.output
+
+
+def test_a_report_refused_before_any_cell_leaves_nothing(tmp_path):
+    """A report whose dataset is missing or empty, or whose grid has no cell (dp at epsilon
+    inf), left a report.json behind (the second with "no finished run found in the given
+    directories", though none were given)."""
+    base = ["report", "--models", "fedals", "--references", "none", "--seeds", "1", "--no-audit"]
+    res = runner.invoke(
+        app, [*base, "--defenses", "none", "--epsilons", "inf", "--dataset", "nosuch.csv",
+              "--out", str(tmp_path / "r1")],
+    )  # fmt: skip
+    _one_clear_line(res)
+    res = runner.invoke(
+        app, [*base, "--defenses", "dp", "--epsilons", "inf", *SMALL, "--out", str(tmp_path / "r2")]
+    )
+    _one_clear_line(res)
+    assert "the grid has no cell to run" in " ".join(res.output.split())
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    res = runner.invoke(
+        app, [*base, "--defenses", "none", "--epsilons", "inf", "--dataset", str(empty),
+              "--out", str(tmp_path / "r3")],
+    )  # fmt: skip
+    _one_clear_line(res)  # refused by the first cell, after report.json was written
+    assert not any((tmp_path / name).exists() for name in ("r1", "r2", "r3"))
