@@ -446,6 +446,9 @@ def _audit(
             "attack statistics, so it cannot be re-simulated; audit without --run (the audit "
             "trains its own replay run) or audit a run trained with --replay-from-seed"
         )
+    from securefed.costs import check_synthetic_fits
+
+    check_synthetic_fits(train_cfg)  # before generating the data: nothing allocated yet
     split = load_split(train_cfg)
     n_real, n_real_users = split.n_items, split.n_users
     rng = numpy_generator(train_cfg.seed, "audit-canaries")

@@ -17,6 +17,7 @@ from securefed.costs import (
     CostEstimate,
     RunShape,
     available_memory,
+    check_synthetic_fits,
     estimate_run,
     fit_memory,
     format_bytes,
@@ -54,20 +55,11 @@ class RunCosts:
         self.updates = 0
 
     def check_before_load(self, config: TrainConfig) -> None:
-        """A synthetic dataset's generator holds dense ``users x items`` arrays: refuse one
-        that cannot fit before generating it (the shape is known from the config)."""
-        if config.dataset != "synthetic":
-            return
-        users, items = config.synthetic_users, config.synthetic_items
-        shape = RunShape(
-            users=users,
-            items=items,
-            train_interactions=users * min(106, max(items // 2, 3)),
-            synthetic=True,
-        )
-        self.speed = machine_speed()
-        # Dense views that would not fit are no refusal: before_build picks their storage.
-        fit_memory(config, estimate_run(config, shape, speed=self.speed))
+        """A synthetic dataset that cannot fit is refused before it is generated
+        (:func:`securefed.costs.check_synthetic_fits`)."""
+        speed = check_synthetic_fits(config)
+        if speed is not None:
+            self.speed = speed
 
     def before_build(self, config: TrainConfig, split: Split) -> TrainConfig:
         """``train(before_build=...)``: estimate from the loaded split and refuse a run whose

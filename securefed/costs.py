@@ -50,6 +50,7 @@ __all__ = [
     "available_memory",
     "choose_views",
     "check_memory",
+    "check_synthetic_fits",
     "estimate_run",
     "fit_memory",
     "format_bytes",
@@ -1054,6 +1055,30 @@ def fit_memory(
         config, estimate = chosen
     check_memory(config, estimate, available)
     return config, estimate, available
+
+
+def check_synthetic_fits(config: TrainConfig, *, speed: float | None = None) -> float | None:
+    """A synthetic dataset's generator holds dense ``users x items`` arrays: refuse one that
+    cannot fit before generating it (the shape is known from the config). Other datasets
+    pass (their estimate needs the loaded split). Returns the machine speed used (None for
+    other datasets).
+
+    Raises:
+        InsufficientMemory: see :func:`check_memory`.
+    """
+    if config.dataset != "synthetic":
+        return None
+    users, items = config.synthetic_users, config.synthetic_items
+    shape = RunShape(
+        users=users,
+        items=items,
+        train_interactions=users * min(106, max(items // 2, 3)),
+        synthetic=True,
+    )
+    speed = machine_speed() if speed is None else speed
+    # Dense views that would not fit are no refusal: the run picks their storage later.
+    fit_memory(config, estimate_run(config, shape, speed=speed))
+    return speed
 
 
 def refuse_if_too_large(config: TrainConfig, split: Split) -> TrainConfig:

@@ -709,6 +709,10 @@ def run_report(
     check_report_dependencies()  # before the first cell trains, not after the last
     out = Path(out)
     check_run_dir_writable(out, kind="report directory")
+    from securefed.costs import check_synthetic_fits
+
+    for model in config.models:  # a synthetic dataset too big is refused before it exists
+        check_synthetic_fits(TrainConfig.from_dict(config._base(model, 0)))
     notes: list[str] = []
     config = _cheap_references(config, notes)
     cells, skipped = plan_cells(config)

@@ -195,3 +195,21 @@ def test_a_report_refused_before_any_cell_leaves_nothing(tmp_path):
     )  # fmt: skip
     _one_clear_line(res)  # refused by the first cell, after report.json was written
     assert not any((tmp_path / name).exists() for name in ("r1", "r2", "r3"))
+
+
+@pytest.mark.parametrize("command", ["audit", "report"])
+def test_audit_and_report_refuse_synthetic_data_too_big_before_generating_it(tmp_path, command):
+    """`train` refused 2M x 500k synthetic data before generating it; `audit` and `report`
+    generated it first and died in numpy (ArrayMemoryError, a traceback; report left its
+    report.json)."""
+    huge = ["--synthetic-users", "2000000", "--synthetic-items", "500000", "--rounds", "1"]
+    extra = (
+        ["--models", "fedals", "--references", "none", "--defenses", "none", "--epsilons",
+         "inf", "--seeds", "1", "--no-audit"]
+        if command == "report"
+        else []
+    )  # fmt: skip
+    res = runner.invoke(app, [command, *extra, *huge, "--out", str(tmp_path / "o")])
+    _one_clear_line(res)
+    assert "mostly generating the synthetic data" in " ".join(res.output.split())
+    assert not (tmp_path / "o").exists()
