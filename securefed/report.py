@@ -747,7 +747,7 @@ def run_report(
     )
     try:
         _sweep(config, cells, out, audit, progress)
-    except SecureFedError:
+    except (ConfigError, DataError):
         # Refused before any cell finished (bad data, too big for memory): leave nothing
         # this call wrote behind; a sweep that finished cells keeps them to continue.
         if not any((out / CELLS_DIR / c.name / runs.SUMMARY_FILE).exists() for c in cells):
