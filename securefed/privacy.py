@@ -446,8 +446,43 @@ class PrivateAggregator:
                 self.noise_multiplier = self._central_sigma(accountant=accountant)
             else:
                 self.noise_multiplier = self._central_sigma(accountant=accountant)
+        self._refuse_a_cap_round_one_passes()
 
     # ------------------------------------------------------------------ setup
+    def _refuse_a_cap_round_one_passes(self) -> None:
+        """``--epsilon`` with ``--noise-multiplier`` is a budget cap (the run stops before a
+        round that would pass it); a cap that round 1 alone passes would train nothing and
+        exit as if it had run, so it is refused before anything is written."""
+        p = self.p
+        if p.epsilon is None or p.noise_multiplier is None:
+            return
+        cfg = self.interaction if self.interaction is not None else self.dp
+        if cfg is None:
+            return
+        if self.dpsgd is not None:
+            events = [
+                dpsgd_event(
+                    0,
+                    noise_multiplier=self.dpsgd.noise_multiplier,
+                    example_clip=self.dpsgd.example_clip,
+                )
+                for _ in range(self.releases_per_round)
+            ]
+        elif self.secagg:
+            m = self._largest_cohort()
+            events = [self._secure_event(0, self.min_survivors(m), m)]
+        else:
+            assert self.noise_multiplier is not None
+            central = CentralGaussian(clip=cfg.clip, noise_multiplier=self.noise_multiplier)
+            events = [central.event(0, sample_rate=self.sample_rate)]
+        eps = PrivacyLedger(events).epsilon(cfg.delta, cfg.accountant)
+        if eps > float(p.epsilon):
+            raise PrivacyBudgetError(
+                f"--noise-multiplier {p.noise_multiplier:g} spends epsilon {eps:.4g} in round "
+                f"1 alone, above the --epsilon {p.epsilon:g} cap, so nothing would train; "
+                "raise --noise-multiplier, or give --epsilon alone (it calibrates the noise)"
+            )
+
     def _central_sigma(self, *, accountant: str) -> float:
         assert self.dp is not None
         if self.prior_noise_multiplier is not None:

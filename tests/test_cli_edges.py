@@ -132,7 +132,8 @@ def test_first_hour_mistakes_found_in_review_are_one_line_each(tmp_path):
     """A folder or a binary file as --config, a file as an audit's or a report's --out, a
     non-boolean --param for a boolean setting and a delta below PRV's resolution were
     tracebacks (or, for the --param, silently read as true); a --min-interactions that drops
-    every synthetic user failed after the run directory was written."""
+    every synthetic user failed after the run directory was written; an --epsilon cap that
+    --noise-multiplier passes in round 1 trained nothing and exited 0."""
     binary = tmp_path / "bin.toml"
     binary.write_bytes(b"\xff\xfe\x00bad")
     afile = tmp_path / "afile.txt"
@@ -161,13 +162,18 @@ def test_first_hour_mistakes_found_in_review_are_one_line_each(tmp_path):
             ["train", *SMALL, "--min-interactions", "1000", "--out", str(tmp_path / "mi")],
             "synthetic data: no user has at least 1000 interactions",
         ),
+        (
+            ["train", *SMALL, "--epsilon", "2", "--noise-multiplier", "1",
+             "--out", str(tmp_path / "cap")],
+            "--noise-multiplier 1 spends epsilon 4.387 in round 1 alone, above the --epsilon 2",
+        ),
     ]  # fmt: skip
     for args, expected in cases:
         res = runner.invoke(app, args)
         _one_clear_line(res)
         assert expected in " ".join(res.output.split()), (args, res.output)
     assert afile.read_text() == "keep me"
-    assert not (tmp_path / "p").exists() and not (tmp_path / "mi").exists()
+    assert not any((tmp_path / name).exists() for name in ("p", "mi", "cap"))
     res = runner.invoke(app, ["account", "--epsilon", "2", "--delta", "1e-15"])
     assert res.exit_code == 0 and "delta 1e-15" in res.output, res.output
 
