@@ -315,7 +315,11 @@ def train(
                 rho_shared=rho_shared,
                 rho_private=rho_private,
             )
-            model_flags.update(parse_params(param or []))
+            given_as = {key: f"--{key.replace('_', '-')}" for key in model_flags}
+            given_as["lam"] = "--lambda"
+            params = parse_params(param or [])
+            given_as.update({key: f"--param {key}" for key in params})
+            model_flags.update(params)
             privacy = _given(
                 epsilon=epsilon,
                 delta=delta,
@@ -338,7 +342,9 @@ def train(
                 name = str(raw.get("model", DEFAULT_MODEL))
                 spec = get_spec(name)
                 table = spec.params_from_mapping(dict(raw.get(name, {})), section=name)
-                raw[name] = dataclasses.asdict(params_from_flags(spec, model_flags, table))
+                raw[name] = dataclasses.asdict(
+                    params_from_flags(spec, model_flags, table, given_as=given_as)
+                )
             cfg = TrainConfig.from_dict(raw)
         target = resume if resume is not None else out_dir
         if target is not None:

@@ -159,10 +159,14 @@ def audit(
                 if value is not None:
                     raw[key] = value
             flags = parse_params(param or [])
+            given_as = {key: f"--param {key}" for key in flags}
             if local_epochs is not None:
                 flags["local_epochs"] = local_epochs
+                given_as["local_epochs"] = "--local-epochs"
             if flags:
-                raw[spec.name] = dataclasses.asdict(params_from_flags(spec, flags))
+                raw[spec.name] = dataclasses.asdict(
+                    params_from_flags(spec, flags, given_as=given_as)
+                )
             raw["privacy"] = {
                 "epsilon": epsilon,
                 "delta": delta,

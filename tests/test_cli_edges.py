@@ -167,6 +167,8 @@ def test_first_hour_mistakes_found_in_review_are_one_line_each(tmp_path):
              "--out", str(tmp_path / "cap")],
             "--noise-multiplier 1 spends epsilon 4.387 in round 1 alone, above the --epsilon 2",
         ),
+        (["train", *SMALL, "--param", "dimm=8"], "--param dimm is not a setting of fedals"),
+        (["train", *SMALL, "--lambda", "0.5"], "--lambda is not a setting of fedals"),
     ]  # fmt: skip
     for args, expected in cases:
         res = runner.invoke(app, args)

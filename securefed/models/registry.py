@@ -290,12 +290,19 @@ def _typed(model: str, name: str, annotation: Any, value: Any) -> Any:
     return value
 
 
-def params_from_flags(spec: ModelSpec, flags: Mapping[str, Any], base: Any = None) -> Any:
+def params_from_flags(
+    spec: ModelSpec,
+    flags: Mapping[str, Any],
+    base: Any = None,
+    *,
+    given_as: Mapping[str, str] | None = None,
+) -> Any:
     """``base`` (or the defaults) with the CLI's model flags applied.
 
     ``flags`` maps CLI names (``dim``, ``local_epochs``, or any field given as
     ``--param key=value``) to values; a flag the model has no field for is an error that
-    names the model's fields.
+    names the model's fields, and the flag as the user gave it (``given_as``: ``lam`` ->
+    ``--lambda``, ``dimm`` -> ``--param dimm``; by default ``--`` and the name).
     """
     params = base if base is not None else spec.params()
     known = {f.name: f for f in dataclasses.fields(spec.params)}
@@ -303,8 +310,9 @@ def params_from_flags(spec: ModelSpec, flags: Mapping[str, Any], base: Any = Non
     for flag, value in flags.items():
         name = spec.cli_params.get(flag, flag)
         if name not in known:
+            shown = (given_as or {}).get(flag, f"--{flag.replace('_', '-')}")
             raise ConfigError(
-                f"--{flag.replace('_', '-')} is not a setting of {spec.name}; its settings: "
+                f"{shown} is not a setting of {spec.name}; its settings: "
                 f"{', '.join(sorted(known))} (give them as --param key=value)"
             )
         changes[name] = _typed(spec.name, name, known[name].type, value)
