@@ -71,6 +71,7 @@ from securefed.errors import ConfigError, IntegrityError, PrivacyBudgetError
 from securefed.federation.base import Aggregate, ClientUpdates
 
 if TYPE_CHECKING:
+    from protocols.secagg import FixedPointCodec, SecAggConfig
     from securefed.config import TrainConfig
     from securefed.data.types import Split
 
@@ -508,18 +509,10 @@ class PrivateAggregator:
         anything is encoded, releasing nothing. A Poisson cohort can fall that low where its
         expected size is small."""
         if self._secure_minimum is None:
-            from protocols.secagg import SecAggConfig
-
             error: ConfigError | None = None
             for n in range(2, _SECURE_MINIMUM_SEARCH):
                 try:
-                    SecAggConfig(
-                        n_clients=n,
-                        neighbours=self.p.secagg_neighbours,
-                        dropout_tolerance=self.p.secagg_dropout,
-                        corrupt_fraction=self.p.secagg_corrupt,
-                        mode=self.p.secagg_mode,
-                    )
+                    self.secagg_config(n)
                 except ConfigError as exc:
                     error = exc
                     continue
@@ -529,6 +522,43 @@ class PrivateAggregator:
                 assert error is not None
                 raise error
         return self._secure_minimum
+
+    def secagg_config(self, n: int, modulus_bits: int | None = None) -> SecAggConfig:
+        """The SecAgg(+) configuration of a secure round of ``n`` clients at this run's
+        settings (neighbours, dropout tolerance, corrupt fraction, mode)."""
+        from protocols.secagg import SecAggConfig
+
+        return SecAggConfig(
+            n_clients=n,
+            neighbours=self.p.secagg_neighbours,
+            dropout_tolerance=self.p.secagg_dropout,
+            corrupt_fraction=self.p.secagg_corrupt,
+            modulus_bits=modulus_bits,
+            mode=self.p.secagg_mode,
+        )
+
+    def secure_parameters(self, m: int) -> tuple[FixedPointCodec, SecAggConfig]:
+        """The fixed-point codec and SecAgg configuration of a secure round of ``m`` clients:
+        the ring holds ``m`` clipped inputs (with distributed noise: rounded updates and one
+        noise share each, :meth:`discrete_noise`). The Flower server and nodes derive theirs
+        here too (:func:`securefed.flower.pipeline.round_parameters`), so both sides agree
+        with the in-process round bit for bit."""
+        from protocols.secagg import FixedPointCodec
+
+        ddg = self.discrete_noise(m)
+        if ddg is not None:
+            plan = ddg.plan
+            codec = FixedPointCodec.for_sum(
+                n_clients=m,
+                clip=plan.l2_sensitivity_after_rounding / plan.scale,
+                scale=plan.scale,
+                extra_int_bound=int(plan.noise_sum_bound(1)),
+            )
+        else:
+            codec = FixedPointCodec.for_sum(
+                n_clients=m, clip=self.clip, scale_bits=self.p.secagg_scale_bits
+            )
+        return codec, self.secagg_config(m, codec.modulus_bits)
 
     def too_few(self, m: int) -> str:
         """Why a secure round of ``m`` clients aborted before it began."""
@@ -717,20 +747,13 @@ class PrivateAggregator:
     ) -> torch.Tensor:
         """The securely aggregated sum of clipped ``updates`` (every client survives), for a
         release whose noise the server adds after unmasking."""
-        from protocols.secagg import FixedPointCodec, SecAggConfig, secure_sum
+        from protocols.secagg import FixedPointCodec, secure_sum
 
         m = len(updates)
         codec = FixedPointCodec.for_sum(
             n_clients=m, clip=self.prior_clip, scale_bits=self.p.secagg_scale_bits
         )
-        sa_cfg = SecAggConfig(
-            n_clients=m,
-            neighbours=self.p.secagg_neighbours,
-            dropout_tolerance=self.p.secagg_dropout,
-            corrupt_fraction=self.p.secagg_corrupt,
-            modulus_bits=codec.modulus_bits,
-            mode=self.p.secagg_mode,
-        )
+        sa_cfg = self.secagg_config(m, codec.modulus_bits)
         # The prior's count uploads give any block cheaply (MostPopUpdates.dense_block).
         ring = self._ring_inputs(
             updates,
@@ -855,9 +878,7 @@ class PrivateAggregator:
     ) -> Aggregate | None:
         from protocols.secagg import (
             DropoutSchedule,
-            FixedPointCodec,
             RoundAborted,
-            SecAggConfig,
             secure_sum,
         )
 
@@ -865,28 +886,9 @@ class PrivateAggregator:
         if m < self.secure_minimum():
             self._last["aborted"] = self.too_few(m)
             return None
-        scale_bits = self.p.secagg_scale_bits
         t0 = time.perf_counter()
         ddg = self.discrete_noise(m)
-        if ddg is not None:
-            plan = ddg.plan
-            share_bound = plan.noise_sum_bound(1)
-            codec = FixedPointCodec.for_sum(
-                n_clients=m,
-                clip=plan.l2_sensitivity_after_rounding / plan.scale,
-                scale=plan.scale,
-                extra_int_bound=int(share_bound),
-            )
-        else:
-            codec = FixedPointCodec.for_sum(n_clients=m, clip=self.clip, scale_bits=scale_bits)
-        sa_cfg = SecAggConfig(
-            n_clients=m,
-            neighbours=self.p.secagg_neighbours,
-            dropout_tolerance=self.p.secagg_dropout,
-            corrupt_fraction=self.p.secagg_corrupt,
-            modulus_bits=codec.modulus_bits,
-            mode=self.p.secagg_mode,
-        )
+        codec, sa_cfg = self.secure_parameters(m)
         ring: np.ndarray | EncodedBlocks | DiscreteGaussianBlocks
         streamed = streamed_secagg(self.config, m, self.dim)
         if ddg is not None and streamed:

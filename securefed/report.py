@@ -711,8 +711,9 @@ def run_report(
     check_run_dir_writable(out, kind="report directory")
     from securefed.costs import check_synthetic_fits
 
+    speed = None  # one machine probe for all models
     for model in config.models:  # a synthetic dataset too big is refused before it exists
-        check_synthetic_fits(TrainConfig.from_dict(config._base(model, 0)))
+        speed = check_synthetic_fits(TrainConfig.from_dict(config._base(model, 0)), speed=speed)
     notes: list[str] = []
     config = _cheap_references(config, notes)
     cells, skipped = plan_cells(config)

@@ -78,28 +78,10 @@ class RoundParameters:
 
 
 def round_parameters(agg: PrivateAggregator, m: int) -> RoundParameters:
-    """Codec and SecAgg configuration for a round of ``m`` participants (as in-process)."""
+    """Codec and SecAgg configuration for a round of ``m`` participants, as the in-process
+    round derives them (:meth:`PrivateAggregator.secure_parameters`)."""
+    codec, sa_cfg = agg.secure_parameters(m)
     ddg = agg.discrete_noise(m)
-    if ddg is not None:
-        plan = ddg.plan
-        codec = FixedPointCodec.for_sum(
-            n_clients=m,
-            clip=plan.l2_sensitivity_after_rounding / plan.scale,
-            scale=plan.scale,
-            extra_int_bound=int(plan.noise_sum_bound(1)),
-        )
-    else:
-        codec = FixedPointCodec.for_sum(
-            n_clients=m, clip=agg.clip, scale_bits=agg.p.secagg_scale_bits
-        )
-    sa_cfg = SecAggConfig(
-        n_clients=m,
-        neighbours=agg.p.secagg_neighbours,
-        dropout_tolerance=agg.p.secagg_dropout,
-        corrupt_fraction=agg.p.secagg_corrupt,
-        modulus_bits=codec.modulus_bits,
-        mode=agg.p.secagg_mode,
-    )
     share = ddg.plan.share_sigma if ddg is not None else None
     return RoundParameters(codec=codec, secagg=sa_cfg, share_sigma=share)
 
