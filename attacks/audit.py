@@ -56,6 +56,7 @@ from securefed.training import (
     load_config_file,
     load_split,
     public_state,
+    refuse_foreign_files,
     train,
 )
 
@@ -435,6 +436,7 @@ def _audit(
 
     if (out_dir / AUDIT_FILE).exists():
         raise ConfigError(f"{out_dir} already holds an audit; choose another --out")
+    refuse_foreign_files(out_dir, kind="audit directory")
     check_run_dir_writable(out_dir, kind="audit directory")
     run_dir = Path(cfg.run) if cfg.run is not None else None
     train_cfg = _load_run(run_dir) if run_dir is not None else _replay_config(cfg.train)

@@ -36,6 +36,7 @@ from securefed.cli_common import (
     MODEL_HELP,
     Delta,
     LocalEpochs,
+    OneLineErrors,
     SyntheticItems,
     SyntheticUsers,
     _fail,
@@ -56,6 +57,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=OneLineErrors,
 )
 
 
@@ -262,7 +264,12 @@ def train(
 
     from securefed.config import TrainConfig, load_config_file, refuse_legacy_secure
     from securefed.models.registry import DEFAULT_MODEL, get_spec, params_from_flags
-    from securefed.training import RunFinished, check_resume, check_run_dir_writable
+    from securefed.training import (
+        RunFinished,
+        check_resume,
+        check_run_dir_writable,
+        refuse_foreign_files,
+    )
     from securefed.training import train as run_train
 
     with _user_errors():
@@ -318,6 +325,10 @@ def train(
             given_as = {key: f"--{key.replace('_', '-')}" for key in model_flags}
             given_as["lam"] = "--lambda"
             params = parse_params(param or [])
+            both = sorted(set(params) & set(model_flags))
+            if both:
+                flags = ", ".join(f"{given_as[k]} and --param {k}" for k in both)
+                raise _fail(f"{flags} set the same setting; give it once")
             given_as.update({key: f"--param {key}" for key in params})
             model_flags.update(params)
             privacy = _given(
@@ -348,6 +359,8 @@ def train(
             cfg = TrainConfig.from_dict(raw)
         target = resume if resume is not None else out_dir
         if target is not None:
+            if resume is None:
+                refuse_foreign_files(Path(target))
             check_run_dir_writable(Path(target))  # one line, before any progress or data
         _run_with_progress(cfg, out_dir, resume, run_train)
 

@@ -7,14 +7,18 @@ imported on their own without importing the app that registers them.
 from __future__ import annotations
 
 import os
+import re
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
 from securefed.errors import SecureFedError
 from securefed.models.registry import model_names
@@ -70,6 +74,71 @@ def parse_params(items: list[str]) -> dict[str, Any]:
 EXIT_USER_ERROR = 2
 EXIT_RUN_FAILED = 1
 EXIT_INTERRUPTED = 130
+
+
+def usage_line(exc: click.UsageError, fallback: str = "securefed") -> str:
+    """One line for a command line that does not parse: what is wrong and where the help is
+    (``No such option '--epslion' (did you mean '--epsilon'?); see securefed train --help``).
+    ``fallback`` names the command when click's error carries no context (an option missing
+    its value)."""
+    sentences: list[str] = []
+    for sentence in re.split(r"(?<=[.?])\s+", " ".join(exc.format_message().split())):
+        if sentence not in sentences:  # typer and click can both suggest the same command
+            sentences.append(sentence)
+    text = " ".join(sentences).rstrip(".")
+    path = exc.ctx.command_path if exc.ctx is not None else fallback
+    return f"{text}; see {path} --help"
+
+
+class OneLineErrors(TyperGroup):
+    """The app's group: a command line that does not parse (unknown option or command, a
+    value of the wrong type, a missing argument) is refused in one line on stderr with exit
+    code 2, like every other user mistake, instead of click's usage box. ``securefed`` or
+    ``securefed flower`` without a command still prints its help."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Any = None,
+        prog_name: str | None = None,
+        *,
+        standalone_mode: bool = True,
+        **kwargs: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(args, prog_name, standalone_mode=False, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            exc.show()
+            sys.exit(0)
+        except click.UsageError as exc:
+            line = usage_line(exc, self._command_named(args, prog_name))
+            err.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
+            sys.exit(EXIT_USER_ERROR)
+        except click.ClickException as exc:
+            err.print(
+                f"[bold red]error:[/] {escape(exc.format_message())}",
+                highlight=False,
+                soft_wrap=True,
+            )
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            err.print("aborted", highlight=False)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+    def _command_named(self, args: Any, prog_name: str | None) -> str:
+        """``securefed train`` for ``securefed train --rounds``: the (sub)command the
+        command line names, as far as it names one."""
+        words = list(args) if args is not None else sys.argv[1:]
+        path = [str(prog_name or self.name or "securefed")]
+        command: click.Command = self
+        for word in words:
+            if not isinstance(command, click.Group) or word not in command.commands:
+                break
+            path.append(word)
+            command = command.commands[word]
+        return " ".join(path)
 
 
 def _fail(message: str) -> typer.Exit:

@@ -339,11 +339,12 @@ def _check_before_flower(cfg: Any, nodes: int, run_dir: Path) -> None:
     evaluation) and the number of nodes against the users."""
     from securefed import runs
     from securefed.flower.server import check_config
-    from securefed.training import check_run_dir_writable, load_split
+    from securefed.training import check_run_dir_writable, load_split, refuse_foreign_files
 
     check_config(cfg)
     if (run_dir / runs.CONFIG_FILE).exists():
         raise ConfigError(f"{run_dir} already holds a run; choose another --out")
+    refuse_foreign_files(run_dir)
     check_run_dir_writable(run_dir)
     split = load_split(cfg)
     if not 1 <= nodes <= split.n_users:

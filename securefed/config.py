@@ -129,6 +129,11 @@ class PrivacyConfig:
                 "--example-clip is the DP-SGD clip of --privacy-unit interaction; for "
                 "user-level DP use --clip"
             )
+        if self.clip is not None and not self.dp and not self.secagg:
+            raise ConfigError(
+                "--clip bounds the updates that DP noises (or each input of --secagg), and this "
+                "run has neither; add --epsilon or --noise-multiplier, or drop --clip"
+            )
         if not 0 <= self.secagg_dropout < 1:
             raise ConfigError(f"secagg dropout must be in [0, 1), got {self.secagg_dropout!r}")
         if not 0 <= self.secagg_simulate_dropout < 1:

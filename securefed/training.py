@@ -941,6 +941,21 @@ def check_run_dir_writable(run_dir: Path, *, kind: str = "run directory") -> Non
     os.unlink(tmp)
 
 
+def refuse_foreign_files(run_dir: Path, *, kind: str = "run directory") -> None:
+    """Refuse a ``--out`` folder that exists and holds anything: a run (or an audit) writes
+    a folder of its own, and writing beside someone's files would mix them with its results
+    (and a later clean-up of the run would take them along).
+
+    Raises:
+        ConfigError: one line naming the folder and what to do.
+    """
+    if run_dir.is_dir() and next(run_dir.iterdir(), None) is not None:
+        raise ConfigError(
+            f"{run_dir} already holds other files; a {kind} is written into a folder of its "
+            "own: choose a new or empty --out"
+        )
+
+
 def _complete_selected_round(
     config: TrainConfig, split: Split, metrics: list[dict[str, Any]], run_dir: Path
 ) -> None:
@@ -1026,6 +1041,7 @@ def _data_record(
 __all__ = [
     "MODELS",
     "check_run_dir_writable",
+    "refuse_foreign_files",
     "PrivacyConfig",
     "RoundObserver",
     "RoundRecord",

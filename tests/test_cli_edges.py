@@ -221,3 +221,69 @@ def test_audit_and_report_refuse_synthetic_data_too_big_before_generating_it(tmp
     _one_clear_line(res)
     assert "mostly generating the synthetic data" in " ".join(res.output.split())
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["train", "--epslion", "2"], "No such option '--epslion'"),
+        (["train", "--epsilon", "abc"], "'abc' is not a valid float; see securefed train --help"),
+        (["trian"], "No such command 'trian'. Did you mean 'train'?; see securefed --help"),
+        (["train", "--rounds"], "'--rounds' requires an argument; see securefed train --help"),
+        (["account", "extra"], "unexpected extra argument (extra); see securefed account --help"),
+        (["flower", "local", "--bogus"], "see securefed flower local --help"),
+    ],
+)
+def test_a_command_line_that_does_not_parse_is_one_line(args, expected):
+    """Click's usage box (five lines, a suggestion printed twice) was the one user mistake
+    not refused in one line; it names the command whose help to read."""
+    res = runner.invoke(app, args, prog_name="securefed")
+    _one_clear_line(res)
+    assert len(res.output.strip().splitlines()) == 1, res.output
+    assert expected in " ".join(res.output.split()), res.output
+    assert "Did you mean 'train'? Did you mean" not in res.output
+
+
+def test_help_still_prints_without_a_command():
+    for args in ([], ["flower"], ["train", "--help"]):
+        res = runner.invoke(app, args, prog_name="securefed")
+        assert res.exit_code == 0, (args, res.output)
+        assert "Usage: securefed" in res.output, res.output
+
+
+def test_flags_that_would_be_ignored_are_refused(tmp_path):
+    """--clip without DP or secure aggregation bounded nothing; --dim beside --param dim
+    trained with the --param value."""
+    cases = [
+        (["--clip", "2"], "this run has neither; add --epsilon or --noise-multiplier, or drop"),
+        (["--dim", "16", "--param", "dim=8"], "--dim and --param dim set the same setting"),
+    ]
+    for extra, expected in cases:
+        out = tmp_path / "r"
+        res = runner.invoke(app, ["train", *SMALL, *extra, "--out", str(out)])
+        _one_clear_line(res)
+        assert expected in " ".join(res.output.split()), res.output
+        assert not out.exists()
+    with pytest.raises(ConfigError, match="drop --clip"):
+        PrivacyConfig(clip=2.0)
+    assert PrivacyConfig(clip=2.0, secagg=True).clip == 2.0  # the secure-aggregation bound
+    assert PrivacyConfig(clip=2.0, epsilon=1.0).clip == 2.0
+
+
+@pytest.mark.parametrize("command", ["train", "audit"])
+def test_out_into_a_folder_holding_other_files_is_refused_and_they_stay(tmp_path, command):
+    """A run or an audit wrote its files beside whatever the --out folder held."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("keep me")
+    extra = ["--canaries", "0", "--attacks", "row-change"] if command == "audit" else []
+    res = runner.invoke(app, [command, *SMALL, *extra, "--out", str(folder)])
+    _one_clear_line(res)
+    assert "already holds other files" in " ".join(res.output.split()), res.output
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+    assert (folder / "notes.txt").read_text() == "keep me"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = runner.invoke(app, ["train", *SMALL, "--out", str(empty)])
+    assert res.exit_code == 0, res.output
+    assert (empty / "config.toml").exists()
