@@ -287,3 +287,34 @@ def test_out_into_a_folder_holding_other_files_is_refused_and_they_stay(tmp_path
     res = runner.invoke(app, ["train", *SMALL, "--out", str(empty)])
     assert res.exit_code == 0, res.output
     assert (empty / "config.toml").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "audit"])
+def test_a_data_file_too_big_for_memory_is_refused_before_it_is_read(
+    tmp_path, monkeypatch, command
+):
+    """A file dataset was read whole and parsed before any estimate: one larger than memory
+    ended in an out-of-memory kill. Its size and rows are now checked against the memory
+    available first (here 1 MB is made the whole machine's)."""
+    import securefed.costs
+
+    table = tmp_path / "big.csv"
+    table.write_text("user,item\n" + "".join(f"{u},{u % 7}\n" for u in range(20000)))
+    monkeypatch.setattr(securefed.costs, "available_memory", lambda: 1_000_000)
+
+    read_bytes = Path.read_bytes
+
+    def never_the_table(self: Path) -> bytes:
+        if self == table:
+            raise AssertionError("the table was read")
+        return read_bytes(self)
+
+    monkeypatch.setattr(Path, "read_bytes", never_the_table)
+    out = tmp_path / "o"
+    extra = ["--canaries", "0", "--attacks", "row-change"] if command == "audit" else []
+    res = runner.invoke(app, [command, "--dataset", str(table), *extra, "--out", str(out)])
+    _one_clear_line(res)
+    line = " ".join(res.output.split())
+    assert "about 20,0" in line and "rows) needs about" in line, line
+    assert "1.0 MB is available here" in line, line
+    assert not out.exists()

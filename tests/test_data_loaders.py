@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from securefed.data import filter_min_interactions
@@ -143,3 +144,23 @@ def test_missing_file_and_bad_users_file(tmp_path: Path) -> None:
     _write(tmp_path / "u.user", "1|24|X|writer|00000\n")
     with pytest.raises(DataError, match="gender 'X'"):
         load_ml100k(tmp_path)
+
+
+def test_a_parquet_table_too_big_for_memory_is_refused_from_its_metadata(tmp_path, monkeypatch):
+    """The rows come from the file's metadata: the table is never decoded."""
+    import securefed.costs
+    from securefed.costs import InsufficientMemory
+
+    frame = pd.DataFrame({"user": np.arange(20000) % 300, "item": np.arange(20000) % 7})
+    frame.to_parquet(tmp_path / "big.parquet")
+    monkeypatch.setattr(securefed.costs, "available_memory", lambda: 1_000_000)
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("the table was decoded")
+
+    monkeypatch.setattr(pd, "read_parquet", never)
+    with pytest.raises(InsufficientMemory, match="about 20,000 rows"):
+        load_table(tmp_path / "big.parquet")
+    monkeypatch.setattr(securefed.costs, "available_memory", lambda: None)  # unknown: no check
+    with pytest.raises(DataError, match="the table was decoded"):  # the check let it through
+        load_table(tmp_path / "big.parquet")
