@@ -105,17 +105,37 @@ def unused_path(base: Path) -> Path:
     return path
 
 
+def _metrics_line(record: Mapping[str, Any]) -> str:
+    """One round's line, strict JSON: a value that is not a finite number (the loss of a
+    round in which no client trained: an empty Poisson cohort) is ``null``, which every JSON
+    reader takes (``NaN`` is not JSON: ``jq`` and ``JSON.parse`` refuse the line)."""
+    return json.dumps(_finite_or_null(dict(record)), sort_keys=True, allow_nan=False) + "\n"
+
+
+def _finite_or_null(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_null(v) for v in value]
+    return value
+
+
 def append_metrics(run_dir: Path, record: Mapping[str, Any]) -> None:
-    """Append one round's metrics line; flushed and fsynced so a crash keeps whole lines."""
+    """Append one round's metrics line (:func:`_metrics_line`); flushed and fsynced so a
+    crash keeps whole lines."""
     path = run_dir / METRICS_FILE
     with path.open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(dict(record), sort_keys=True, allow_nan=True) + "\n")
+        fh.write(_metrics_line(record))
         fh.flush()
         os.fsync(fh.fileno())
 
 
 def read_metrics(run_dir: Path, *, upto_round: int | None = None) -> list[dict[str, Any]]:
-    """Metrics lines of a run (a torn last line from a crash is ignored)."""
+    """Metrics lines of a run (a torn last line from a crash is ignored); a ``null`` value
+    (written for a number that was not finite, :func:`_metrics_line`) reads back as NaN, as
+    the round's record held it (older files hold ``NaN`` itself, read the same)."""
     path = run_dir / METRICS_FILE
     if not path.exists():
         return []
@@ -127,12 +147,12 @@ def read_metrics(run_dir: Path, *, upto_round: int | None = None) -> list[dict[s
             break
         if upto_round is not None and rec["round"] > upto_round:
             break
-        records.append(rec)
+        records.append({k: math.nan if v is None else v for k, v in rec.items()})
     return records
 
 
 def rewrite_metrics(run_dir: Path, records: list[dict[str, Any]]) -> None:
-    text = "".join(json.dumps(r, sort_keys=True, allow_nan=True) + "\n" for r in records)
+    text = "".join(_metrics_line(r) for r in records)
     atomic_write_text(run_dir / METRICS_FILE, text)
 
 

@@ -949,6 +949,13 @@ def refuse_foreign_files(run_dir: Path, *, kind: str = "run directory") -> None:
     Raises:
         ConfigError: one line naming the folder and what to do.
     """
+    if kind == "run directory" and any(
+        (run_dir / name).exists() for name in (runs.CONFIG_FILE, runs.METRICS_FILE)
+    ):
+        raise ConfigError(
+            f"{run_dir} already holds a run; choose another --out or continue it "
+            f"with --resume {run_dir}"
+        )
     if run_dir.is_dir() and next(run_dir.iterdir(), None) is not None:
         raise ConfigError(
             f"{run_dir} already holds other files; a {kind} is written into a folder of its "

@@ -204,3 +204,26 @@ def test_default_directories_never_collide(tmp_path, monkeypatch):
     assert default_run_dir(cfg) == Path("runs/20261206-073000-fedals-synthetic-3")
     assert default_run_dir(cfg, "audits") == Path("audits/20261206-073000-fedals-synthetic")
     assert runs.unused_path(tmp_path / "nothing-here") == tmp_path / "nothing-here"
+
+
+def test_metrics_lines_are_strict_json_and_read_back_as_the_record_held_them(tmp_path):
+    """An empty Poisson cohort's loss (NaN) was written as a bare NaN, which jq and
+    JSON.parse refuse; it is null on disk and NaN again when securefed reads it back."""
+    import json as _json
+    import math as _math
+
+    from securefed import runs as _runs
+
+    _runs.append_metrics(tmp_path, {"round": 1, "loss": float("nan"), "hr": 0.5})
+    _runs.rewrite_metrics(
+        tmp_path,
+        [
+            {"round": 1, "loss": float("nan"), "hr": 0.5},
+            {"round": 2, "loss": float("inf"), "stages": {"train": float("nan")}, "hr": 0.25},
+        ],
+    )
+    for line in (tmp_path / "metrics.jsonl").read_text().splitlines():
+        _json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    first, second = _runs.read_metrics(tmp_path)
+    assert _math.isnan(first["loss"]) and first["hr"] == 0.5
+    assert _math.isnan(second["loss"]) and second["stages"] == {"train": None}
