@@ -51,6 +51,7 @@ from protocols.dp import (
     PrivacyLedger,
     calibrate_distributed_noise_multiplier,
     clip_scales,
+    clipped_count,
     discrete_gaussian,
     distributed_noise_plan,
     privacy_summary,
@@ -673,7 +674,7 @@ class PrivateAggregator:
         m = len(updates)
         norms = updates.norms()
         factors = clip_scales(norms, self.clip)
-        self._last = {"clipped_fraction": float((norms > self.clip).double().mean()) if m else 0.0}
+        self._last = {"clipped_fraction": clipped_count(norms, self.clip) / m if m else 0.0}
         denominator = self._denominator(m)
         if self.secagg:
             return self._secure_round(updates, factors, round_index, denominator)

@@ -126,7 +126,10 @@ def append_metrics(run_dir: Path, record: Mapping[str, Any]) -> None:
     """Append one round's metrics line (:func:`_metrics_line`); flushed and fsynced so a
     crash keeps whole lines."""
     path = run_dir / METRICS_FILE
-    with path.open("a", encoding="utf-8") as fh:
+    # Owner-only, as every other file of the run (mkstemp's 0600): the lines hold cohort sizes
+    # and clear losses, which no epsilon covers (docs/privacy.md).
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
         fh.write(_metrics_line(record))
         fh.flush()
         os.fsync(fh.fileno())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import secrets
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -235,6 +236,23 @@ def build_model(config: TrainConfig, split: Split) -> Recommender:
         dpsgd=dpsgd,
         noise_seed=config.seed,
     )
+
+
+def training_generator(config: TrainConfig, round_index: int, *path: str | int) -> torch.Generator:
+    """The generator of one round's local training (FedRAP's and FedRecGEL's negatives,
+    shuffles and batches; ``path`` names a Flower node's partition).
+
+    Seeded from the run seed, except in a DP run that draws from the OS (no
+    ``--replay-from-seed``): one stream serves every client of the round in user order, so
+    for whoever knows the seed (``config.toml`` records it) adding or removing one user
+    would shift every later user's draws, hence their clipped updates, and the sum would
+    move by more than the clip the noise is calibrated for (docs/privacy.md, "Local training
+    randomness"). There the seed comes from the OS and is not stored: each client's draws
+    are then fresh and independent of who else trains, as the sensitivity argument needs.
+    """
+    if config.privacy.os_randomness:
+        return torch.Generator().manual_seed(secrets.randbits(63))
+    return torch_generator(config.seed, "train", round_index, *path)
 
 
 def build_aggregator(config: TrainConfig, split: Split, model: Recommender) -> Aggregator:
@@ -685,7 +703,7 @@ def _train(
                     )
                     global_before = public_state(model) if observer is not None else {}
                     updates, stats = model.client_round(
-                        participants, r, torch_generator(config.seed, "train", r)
+                        participants, r, training_generator(config, r)
                     )
                     _check_finite(stats)  # before anything is released
                     try:
@@ -1048,6 +1066,7 @@ def _data_record(
 __all__ = [
     "MODELS",
     "check_run_dir_writable",
+    "training_generator",
     "refuse_foreign_files",
     "PrivacyConfig",
     "RoundObserver",

@@ -740,3 +740,45 @@ def test_population_rule_keeps_what_the_user_set(small_split):
     got, note = resolve_population(plain, small_split)
     assert note is None and got.params == dataclasses.replace(plain.params, dim=32)
     assert dataclasses.replace(got, params=plain.params) == plain
+
+
+def test_a_private_run_reports_no_clipping_where_uploads_are_built_to_the_bound(tmp_path):
+    """Found in review: float32 weights put norms at up to 1 + 7e-8 of the bound 1, and every
+    such upload counted as clipped (clipped_fraction 0.69, 0.49, 0.49 where the docs say the
+    clip never binds). The count ignores float rounding now; a real overshoot still counts."""
+    from protocols.dp import clipped_count
+
+    run = train(
+        TrainConfig(
+            model="fedals",
+            synthetic_users=300,
+            synthetic_items=200,
+            rounds=3,
+            privacy=PrivacyConfig(epsilon=2.0),
+        ),
+        out=tmp_path / "r",
+    )
+    assert [m["clipped_fraction"] for m in run.metrics] == [0.0, 0.0, 0.0]
+    norms = torch.tensor([1.0, 1.0 + 7e-8, 1.0 + 1e-5, 0.5, 3.0])
+    assert clipped_count(norms, 1.0) == 2
+
+
+def test_count_items_sample_is_drawn_even_without_a_generator(small_split):
+    """Found in review: client_round(..., None) skipped the count_items sample and weighed every
+    item 1/sqrt(k), uploads of norm up to 4.4 that only the server's clip bounded."""
+    cfg = FedALSConfig(private=True, private_dim=4, count_items=5, gram_items=0)
+    m = FedALS(small_split, cfg, generator=torch.Generator().manual_seed(0))
+    up, _ = m.client_round(torch.arange(small_split.n_users), 0, None)
+    assert float(up.norms().max()) <= 1 + 1e-6
+    assert int(torch.bincount(up.pair_client).max()) <= 5
+
+
+def test_cooccurrence_rounds_without_a_count_round_are_refused(small_split):
+    """Found in review: count_rounds = 0 with fewer co-occurrence items than the catalogue
+    crashed in the first upload (RuntimeError: repeats can not be negative, a traceback);
+    the items are chosen from a released count, so there must be one."""
+    cfg = FedALSConfig(private=True, private_dim=4, count_rounds=0, gram_items=10, count_only=False)
+    with pytest.raises(ConfigError, match="count_rounds = 0 releases none"):
+        FedALS(small_split, cfg, generator=torch.Generator().manual_seed(0))
+    ok = dataclasses.replace(cfg, gram_items=0)
+    FedALS(small_split, ok, generator=torch.Generator().manual_seed(0))

@@ -227,3 +227,18 @@ def test_metrics_lines_are_strict_json_and_read_back_as_the_record_held_them(tmp
     first, second = _runs.read_metrics(tmp_path)
     assert _math.isnan(first["loss"]) and first["hr"] == 0.5
     assert _math.isnan(second["loss"]) and second["stages"] == {"train": None}
+
+
+def test_metrics_lines_are_owner_only_like_every_other_file_of_the_run(tmp_path):
+    """Found in review: metrics.jsonl was appended with the umask's 0644 while every other
+    run file is written 0600; it holds cohort sizes and clear losses."""
+    import os as _os
+    import stat as _stat
+
+    from securefed import runs as _runs
+
+    _runs.append_metrics(tmp_path, {"round": 1, "loss": 0.5})
+    _runs.append_metrics(tmp_path, {"round": 2, "loss": 0.4})
+    mode = _stat.S_IMODE(_os.stat(tmp_path / "metrics.jsonl").st_mode)
+    assert mode == 0o600, oct(mode)
+    assert [m["round"] for m in _runs.read_metrics(tmp_path)] == [1, 2]

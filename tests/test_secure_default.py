@@ -235,3 +235,32 @@ def test_replay_needs_dp_and_legacy_secure_keys_keep_their_meaning(tmp_path):
         res = runner.invoke(app, [*command, "--config", str(path), "--out", str(out)])
         assert res.exit_code == 2 and "secure = false" in res.output, (command, res.output)
         assert not out.exists()
+
+
+@pytest.mark.parametrize("model", ["fedrap", "fedrecgel"])
+def test_local_training_draws_of_a_dp_run_are_not_derived_from_the_stored_seed(
+    tmp_path, monkeypatch, model
+):
+    """Found in review: one seeded stream served every client of a round in user order
+    (negatives, shuffles), so for whoever knows the seed removing one user shifted every later
+    user's draws and clipped update: FedRAP's sum moved by 5.8 clips for one user removed,
+    not 1. In a DP run that stream's seed now comes from the OS; replay keeps the seeded one."""
+    from securefed.models.registry import get_spec
+
+    cls = type(train(TrainConfig(model=model, rounds=1, **SMALL), out=tmp_path / "probe").model)
+    seeds: list[int] = []
+    original = cls.client_round
+
+    def spy(self, participants, round_index, generator):
+        seeds.append(generator.initial_seed())
+        return original(self, participants, round_index, generator)
+
+    monkeypatch.setattr(cls, "client_round", spy)
+    assert get_spec(model).federated
+    for name, replay in (("a", False), ("b", False), ("r", True)):
+        privacy = PrivacyConfig(epsilon=8.0, replay=replay)
+        train(TrainConfig(model=model, rounds=1, privacy=privacy, **SMALL), out=tmp_path / name)
+    seeded = derive_seed(0, "train", 0)
+    os_a, os_b, replayed = seeds
+    assert os_a != seeded and os_b != seeded and os_a != os_b
+    assert replayed == seeded

@@ -16,7 +16,7 @@ from protocols.dp.accounting import (
     poisson_subsampled_rdp,
     rdp_to_epsilon,
 )
-from protocols.dp.clipping import clip_rows, clip_scales
+from protocols.dp.clipping import clip_rows, clip_scales, clipped_count
 from protocols.dp.config import DPConfig, interaction_sample_rate, privacy_summary
 from protocols.dp.ledger import PrivacyEvent, PrivacyLedger
 from protocols.dp.mechanisms import (
@@ -46,6 +46,7 @@ __all__ = [
     "check_delta",
     "clip_rows",
     "clip_scales",
+    "clipped_count",
     "compute_epsilon",
     "conditional_randomized_round",
     "ddg_rdp",

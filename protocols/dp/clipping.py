@@ -98,6 +98,19 @@ def clip_scales(norms: torch.Tensor, clip: float) -> torch.Tensor:
     return _scale_factors(norms.to(torch.float64), float(clip)).to(torch.float32)
 
 
+#: A norm within this relative distance above the clip is float rounding of an update built
+#: to the bound (fedals' and the prior's weights are stored in float32: norms up to
+#: ``1 + 7e-8`` of a bound of 1), not an update the clip shortened.
+CLIPPED_TOLERANCE = 1e-6
+
+
+def clipped_count(norms: torch.Tensor, clip: float) -> int:
+    """How many of ``norms`` the clip shortens by more than float rounding
+    (:data:`CLIPPED_TOLERANCE`): the ``clipped_fraction`` a round reports. The scaling itself
+    (:func:`clip_scales`) applies to every norm above ``clip``."""
+    return int((norms.to(torch.float64) > float(clip) * (1.0 + CLIPPED_TOLERANCE)).sum())
+
+
 def _scale_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
     """``clip (1 - 2^-20) / norm`` where ``norm > clip``, else exactly 1 (float64 in and out)."""
     over = norms > clip

@@ -44,7 +44,7 @@ from securefed.evaluation import evaluate_splits
 from securefed.flower import enrollment, models
 from securefed.flower.pipeline import RoundParameters, encode_updates, round_parameters
 from securefed.flower.session import NodeSession
-from securefed.training import TrainConfig, build_model, load_split
+from securefed.training import TrainConfig, build_model, load_split, training_generator
 
 # ----------------------------------------------------------------------------- partitions
 
@@ -320,10 +320,8 @@ class NodeRuntime:
         models.load_global(self.config.model, self.model, arrays, scalars)
         if self.replay:
             gen = torch_generator(self.config.seed, "train", task.round_index)
-        else:  # this partition's own seeded stream (no DP claim relies on it)
-            gen = torch_generator(
-                self.config.seed, "train", task.round_index, "partition", self.partition_id
-            )
+        else:  # this partition's own stream: from the OS in a DP run (training_generator)
+            gen = training_generator(self.config, task.round_index, "partition", self.partition_id)
         updates, positions, stats = models.train_own(
             self.config.model, self.model, cohort, own, task.round_index, gen, replay=self.replay
         )

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from protocols.dp import clip_scales
+from protocols.dp import clip_scales, clipped_count
 from protocols.secagg import FixedPointCodec, SecAggConfig
 from protocols.seeding import derive_seed, numpy_generator, torch_generator
 from securefed.errors import ProtocolError
@@ -98,7 +98,7 @@ def clip_factors(agg: PrivateAggregator, updates: ClientUpdates) -> tuple[torch.
     """Per-row scale ``min(1, C / ||x||)`` (float32) and how many rows were clipped."""
     norms = updates.norms()
     factors = clip_scales(norms, agg.clip)
-    return factors, int((norms > agg.clip).sum())
+    return factors, clipped_count(norms, agg.clip)
 
 
 def encode_updates(

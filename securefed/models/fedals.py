@@ -496,8 +496,8 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
         if rp.gram_items:
             counts = "a count round" if rp.count_rounds == 1 else f"{rp.count_rounds} count rounds"
             what = (
-                f"{counts}, then co-occurrence rounds on the {rp.gram_items} items with "
-                "the largest counts"
+                f"{counts}, then co-occurrence rounds on the "
+                f"{min(rp.gram_items, split.n_items)} items with the largest counts"
             )
         elif population == "small":
             what = "a count round, then ALS on the items with a positive count"
@@ -512,9 +512,15 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
             else ", the rest ranked last by count; round selected on "
             f"{resolved.select_on or 'sampled'} validation HR@10"
         )
+    rounds_why = (
+        f", the large mode's (the private default of {config.rounds} was raised; "
+        "another number of rounds than that default is kept)"
+        if "rounds" in changes
+        else ""
+    )
     note = (
         f"private fedals: {population} population ({why}{count_why}{gram_why}): {what}; "
-        f'{resolved.rounds} rounds (docs/privacy.md, "The population rule")'
+        f'{resolved.rounds} rounds{rounds_why} (docs/privacy.md, "The population rule")'
     )
     return resolved, note
 
@@ -741,6 +747,13 @@ class FedALS:
         self.device = torch.device(device)
         d = config.factor_dim
         self.gram = gram_size(config, split.n_items)
+        no_count = config.private and not config.count_only and config.count_rounds == 0
+        if no_count and 0 < self.gram < split.n_items:
+            raise ConfigError(
+                f"the co-occurrence rounds choose their {self.gram} items from a released "
+                "count, and count_rounds = 0 releases none; give count_rounds >= 1 (or "
+                "gram_items = 0)"
+            )
         self.layout = fedals_layout(split.n_items, d, self.gram)
         self.V = torch.randn(split.n_items, d, generator=generator) * config.init_std
         self._eval_x: torch.Tensor | None = None
@@ -787,9 +800,12 @@ class FedALS:
         a, b = normal_equations(v, local, items, users.shape[0], alpha=float(cfg.alpha), reg=reg)
         return solve_rows(a, b)
 
-    def plan_round(self, participants: torch.Tensor, generator: torch.Generator) -> FedALSPlan:
+    def plan_round(
+        self, participants: torch.Tensor, generator: torch.Generator | None
+    ) -> FedALSPlan:
         """The cohort, and in a private count round with ``count_items`` the items each
-        client counts (a uniform sample drawn on the device)."""
+        client counts (a uniform sample drawn on the device: from OS randomness under
+        ``os_sampling`` or without a ``generator``)."""
         users = participants.to(torch.long).cpu()
         cfg = self.config
         if not (cfg.private and self._counting() and cfg.count_items is not None):
@@ -804,12 +820,10 @@ class FedALS:
     def client_round(
         self, participants: torch.Tensor, round_index: int, generator: torch.Generator | None
     ) -> tuple[FedALSUpdates, RoundStats]:
-        """Every participant solves its factor and forms its upload (batched)."""
-        if generator is None:
-            plan = FedALSPlan(participants=participants.to(torch.long).cpu())
-        else:
-            plan = self.plan_round(participants, generator)
-        return self._train_plan(plan)
+        """Every participant solves its factor and forms its upload (batched). Without a
+        ``generator`` a ``count_items`` sample comes from OS randomness (never skipped: each
+        count then weighs ``1/sqrt(count_items)`` and only the clip would bound the upload)."""
+        return self._train_plan(self.plan_round(participants, generator))
 
     def train_subset(
         self, plan: FedALSPlan, keep: torch.Tensor, round_index: int
