@@ -8,7 +8,8 @@ is calibrated for. This script measures that on the seeded stream (what a DP run
 and a ``--replay-from-seed`` run still uses; a DP run now seeds the stream from the OS:
 docs/privacy.md, "Local training randomness"):
 
-    python benchmarks/training_stream_shift.py --models fedrap,fedrecgel --cohort 100 --remove 0,50,99
+    python benchmarks/training_stream_shift.py --models fedrap,fedrecgel --cohort 100 \
+        --remove 0,50,99
 
 For each removed user: how many other clients' clipped updates changed, and the L2 distance
 between the two sums of clipped updates, in clips (1.0 is what the accounting assumes).

@@ -995,11 +995,16 @@ class PrivateAggregator:
         :class:`DiscreteGaussianBlocks`) an :class:`EncodedBlocks` that produces it a block at
         a time."""
         m, dim = len(updates), updates.layout.size
+        # The stochastic rounding of the plain codec (central noise after the secure sum, the
+        # prior's secure sum) draws for the clients in order from one stream: from a seed the
+        # run records, removing a user would shift every later user's rounding (found in
+        # review; 2e-5 of the clip), so a DP run drawing from the OS seeds it from the OS.
+        seed = secrets.randbits(63) if self.secure else self.seed
         if streamed:
             return EncodedBlocks(
-                updates, factors, codec, seed=self.seed, stream=stream, round_index=round_index
+                updates, factors, codec, seed=seed, stream=stream, round_index=round_index
             )
-        rng = numpy_generator(self.seed, stream, round_index)
+        rng = numpy_generator(seed, stream, round_index)
         round_gen = self._generator("dp-round", round_index)
         noise_gen = self._generator("dp-noise", round_index)
         ring = self._ring_table(m, dim)

@@ -296,3 +296,20 @@ def test_a_malicious_mode_run_resumes_with_the_same_enrollment(tmp_path):
     for a, b in zip(ref.metrics, res.metrics, strict=True):
         for key in ("test_hr@10", "contributors", "loss"):
             assert b[key] == a[key], key
+
+
+def test_an_enrolled_node_refuses_a_server_that_asks_for_semi_honest_mode(tmp_path):
+    """Found in review: the run's config reaches a node with every message, from the server;
+    an enrolled node followed a server that sent secagg_mode = "semi-honest", sent unsigned
+    keys, skipped the consistency round, and a server lying about survivors recovered an
+    input exactly. The enrollment now pins the mode: nothing is trained or sent."""
+    from securefed.errors import ProtocolError
+
+    transport, _ = _enrolled(tmp_path)
+    downgraded = _cfg(secagg_mode="semi-honest")
+    server = FederatedServer(
+        downgraded, run_dir=tmp_path / "run", transport=transport, settings=ServerSettings()
+    )
+    with pytest.raises(ProtocolError, match="enrolled for malicious-mode"):
+        server.run()
+    assert {stage for stage, _, _ in transport.seen} == {"hello"}

@@ -618,3 +618,30 @@ def test_the_round_fingerprint_carries_the_noise_share():
     split = load_split(plain)
     agg = build_aggregator(plain, split, build_model(plain, split))
     assert round_parameters(agg, 60).fingerprint().endswith(";share=none")
+
+
+@pytest.mark.parametrize("model", ["fedrap", "fedrecgel"])
+def test_interaction_dp_never_trains_without_dp_sgd_on_a_node(tmp_path, model):
+    """Found in review: with --privacy-unit interaction and --replay-from-seed a node replayed
+    the in-process plan, which is the non-private one: its uploads equalled a non-private
+    run's while the server's ledger counted DP-SGD releases (printed epsilon ~1, no noise)."""
+    from securefed.flower.server import check_config
+    from securefed.training import build_model, load_split
+
+    privacy = PrivacyConfig(epsilon=1.0, privacy_unit="interaction", replay=True, secagg=True)
+    cfg = TrainConfig(model=model, synthetic_users=60, synthetic_items=400, privacy=privacy)
+    with pytest.raises(ConfigError, match="interaction-level DP on Flower"):
+        check_config(cfg)
+    split = load_split(cfg)
+    dp_model = build_model(cfg, split)
+    assert dp_model.dpsgd is not None
+    cohort = torch.arange(20)
+    with pytest.raises(ConfigError, match="cannot replay"):
+        models.train_own(
+            model, dp_model, cohort, cohort[:10], 0, torch.Generator().manual_seed(0), replay=True
+        )
+    # Without replay the node runs DP-SGD on its own users: a dense, noised upload.
+    updates, _, _ = models.train_own(
+        model, dp_model, cohort, cohort[:10], 0, torch.Generator().manual_seed(0), replay=False
+    )
+    assert isinstance(updates, DenseUpdates)

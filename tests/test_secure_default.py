@@ -264,3 +264,35 @@ def test_local_training_draws_of_a_dp_run_are_not_derived_from_the_stored_seed(
     os_a, os_b, replayed = seeds
     assert os_a != seeded and os_b != seeded and os_a != os_b
     assert replayed == seeded
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_secure_sum_rounding_of_a_dp_run_is_not_derived_from_the_stored_seed(
+    tmp_path, monkeypatch, streamed
+):
+    """Found in review: the plain codec's stochastic rounding (central noise after the secure
+    sum, the prior's secure sum) drew for the clients in order from one stream of the recorded
+    seed, so one user's presence shifted every later user's rounding. A DP run drawing from
+    the OS seeds it from the OS; replay keeps the seeded stream."""
+    import securefed.privacy as privacy_module
+
+    roots: list[tuple[int, str]] = []
+    real = privacy_module.numpy_generator
+
+    def spy(root, *path):
+        roots.append((root, str(path[0])))
+        return real(root, *path)
+
+    monkeypatch.setattr(privacy_module, "numpy_generator", spy)
+    if streamed:
+        monkeypatch.setattr(privacy_module, "STREAM_RING_WORDS", 0)
+    for name, replay in (("os", False), ("replay", True)):
+        roots.clear()
+        privacy = PrivacyConfig(epsilon=8.0, secagg=True, noise="central", replay=replay)
+        train(TrainConfig(model="fedals", rounds=1, privacy=privacy, **SMALL), out=tmp_path / name)
+        encode = [root for root, stream in roots if stream.startswith("secagg-encode")]
+        assert encode, roots
+        if replay:
+            assert set(encode) == {0}
+        else:
+            assert 0 not in encode

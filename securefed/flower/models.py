@@ -149,6 +149,13 @@ def train_own(
     if not replay:
         updates, stats = model.client_round(own, round_index, generator)
         return updates, None, stats
+    if getattr(model, "dpsgd", None) is not None:
+        # The replayed plan is the non-private one: it would train without DP-SGD while the
+        # server's ledger counts DP-SGD releases (check_config refuses this run).
+        raise ConfigError(
+            "interaction-level DP cannot replay the in-process plan on a Flower node; drop "
+            "--replay-from-seed"
+        )
     plan = model.plan_round(cohort, generator)  # type: ignore[attr-defined]
     mine = torch.isin(plan.participants, own)
     keep = torch.nonzero(mine).squeeze(1)

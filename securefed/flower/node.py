@@ -113,6 +113,16 @@ class NodeRuntime:
     ) -> None:
         if not run_token.isalnum():
             raise ConfigError(f"run token must be alphanumeric, got {run_token!r}")
+        if enrollment is not None and config.privacy.secagg_mode != "malicious":
+            # The config comes from the server with every message: an enrolled node that
+            # followed a server asking for semi-honest mode would send unsigned keys and skip
+            # the consistency round, so an active server could unmask its users' inputs
+            # (docs/deployment.md, "Malicious server"). The node's enrollment pins the mode.
+            raise ProtocolError(
+                "this node is enrolled for malicious-mode secure aggregation, and the server "
+                f"asked for {config.privacy.secagg_mode!r} mode; refused (an active server "
+                "could read its users' inputs in that mode)"
+            )
         self.config = config
         self.split = load_split(config)
         self.users = partition_users(self.split.n_users, partition_id, num_partitions)

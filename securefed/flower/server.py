@@ -875,6 +875,12 @@ def check_config(config: TrainConfig) -> None:
             "central DP noise needs a server that sees the clear sum before noising; with "
             "Flower use the default distributed noise (drop --noise central)"
         )
+    if p.interaction_dp and p.replay:
+        raise ConfigError(
+            "interaction-level DP on Flower runs each node's own DP-SGD with noise from the "
+            "OS; --replay-from-seed (the in-process plan replayed on every node) is not "
+            "supported there: drop it"
+        )
     if config.eval_users is not None:
         raise ConfigError(
             "eval_users (full ranking of a user sample) is not supported on Flower yet: each "
