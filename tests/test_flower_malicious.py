@@ -313,3 +313,34 @@ def test_an_enrolled_node_refuses_a_server_that_asks_for_semi_honest_mode(tmp_pa
     with pytest.raises(ProtocolError, match="enrolled for malicious-mode"):
         server.run()
     assert {stage for stage, _, _ in transport.seen} == {"hello"}
+
+
+def test_a_node_with_a_pinned_config_refuses_other_privacy_settings(tmp_path):
+    """Found in review: the server could also raise epsilon (the nodes then add smaller noise
+    shares) or lower the corruption bound (and with it t). A node given the operator's copy of
+    the config (--node-config pin-config=...) refuses any [privacy] setting that differs from
+    it; an honest server's run goes through."""
+    from securefed.errors import ProtocolError
+    from securefed.training import load_config_file
+
+    honest = _cfg()
+    pinned = tmp_path / "run.toml"
+    pinned.write_text(runs.dumps_toml(honest.to_dict()))
+    assert load_config_file(pinned)["privacy"]["epsilon"] == 8.0
+    transport, settings = _enrolled(tmp_path)
+    for node_config in transport.node_configs.values():
+        node_config["pin-config"] = str(pinned)
+    for change in ({"epsilon": 1000.0}, {"secagg_corrupt": 0.0}):
+        cfg = dataclasses.replace(honest, privacy=dataclasses.replace(honest.privacy, **change))
+        server = FederatedServer(
+            cfg,
+            run_dir=tmp_path / f"run-{next(iter(change))}",
+            transport=transport,
+            settings=settings,
+        )
+        with pytest.raises(ProtocolError, match=f"pinned config .* {next(iter(change))} = "):
+            server.run()
+    out = FederatedServer(
+        honest, run_dir=tmp_path / "honest", transport=transport, settings=settings
+    ).run()
+    assert len(out.metrics) == honest.rounds

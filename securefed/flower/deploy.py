@@ -206,7 +206,9 @@ def run_simulation(
             **({"enrollment": str(enrolled)} if enrolled is not None else {}),
         }
     )
-    client_defaults = {"state-root": str(work / "nodes")}
+    # Each node holds the operator's copy of the config: a server that sent other [privacy]
+    # settings (a larger epsilon, a lower corruption bound, another mode) is refused.
+    client_defaults = {"state-root": str(work / "nodes"), "pin-config": str(config_file)}
     if enrolled is not None:
         client_defaults["enrollment"] = str(enrolled)
     client = make_client_app(client_defaults)

@@ -40,6 +40,7 @@ message, as live objects in a :class:`NodeMemory` (the long-lived ClientApp proc
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
@@ -261,7 +262,10 @@ def _runtime(
             "model state persists there between rounds and across restarts"
         )
     enrolled = node_config.get("enrollment")
-    key = (token, config_digest(config), pid, nparts, str(state_dir), str(enrolled))
+    pinned = node_config.get("pin-config")
+    if pinned:
+        check_pinned(config, Path(str(pinned)))
+    key = (token, config_digest(config), pid, nparts, str(state_dir), str(enrolled), str(pinned))
     if memory is not None and memory.runtime_key == key:
         return memory.runtime
     runtime = NodeRuntime(
@@ -275,6 +279,36 @@ def _runtime(
     if memory is not None:
         memory.runtime, memory.runtime_key = runtime, key
     return runtime
+
+
+def check_pinned(config: Any, path: Path) -> None:
+    """Refuse a run whose ``[privacy]`` settings differ from the node operator's own copy of
+    the run's config (``--node-config 'pin-config="/path/run.toml"'``).
+
+    The config reaches a node from the server with every message, and the node derives its
+    noise shares, the secure-aggregation threshold and the mode from it: without a copy of
+    its own, a server could lower ``epsilon`` (so the nodes add less noise) or the corruption
+    bound (so ``t`` drops), or switch the mode. Every setting the pinned file's ``[privacy]``
+    table names must be the server's; settings it leaves out are the server's to choose.
+
+    Raises:
+        ProtocolError: a setting differs (named, with both values), or the file is unreadable.
+    """
+    from securefed.training import load_config_file
+
+    try:
+        table = load_config_file(path).get("privacy", {})
+    except (OSError, ValueError) as exc:
+        raise ProtocolError(f"cannot read this node's pinned config {path}: {exc}") from None
+    if not isinstance(table, Mapping) or not table:
+        raise ProtocolError(f"this node's pinned config {path} has no [privacy] table to pin")
+    sent = dataclasses.asdict(config.privacy)
+    differ = [f"{k} = {sent.get(k)!r} (pinned {v!r})" for k, v in table.items() if sent.get(k) != v]
+    if differ:
+        raise ProtocolError(
+            "the server's run differs from this node's pinned config "
+            f"{path} in [privacy]: {'; '.join(differ)}; refused"
+        )
 
 
 def _task(config: Mapping[str, Any], *, prefix: str = "") -> Any:
