@@ -164,3 +164,12 @@ def test_a_parquet_table_too_big_for_memory_is_refused_from_its_metadata(tmp_pat
     monkeypatch.setattr(securefed.costs, "available_memory", lambda: None)  # unknown: no check
     with pytest.raises(DataError, match="the table was decoded"):  # the check let it through
         load_table(tmp_path / "big.parquet")
+
+
+def test_a_table_that_cannot_be_opened_is_still_one_data_error(tmp_path):
+    """Found in review: the memory check opened the file before the read's own error handling,
+    so a folder (or a file without permission) named as the table was a raw OSError."""
+    folder = tmp_path / "table.csv"
+    folder.mkdir()
+    with pytest.raises(DataError, match="cannot read interaction table file"):
+        load_table(folder)

@@ -344,3 +344,60 @@ def test_a_node_with_a_pinned_config_refuses_other_privacy_settings(tmp_path):
         honest, run_dir=tmp_path / "honest", transport=transport, settings=settings
     ).run()
     assert len(out.metrics) == honest.rounds
+
+
+def test_the_pin_resolves_the_file_as_a_run_does(tmp_path):
+    """Found in review: the pin compared only the keys its file names, and files written by
+    `flower init` leave out what is None (noise_multiplier among them), so a server adding a
+    smaller noise_multiplier beside the same epsilon was accepted; and a run directory's
+    legacy `secure` key made every node refuse its resume."""
+    from securefed.errors import ProtocolError
+    from securefed.flower.messages import check_pinned
+
+    honest = _cfg()
+    pinned = tmp_path / "run.toml"
+    pinned.write_text(runs.dumps_toml(honest.to_dict()))
+    assert "noise_multiplier" not in pinned.read_text()
+    check_pinned(honest, pinned)  # the honest server's run
+    smaller = dataclasses.replace(
+        honest, privacy=dataclasses.replace(honest.privacy, noise_multiplier=0.649)
+    )
+    with pytest.raises(ProtocolError, match="noise_multiplier = 0.649"):
+        check_pinned(smaller, pinned)
+    legacy = tmp_path / "legacy.toml"  # a run directory written before replay existed
+    legacy.write_text(
+        pinned.read_text().replace("replay = true", "secure = false"), encoding="utf-8"
+    )
+    assert "secure = false" in legacy.read_text()
+    check_pinned(honest, legacy)
+
+
+def test_flower_local_pins_every_node_to_the_config_it_wrote(tmp_path, monkeypatch):
+    """Found in review: only the simulation engine passed pin-config; the local deployment's
+    SuperNodes got the enrollment alone."""
+    import contextlib
+
+    from securefed.flower import deploy
+
+    seen: dict = {}
+
+    @contextlib.contextmanager
+    def capture(work, **kwargs):
+        seen.update(kwargs)
+        raise RuntimeError("captured")
+        yield
+
+    monkeypatch.setattr(deploy, "local_deployment", capture)
+    cfg = TrainConfig(
+        synthetic_users=60,
+        synthetic_items=400,
+        rounds=1,
+        privacy=PrivacyConfig(epsilon=8.0, secagg=True),
+    )
+    with pytest.raises(RuntimeError, match="captured"):
+        deploy.run_local_deployment(
+            cfg, run_dir=tmp_path / "run", nodes=3, work_dir=tmp_path / "work"
+        )
+    extra = seen["node_extra"]
+    assert sorted(extra) == [0, 1, 2]
+    assert all("pin-config" in e and "securefed.toml" in e["pin-config"] for e in extra.values())

@@ -645,3 +645,25 @@ def test_interaction_dp_never_trains_without_dp_sgd_on_a_node(tmp_path, model):
         model, dp_model, cohort, cohort[:10], 0, torch.Generator().manual_seed(0), replay=False
     )
     assert isinstance(updates, DenseUpdates)
+
+
+def test_a_node_rounds_its_secure_inputs_from_the_os_in_a_dp_run(tmp_path):
+    """Found in review: a node's plain-codec stochastic rounding (interaction-level DP under
+    secure aggregation, where no discrete noise rounds the inputs) drew from the run seed's
+    stream in user order, the pattern the in-process engine had OS-seeded."""
+    from securefed.training import build_aggregator, build_model, load_split
+
+    privacy = PrivacyConfig(epsilon=1.0, privacy_unit="interaction", secagg=True)
+    cfg = TrainConfig(model="fedrap", synthetic_users=60, synthetic_items=400, privacy=privacy)
+    split = load_split(cfg)
+    model = build_model(cfg, split)
+    agg = build_aggregator(cfg, split, model)
+    assert agg.secure and agg.discrete_noise(20) is None
+    cohort = torch.arange(20)
+    updates, _, _ = models.train_own(
+        "fedrap", model, cohort, cohort[:10], 0, torch.Generator().manual_seed(0), replay=False
+    )
+    params = round_parameters(agg, 20)
+    a, _ = encode_updates(agg, updates, round_index=0, params=params)
+    b, _ = encode_updates(agg, updates, round_index=0, params=params)
+    assert not np.array_equal(a, b)

@@ -72,8 +72,11 @@ def check_table_fits(path: Path, *, rows: float | None = None) -> None:
     if available is None:
         return
     if rows is None:
-        with path.open("rb") as fh:
-            head = fh.read(1 << 20)
+        try:
+            with path.open("rb") as fh:
+                head = fh.read(1 << 20)
+        except OSError:
+            return  # unreadable (a folder, no permission): the read says so in one line
         rows = size * max(head.count(b"\n"), 1) / max(len(head), 1)
     need = size + rows * _LOAD_BYTES_PER_ROW
     if need > available:

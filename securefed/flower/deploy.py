@@ -685,11 +685,14 @@ def run_local_deployment(
         eager_masking=eager_masking,
         keys_ahead=keys_ahead,
     )
-    extra = (
-        {p: {"enrollment": _toml_str(str(enrolled))} for p in range(nodes)}
-        if enrolled is not None
-        else None
-    )
+    # Every node holds the operator's copy of the config (check_pinned): a server that sent
+    # other [privacy] settings would be refused.
+    extra: dict[int, dict[str, str]] = {
+        p: {"pin-config": _toml_str(str(config_file))} for p in range(nodes)
+    }
+    if enrolled is not None:
+        for p in range(nodes):
+            extra[p]["enrollment"] = _toml_str(str(enrolled))
     with local_deployment(
         work,
         nodes=nodes,

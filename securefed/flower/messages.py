@@ -287,23 +287,22 @@ def check_pinned(config: Any, path: Path) -> None:
 
     The config reaches a node from the server with every message, and the node derives its
     noise shares, the secure-aggregation threshold and the mode from it: without a copy of
-    its own, a server could lower ``epsilon`` (so the nodes add less noise) or the corruption
-    bound (so ``t`` drops), or switch the mode. Every setting the pinned file's ``[privacy]``
-    table names must be the server's; settings it leaves out are the server's to choose.
+    its own, a server could lower ``epsilon`` or add a smaller ``noise_multiplier`` (so the
+    nodes add less noise), lower the corruption bound (so ``t`` drops), or switch the mode.
+    The pinned file's privacy settings are resolved as a run resolves them (defaults for what
+    it leaves out, legacy keys translated) and every one must be the server's.
 
     Raises:
         ProtocolError: a setting differs (named, with both values), or the file is unreadable.
     """
-    from securefed.training import load_config_file
+    from securefed.training import TrainConfig, load_config_file
 
     try:
-        table = load_config_file(path).get("privacy", {})
+        pinned = TrainConfig.from_dict(load_config_file(path)).privacy
     except (OSError, ValueError) as exc:
         raise ProtocolError(f"cannot read this node's pinned config {path}: {exc}") from None
-    if not isinstance(table, Mapping) or not table:
-        raise ProtocolError(f"this node's pinned config {path} has no [privacy] table to pin")
-    sent = dataclasses.asdict(config.privacy)
-    differ = [f"{k} = {sent.get(k)!r} (pinned {v!r})" for k, v in table.items() if sent.get(k) != v]
+    mine, sent = dataclasses.asdict(pinned), dataclasses.asdict(config.privacy)
+    differ = [f"{k} = {sent[k]!r} (pinned {v!r})" for k, v in mine.items() if sent.get(k) != v]
     if differ:
         raise ProtocolError(
             "the server's run differs from this node's pinned config "
