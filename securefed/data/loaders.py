@@ -261,7 +261,8 @@ def _build(
     if result.n_users == 0:
         raise DataError(
             f"{source}: no user has at least {min_interactions} interactions "
-            f"({raw_rows} rows read); lower min_interactions or use a larger dataset"
+            f"({raw_rows:,} rows read); lower --min-interactions (min_interactions) or use a "
+            "larger dataset"
         )
     return result
 
