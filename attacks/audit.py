@@ -431,7 +431,13 @@ def _audit(
     before_train: Callable[[TrainConfig, Split, AuditSetup], None] | None,
 ) -> AuditResult:
     from attacks.canaries import plant_canaries, plant_interaction_canaries
-    from attacks.recorder import AttackRecorder, RecordPlan, load_accumulators, save_accumulators
+    from attacks.recorder import (
+        RECORDING_VERSION,
+        AttackRecorder,
+        RecordPlan,
+        load_accumulators,
+        save_accumulators,
+    )
     from attacks.threat import clip_bound, privacy_parameters, sum_noise_std, upload_channel
 
     if (out_dir / AUDIT_FILE).exists():
@@ -462,6 +468,14 @@ def _audit(
     if reuse:
         assert run_dir is not None
         meta = json.loads((run_dir / "audit" / _META).read_text())
+        version = meta.get("recording_version", 1)
+        if version != RECORDING_VERSION:
+            raise ConfigError(
+                f"{run_dir} holds an attack recording of version {version}, and this securefed "
+                f"scores version {RECORDING_VERSION} (its statistics were computed by other "
+                "code); audit without --run to record anew, or rescore with the securefed that "
+                "recorded it"
+            )
         recorded = meta.get("canaries")
         n_canaries = 0 if recorded is None else len(recorded["users"])
     canaries = None
@@ -573,6 +587,7 @@ def _audit(
                     "attacks": chosen,
                     "union_by_k": {str(k): v for k, v in union_by_k.items()},
                     "targets": targets,
+                    "recording_version": RECORDING_VERSION,
                     "bytes_recorded": bytes_recorded,
                     "observes": observes,
                     "canaries": None

@@ -35,6 +35,7 @@ from securefed.models.registry import get_spec
 
 __all__ = [
     "AGGREGATE_ATTACKS",
+    "RECORDING_VERSION",
     "RECORDER_TABLES",
     "UPLOAD_ATTACKS",
     "AttackRecorder",
@@ -42,6 +43,14 @@ __all__ = [
     "recorder_bytes",
     "recorder_tables",
 ]
+
+#: What an audit recording's statistics mean: written into a kept recording's metadata and
+#: required by ``audit --run`` to rescore it (a recording made by other statistic code would
+#: be scored as if it were this one's). Raise it whenever what the recorder accumulates, or
+#: how a canary's score is computed, changes. 1: every recording before 2026-12-06 (which
+#: wrote none); 2: the item-row canary test with co-occurrence rows and pair canaries, as of
+#: 2026-12-06.
+RECORDING_VERSION = 2
 
 #: Attacks that need the per-client uploads (the upload observer).
 UPLOAD_ATTACKS = frozenset(

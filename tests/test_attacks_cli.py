@@ -92,6 +92,17 @@ def test_cli_end_to_end(tmp_path) -> None:
         app, ["--run", str(out / "run"), "--attacks", "differencing", "--out", str(again / "x")]
     )
     assert res.exit_code == 2 and "recorded statistics for" in res.output
+    # A recording made by other statistic code is not rescored as if it were this one's.
+    meta_path = out / "run" / "audit" / "audit_meta.json"
+    meta = json.loads(meta_path.read_text())
+    assert meta["recording_version"] == 2
+    meta.pop("recording_version")  # as every recording before versions were written
+    meta_path.write_text(json.dumps(meta))
+    res = runner.invoke(
+        app, ["--run", str(out / "run"), "--attacks", "row-change", "--out", str(again / "y")]
+    )
+    assert res.exit_code == 2 and "recording of version 1" in " ".join(res.output.split())
+    assert not (again / "y").exists()
 
 
 @pytest.mark.parametrize(
