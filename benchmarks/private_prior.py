@@ -99,6 +99,14 @@ def _fmt(values: list[float]) -> str:
     return f"{mean:.3f} ± {sd:.3f}"
 
 
+def _paired(cells: list[dict], key: str) -> str:
+    """Mean ± standard error over seeds of the model's metric less DP-MostPop's on the same
+    split and seed (paired: the split's spread cancels)."""
+    diffs = [c[key] - c[f"baseline_dp_mostpop_{key}"] for c in cells]
+    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+    return f"{statistics.fmean(diffs):+.4f} ± {se:.4f}"
+
+
 def grid(args: argparse.Namespace) -> None:
     datasets = [d for d in args.datasets.split(",") if d]
     epsilons = [float(e) for e in args.epsilons.split(",")]
@@ -125,8 +133,9 @@ def grid(args: argparse.Namespace) -> None:
         "epsilon in one count release.",
         "",
         "| dataset | epsilon | model | rounds | sigma prior / model | HR@10 sampled | "
-        "HR@10 full | epsilon spent (max) | s/run | vs DP-MostPop (sampled / full) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "HR@10 full | epsilon spent (max) | s/run | vs DP-MostPop (sampled / full) | "
+        "paired difference, mean ± se (sampled / full) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for dataset in datasets:
         for eps in epsilons:
@@ -151,7 +160,7 @@ def grid(args: argparse.Namespace) -> None:
             lines.append(
                 f"| {Path(dataset).stem} | {eps:g} | DP-MostPop (k = 20) | 1 release | "
                 f"{sigma:.2f} | {_fmt(ref['test_hr@10'])} | {_fmt(ref['test_full_hr@10'])} | "
-                "- | - | - |"
+                "- | - | - | - |"
             )
             for m in models_here:
                 vals = {k: [c[k] for c in cells[m]] for k in METRICS}
@@ -178,7 +187,8 @@ def grid(args: argparse.Namespace) -> None:
                     f"{c0['prior_noise_multiplier']:.2f} / {c0['noise_multiplier']:.2f} | "
                     f"{_fmt(vals['test_hr@10'])} | {_fmt(vals['test_full_hr@10'])} | "
                     f"{max(c['epsilon'] for c in cells[m]):.3f} | "
-                    f"{statistics.fmean(c['seconds'] for c in cells[m]):.0f} | {versus} |"
+                    f"{statistics.fmean(c['seconds'] for c in cells[m]):.0f} | {versus} | "
+                    f"{_paired(cells[m], 'test_hr@10')} / {_paired(cells[m], 'test_full_hr@10')} |"
                 )
             print(f"{dataset} eps {eps:g} done ({time.time() - started:.0f} s)", flush=True)
     table = "\n".join(lines)
