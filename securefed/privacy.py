@@ -670,6 +670,14 @@ class PrivateAggregator:
             return None
         return torch_generator(self.seed, purpose, round_index)
 
+    def rounding_seed(self) -> int:
+        """The root seed of the plain codec's stochastic rounding of one round (central noise
+        after the secure sum, the prior's secure sum, a Flower node's inputs without discrete
+        noise): it draws for the clients in order from one stream, and from a seed the run
+        records removing a user would shift every later user's rounding (found in review; 2e-5
+        of the clip), so a DP run drawing from the OS takes a fresh one from the OS."""
+        return secrets.randbits(63) if self.secure else self.seed
+
     def __call__(self, updates: ClientUpdates, round_index: int) -> Aggregate | None:
         m = len(updates)
         norms = updates.norms()
@@ -995,11 +1003,7 @@ class PrivateAggregator:
         :class:`DiscreteGaussianBlocks`) an :class:`EncodedBlocks` that produces it a block at
         a time."""
         m, dim = len(updates), updates.layout.size
-        # The stochastic rounding of the plain codec (central noise after the secure sum, the
-        # prior's secure sum) draws for the clients in order from one stream: from a seed the
-        # run records, removing a user would shift every later user's rounding (found in
-        # review; 2e-5 of the clip), so a DP run drawing from the OS seeds it from the OS.
-        seed = secrets.randbits(63) if self.secure else self.seed
+        seed = self.rounding_seed()
         if streamed:
             return EncodedBlocks(
                 updates, factors, codec, seed=seed, stream=stream, round_index=round_index

@@ -238,9 +238,9 @@ def build_model(config: TrainConfig, split: Split) -> Recommender:
     )
 
 
-def training_generator(config: TrainConfig, round_index: int, *path: str | int) -> torch.Generator:
+def training_generator(config: TrainConfig, round_index: int) -> torch.Generator:
     """The generator of one round's local training (FedRAP's and FedRecGEL's negatives,
-    shuffles and batches; ``path`` names a Flower node's partition).
+    shuffles and batches), in process and on a Flower node.
 
     Seeded from the run seed, except in a DP run that draws from the OS (no
     ``--replay-from-seed``): one stream serves every client of the round in user order, so
@@ -252,7 +252,7 @@ def training_generator(config: TrainConfig, round_index: int, *path: str | int) 
     """
     if config.privacy.os_randomness:
         return torch.Generator().manual_seed(secrets.randbits(63))
-    return torch_generator(config.seed, "train", round_index, *path)
+    return torch_generator(config.seed, "train", round_index)
 
 
 def build_aggregator(config: TrainConfig, split: Split, model: Recommender) -> Aggregator:

@@ -263,11 +263,11 @@ def _runtime(
         )
     enrolled = node_config.get("enrollment")
     pinned = node_config.get("pin-config")
-    if pinned:
-        check_pinned(config, Path(str(pinned)))
     key = (token, config_digest(config), pid, nparts, str(state_dir), str(enrolled), str(pinned))
     if memory is not None and memory.runtime_key == key:
-        return memory.runtime
+        return memory.runtime  # built for this very config and pin: checked then
+    if pinned:
+        check_pinned(config, Path(str(pinned)))
     runtime = NodeRuntime(
         config,
         run_token=str(payload.config["run-token"]),

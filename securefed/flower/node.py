@@ -37,7 +37,6 @@ import torch
 from protocols.secagg import SecAggClient, wire
 from protocols.secagg.identity import ClientIdentity, IdentityDirectory
 from protocols.secagg.primitives import MaskExpander
-from protocols.seeding import torch_generator
 from securefed import runs
 from securefed.errors import ConfigError, IntegrityError, ProtocolError
 from securefed.evaluation import evaluate_splits
@@ -328,10 +327,8 @@ class NodeRuntime:
             return TrainReply({}, session, 0.0, 0, 0)
         self._keep_snapshot(task.round_index)
         models.load_global(self.config.model, self.model, arrays, scalars)
-        if self.replay:
-            gen = torch_generator(self.config.seed, "train", task.round_index)
-        else:  # this partition's own stream: from the OS in a DP run (training_generator)
-            gen = training_generator(self.config, task.round_index, "partition", self.partition_id)
+        # The in-process round's seeded stream when replaying, else (a DP run) one from the OS.
+        gen = training_generator(self.config, task.round_index)
         updates, positions, stats = models.train_own(
             self.config.model, self.model, cohort, own, task.round_index, gen, replay=self.replay
         )
