@@ -745,6 +745,11 @@ class PrivateAggregator:
         dim = updates.layout.size
         if self.secagg:
             total = self._secure_plain_sum(updates, factors, round_index)
+            # The unmasked sum holds rounded indicators: size the noise for their bound.
+            mech = CentralGaussian(
+                clip=self.rounded_sensitivity(self.prior_clip, dim),
+                noise_multiplier=self.prior_noise_multiplier,
+            )
         else:
             total = updates.weighted_sum(factors)
         return total + mech.noise_for_sum(
@@ -788,7 +793,17 @@ class PrivateAggregator:
         distributed noise, whose shares are sized for the fewest survivors)."""
         if self.dp is None or self.noise_multiplier is None:
             return 0.0
+        if self.secagg and self._discrete_scale is None:
+            return float(self.noise_multiplier * self.rounded_sensitivity(self.dp.clip, self.dim))
         return float(self.noise_multiplier * self.dp.clip)
+
+    def rounded_sensitivity(self, clip: float, dim: int) -> float:
+        """L2 sensitivity of one clipped input of ``dim`` coordinates after the plain codec's
+        stochastic rounding: each coordinate moves by less than one fixed-point step, so
+        ``clip + sqrt(dim) / scale``. Central noise added to a secure sum is sized for it
+        (until 2026-12-06 it was sized for ``clip`` alone: at the default 16 scale bits,
+        0.035 % short for FedRAP on MovieLens 100K, ``d`` 53,824 at clip 10)."""
+        return float(clip) + math.sqrt(dim) / float(2**self.p.secagg_scale_bits)
 
     def _denominator(self, m: int) -> float:
         if self.dp is not None and self.cohort.kind == "poisson":
@@ -968,7 +983,10 @@ class PrivateAggregator:
             # Central noise with secure aggregation: the (trusted) aggregator unmasks the
             # clear sum and noises it before it leaves; the event was committed above.
             assert self.noise_multiplier is not None
-            central = CentralGaussian(clip=self.dp.clip, noise_multiplier=self.noise_multiplier)
+            central = CentralGaussian(
+                clip=self.rounded_sensitivity(self.dp.clip, self.dim),
+                noise_multiplier=self.noise_multiplier,
+            )
             total = total + central.noise_for_sum(
                 self.dim, generator=self._generator("dp-noise", round_index), secure=self.secure
             )

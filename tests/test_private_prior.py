@@ -283,25 +283,31 @@ def test_sqrt_prior_release_is_accounted_then_noised_at_sigma_p_sqrt_k(small_spl
 
 @pytest.mark.parametrize("weighting", ["sample", "sqrt"])
 def test_prior_under_secagg_equals_its_plain_sum(small_split, weighting):
-    def released(secagg: bool) -> tuple[torch.Tensor, list]:
+    """The secure sum equals the plain one within the fixed-point step, and the server's
+    noise (the same replayed draw) is sized for the rounded inputs' bound ``sqrt(k) +
+    sqrt(d) / scale`` instead of ``sqrt(k)``."""
+    # the same sample in both (a seeded one: this compares the aggregation paths)
+    up = prior_updates(small_split, max_items=20, seed=0, weighting=weighting, secure=False)
+    exact = up.weighted_sum(torch.ones(len(up))).double()
+
+    def released(secagg: bool) -> tuple[torch.Tensor, list, float]:
         cfg = TrainConfig(
             model="fedrap",
             rounds=1,
             privacy=_dp(secagg=secagg, noise="central" if secagg else None),
         )
         agg = PrivateAggregator(cfg, small_split, dim=small_split.n_items * 4)
-        # the same sample in both (a seeded one: this compares the aggregation paths)
-        up = prior_updates(small_split, max_items=20, seed=0, weighting=weighting, secure=False)
-        return agg.release_prior(up), agg.ledger.to_dicts()
+        bound = agg.rounded_sensitivity(agg.prior_clip, small_split.n_items)
+        return agg.release_prior(up).double(), agg.ledger.to_dicts(), bound / agg.prior_clip
 
-    plain, plain_events = released(False)
-    secure, secure_events = released(True)
-    if weighting == "sample":  # indicators are exact in fixed point
-        assert torch.equal(plain, secure)
-    else:  # each client's weights are rounded to 2^-16 (16 scale bits), at most 1 step each
-        bound = small_split.n_users * 2.0**-16 + 1e-4
-        torch.testing.assert_close(plain, secure, rtol=0, atol=bound)
-        assert not torch.equal(plain, torch.zeros_like(plain))
+    plain, plain_events, _ = released(False)
+    secure, secure_events, ratio = released(True)
+    assert ratio > 1
+    noise = plain - exact
+    # each client's weights are rounded to 2^-16 (16 scale bits), at most 1 step each
+    step = 0.0 if weighting == "sample" else small_split.n_users * 2.0**-16
+    torch.testing.assert_close(secure - exact, noise * ratio, rtol=0, atol=step + 1e-4)
+    assert not torch.equal(noise, torch.zeros_like(noise))
     assert plain_events == secure_events
 
 
