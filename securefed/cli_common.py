@@ -239,10 +239,17 @@ def _print_summary(result: Any) -> None:
             text += f"; the last round ({s['rounds']}) has test {metric} {last:.4f}"
         out.print(text)
     if s.get("epsilon") is not None:
+        if s.get("noise_multipliers"):  # a resumed run's releases used more than one
+            used = s["noise_multipliers"]
+            sigma = f"noise multiplier{'s' * (len(used) > 1)} " + ", ".join(
+                f"{z:.4g}" for z in used
+            )
+        else:
+            sigma = f"noise multiplier {s.get('noise_multiplier'):.4g}"
         out.print(
             f"privacy: epsilon {s['epsilon']:.4g} at delta {s['delta']:g} "
             f"({s.get('privacy_unit')}-level, {s.get('accountant')} accountant, "
-            f"noise multiplier {s.get('noise_multiplier'):.4g}, clip {s.get('clip'):g})"
+            f"{sigma}, clip {s.get('clip'):g})"
         )
     if s.get("amplification") and s.get("epsilon") is not None:
         line = f"amplification by sampling: {s['amplification']}"

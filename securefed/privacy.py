@@ -56,6 +56,7 @@ from protocols.dp import (
     distributed_noise_plan,
     privacy_summary,
 )
+from protocols.dp.accounting import gaussian_epsilon
 from protocols.dp.dpsgd import (
     DPSGDConfig,
     calibrate_dpsgd_noise,
@@ -862,13 +863,15 @@ class PrivateAggregator:
         self._last["epsilon"] = self.ledger.epsilon(cfg.delta, cfg.accountant)
         self._persist()
 
-    def attach(self, run_dir: Path, *, resume: bool) -> None:
+    def attach(self, run_dir: Path, *, resume: bool, start_round: int = 0) -> None:
         """Write the ledger ahead of every release into ``run_dir/privacy_ledger.json``.
 
         On resume the ledger file, not the checkpoint, is the record: it holds every release
         made, including those of rounds after the last checkpoint that the resumed run will
         make again (with fresh noise: every such release is counted again, docs/privacy.md,
-        "Resume"). The checkpoint's events must all be in it.
+        "Resume"). The checkpoint's events must all be in it. The rounds from
+        ``start_round`` on then get the sigma that fits them beside the ledger
+        (:meth:`fit_rounds_left`).
 
         Raises:
             IntegrityError: a DP run resumed without a readable ledger file, or with one that
@@ -890,7 +893,53 @@ class PrivateAggregator:
                 self._interaction_epsilon = recorded.epsilon(
                     self.interaction.delta, self.interaction.accountant
                 )
+            self.fit_rounds_left(self.rounds - int(start_round))
         self._persist()
+
+    def fit_rounds_left(self, rounds_left: int) -> None:
+        """A resumed run's sigma for its ``rounds_left`` rounds, with the ledger's releases
+        held fixed (:func:`securefed.prior.calibrate_remaining`, as the prior's release is).
+
+        The sigma calibrated for the config's whole plan is kept when the ledger holds only
+        releases at that sigma (or the prior's) and the plan still fits the budget: a resume
+        of an unchanged run then releases what an uninterrupted one would. Otherwise (the
+        run's ``config.toml`` now plans more rounds or a larger epsilon, or rounds re-run
+        after the last checkpoint were counted twice) the rounds left get the smallest sigma
+        that keeps the ledger's epsilon within the target: before, a resumed run kept the
+        fresh plan's sigma, stopped at once when only ``rounds`` was raised, and printed
+        that sigma although no release used it. Only for an epsilon target with continuous
+        Gaussian noise (a given ``--noise-multiplier`` is kept; the discrete ring noise's
+        plan is not refitted, and a resume that overspends stops on the budget).
+        """
+        if (
+            self.dp is None
+            or self.p.noise_multiplier is not None
+            or self._discrete_scale is not None
+            or self.noise_multiplier is None
+            or rounds_left <= 0
+            or not len(self.ledger)
+        ):
+            return
+        from securefed.prior import calibrate_remaining
+
+        epsilon = float(self.dp.epsilon)  # type: ignore[arg-type]
+        delta, accountant = self.dp.delta, self.dp.accountant
+        fixed = [(e.effective_noise_multiplier, e.sample_rate, 1) for e in self.ledger.events]
+        planned = {self.noise_multiplier, self.prior_noise_multiplier}
+        as_planned = all(e.noise_multiplier in planned for e in self.ledger.events)
+        plan = [*fixed, (self.noise_multiplier, self.sample_rate, rounds_left)]
+        if as_planned and gaussian_epsilon(plan, delta=delta, accountant=accountant) <= epsilon:
+            return
+        if gaussian_epsilon(fixed, delta=delta, accountant=accountant) >= 0.99 * epsilon:
+            return  # spent: the next round stops on the budget, as it always has
+        self.noise_multiplier = calibrate_remaining(
+            epsilon=epsilon,
+            delta=delta,
+            fixed=fixed,
+            sample_rate=self.sample_rate,
+            steps=rounds_left,
+            accountant=accountant,
+        )
 
     def _persist(self) -> None:
         if self._journal is None:
@@ -1105,6 +1154,11 @@ class PrivateAggregator:
         out["releases"] = len(self.ledger)
         out.update(self._randomness(out.get("epsilon")))
         out["noise_multiplier"] = self.noise_multiplier
+        used = self._model_noise_multipliers()
+        if used and used != [self.noise_multiplier]:
+            # A resumed run refitted its sigma (fit_rounds_left), or spent its budget before
+            # any release at the config's: every sigma a release used, in order.
+            out["noise_multipliers"] = used
         out["placement"] = self.dp.placement
         if self.placement_note:
             out["placement_note"] = self.placement_note
@@ -1119,6 +1173,17 @@ class PrivateAggregator:
             out["prior_items"] = self.p.prior_items
             out["prior_weighting"] = self.p.prior_weighting
         return out
+
+    def _model_noise_multipliers(self) -> list[float]:
+        """The distinct noise multipliers of the ledger's model releases (not the prior's),
+        in the order first used."""
+        prior = (self.prior_noise_multiplier, self.prior_clip)
+        sigmas = (
+            e.noise_multiplier
+            for e in self.ledger.events
+            if self.prior_noise_multiplier is None or (e.noise_multiplier, e.clip) != prior
+        )
+        return list(dict.fromkeys(sigmas))
 
     def _randomness(self, epsilon: float | None) -> dict[str, Any]:
         """Where a DP run's noise and cohorts came from, and what that means for the claim.

@@ -860,7 +860,7 @@ def restore_checkpoint(
         start_round, elapsed = int(ckpt["round"]), float(ckpt.get("seconds", 0.0))
     attach = getattr(aggregator, "attach", None)
     if attach is not None:
-        attach(run_dir, resume=True)
+        attach(run_dir, resume=True, start_round=start_round)
     metrics = runs.read_metrics(run_dir, upto_round=start_round)
     runs.rewrite_metrics(run_dir, metrics)
     return start_round, elapsed, metrics

@@ -84,7 +84,7 @@ def test_exception_after_release_then_resume_counts_every_release(tmp_path, rele
     assert resumed.summary["epsilon"] > _epsilon_of(releases[:5], cfg)
 
 
-def test_resume_under_a_budget_stops_instead_of_overspending(tmp_path, releases):
+def test_resume_under_a_budget_refits_sigma_for_the_rounds_left(tmp_path, releases):
     cfg = TrainConfig(rounds=4, privacy=PrivacyConfig(epsilon=2.0), **SMALL)
     run = tmp_path / "cut"
 
@@ -94,12 +94,54 @@ def test_resume_under_a_budget_stops_instead_of_overspending(tmp_path, releases)
 
     with pytest.raises(Stop):
         train(cfg, out=run, progress=crash_after_round_3)
+    planned = releases[0].noise_multiplier
     resumed = train(resume=run)
     # The calibrated noise covers 4 releases; the crash spent 3 and the checkpoint kept 2, so
-    # the resumed run may release once more and then stops.
-    assert len(releases) == 4 and "would raise epsilon" in resumed.summary["stopped"]
-    assert len(_ledger(run)["events"]) == 4
-    assert _epsilon_of(releases, cfg) <= resumed.summary["epsilon"] <= 2.0
+    # the 2 rounds left (round 3 again, and 4) get a larger sigma that fits beside the 3
+    # releases the ledger holds: every round runs, every release counted, within the target.
+    assert [e.round for e in releases] == [0, 1, 2, 2, 3] and resumed.summary["rounds"] == 4
+    assert not resumed.summary.get("stopped")
+    assert len(_ledger(run)["events"]) == 5
+    refit = releases[-1].noise_multiplier
+    assert releases[-2].noise_multiplier == refit > planned
+    assert resumed.summary["noise_multipliers"] == [planned, refit]
+    assert 0.99 * 2.0 <= _epsilon_of(releases, cfg) <= resumed.summary["epsilon"] <= 2.0
+
+
+def _extend(run: Path, **settings) -> None:
+    """Edit a run's config.toml as a user who extends a finished run does."""
+    text = (run / runs.CONFIG_FILE).read_text()
+    for key, value in settings.items():
+        lines = [ln for ln in text.splitlines() if ln.startswith(f"{key} = ")]
+        assert len(lines) == 1, key
+        text = text.replace(lines[0], f"{key} = {value}")
+    (run / runs.CONFIG_FILE).write_text(text)
+
+
+def test_extending_a_finished_dp_run_spends_the_raised_budget(tmp_path, releases):
+    """2 rounds at epsilon 2, then config.toml raised to 4 rounds at 4: the 2 rounds left get
+    the sigma that fits beside the ledger (it used to keep the fresh 4-round plan's sigma and
+    spend 3.5 of the 4). Raising only the rounds stops at once, and the summary names the
+    sigma the releases used, not the unused one of the new plan."""
+    cfg = TrainConfig(
+        rounds=2, privacy=PrivacyConfig(epsilon=2.0), keep_private_state=True, **SMALL
+    )
+    train(cfg, out=tmp_path / "a")
+    first = releases[0].noise_multiplier
+    for name in ("rounds", "eps"):
+        (tmp_path / name).mkdir()
+        for f in (tmp_path / "a").iterdir():
+            (tmp_path / name / f.name).write_bytes(f.read_bytes())
+    _extend(tmp_path / "rounds", rounds=4)
+    only_rounds = train(resume=tmp_path / "rounds").summary
+    assert only_rounds["releases"] == 2 and "would raise epsilon" in only_rounds["stopped"]
+    assert only_rounds["noise_multipliers"] == [first]
+    _extend(tmp_path / "eps", rounds=4, epsilon=4.0)
+    raised = train(resume=tmp_path / "eps").summary
+    assert raised["releases"] == 4 and not raised.get("stopped")
+    second = releases[-1].noise_multiplier
+    assert raised["noise_multipliers"] == [first, second] and second < first
+    assert 0.99 * 4.0 <= raised["epsilon"] <= 4.0
 
 
 _KILLER = textwrap.dedent(
