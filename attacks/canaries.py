@@ -1,13 +1,19 @@
 """Canaries and empirical epsilon lower bounds.
 
-Canaries (user level, add/remove): ``m`` fresh items are appended to the catalogue, one per
+Canaries (user level, zero-out): ``m`` fresh items are appended to the catalogue, one per
 canary, and canary ``j`` is a fresh *client* whose training positives are its canary item and
-two random real items. Each canary client is added to the data independently with
-probability 1/2 (absent canaries do not exist in the run at all). No real user has a canary
-item as a positive, so only its canary client pushes that row up. Adding or removing one
-client is exactly the neighbouring relation of user-level DP-FedAvg (McMahan et al. 2018),
-so for a user-level (epsilon, delta) run every canary bit is (epsilon, delta)-DP and a valid
-lower bound never exceeds the accountant's epsilon (up to the stated failure probability).
+two random real items. Every canary client is in the population in both worlds (sampled and
+counted like every user); independently with probability 1/2 its uploads are real, otherwise
+*null* (zero: :attr:`Split.null_users`). No real user has a canary item as a positive, so
+only its canary client pushes that row up. A user whose data is replaced by a null one is
+exactly the zero-out neighbouring relation that securefed's user-level epsilon is stated
+for (docs/privacy.md, "Unit of privacy"; Kairouz et al., ICML 2021), so for a user-level
+(epsilon, delta) run every canary bit is (epsilon, delta)-DP and a valid lower bound never
+exceeds the accountant's epsilon (up to the stated failure probability). (Until 2026-12-06
+absent canary clients did not exist at all, an add/remove pair: the number of users then
+differed between the worlds, and the server divides each round's sum by it, so the released
+model's scale told the worlds apart beyond the accounted epsilon (found in review); the
+canary test read the sum before that division and could not see it.)
 A model whose release reads item *pairs* (fedals's co-occurrence rounds) asks for two fresh
 items per canary (``ObserverHooks.canary_items``): the canary client trains on both, so the
 pair is the canary's alone, and the audit adds the canaries' items to the set of items whose
@@ -67,7 +73,8 @@ class Canaries:
     """Canary ``j`` and its item ``items[j]``.
 
     ``unit="user"``: canary clients; ``users[j]`` is the client's user index in the planted
-    split when ``included[j]``, else -1 (the client does not exist). ``unit="interaction"``:
+    split, ``included[j]`` whether its uploads are real (else null, :attr:`Split.null_users`).
+    ``unit="interaction"``:
     ``users[j]`` is the host user, always present; ``included[j]`` says whether the planted
     example is real (else a null example).
     """
@@ -88,7 +95,8 @@ class Canaries:
 def plant_canaries(
     split: Split, count: int, rng: np.random.Generator, *, items_per_canary: int = 1
 ) -> tuple[Split, Canaries]:
-    """Append ``count`` canary items and add each canary client with probability 1/2.
+    """Append ``count`` canary items and clients, each client's uploads null with
+    probability 1/2 (the zero-out neighbour: the client is counted and sampled either way).
 
     Canary clients come after the real users (indices ``split.n_users ..``); each trains on its
     canary item plus two random real items and gets a random real validation and test item
@@ -99,8 +107,8 @@ def plant_canaries(
     random draws are the same as with one item.
 
     Returns:
-        The split with ``n_items + count * items_per_canary`` items and the included canary
-        clients appended, and the canaries.
+        The split with ``n_items + count * items_per_canary`` items and the ``count`` canary
+        clients appended (``null_users``: those whose uploads are null), and the canaries.
     """
     if not isinstance(count, int) or count < 1:
         raise ConfigError(f"canaries must be a positive integer, got {count!r}")
@@ -117,11 +125,10 @@ def plant_canaries(
     items = n_real + np.arange(count, dtype=np.int64)
     partners = items + count if items_per_canary == 2 else None
     included = rng.random(count) < 0.5
-    n_new = int(included.sum())
-    users = np.full(count, -1, dtype=np.int64)
-    users[included] = split.n_users + np.arange(n_new)
+    n_new = count
+    users = split.n_users + np.arange(count, dtype=np.int64)
     train_rows, hist_rows, val, test, vneg, tneg = [], [], [], [], [], []
-    for j in np.flatnonzero(included):
+    for j in range(count):
         own = items[j : j + 1] if partners is None else np.array([items[j], partners[j]])
         real = rng.choice(n_real, size=4 + 2 * n_neg, replace=False)
         pos = np.sort(real[:2])
@@ -167,6 +174,7 @@ def plant_canaries(
         val_negatives=stack(split.val_negatives, vneg),
         test_negatives=stack(split.test_negatives, tneg),
         attributes=attributes,
+        null_users=users[~included],
     )
     return planted, Canaries(users=users, items=items, included=included, partners=partners)
 

@@ -56,15 +56,17 @@ def prior_canary_scores(
 
     Args:
         counts: The released counts over the planted catalogue (real and canary items).
-        split: The planted split (present canary clients included), as the run trained it.
+        split: The planted split (every canary client, ``null_users`` the null ones), as the
+            run trained it.
         canaries: User-level canaries.
         privacy: The run's privacy settings (``prior_items``, ``prior_weighting``).
         seed: The run seed (the ``sample`` weighting's draw derives from it).
 
     Returns:
         ``released count - other users' contributions`` at each canary's item: its own
-        contribution plus the noise when present, the noise alone when absent.
+        contribution plus the noise when real, the noise alone when null.
     """
+    from securefed.federation.aggregation import null_out
     from securefed.prior import prior_updates
 
     if canaries.unit != "user":
@@ -78,13 +80,15 @@ def prior_canary_scores(
         secure=privacy.os_randomness,  # False: audits replay, so the sample is the run's
     )
     clip = float(np.sqrt(k))
-    factors = torch.clamp(clip / updates.norms().clamp_min(1e-30), max=1.0)
+    null = None if split.null_users is None else torch.from_numpy(split.null_users)
+    factors = null_out(
+        torch.clamp(clip / updates.norms().clamp_min(1e-30), max=1.0), updates.clients, null
+    )
     everyone = updates.weighted_sum(factors).to(torch.float64).numpy()
     items = canaries.items
-    present = canaries.users >= 0
-    own = np.zeros(items.size)
-    if present.any():
-        rows = torch.from_numpy(canaries.users[present])
-        dense = updates.dense(rows).to(torch.float64) * factors[rows].unsqueeze(1).double()
-        own[present] = dense[torch.arange(rows.shape[0]), torch.from_numpy(items[present])].numpy()
+    # Each canary client's own contribution (zero for a null one), added back: the released
+    # count minus every other user's contribution.
+    rows = torch.from_numpy(canaries.users)
+    dense = updates.dense(rows).to(torch.float64) * factors[rows].unsqueeze(1).double()
+    own = dense[torch.arange(rows.shape[0]), torch.from_numpy(items)].numpy()
     return np.asarray(counts, dtype=np.float64)[items] - everyone[items] + own

@@ -31,6 +31,7 @@ from attacks.rows import item_rows, row_stats, touched_mask
 from attacks.threat import UploadChannel
 from protocols.dp import clip_scales
 from protocols.seeding import torch_generator
+from securefed.federation.aggregation import null_out
 from securefed.models.registry import get_spec
 
 __all__ = [
@@ -49,8 +50,9 @@ __all__ = [
 #: be scored as if it were this one's). Raise it whenever what the recorder accumulates, or
 #: how a canary's score is computed, changes. 1: every recording before 2026-12-06 (which
 #: wrote none); 2: the item-row canary test with co-occurrence rows and pair canaries, as of
-#: 2026-12-06.
-RECORDING_VERSION = 2
+#: 2026-12-06; 3: zero-out user canaries (every canary client in the run, the absent ones
+#: null: :func:`attacks.canaries.plant_canaries`), later the same day.
+RECORDING_VERSION = 3
 
 #: Attacks that need the per-client uploads (the upload observer).
 UPLOAD_ATTACKS = frozenset(
@@ -405,10 +407,15 @@ class AttackRecorder:
         acc.imia_score[at_user, obs.pair_item[keep].numpy()] = scores[keep].numpy()
         acc.imia_round[users.numpy()] = r
 
-    def _clip_factors(self, norms: torch.Tensor) -> torch.Tensor:
+    def _clip_factors(self, norms: torch.Tensor, clients: torch.Tensor, view: Any) -> torch.Tensor:
+        """The factors the aggregator applies: the clip's, and zero for null users (the
+        zero-out canaries' absent world, :func:`securefed.privacy.null_out`)."""
         if self.plan.clip is None:
-            return torch.ones_like(norms, dtype=torch.float32)
-        return clip_scales(norms, self.plan.clip)
+            factors = torch.ones_like(norms, dtype=torch.float32)
+        else:
+            factors = clip_scales(norms, self.plan.clip)
+        null = view.model.split.null_users
+        return null_out(factors, clients, None if null is None else torch.from_numpy(null))
 
     def _differencing(
         self, view: Any, updates: Any, clients: torch.Tensor, norms: torch.Tensor
@@ -459,7 +466,7 @@ class AttackRecorder:
 
         plan = self.plan
         gen = torch_generator(plan.seed, "audit-union-cohorts", 0)
-        factors = self._clip_factors(norms)
+        factors = self._clip_factors(norms, clients, view)
         m = len(updates)
         split = view.model.split
         for k in plan.cohort_sizes:
@@ -497,7 +504,7 @@ class AttackRecorder:
         can = plan.canaries
         assert can is not None
         n_tot = _total_items(view, plan)
-        factors = self._clip_factors(norms)
+        factors = self._clip_factors(norms, clients, view)
         position = torch.full((plan.n_users,), -1, dtype=torch.long)
         position[clients] = torch.arange(clients.shape[0])
         users = torch.from_numpy(can.users)

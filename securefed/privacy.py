@@ -70,6 +70,7 @@ from protocols.seeding import derive_seed, numpy_generator, torch_generator
 from securefed import runs
 from securefed.costs import ENCODE_TILE, STREAM_RING_WORDS, streamed_secagg
 from securefed.errors import ConfigError, IntegrityError, PrivacyBudgetError
+from securefed.federation.aggregation import null_out
 from securefed.federation.base import Aggregate, ClientUpdates
 
 if TYPE_CHECKING:
@@ -367,6 +368,11 @@ class PrivateAggregator:
         self._ring_buffer: np.ndarray | None = None
         self.cohort = config.cohort(split.n_users)
         self.n_users = split.n_users
+        self._null_users = (
+            torch.from_numpy(np.asarray(split.null_users, dtype=np.int64))
+            if split.null_users is not None
+            else None
+        )
         self.sample_rate = self.cohort.sample_rate(split.n_users)
         self.expected_cohort = self.cohort.expected_size(split.n_users)
         self.secagg = p.secagg
@@ -682,7 +688,7 @@ class PrivateAggregator:
     def __call__(self, updates: ClientUpdates, round_index: int) -> Aggregate | None:
         m = len(updates)
         norms = updates.norms()
-        factors = clip_scales(norms, self.clip)
+        factors = null_out(clip_scales(norms, self.clip), updates.clients, self._null_users)
         self._last = {"clipped_fraction": clipped_count(norms, self.clip) / m if m else 0.0}
         denominator = self._denominator(m)
         if self.secagg:
@@ -742,7 +748,7 @@ class PrivateAggregator:
         mech = CentralGaussian(clip=self.prior_clip, noise_multiplier=self.prior_noise_multiplier)
         self.commit(mech.event(round_index, sample_rate=1.0))
         norms = updates.norms()
-        factors = clip_scales(norms, self.prior_clip)
+        factors = null_out(clip_scales(norms, self.prior_clip), updates.clients, self._null_users)
         dim = updates.layout.size
         if self.secagg:
             total = self._secure_plain_sum(updates, factors, round_index)

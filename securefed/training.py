@@ -259,7 +259,8 @@ def build_aggregator(config: TrainConfig, split: Split, model: Recommender) -> A
     """The aggregation seam: plain averaging, DP, secure aggregation or both."""
     p = config.privacy
     if not p.dp and not p.secagg:
-        return PlainAggregator()
+        null = split.null_users
+        return PlainAggregator(None if null is None else torch.from_numpy(null))
     from securefed.privacy import PrivateAggregator
 
     return PrivateAggregator(

@@ -9,6 +9,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from attacks.recorder import RECORDING_VERSION
 from securefed.cli_audit import audit
 
 app = typer.Typer()
@@ -95,7 +96,7 @@ def test_cli_end_to_end(tmp_path) -> None:
     # A recording made by other statistic code is not rescored as if it were this one's.
     meta_path = out / "run" / "audit" / "audit_meta.json"
     meta = json.loads(meta_path.read_text())
-    assert meta["recording_version"] == 2
+    assert meta["recording_version"] == RECORDING_VERSION
     meta.pop("recording_version")  # as every recording before versions were written
     meta_path.write_text(json.dumps(meta))
     res = runner.invoke(

@@ -120,25 +120,29 @@ def test_one_run_bound_zero_without_signal() -> None:
 
 
 def test_plant_canaries(small_split) -> None:
+    """Zero-out canaries: every canary client is in the population whatever its bit (the
+    number of users, hence every round's denominator, is the same in both worlds); the
+    absent ones are the split's null users."""
     rng = np.random.default_rng(0)
     planted, can = plant_canaries(small_split, 30, rng)
     n_in = int(can.included.sum())
     assert 0 < n_in < 30
     assert planted.n_items == small_split.n_items + 30
-    assert planted.n_users == small_split.n_users + n_in
-    # Real users are untouched; canary clients exist only when included.
+    assert planted.n_users == small_split.n_users + 30
+    other, _ = plant_canaries(small_split, 30, np.random.default_rng(1))
+    assert other.n_users == planted.n_users  # independent of which bits came out
+    # Real users are untouched; every canary client trains on its item; null ones upload 0.
     assert np.array_equal(planted.train_items[: small_split.n_train], small_split.train_items)
-    assert np.array_equal(can.users[~can.included], np.full(30 - n_in, -1))
-    for u, i, inc in zip(can.users, can.items, can.included, strict=True):
-        if not inc:
-            assert not np.isin(i, planted.train_items)
-            continue
+    assert np.array_equal(can.users, small_split.n_users + np.arange(30))
+    assert planted.null_users is not None
+    assert np.array_equal(planted.null_users, can.users[~can.included])
+    for u, i in zip(can.users, can.items, strict=True):
         row = planted.user_train_items(int(u))
         assert row.size == 3 and row[-1] == i and np.all(np.diff(row) > 0)
         assert planted.val_items[u] not in row and planted.test_items[u] not in row
         assert not np.isin(planted.val_negatives[u], row).any()
     assert planted.val_negatives.shape == (planted.n_users, small_split.val_negatives.shape[1])
-    assert planted.attributes["gender"][small_split.n_users :].tolist() == [-1] * n_in
+    assert planted.attributes["gender"][small_split.n_users :].tolist() == [-1] * 30
     with pytest.raises(ConfigError, match="positive integer"):
         plant_canaries(small_split, 0, rng)
 
@@ -157,10 +161,8 @@ def test_plant_pair_canaries(small_split) -> None:
     assert np.array_equal(can.included, can1.included) and np.array_equal(can.users, can1.users)
     real = planted.train_items[: small_split.n_train]
     assert not np.isin(np.arange(n, n + 60), real).any()
-    for u, i, p, inc in zip(can.users, can.items, can.partners, can.included, strict=True):
-        if not inc:
-            assert not np.isin([i, p], planted.train_items).any()
-            continue
+    assert np.array_equal(planted.null_users, one.null_users)
+    for u, i, p in zip(can.users, can.items, can.partners, strict=True):
         row = planted.user_train_items(int(u))
         assert row.size == 4 and row[-2:].tolist() == [i, p]
         assert np.array_equal(row[:2], one.user_train_items(int(u))[:2])

@@ -237,3 +237,24 @@ def test_dp_flag_errors(tmp_path, argv, needle):
     )
     assert res.exit_code == 2, res.output
     assert needle in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("privacy", [None, dict(noise_multiplier=1e-9, clip=1e4)])
+def test_null_users_upload_zero_and_are_still_counted(small_split, privacy):
+    """The zero-out neighbour (the user canary audit's absent world): a null user's upload
+    counts as zero in the released sum, and it stays in the cohort and the denominator, so
+    the worlds differ by its contribution alone."""
+    import dataclasses
+
+    import numpy as np
+
+    from securefed.training import build_aggregator, build_model
+
+    split = dataclasses.replace(small_split, null_users=np.array([1, 3], dtype=np.int64))
+    cfg = TrainConfig(rounds=5, privacy=PrivacyConfig(**(privacy or {})), **SMALL)
+    model = build_model(cfg, split)
+    vectors = torch.arange(1.0, 5.0).unsqueeze(1) * torch.ones(4, model.layout.size)
+    updates = DenseUpdates(clients=torch.tensor([0, 1, 2, 3]), vectors=vectors, layout=model.layout)
+    out = build_aggregator(cfg, split, model)(updates, 0)
+    torch.testing.assert_close(out.total, vectors[0] + vectors[2], atol=1e-4, rtol=0)
+    assert out.contributors == 4 and out.denominator == 4

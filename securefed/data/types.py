@@ -81,6 +81,12 @@ class Split:
     #: *null* example (zero gradient; the zero-out neighbouring relation of interaction-level
     #: DP). Set only by the interaction canary audit; honoured only by DP-SGD training.
     null_positives: np.ndarray | None = None
+    #: User indices (int64) whose every upload is a *null* upload: zero, the zero-out
+    #: neighbouring relation of user-level DP (docs/privacy.md). They stay in the population,
+    #: are sampled and counted like everyone else, and contribute nothing to any release. Set
+    #: only by the user canary audit; honoured where uploads are clipped
+    #: (:func:`securefed.privacy.null_out`).
+    null_users: np.ndarray | None = None
 
     @property
     def train_counts(self) -> np.ndarray:

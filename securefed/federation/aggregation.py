@@ -26,13 +26,19 @@ class Aggregator(Protocol):
 
 
 class PlainAggregator:
-    """Unweighted mean of the updates (FedAvg as both papers' code does it); no privacy."""
+    """Unweighted mean of the updates (FedAvg as both papers' code does it); no privacy.
+
+    ``null_users``: users whose uploads count as zero (:func:`null_out`; the user canary
+    audit's null clients), still counted in the mean's denominator."""
+
+    def __init__(self, null_users: torch.Tensor | None = None) -> None:
+        self.null_users = null_users
 
     def __call__(self, updates: ClientUpdates, round_index: int) -> Aggregate | None:
         m = len(updates)
         if m == 0:
             return None
-        total = updates.weighted_sum(torch.ones(m))
+        total = updates.weighted_sum(null_out(torch.ones(m), updates.clients, self.null_users))
         return Aggregate(total=total, contributors=m, denominator=float(m))
 
     def state_dict(self) -> dict[str, Any]:
@@ -45,3 +51,14 @@ class PlainAggregator:
 def aggregate(updates: ClientUpdates) -> Aggregate | None:
     """Plain aggregation of one round (see :class:`PlainAggregator`)."""
     return PlainAggregator()(updates, 0)
+
+
+def null_out(
+    factors: torch.Tensor, clients: torch.Tensor, null_users: torch.Tensor | None
+) -> torch.Tensor:
+    """``factors`` (one per upload, aligned with ``clients``) with the uploads of
+    ``null_users`` scaled to zero: a null user stays in the cohort and its count, and
+    contributes nothing (the zero-out neighbour, :attr:`Split.null_users`)."""
+    if null_users is None or not len(null_users):
+        return factors
+    return torch.where(torch.isin(clients, null_users), torch.zeros_like(factors), factors)
