@@ -51,3 +51,38 @@ def torch_generator(
     g = torch.Generator(device=device)
     g.manual_seed(derive_seed(root, *path))
     return g
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def _splitmix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on a uint64 array (wrapping arithmetic)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _MIX1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _MIX2
+    return x ^ (x >> np.uint64(31))
+
+
+def keyed_uniforms(root: int, *path: str | int, keys: tuple[np.ndarray, ...]) -> np.ndarray:
+    """One uniform float64 in ``[0, 1)`` per row of the integer columns ``keys``, a keyed hash
+    (SplitMix64 over :func:`derive_seed`'s seed and the row's values).
+
+    Unlike a draw from one stream, row ``i``'s value depends only on the seed, the path and
+    row ``i``'s own keys: removing or changing other rows changes nothing else. Where one
+    party's data must not move another's draws (a user's split under user-level DP), draw
+    with this instead of ``numpy_generator(...).random(n)``.
+    """
+    if not keys:
+        raise ValueError("keyed_uniforms needs at least one key column")
+    n = len(keys[0])
+    h = np.full(n, np.uint64(derive_seed(root, *path)), dtype=np.uint64)
+    for column in keys:
+        values = np.asarray(column, dtype=np.int64).astype(np.uint64)
+        if values.shape != (n,):
+            raise ValueError("keyed_uniforms: every key column must have the same length")
+        h = _splitmix(h ^ (_splitmix(values + _GOLDEN) + _GOLDEN))
+    return (h >> np.uint64(11)).astype(np.float64) * 2.0**-53

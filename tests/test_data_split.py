@@ -123,6 +123,34 @@ def test_ml100k_split_respects_time() -> None:
     assert not np.array_equal(split.val_negatives, split.test_negatives)
 
 
+@settings(max_examples=30, deadline=None)
+@given(data=datasets(timestamps=False), who=st.integers(0, 11), seed=st.integers(0, 3))
+def test_one_users_data_never_moves_another_users_split(data, who, seed) -> None:
+    """User-level DP (zero-out): without timestamps the tie order is a keyed hash of each
+    interaction's own (user, item), so replacing one user's rows (here by its first 3, file
+    order) leaves every other user's train, validation and test items as they were. One
+    stream in file order (before 2026-12-06) re-split every later user (found in review)."""
+    who = who % data.n_users
+    mine = np.flatnonzero(data.users == who)
+    keep = np.ones(len(data.users), dtype=bool)
+    keep[mine[3:]] = False
+    neighbour = make_interactions(
+        list(zip(data.users[keep].tolist(), data.items[keep].tolist(), strict=True)),
+        data.n_items,
+    )
+    if neighbour.n_users != data.n_users:  # the last user kept fewer rows: same users
+        return
+    a, b = (
+        leave_one_out(data, seed=seed, n_eval_negatives=0),
+        leave_one_out(neighbour, seed=seed, n_eval_negatives=0),
+    )
+    for u in range(data.n_users):
+        if u == who:
+            continue
+        assert np.array_equal(a.user_train_items(u), b.user_train_items(u))
+        assert a.val_items[u] == b.val_items[u] and a.test_items[u] == b.test_items[u]
+
+
 @needs_shared
 def test_filmtrust_split_uses_seeded_permutation() -> None:
     data = load_filmtrust(SHARED / "filmtrust")
