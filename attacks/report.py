@@ -14,6 +14,7 @@ from attacks.attribute import attribute_inference
 from attacks.canaries import Canaries, clopper_pearson_bound, one_run_bound
 from attacks.metrics import binary_metrics, membership_report
 from attacks.results import RELEASE_NOTE, RELEASED_FILE, AttackResult, AuditConfig
+from attacks.rows import observer_hooks
 from attacks.threat import ThreatModel
 from protocols.seeding import numpy_generator
 
@@ -469,7 +470,14 @@ def _audit(
         "attack": attack,
         "accounted_epsilon": summary.get("epsilon"),
         # With Poisson cohorts the test knows which rounds a canary took part in (and whom
-        # to subtract): the guarantee against that adversary is the unamplified one.
-        "accounted_epsilon_unamplified": summary.get("epsilon_unamplified"),
+        # to subtract): the guarantee against that adversary is the unamplified one. Not for
+        # a model whose test projects on the canary's own contribution (fedals): that score
+        # is distributed as one using the canary's would-be push every round, which needs no
+        # knowledge of its own sampling, so the amplified epsilon is the yardstick (review).
+        "accounted_epsilon_unamplified": (
+            None
+            if observer_hooks(train_cfg.model).canary_own_direction
+            else summary.get("epsilon_unamplified")
+        ),
         "delta": delta,
     }

@@ -96,7 +96,8 @@ def test_private_fedals_audit_sees_the_release(tmp_path, params) -> None:
 )
 def test_private_fedals_positive_control(tmp_path, params) -> None:
     """The same private-mode audit at epsilon 50 (noise std 0.22 against a canary item's
-    contribution of 1/2 a round): the bound is near the cap of 256 canaries (~3.2).
+    contribution of 1/2 a round): the bound nears what 256 canaries can show at all (a
+    perfect separation gives 3.7 one-run, 2.7 Clopper-Pearson at half the level each).
     ``count_only_below=1e12``: two count rounds (the statistic must read the count);
     ``gram_items=0``: a count round and an ALS round; the default at epsilon 50: a count
     round and a co-occurrence round, whose release the statistic reads through the canary's
@@ -140,7 +141,8 @@ def test_private_prior_bound_below_accountant(tmp_path) -> None:
 
 def test_private_prior_positive_control(tmp_path) -> None:
     """Epsilon 100 with half of it on the prior: the prior's canary statistic separates the
-    canaries (its bound is near the cap of 100 canaries at its half of the level, ~2.2)."""
+    canaries (a perfect separation of 100 canaries at its half of the level gives 2.5
+    one-run, 1.6 Clopper-Pearson)."""
     res = _prior(tmp_path, epsilon=100.0, share=0.5)
     prior = res.report["audit"]["releases"]["prior"]
     assert prior["canary_auc"] > 0.95
