@@ -572,6 +572,21 @@ def test_rerun_with_other_settings_into_the_same_directory_is_refused(tmp_path):
         run_report(ReportConfig(**base, rounds=2), out=tmp_path / "r")
 
 
+def test_a_finished_private_fedals_cell_is_reused_by_the_same_command(tmp_path):
+    """config.toml records what the private fedals settled on the data (its mode, the
+    population rule); the same grid run again compares against its own settled config and
+    reuses the cell (it used to refuse it as "run with other settings", found 2026-12-06)."""
+    cfg = ReportConfig(
+        models=("fedals",), dataset="synthetic", synthetic_users=300, synthetic_items=200,
+        rounds=2, epsilons=(2.0,), defenses=("dp",), seeds=1, audit=False, references=(),
+    )  # fmt: skip
+    run_report(cfg, out=tmp_path / "r")
+    events: list[SweepEvent] = []
+    run_report(cfg, out=tmp_path / "r", progress=events.append)
+    assert events[0].kind == "plan" and events[0].done == events[0].total
+    assert not any(e.kind == "done" for e in events)
+
+
 @pytest.mark.slow
 def test_parallel_jobs_give_the_same_results_as_one_job(tmp_path):
     cfg = dict(
