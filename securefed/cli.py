@@ -49,6 +49,7 @@ from securefed.cli_common import (
 )
 
 if TYPE_CHECKING:
+    from securefed.config import TrainConfig
     from securefed.training import RoundRecord, RunStart
 
 app = typer.Typer(
@@ -92,6 +93,28 @@ def _root(
 
 def _given(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
+
+
+def _idle_privacy_flag(given: dict[str, Any], cfg: TrainConfig) -> str | None:
+    """Why a privacy flag the user typed would change nothing in ``cfg`` (None when each one
+    does): a flag that would change nothing is refused rather than ignored (README)."""
+    p = cfg.privacy
+    if not p.dp:
+        for key in ("delta", "accountant", "noise"):
+            if key in given:
+                return (
+                    f"--{key} sets how DP noise is accounted or placed, and this run has no DP; "
+                    f"add --epsilon or --noise-multiplier, or drop --{key}"
+                )
+    if p.prior_share is None:
+        for key in ("prior_items", "prior_weight", "prior_weighting"):
+            if key in given:
+                flag = "--" + key.replace("_", "-")
+                return (
+                    f"{flag} shapes the private popularity prior, and this run has none; add "
+                    f"--private-prior SHARE (with --epsilon), or drop {flag}"
+                )
+    return None
 
 
 @app.command()
@@ -357,6 +380,9 @@ def train(
                     params_from_flags(spec, model_flags, table, given_as=given_as)
                 )
             cfg = TrainConfig.from_dict(raw)
+            idle = _idle_privacy_flag(privacy, cfg)
+            if idle is not None:
+                raise _fail(idle)
         target = resume if resume is not None else out_dir
         if target is not None:
             if resume is None:

@@ -251,6 +251,8 @@ def _print_summary(result: Any) -> None:
             f"({s.get('privacy_unit')}-level, {s.get('accountant')} accountant, "
             f"{sigma}, clip {s.get('clip'):g})"
         )
+    if s.get("placement_note") and s.get("epsilon") is not None:
+        out.print(f"noise placement: {s['placement_note']}", highlight=False)
     if s.get("amplification") and s.get("epsilon") is not None:
         line = f"amplification by sampling: {s['amplification']}"
         if s.get("epsilon_unamplified") is not None:

@@ -216,6 +216,9 @@ def _deploy(opts: dict[str, Any], *, local: bool) -> None:
     nodes = opts["nodes"]
     resume = opts["resume"]
     with _user_errors():
+        from securefed.flower import require_flwr
+
+        require_flwr()  # before any folder is made (it used to leave app/ and securefed.toml)
         if resume is not None:
             given = [k for k in ("config", "out_dir", *_OVERRIDES) if opts[k] is not None]
             refuse_flags_with_resume(given, {"out_dir": "out"})

@@ -96,6 +96,11 @@ class PrivacyConfig:
             raise ConfigError(f"accountant must be prv or rdp, got {self.accountant!r}")
         if self.noise not in (None, "central", "distributed"):
             raise ConfigError(f"noise must be central or distributed, got {self.noise!r}")
+        if self.noise == "distributed" and self.accountant == "prv":
+            raise ConfigError(
+                "--noise distributed is accounted with RDP (the distributed discrete Gaussian's "
+                "guarantee is an RDP bound); drop --accountant prv or give --accountant rdp"
+            )
         if self.privacy_unit not in ("user", "interaction"):
             raise ConfigError(
                 f"privacy unit must be user or interaction, got {self.privacy_unit!r}"

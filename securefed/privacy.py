@@ -398,7 +398,11 @@ class PrivateAggregator:
         self._noise_plans: dict[int, DistributedDiscreteGaussian] = {}
         self._secure_minimum: int | None = None
         if placement == "distributed" and not p.secagg and p.dp:
-            placement_note = "continuous Gaussian shares (no secure aggregation)"
+            placement_note = (
+                "continuous Gaussian shares without secure aggregation: the server sees each "
+                "client's upload with only that client's share of the noise; the epsilon "
+                "covers the released sum, not the uploads (add --secagg)"
+            )
         else:
             placement_note = None
         self.placement_note = placement_note
@@ -424,9 +428,8 @@ class PrivateAggregator:
                 secure=p.os_randomness,
             )
         elif p.dp:
-            accountant = p.accountant or (
-                "rdp" if placement == "distributed" and p.secagg else "prv"
-            )
+            # Distributed noise is accounted with RDP (protocols.dp.DPConfig requires it).
+            accountant = p.accountant or ("rdp" if placement == "distributed" else "prv")
             self.dp = DPConfig(
                 epsilon=p.epsilon,
                 delta=p.delta,

@@ -257,6 +257,12 @@ def test_flags_that_would_be_ignored_are_refused(tmp_path):
     cases = [
         (["--clip", "2"], "this run has neither; add --epsilon or --noise-multiplier, or drop"),
         (["--dim", "16", "--param", "dim=8"], "--dim and --param dim set the same setting"),
+        # DP-only and prior-only flags on a run without them (found 2026-12-06: ignored).
+        (["--delta", "1e-6"], "this run has no DP; add --epsilon or --noise-multiplier"),
+        (["--accountant", "rdp"], "drop --accountant"),
+        (["--noise", "distributed"], "drop --noise"),
+        (["--prior-items", "5"], "this run has none; add --private-prior SHARE"),
+        (["--epsilon", "2", "--prior-weighting", "sqrt"], "drop --prior-weighting"),
     ]
     for extra, expected in cases:
         out = tmp_path / "r"
@@ -318,3 +324,17 @@ def test_a_data_file_too_big_for_memory_is_refused_before_it_is_read(
     assert "about 20,0" in line and "rows) needs about" in line, line
     assert "1.0 MB is available here" in line, line
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["local", "simulate"])
+def test_flower_without_flower_installed_writes_nothing(tmp_path, monkeypatch, command):
+    """It printed where the logs would go, made the run's folder and the app's files, and
+    only then said that Flower is missing (found 2026-12-06)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "flwr", None)  # import flwr raises ImportError
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, ["flower", command, *SMALL, "--out", str(tmp_path / "run")])
+    _one_clear_line(res)
+    assert "Flower is not installed" in res.output
+    assert list(tmp_path.iterdir()) == []

@@ -518,9 +518,10 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
         if "rounds" in changes
         else ""
     )
+    rounds_word = "round" if resolved.rounds == 1 else "rounds"
     note = (
         f"private fedals: {population} population ({why}{count_why}{gram_why}): {what}; "
-        f'{resolved.rounds} rounds{rounds_why} (docs/privacy.md, "The population rule")'
+        f'{resolved.rounds} {rounds_word}{rounds_why} (docs/privacy.md, "The population rule")'
     )
     return resolved, note
 
