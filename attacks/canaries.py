@@ -120,7 +120,8 @@ def plant_canaries(
         raise ConfigError(
             f"canary clients need at least {2 * n_neg + 4} real items (4 positives and "
             f"{n_neg} validation and {n_neg} test negatives, all distinct), the data has "
-            f"{n_real}; audit without canaries (--canaries 0) or on more items"
+            f"{n_real}; audit without canaries (securefed audit --canaries 0; a report: "
+            "--no-audit) or on more items"
         )
     items = n_real + np.arange(count, dtype=np.int64)
     partners = items + count if items_per_canary == 2 else None

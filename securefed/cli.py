@@ -95,6 +95,14 @@ def _given(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
+def _absolute_if_path(dataset: str | None) -> str | None:
+    """``--dataset`` as an absolute path when it names an existing file or folder (a known
+    name such as ``ml-100k`` is kept)."""
+    if dataset is None or not Path(dataset).exists():
+        return dataset
+    return str(Path(dataset).resolve())
+
+
 def _idle_privacy_flag(given: dict[str, Any], cfg: TrainConfig) -> str | None:
     """Why a privacy flag the user typed would change nothing in ``cfg`` (None when each one
     does): a flag that would change nothing is refused rather than ignored (README)."""
@@ -310,8 +318,10 @@ def train(
             refuse_legacy_secure(raw, str(config))
             top = _given(
                 model=model,
-                dataset=dataset,
-                data_dir=str(data_dir) if data_dir else None,
+                # Paths as absolute ones in config.toml: a resume from another folder reads
+                # the same files (a relative --data-dir left it unable to find the data).
+                dataset=_absolute_if_path(dataset),
+                data_dir=str(Path(data_dir).resolve()) if data_dir else None,
                 rounds=rounds,
                 seed=seed,
                 client_fraction=client_fraction,

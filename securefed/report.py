@@ -523,6 +523,21 @@ def _cell_finished(cell_dir: Path, audit: bool) -> bool:
     return not audit or (done / "audit.json").exists() or (done / AUDIT_FAILED).exists()
 
 
+def _refuse_foreign_out(out: Path) -> None:
+    """A report writes a folder of its own: ``out`` must be new, empty, or a report's (its
+    ``cells/`` or ``report.md``, which a rerun continues or rewrites). It used to write its
+    cells and pages beside whatever the folder held, a finished run's ``model.pt`` included
+    (found 2026-12-06)."""
+    if not out.is_dir() or next(out.iterdir(), None) is None:
+        return
+    if (out / CELLS_DIR).is_dir() or (out / "report.md").exists():
+        return
+    raise ConfigError(
+        f"{out} already holds other files; a report is written into a folder of its own: "
+        "choose a new or empty --out (or the --out of an earlier report to continue it)"
+    )
+
+
 def _check_cell_config(cell_dir: Path, expected: TrainConfig) -> None:
     path = cell_dir / runs.CONFIG_FILE
     if not path.exists():
@@ -716,6 +731,7 @@ def run_report(
     check_report_dependencies()  # before the first cell trains, not after the last
     out = Path(out)
     check_run_dir_writable(out, kind="report directory")
+    _refuse_foreign_out(out)
     from securefed.costs import check_synthetic_fits
 
     speed = None  # one machine probe for all models
@@ -1069,6 +1085,7 @@ def build_report(
 
     check_report_dependencies()
     check_run_dir_writable(Path(out), kind="report directory")
+    _refuse_foreign_out(Path(out))
     skipped: list[SkippedCell] = []
     notes: list[str] = []
     for d in dirs:  # skipped combinations recorded by an earlier sweep stay in the report

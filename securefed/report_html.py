@@ -166,7 +166,10 @@ def summarise(frame: Any, min_hr: float | None) -> tuple[list[str], dict[str, fl
             floor, how = min_hr, f"HR@10 ≥ {min_hr:g} (--min-hr)"
         else:
             floor = 0.9 * ref
-            how = f"HR@10 ≥ {floor:.4f} (90 % of its best no-DP HR@10, {ref:.4f}; set --min-hr)"
+            # Without a no-DP cell the reference is the best private one (it was labelled
+            # "no-DP" all the same; found 2026-12-06).
+            of = "no-DP" if not nodp.empty else "private (this grid has no no-DP cell)"
+            how = f"HR@10 ≥ {floor:.4f} (90 % of its best {of} HR@10, {ref:.4f}; set --min-hr)"
         floors[str(model)] = floor
         private = part[part["defense"].isin(["dp", "dp+secagg"])]
         ok = private[private["hr"] >= floor].sort_values(["epsilon", "hr"], ascending=[True, False])
@@ -302,7 +305,7 @@ def _key_table(frame: Any) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
                     _col(part, "baseline_dp_mostpop_test_hr@10"),
                     _col(part, "baseline_dp_mostpop_test_full_hr@10"),
                 ),
-                verdict or ("above all" if "baseline_mostpop_test_hr@10" in part else "–"),
+                verdict or ("at or above all" if "baseline_mostpop_test_hr@10" in part else "–"),
                 f"{best_auc:.3f} ({best_name})" if best_name else "–",
                 _mean_range(lb, 3) if len(lb) else "–",
                 _num(float(part["seconds_per_round"].mean()), 3),

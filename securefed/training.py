@@ -140,7 +140,16 @@ class RunFinished(ConfigError):
     """
 
     def __init__(self, run_dir: Path, summary: dict[str, Any]) -> None:
-        if summary.get("budget_spent"):
+        kept = (run_dir / runs.CHECKPOINT_FILE).exists()
+        if kept:  # --keep-private-state: the run itself can be extended
+            more = "raise rounds" + (" and epsilon" if summary.get("epsilon") else "")
+            text = (
+                f"{run_dir} has finished its {summary.get('rounds')} rounds; there is nothing "
+                f"to resume (its results are in {run_dir / runs.SUMMARY_FILE}); it kept its "
+                f"private state, so to train it longer {more} in its "
+                f"{runs.CONFIG_FILE} and resume it again"
+            )
+        elif summary.get("budget_spent"):
             text = (
                 f"{run_dir} stopped after round {summary.get('rounds')} because its privacy "
                 f"budget was spent; there is nothing to resume (its results are in "

@@ -338,3 +338,29 @@ def test_flower_without_flower_installed_writes_nothing(tmp_path, monkeypatch, c
     _one_clear_line(res)
     assert "Flower is not installed" in res.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_relative_data_paths_are_recorded_absolute(tmp_path, monkeypatch):
+    """config.toml recorded --dataset and --data-dir as typed, so a resume from another
+    folder could not find the data, and --data-dir is refused beside --resume."""
+    import tomllib
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    users, items = rng.integers(0, 30, 600), rng.integers(0, 150, 600)
+    rows = {(int(u), int(i)) for u, i in zip(users, items, strict=True)}
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "mine.csv").write_text(
+        "user,item\n" + "".join(f"{u},{i}\n" for u, i in sorted(rows))
+    )
+    monkeypatch.chdir(tmp_path / "data")
+    res = runner.invoke(
+        app, ["train", "--model", "mostpop", "--dataset", "mine.csv", "--out", str(tmp_path / "r")]
+    )
+    assert res.exit_code == 0, res.output
+    recorded = tomllib.loads((tmp_path / "r" / "config.toml").read_text())
+    assert recorded["dataset"] == str(tmp_path / "data" / "mine.csv")
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, ["train", "--resume", str(tmp_path / "r")])
+    assert res.exit_code == 0 and "has finished" in res.output, res.output

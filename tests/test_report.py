@@ -156,6 +156,19 @@ def test_bad_flags_exit_2_with_one_line(args, tmp_path):
     assert not (tmp_path / "r" / "cells").exists()
 
 
+def test_report_into_a_folder_holding_other_files_is_refused_and_they_stay(tmp_path):
+    """It wrote cells/, the pages and results.csv beside a finished run's model.pt."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "model.pt").write_bytes(b"mine")
+    for args in (["--models", "fedrecgel", "--seeds", "1"], ["--from", str(tmp_path)]):
+        result = _invoke(*args, "--out", str(folder))
+        assert result.exit_code == 2, result.output
+        lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "already holds other files" in lines[0], result.stderr
+        assert sorted(p.name for p in folder.iterdir()) == ["model.pt"]
+
+
 def test_summary_picks_the_lowest_epsilon_meeting_the_floor():
     rows = []
     for defense, eps, hr in [

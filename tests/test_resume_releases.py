@@ -128,6 +128,10 @@ def test_extending_a_finished_dp_run_spends_the_raised_budget(tmp_path, releases
     )
     train(cfg, out=tmp_path / "a")
     first = releases[0].noise_multiplier
+    from securefed.training import RunFinished
+
+    with pytest.raises(RunFinished, match="raise rounds and epsilon in its config.toml"):
+        train(resume=tmp_path / "a")  # the message says how to extend a kept run
     for name in ("rounds", "eps"):
         (tmp_path / name).mkdir()
         for f in (tmp_path / "a").iterdir():
