@@ -329,6 +329,23 @@ def _print(result: Any) -> None:
     out.print(table)
     for line in aside:
         out.print(f"not in the table: {escape(line)}")
+    uploads_read = any(
+        a["metrics"] and a["threat_model"] == "upload-observer" for a in rep["attacks"]
+    )
+    user_level = rep.get("config", {}).get("privacy", {}).get("privacy_unit", "user") == "user"
+    if (
+        uploads_read
+        and user_level
+        and rep.get("accounted_epsilon") is not None
+        and not rep.get("secagg")
+    ):
+        out.print(
+            "upload-observer rows read each client's upload as the server receives it (with "
+            "central noise, before any is added; with distributed noise, with that client's "
+            "share only): the run's DP protects what is released, not the uploads, from the "
+            "server (--secagg hides them; docs/attacks.md)",
+            highlight=False,
+        )
     block = rep.get("audit")
     if block is not None:
         out.print(

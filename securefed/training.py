@@ -886,6 +886,8 @@ def check_resume(run_dir: Path) -> TrainConfig:
             checkpoint would start over from round 1).
         RunFinished: the run completed all its planned rounds.
     """
+    if not run_dir.exists():
+        raise ConfigError(f"{run_dir} does not exist; check --resume")
     if not (run_dir / runs.CONFIG_FILE).exists():
         raise ConfigError(
             f"{run_dir} is not a run directory (no {runs.CONFIG_FILE}); check --resume"
@@ -986,7 +988,8 @@ def refuse_foreign_files(run_dir: Path, *, kind: str = "run directory") -> None:
         )
     if run_dir.is_dir() and next(run_dir.iterdir(), None) is not None:
         raise ConfigError(
-            f"{run_dir} already holds other files; a {kind} is written into a folder of its "
+            f"{run_dir} already holds other files; {'an' if kind[0] in 'aeiou' else 'a'} "
+            f"{kind} is written into a folder of its "
             "own: choose a new or empty --out"
         )
 

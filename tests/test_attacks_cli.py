@@ -167,6 +167,8 @@ def test_audit_of_an_interaction_level_run(tmp_path) -> None:
     assert rep["audit"]["epsilon_lower_bound"] <= rep["accounted_epsilon"]
     notes = {a["name"]: a["observes"] for a in rep["attacks"]}
     assert "own DP-SGD" in notes["row-change"] and "DP-SGD noise" in notes["union"]
+    # Uploads carry their own DP-SGD noise here: no note that DP leaves them to the server.
+    assert "not the uploads" not in " ".join(res.output.split())
 
 
 def test_recorder_holds_only_the_tables_its_attacks_read() -> None:
@@ -321,3 +323,15 @@ def test_a_delta_the_canary_bound_cannot_use_is_refused_before_training(
     # With a popularity prior the significance is halved again: 125 canaries fit.
     res = runner.invoke(app, [*args, "--canaries", "200", "--private-prior", "0.5"])
     assert res.exit_code == 2 and "--canaries 125 or fewer" in " ".join(res.output.split())
+
+
+def test_a_central_dp_audit_says_the_upload_rows_are_not_what_dp_protects(tmp_path) -> None:
+    """Upload attacks at AUC 1.0 under --epsilon read as a broken defence without the line
+    saying that central DP protects the release, not the uploads (found 2026-12-06)."""
+    out = tmp_path / "a"
+    res = runner.invoke(
+        app,
+        ["--epsilon", "2", "--attacks", "row-change", "--canaries", "8", "--out", str(out)] + SMALL,
+    )
+    assert res.exit_code == 0, res.output
+    assert "protects what is released, not the uploads" in " ".join(res.output.split())
