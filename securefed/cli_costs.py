@@ -23,6 +23,7 @@ from securefed.costs import (
     format_bytes,
     format_seconds,
     machine_speed,
+    plural,
     state_bytes_of,
 )
 
@@ -126,9 +127,11 @@ class RunCosts:
                 return
         self.line(
             f"estimate after round {rec.round}: {format_seconds(updated.seconds)} left "
-            f"({updated.rounds} rounds x {format_seconds(updated.round_seconds)} training"
+            f"({plural(updated.rounds, 'round')} x {format_seconds(updated.round_seconds)} "
+            "training"
             + (
-                f" + {updated.evaluations} evaluations x {format_seconds(_eval_mean(updated))}"
+                f" + {plural(updated.evaluations, 'evaluation')} x "
+                f"{format_seconds(_eval_mean(updated))}"
                 if updated.evaluations
                 else ""
             )

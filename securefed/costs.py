@@ -56,6 +56,7 @@ __all__ = [
     "format_bytes",
     "format_seconds",
     "machine_speed",
+    "plural",
     "refuse_if_too_large",
     "state_bytes",
     "state_bytes_of",
@@ -239,8 +240,8 @@ class CostEstimate:
             f"estimate: peak memory {format_bytes(self.peak_memory)}, disk "
             f"{format_bytes(self.disk_bytes)} ({format_bytes(self.disk_peak)} while a "
             f"checkpoint is replaced, {format_bytes(self.disk_final)} once finished), time "
-            f"{format_seconds(self.seconds)} ({self.rounds} "
-            f"rounds x {format_seconds(self.round_seconds + self._eval_per_round())}"
+            f"{format_seconds(self.seconds)} ({plural(self.rounds, 'round')} "
+            f"x {format_seconds(self.round_seconds + self._eval_per_round())}"
             + (f" + {format_seconds(self.setup_seconds)} setup" if self.setup_seconds else "")
             + f"; {self.basis})"
         )
@@ -313,6 +314,11 @@ class CostEstimate:
             if len(records) > 1
             else "measured round 1",
         )
+
+
+def plural(count: int, word: str) -> str:
+    """``"1 round"``, ``"2 rounds"``."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
 
 
 def _largest(values: Mapping[str, int], n: int) -> list[tuple[str, int]]:
