@@ -53,8 +53,12 @@ class PrivacyConfig:
     directory lets anyone regenerate them (:attr:`os_randomness`). ``replay=True``
     (``--replay-from-seed``) derives them from the run seed instead: the run reproduces bit for
     bit, and its guarantee then holds only against an observer who does not know the seed
-    (recorded and printed with the run). Randomness no DP claim relies on (initialisation,
-    negatives, local batches, a model's own item sampling) is always derived from the seed.
+    (recorded and printed with the run). So do, in a DP run, a device's item sample, local
+    training's negatives and batches, the secure sum's rounding and the simulated dropouts
+    (each would otherwise let one user's data move other users' draws; docs/privacy.md).
+    Randomness no DP claim relies on (initialisation, indexed by the public population; the
+    split, keyed by each interaction's own user and item; evaluation negatives) is derived
+    from the seed.
     """
 
     epsilon: float | None = None

@@ -237,6 +237,37 @@ def test_replay_needs_dp_and_legacy_secure_keys_keep_their_meaning(tmp_path):
         assert not out.exists()
 
 
+def test_simulated_dropouts_of_a_dp_run_are_not_derived_from_the_stored_seed(tmp_path, monkeypatch):
+    """They drop ring positions, and FedRAP orders uploads by each user's batch count: from
+    the recorded seed one user's data chose which others left the sum (found in review)."""
+    import protocols.secagg as secagg
+    from protocols.secagg import DropoutSchedule
+    from protocols.seeding import numpy_generator
+
+    seen: list[DropoutSchedule] = []
+    original = secagg.secure_sum
+
+    def spy(*args, **kw):
+        seen.append(kw["dropouts"])
+        return original(*args, **kw)
+
+    monkeypatch.setattr(secagg, "secure_sum", spy)
+    # 60 clients at rate 0.2: an empty schedule (which a seeded one could equal) has
+    # probability 0.8^60 ~ 1.5e-6 a round.
+    privacy = dict(epsilon=8.0, secagg=True, secagg_dropout=0.3, secagg_simulate_dropout=0.2)
+    res, _ = _run(tmp_path, "os", rounds=3, **privacy)
+    m = res.metrics[0]["participants"]
+
+    def seeded(r: int) -> DropoutSchedule:
+        return DropoutSchedule.random(m, rate=0.2, rng=numpy_generator(0, "dropout", r))
+
+    assert len(seen) == 3 and [d for d in seen if d is not None]
+    assert all(d != seeded(r) for r, d in enumerate(seen))
+    seen.clear()
+    _run(tmp_path, "replay", rounds=3, replay=True, **privacy)
+    assert seen == [seeded(r) for r in range(3)]
+
+
 @pytest.mark.parametrize("model", ["fedrap", "fedrecgel"])
 def test_local_training_draws_of_a_dp_run_are_not_derived_from_the_stored_seed(
     tmp_path, monkeypatch, model
