@@ -409,7 +409,7 @@ class AttackRecorder:
 
     def _clip_factors(self, norms: torch.Tensor, clients: torch.Tensor, view: Any) -> torch.Tensor:
         """The factors the aggregator applies: the clip's, and zero for null users (the
-        zero-out canaries' absent world, :func:`securefed.privacy.null_out`)."""
+        zero-out canaries' absent world, :func:`securefed.federation.aggregation.null_out`)."""
         if self.plan.clip is None:
             factors = torch.ones_like(norms, dtype=torch.float32)
         else:

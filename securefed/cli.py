@@ -98,7 +98,9 @@ def _given(**values: Any) -> dict[str, Any]:
 def _absolute_if_path(dataset: str | None) -> str | None:
     """``--dataset`` as an absolute path when it names an existing file or folder (a known
     name such as ``ml-100k`` is kept)."""
-    if dataset is None or not Path(dataset).exists():
+    from securefed.data.registry import KNOWN_DATASETS
+
+    if dataset is None or dataset in KNOWN_DATASETS or not Path(dataset).exists():
         return dataset
     return str(Path(dataset).resolve())
 

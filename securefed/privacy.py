@@ -711,8 +711,9 @@ class PrivateAggregator:
                 round_index, sample_rate=self.sample_rate, noise_contributors=max(m, 1)
             )
         else:
-            central = CentralGaussian(clip=self.dp.clip, noise_multiplier=self.noise_multiplier)
-            event = central.event(round_index, sample_rate=self.sample_rate)
+            event = CentralGaussian(
+                clip=self.dp.clip, noise_multiplier=self.noise_multiplier
+            ).event(round_index, sample_rate=self.sample_rate)
         # Account before release: the event is on disk before the noised sum exists, and a
         # round that would overspend never runs.
         self.commit(event)
@@ -725,6 +726,9 @@ class PrivateAggregator:
             )
             total = total + shares.sum(0)
         else:
+            # Central noise, or an empty Poisson cohort under distributed noise: no client to
+            # add a share, so the server adds the one share the event records (std sigma C).
+            central = CentralGaussian(clip=self.dp.clip, noise_multiplier=self.noise_multiplier)
             total = total + central.noise_for_sum(
                 self.dim, generator=self._generator("dp-noise", round_index), secure=self.secure
             )
@@ -916,9 +920,10 @@ class PrivateAggregator:
         after the last checkpoint were counted twice) the rounds left get the smallest sigma
         that keeps the ledger's epsilon within the target: before, a resumed run kept the
         fresh plan's sigma, stopped at once when only ``rounds`` was raised, and printed
-        that sigma although no release used it. Only for an epsilon target with continuous
-        Gaussian noise (a given ``--noise-multiplier`` is kept; the discrete ring noise's
-        plan is not refitted, and a resume that overspends stops on the budget).
+        that sigma although no release used it. Only for a user-level epsilon target with
+        continuous Gaussian noise (a given ``--noise-multiplier`` is kept; the discrete ring
+        noise's plan and interaction-level DP-SGD are not refitted, and a resume of theirs
+        that overspends stops on the budget).
         """
         if (
             self.dp is None
@@ -933,7 +938,9 @@ class PrivateAggregator:
 
         epsilon = float(self.dp.epsilon)  # type: ignore[arg-type]
         delta, accountant = self.dp.delta, self.dp.accountant
-        fixed = [(e.effective_noise_multiplier, e.sample_rate, 1) for e in self.ledger.events]
+        # Grouped as the ledger's own epsilon is: PRV's cost grows with the entries.
+        counts = Counter((e.effective_noise_multiplier, e.sample_rate) for e in self.ledger.events)
+        fixed = [(z, q, n) for (z, q), n in counts.items()]
         planned = {self.noise_multiplier, self.prior_noise_multiplier}
         as_planned = all(e.noise_multiplier in planned for e in self.ledger.events)
         plan = [*fixed, (self.noise_multiplier, self.sample_rate, rounds_left)]

@@ -141,8 +141,16 @@ class RunFinished(ConfigError):
 
     def __init__(self, run_dir: Path, summary: dict[str, Any]) -> None:
         kept = (run_dir / runs.CHECKPOINT_FILE).exists()
-        if kept:  # --keep-private-state: the run itself can be extended
-            more = "raise rounds" + (" and epsilon" if summary.get("epsilon") else "")
+        recorded = load_config_file(run_dir / runs.CONFIG_FILE) if kept else {}
+        target = recorded.get("privacy", {}).get("epsilon") is not None
+        if kept and summary.get("budget_spent"):
+            text = (
+                f"{run_dir} stopped after round {summary.get('rounds')} because its privacy "
+                f"budget was spent; it kept its private state, so to train it longer raise "
+                f"epsilon in its {runs.CONFIG_FILE} and resume it again"
+            )
+        elif kept:  # --keep-private-state: the run itself can be extended
+            more = "raise rounds" + (" and epsilon" if target else "")
             text = (
                 f"{run_dir} has finished its {summary.get('rounds')} rounds; there is nothing "
                 f"to resume (its results are in {run_dir / runs.SUMMARY_FILE}); it kept its "

@@ -364,3 +364,8 @@ def test_relative_data_paths_are_recorded_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     res = runner.invoke(app, ["train", "--resume", str(tmp_path / "r")])
     assert res.exit_code == 0 and "has finished" in res.output, res.output
+    # A known name stays a name even where a folder of that name exists (review).
+    (tmp_path / "synthetic").mkdir()
+    res = runner.invoke(app, ["train", "--model", "mostpop", *SMALL, "--out", str(tmp_path / "s")])
+    assert res.exit_code == 0, res.output
+    assert tomllib.loads((tmp_path / "s" / "config.toml").read_text())["dataset"] == "synthetic"

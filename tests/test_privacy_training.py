@@ -126,6 +126,8 @@ def test_budget_cap_stops_cleanly_and_finishes_the_run(tmp_path):
         out=tmp_path / "k",
     )
     assert kept.summary["rounds"] == 2 and (tmp_path / "k" / "checkpoint.pt").exists()
+    with pytest.raises(RunFinished, match="budget was spent; it kept its private state, so"):
+        train(resume=tmp_path / "k")
 
 
 @pytest.mark.slow
@@ -258,3 +260,23 @@ def test_null_users_upload_zero_and_are_still_counted(small_split, privacy):
     out = build_aggregator(cfg, split, model)(updates, 0)
     torch.testing.assert_close(out.total, vectors[0] + vectors[2], atol=1e-4, rtol=0)
     assert out.contributors == 4 and out.denominator == 4
+
+
+def test_an_empty_poisson_cohort_under_distributed_noise_releases_the_recorded_share(small_split):
+    """No client to add a share: the server adds the one share the event records (it read an
+    undefined name and crashed after the event was written; found in review)."""
+    cfg = TrainConfig(
+        rounds=5,
+        client_fraction=0.1,
+        privacy=PrivacyConfig(noise_multiplier=2.0, clip=0.5, noise="distributed"),
+        **SMALL,
+    )
+    agg = PrivateAggregator(cfg, small_split, dim=20_000)
+    empty = DenseUpdates(
+        clients=torch.zeros(0, dtype=torch.long),
+        vectors=torch.zeros(0, 20_000),
+        layout=UpdateLayout(("x",), ((20_000,),)),
+    )
+    out = agg(empty, 0)
+    assert out is not None and out.contributors == 0 and len(agg.ledger.events) == 1
+    assert abs(float(out.total.double().std()) / 1.0 - 1) < 0.05  # sigma C = 2 x 0.5

@@ -167,6 +167,13 @@ def test_report_into_a_folder_holding_other_files_is_refused_and_they_stay(tmp_p
         lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and "already holds other files" in lines[0], result.stderr
         assert sorted(p.name for p in folder.iterdir()) == ["model.pt"]
+    # A report's own leftovers are not foreign: an interrupted start leaves report.json alone.
+    from securefed.report import SWEEP_FILE, _refuse_foreign_out
+
+    started = tmp_path / "started"
+    started.mkdir()
+    (started / SWEEP_FILE).write_text("{}")
+    _refuse_foreign_out(started)
 
 
 def test_summary_picks_the_lowest_epsilon_meeting_the_floor():

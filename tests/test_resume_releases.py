@@ -84,7 +84,7 @@ def test_exception_after_release_then_resume_counts_every_release(tmp_path, rele
     assert resumed.summary["epsilon"] > _epsilon_of(releases[:5], cfg)
 
 
-def test_resume_under_a_budget_refits_sigma_for_the_rounds_left(tmp_path, releases):
+def test_resume_under_a_budget_refits_sigma_for_the_rounds_left(tmp_path, releases, monkeypatch):
     cfg = TrainConfig(rounds=4, privacy=PrivacyConfig(epsilon=2.0), **SMALL)
     run = tmp_path / "cut"
 
@@ -95,7 +95,22 @@ def test_resume_under_a_budget_refits_sigma_for_the_rounds_left(tmp_path, releas
     with pytest.raises(Stop):
         train(cfg, out=run, progress=crash_after_round_3)
     planned = releases[0].noise_multiplier
+    import securefed.prior
+    import securefed.privacy
+
+    entries: list[int] = []
+    for module in (securefed.privacy, securefed.prior):
+        original = module.gaussian_epsilon
+
+        def spy(history, *, _original=original, **kw):
+            entries.append(len(history))
+            return _original(history, **kw)
+
+        monkeypatch.setattr(module, "gaussian_epsilon", spy)
     resumed = train(resume=run)
+    # The ledger's releases are grouped by (sigma, q) as its own epsilon is: PRV's cost grows
+    # with the entries (ungrouped, a 100-round resume took minutes; found in review).
+    assert entries and max(entries) <= 2
     # The calibrated noise covers 4 releases; the crash spent 3 and the checkpoint kept 2, so
     # the 2 rounds left (round 3 again, and 4) get a larger sigma that fits beside the 3
     # releases the ledger holds: every round runs, every release counted, within the target.
@@ -132,6 +147,16 @@ def test_extending_a_finished_dp_run_spends_the_raised_budget(tmp_path, releases
 
     with pytest.raises(RunFinished, match="raise rounds and epsilon in its config.toml"):
         train(resume=tmp_path / "a")  # the message says how to extend a kept run
+    fixed = TrainConfig(
+        rounds=1,
+        privacy=PrivacyConfig(noise_multiplier=2.0),
+        keep_private_state=True,
+        **SMALL,
+    )
+    train(fixed, out=tmp_path / "fixed")
+    with pytest.raises(RunFinished, match=r"to train it longer raise rounds in its"):
+        train(resume=tmp_path / "fixed")  # no epsilon to raise: a fixed sigma
+    del releases[:]
     for name in ("rounds", "eps"):
         (tmp_path / name).mkdir()
         for f in (tmp_path / "a").iterdir():

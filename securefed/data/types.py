@@ -85,7 +85,7 @@ class Split:
     #: neighbouring relation of user-level DP (docs/privacy.md). They stay in the population,
     #: are sampled and counted like everyone else, and contribute nothing to any release. Set
     #: only by the user canary audit; honoured where uploads are clipped
-    #: (:func:`securefed.privacy.null_out`).
+    #: (:func:`securefed.federation.aggregation.null_out`).
     null_users: np.ndarray | None = None
 
     @property
