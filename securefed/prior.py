@@ -26,7 +26,9 @@ prior mode gives a model that count as well, at a share of the same budget:
    after the last round is at most the target.
 3. **Scores.** :class:`PriorScored` wraps the model: ``score = model score + weight * p_i``
    with ``p_i = log(1 + max(c_i, 0)) / max_j log(1 + max(c_j, 0))`` in ``[0, 1]`` from the
-   released counts ``c``. The model itself trains and scores exactly as without the prior.
+   released counts ``c``, or ``max(c_i, 0) / max_j max(c_j, 0)`` for a model whose
+   ``ModelSpec.prior_scale`` is ``"linear"`` (FedRAP). The model itself trains and scores
+   exactly as without the prior.
 
 A model opts in with ``ModelSpec.prior_weight`` (its default weight); nothing else in the
 model changes. The released counts are part of the wrapper's ``state_dict`` (checkpoints,
@@ -210,10 +212,15 @@ def prior_updates(
 class PopularityPrior:
     """The released counts and the weight the scores give them (module docstring)."""
 
-    def __init__(self, n_items: int, *, weight: float, max_items: int) -> None:
+    def __init__(
+        self, n_items: int, *, weight: float, max_items: int, scale: str = "log"
+    ) -> None:
+        if scale not in ("log", "linear"):
+            raise ConfigError(f"prior scale must be log or linear, got {scale!r}")
         self.n_items = int(n_items)
         self.weight = float(weight)
         self.max_items = int(max_items)
+        self.scale = scale
         self.counts = torch.zeros(self.n_items, dtype=torch.float32)
         self.released = False
 
@@ -227,10 +234,22 @@ class PopularityPrior:
         self.released = True
 
     def scores(self) -> torch.Tensor:
-        """``log(1 + max(c, 0))`` scaled to ``[0, 1]`` (zeros before the release)."""
-        logs = torch.log1p(self.counts.clamp_min(0.0))
-        top = float(logs.max()) if logs.numel() else 0.0
-        return logs / top if top > 0 else logs
+        """The counts as scores in ``[0, 1]`` (zeros before the release): ``log(1 + max(c,
+        0))`` over its maximum (``scale="log"``), or ``max(c, 0)`` over its maximum
+        (``"linear"``).
+
+        Why a model may want ``linear``: the release's noise has one std in count units
+        everywhere, and ``weight * p`` lets the model overturn count differences up to about
+        ``max c / weight`` on the linear scale, a band of fixed width like the noise's. On
+        the log scale the band widens with the count (at weight 10, items of half the top
+        count are within reach), so the model reorders the most popular items, where
+        full-ranking HR@10 is decided, though their counts are the most reliable
+        (docs/privacy.md, "The prior's scale").
+        """
+        c = self.counts.clamp_min(0.0)
+        values = torch.log1p(c) if self.scale == "log" else c
+        top = float(values.max()) if values.numel() else 0.0
+        return values / top if top > 0 else values
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -319,7 +338,12 @@ def with_prior(config: TrainConfig, split: Split, model: Recommender) -> Recomme
     weight = p.prior_weight if p.prior_weight is not None else config.spec.prior_weight
     if weight is None:
         raise ConfigError(f"{config.model} has no popularity-prior mode; drop --private-prior")
-    prior = PopularityPrior(split.n_items, weight=float(weight), max_items=p.prior_items)
+    prior = PopularityPrior(
+        split.n_items,
+        weight=float(weight),
+        max_items=p.prior_items,
+        scale=config.spec.prior_scale,
+    )
     return cast("Recommender", PriorScored(model, prior))
 
 

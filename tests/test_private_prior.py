@@ -139,6 +139,25 @@ def test_resume_keeps_the_released_prior_and_never_releases_it_again(tmp_path, k
     assert resumed.model.prior.released
 
 
+def test_linear_prior_scale_and_the_models_that_use_it(small_split):
+    """``scale="linear"``: ``max(c, 0) / max c``; FedRAP's prior mode uses it (its log-scale
+    weight reached items of half the top count: docs/privacy.md, "The prior's scale"),
+    FedRecGEL keeps the log scale."""
+    from securefed.prior import with_prior
+
+    prior = PopularityPrior(5, weight=1.0, max_items=20, scale="linear")
+    prior.install(torch.tensor([-2.0, 0.0, 10.0, 20.0, 40.0]))
+    torch.testing.assert_close(prior.scores(), torch.tensor([0.0, 0.0, 0.25, 0.5, 1.0]))
+    with pytest.raises(ConfigError, match="log or linear"):
+        PopularityPrior(5, weight=1.0, max_items=20, scale="sqrt")
+    scales = {}
+    for name in ("fedrap", "fedrecgel"):
+        cfg = TrainConfig(model=name, rounds=1, privacy=_dp())
+        model = with_prior(cfg, small_split, object())
+        scales[name] = (model.prior.scale, model.prior.weight)
+    assert scales == {"fedrap": ("linear", 10.0), "fedrecgel": ("log", 0.3)}
+
+
 def test_scores_are_model_scores_plus_weight_times_the_prior(small_split):
     model = FedRAP(small_split, FedRAPConfig(dim=4), generator=torch.Generator().manual_seed(0))
     prior = PopularityPrior(small_split.n_items, weight=0.7, max_items=20)
