@@ -267,7 +267,11 @@ def train(
         int | None, typer.Option(help="--private-prior: items each user counts (default 20).")
     ] = None,
     prior_weight: Annotated[
-        float | None, typer.Option(help="--private-prior: weight of the prior in the scores.")
+        float | None,
+        typer.Option(
+            help="--private-prior: weight of the prior in the scores (FedRAP: per noise std "
+            "of a count, default 0.3; FedRecGEL: on the log-count scale, default 0.3)."
+        ),
     ] = None,
     prior_weighting: Annotated[
         str | None,

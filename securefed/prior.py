@@ -26,9 +26,10 @@ prior mode gives a model that count as well, at a share of the same budget:
    after the last round is at most the target.
 3. **Scores.** :class:`PriorScored` wraps the model: ``score = model score + weight * p_i``
    with ``p_i = log(1 + max(c_i, 0)) / max_j log(1 + max(c_j, 0))`` in ``[0, 1]`` from the
-   released counts ``c``, or ``max(c_i, 0) / max_j max(c_j, 0)`` for a model whose
-   ``ModelSpec.prior_scale`` is ``"linear"`` (FedRAP). The model itself trains and scores
-   exactly as without the prior.
+   released counts ``c``, or, for a model whose ``ModelSpec.prior_scale`` says so,
+   ``max(c_i, 0)`` over the top count (``"linear"``) or over the release's noise std per
+   count (``"noise"``: FedRAP). The model itself trains and scores exactly as without the
+   prior.
 
 A model opts in with ``ModelSpec.prior_weight`` (its default weight); nothing else in the
 model changes. The released counts are part of the wrapper's ``state_dict`` (checkpoints,
@@ -212,15 +213,15 @@ def prior_updates(
 class PopularityPrior:
     """The released counts and the weight the scores give them (module docstring)."""
 
-    def __init__(
-        self, n_items: int, *, weight: float, max_items: int, scale: str = "log"
-    ) -> None:
-        if scale not in ("log", "linear"):
-            raise ConfigError(f"prior scale must be log or linear, got {scale!r}")
+    def __init__(self, n_items: int, *, weight: float, max_items: int, scale: str = "log") -> None:
+        if scale not in ("log", "linear", "noise"):
+            raise ConfigError(f"prior scale must be log, linear or noise, got {scale!r}")
         self.n_items = int(n_items)
         self.weight = float(weight)
         self.max_items = int(max_items)
         self.scale = scale
+        #: Std of the release's noise on one count (``scale="noise"`` divides by it).
+        self.noise_std = 1.0
         self.counts = torch.zeros(self.n_items, dtype=torch.float32)
         self.released = False
 
@@ -234,19 +235,24 @@ class PopularityPrior:
         self.released = True
 
     def scores(self) -> torch.Tensor:
-        """The counts as scores in ``[0, 1]`` (zeros before the release): ``log(1 + max(c,
-        0))`` over its maximum (``scale="log"``), or ``max(c, 0)`` over its maximum
-        (``"linear"``).
+        """The counts as scores (zeros before the release): ``log(1 + max(c, 0))`` over its
+        maximum (``scale="log"``, in ``[0, 1]``), ``max(c, 0)`` over its maximum
+        (``"linear"``), or ``max(c, 0)`` over the release's noise std per count
+        (``"noise"``, :attr:`noise_std`, public: sigma_p sqrt(k)).
 
-        Why a model may want ``linear``: the release's noise has one std in count units
-        everywhere, and ``weight * p`` lets the model overturn count differences up to about
-        ``max c / weight`` on the linear scale, a band of fixed width like the noise's. On
-        the log scale the band widens with the count (at weight 10, items of half the top
-        count are within reach), so the model reorders the most popular items, where
-        full-ranking HR@10 is decided, though their counts are the most reliable
-        (docs/privacy.md, "The prior's scale").
+        Why ``noise`` (FedRAP's): the release's noise has one std in count units everywhere,
+        so with ``weight`` w a model whose scores span about 1 overturns count differences
+        up to about ``1 / w`` noise stds: where counts are noise (the tail, a small budget)
+        the model decides, where they are reliable (the head, a large budget) the count
+        does. On the log scale the reach widens with the count (at weight 10, items of half
+        the top count), so the model reordered the most popular items, where full-ranking
+        HR@10 is decided; on the linear scale it is a fixed share of the top count, so the
+        model reordered the whole tail, where sampled HR@10 is (docs/privacy.md, "The
+        prior's scale").
         """
         c = self.counts.clamp_min(0.0)
+        if self.scale == "noise":
+            return c / self.noise_std
         values = torch.log1p(c) if self.scale == "log" else c
         top = float(values.max()) if values.numel() else 0.0
         return values / top if top > 0 else values
@@ -344,6 +350,12 @@ def with_prior(config: TrainConfig, split: Split, model: Recommender) -> Recomme
         max_items=p.prior_items,
         scale=config.spec.prior_scale,
     )
+    prior.noise_std = prior_noise_multiplier(
+        epsilon=float(p.epsilon),  # type: ignore[arg-type]
+        delta=p.delta,
+        share=float(p.prior_share),
+        accountant=p.accountant or "prv",
+    ) * math.sqrt(p.prior_items)
     return cast("Recommender", PriorScored(model, prior))
 
 

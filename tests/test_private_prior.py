@@ -139,23 +139,32 @@ def test_resume_keeps_the_released_prior_and_never_releases_it_again(tmp_path, k
     assert resumed.model.prior.released
 
 
-def test_linear_prior_scale_and_the_models_that_use_it(small_split):
-    """``scale="linear"``: ``max(c, 0) / max c``; FedRAP's prior mode uses it (its log-scale
+def test_prior_scales_and_the_models_that_use_them(small_split):
+    """``linear``: ``max(c, 0) / max c``; ``noise``: ``max(c, 0)`` over the release's noise
+    std per count, ``sigma_p sqrt(k)``. FedRAP's prior mode uses ``noise`` (its log-scale
     weight reached items of half the top count: docs/privacy.md, "The prior's scale"),
-    FedRecGEL keeps the log scale."""
-    from securefed.prior import with_prior
+    FedRecGEL keeps ``log``."""
+    from securefed.prior import prior_noise_multiplier, with_prior
 
+    counts = torch.tensor([-2.0, 0.0, 10.0, 20.0, 40.0])
     prior = PopularityPrior(5, weight=1.0, max_items=20, scale="linear")
-    prior.install(torch.tensor([-2.0, 0.0, 10.0, 20.0, 40.0]))
+    prior.install(counts)
     torch.testing.assert_close(prior.scores(), torch.tensor([0.0, 0.0, 0.25, 0.5, 1.0]))
-    with pytest.raises(ConfigError, match="log or linear"):
+    prior.scale, prior.noise_std = "noise", 4.0
+    torch.testing.assert_close(prior.scores(), torch.tensor([0.0, 0.0, 2.5, 5.0, 10.0]))
+    with pytest.raises(ConfigError, match="log, linear or noise"):
         PopularityPrior(5, weight=1.0, max_items=20, scale="sqrt")
     scales = {}
     for name in ("fedrap", "fedrecgel"):
         cfg = TrainConfig(model=name, rounds=1, privacy=_dp())
-        model = with_prior(cfg, small_split, object())
-        scales[name] = (model.prior.scale, model.prior.weight)
-    assert scales == {"fedrap": ("linear", 10.0), "fedrecgel": ("log", 0.3)}
+        wrapped = with_prior(cfg, small_split, object())
+        scales[name] = (wrapped.prior.scale, wrapped.prior.weight)
+        p = cfg.privacy
+        sigma_p = prior_noise_multiplier(
+            epsilon=p.epsilon, delta=p.delta, share=p.prior_share, accountant=p.accountant
+        )
+        assert wrapped.prior.noise_std == pytest.approx(sigma_p * math.sqrt(p.prior_items))
+    assert scales == {"fedrap": ("noise", 0.3), "fedrecgel": ("log", 0.3)}
 
 
 def test_scores_are_model_scores_plus_weight_times_the_prior(small_split):

@@ -158,8 +158,9 @@ class ModelSpec:
         prior_weight: The default weight of the privately released popularity prior added to
             the model's scores under ``--private-prior`` (:mod:`securefed.prior`); None: the
             model has no such mode.
-        prior_scale: How the prior's released counts become scores in ``[0, 1]``:
-            ``"log"`` (``log(1 + c) / max log(1 + c)``) or ``"linear"`` (``c / max c``), see
+        prior_scale: How the prior's released counts become scores: ``"log"`` (``log(1 +
+            c) / max log(1 + c)``), ``"linear"`` (``c / max c``) or ``"noise"`` (``c`` over
+            the release's noise std per count), see
             :meth:`securefed.prior.PopularityPrior.scores`.
         streams_uploads: Its uploads give any block of coordinates of every client in work
             proportional to the block (``ClientUpdates.dense_block``), so a secure round too
@@ -188,7 +189,7 @@ class ModelSpec:
     resolve_params: Callable[[Any, Any], Any] | None = None
     resolve_for_data: Callable[[Any, Split], tuple[Any, str | None]] | None = None
     prior_weight: float | None = None
-    prior_scale: Literal["log", "linear"] = "log"
+    prior_scale: Literal["log", "linear", "noise"] = "log"
     streams_uploads: bool = False
 
     def rounds_for(self, privacy: Any) -> int:
