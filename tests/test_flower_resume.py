@@ -152,6 +152,9 @@ def test_a_finished_run_or_a_foreign_directory_is_not_resumed(tmp_path):
     _run(cfg, tmp_path, "done", nodes)
     with pytest.raises(RunFinished):
         FederatedServer.resume(tmp_path / "done", transport=nodes)
+    with pytest.raises(ConfigError, match="does not exist"):
+        FederatedServer.resume(tmp_path / "nothing", transport=nodes)
+    (tmp_path / "nothing").mkdir()
     with pytest.raises(ConfigError, match="not a run directory"):
         FederatedServer.resume(tmp_path / "nothing", transport=nodes)
     (tmp_path / "done" / "flower.json").unlink()
@@ -257,6 +260,9 @@ def test_cli_resume_takes_the_recorded_run_and_refuses_new_settings(tmp_path, mo
         res = CliRunner().invoke(root, ["flower", command, "--resume", str(run_dir), *bad])
         assert res.exit_code == 2 and what in " ".join(res.output.split()), res.output
         assert "Traceback" not in res.output
+    res = CliRunner().invoke(root, ["flower", command, "--resume", str(tmp_path / "nothing")])
+    assert res.exit_code == 2 and "does not exist" in " ".join(res.output.split())
+    (tmp_path / "nothing").mkdir()
     res = CliRunner().invoke(root, ["flower", command, "--resume", str(tmp_path / "nothing")])
     assert res.exit_code == 2 and "not a run directory" in " ".join(res.output.split())
     assert len(calls) == 1
