@@ -80,9 +80,10 @@ def prior_canary_scores(
         secure=privacy.os_randomness,  # False: audits replay, so the sample is the run's
     )
     clip = float(np.sqrt(k))
-    null = None if split.null_users is None else torch.from_numpy(split.null_users)
     factors = null_out(
-        torch.clamp(clip / updates.norms().clamp_min(1e-30), max=1.0), updates.clients, null
+        torch.clamp(clip / updates.norms().clamp_min(1e-30), max=1.0),
+        updates.clients,
+        split.null_users,
     )
     everyone = updates.weighted_sum(factors).to(torch.float64).numpy()
     items = canaries.items

@@ -414,8 +414,7 @@ class AttackRecorder:
             factors = torch.ones_like(norms, dtype=torch.float32)
         else:
             factors = clip_scales(norms, self.plan.clip)
-        null = view.model.split.null_users
-        return null_out(factors, clients, None if null is None else torch.from_numpy(null))
+        return null_out(factors, clients, view.model.split.null_users)
 
     def _differencing(
         self, view: Any, updates: Any, clients: torch.Tensor, norms: torch.Tensor

@@ -368,11 +368,7 @@ class PrivateAggregator:
         self._ring_buffer: np.ndarray | None = None
         self.cohort = config.cohort(split.n_users)
         self.n_users = split.n_users
-        self._null_users = (
-            torch.from_numpy(np.asarray(split.null_users, dtype=np.int64))
-            if split.null_users is not None
-            else None
-        )
+        self._null_users = split.null_users
         self.sample_rate = self.cohort.sample_rate(split.n_users)
         self.expected_cohort = self.cohort.expected_size(split.n_users)
         self.secagg = p.secagg
@@ -680,12 +676,14 @@ class PrivateAggregator:
             return None
         return torch_generator(self.seed, purpose, round_index)
 
-    def rounding_seed(self) -> int:
-        """The root seed of the plain codec's stochastic rounding of one round (central noise
-        after the secure sum, the prior's secure sum, a Flower node's inputs without discrete
-        noise): it draws for the clients in order from one stream, and from a seed the run
-        records removing a user would shift every later user's rounding (found in review; 2e-5
-        of the clip), so a DP run drawing from the OS takes a fresh one from the OS."""
+    def draw_seed(self) -> int:
+        """The root seed of a round's draws that serve the clients in order from one stream
+        and are not noise: the plain codec's stochastic rounding (central noise after the
+        secure sum, the prior's secure sum, a Flower node's inputs without discrete noise) and
+        the simulated dropouts. From a seed the run records, removing a user would shift
+        every later user's draws (rounding: 2e-5 of the clip; dropouts, which FedRAP's
+        batch-count order ties to the data: 3.7 clips at rate 0.04; both found in review), so
+        a DP run drawing from the OS takes a fresh one from the OS."""
         return secrets.randbits(63) if self.secure else self.seed
 
     def __call__(self, updates: ClientUpdates, round_index: int) -> Aggregate | None:
@@ -995,17 +993,12 @@ class PrivateAggregator:
                 updates, factors, codec, "secagg-encode", round_index, streamed=streamed, ddg=ddg
             )
         dropout_rate = self.p.secagg_simulate_dropout
-        # A DP run draws the simulated dropouts from the OS: they drop ring positions, and
-        # FedRAP orders its uploads by each user's batch count, so with the recorded seed one
-        # user's data decided which others left the released sum (7.9 clips at rate 0.3, 3.7
-        # at 0.04; found in review, 2026-12-06).
-        dropout_rng = (
-            np.random.default_rng(secrets.randbits(128))
-            if self.secure
-            else numpy_generator(self.seed, "dropout", round_index)
-        )
+        # From the OS in a DP run (draw_seed): they drop ring positions, and FedRAP orders
+        # its uploads by each user's batch count.
         dropouts = (
-            DropoutSchedule.random(m, rate=dropout_rate, rng=dropout_rng)
+            DropoutSchedule.random(
+                m, rate=dropout_rate, rng=numpy_generator(self.draw_seed(), "dropout", round_index)
+            )
             if dropout_rate > 0
             else None
         )
@@ -1093,7 +1086,7 @@ class PrivateAggregator:
         :class:`DiscreteGaussianBlocks`) an :class:`EncodedBlocks` that produces it a block at
         a time."""
         m, dim = len(updates), updates.layout.size
-        seed = self.rounding_seed()
+        seed = self.draw_seed()
         if streamed:
             return EncodedBlocks(
                 updates, factors, codec, seed=seed, stream=stream, round_index=round_index

@@ -525,16 +525,14 @@ def _cell_finished(cell_dir: Path, audit: bool) -> bool:
 
 def _refuse_foreign_out(out: Path) -> None:
     """A report writes a folder of its own: ``out`` must be new, empty, or a report's (its
-    ``cells/``, ``report.json`` or ``report.md``, which a rerun continues or rewrites). It
-    used to write its cells and pages beside whatever the folder held, a finished run's
-    ``model.pt`` included (found 2026-12-06)."""
-    if not out.is_dir() or next(out.iterdir(), None) is None:
-        return
-    if any((out / name).exists() for name in (CELLS_DIR, SWEEP_FILE, "report.md")):
-        return  # a report's (SWEEP_FILE comes first: an interrupted start leaves it alone)
-    raise ConfigError(
-        f"{out} already holds other files; a report is written into a folder of its own: "
-        "choose a new or empty --out (or the --out of an earlier report to continue it)"
+    ``cells/``, ``report.json`` or ``report.md``, which a rerun continues or rewrites;
+    ``report.json`` comes first, so an interrupted start leaves it alone). It used to write
+    its cells and pages beside whatever the folder held, a finished run's ``model.pt``
+    included (found 2026-12-06)."""
+    from securefed.training import refuse_foreign_files
+
+    refuse_foreign_files(
+        out, kind="report directory", continues=(CELLS_DIR, SWEEP_FILE, "report.md")
     )
 
 

@@ -276,8 +276,7 @@ def build_aggregator(config: TrainConfig, split: Split, model: Recommender) -> A
     """The aggregation seam: plain averaging, DP, secure aggregation or both."""
     p = config.privacy
     if not p.dp and not p.secagg:
-        null = split.null_users
-        return PlainAggregator(None if null is None else torch.from_numpy(null))
+        return PlainAggregator(split.null_users)
     from securefed.privacy import PrivateAggregator
 
     return PrivateAggregator(
@@ -979,10 +978,14 @@ def check_run_dir_writable(run_dir: Path, *, kind: str = "run directory") -> Non
     os.unlink(tmp)
 
 
-def refuse_foreign_files(run_dir: Path, *, kind: str = "run directory") -> None:
-    """Refuse a ``--out`` folder that exists and holds anything: a run (or an audit) writes
-    a folder of its own, and writing beside someone's files would mix them with its results
-    (and a later clean-up of the run would take them along).
+def refuse_foreign_files(
+    run_dir: Path, *, kind: str = "run directory", continues: tuple[str, ...] = ()
+) -> None:
+    """Refuse a ``--out`` folder that exists and holds anything: a run (or an audit, or a
+    report) writes a folder of its own, and writing beside someone's files would mix them
+    with its results (and a later clean-up of the run would take them along). A folder
+    holding any of ``continues`` is one of this kind's own, which a rerun continues (a
+    report's ``cells/``).
 
     Raises:
         ConfigError: one line naming the folder and what to do.
@@ -994,11 +997,15 @@ def refuse_foreign_files(run_dir: Path, *, kind: str = "run directory") -> None:
             f"{run_dir} already holds a run; choose another --out or continue it "
             f"with --resume {run_dir}"
         )
+    if any((run_dir / name).exists() for name in continues):
+        return
     if run_dir.is_dir() and next(run_dir.iterdir(), None) is not None:
+        again = (
+            f" (or the --out of an earlier {kind.split()[0]} to continue it)" if continues else ""
+        )
         raise ConfigError(
             f"{run_dir} already holds other files; {'an' if kind[0] in 'aeiou' else 'a'} "
-            f"{kind} is written into a folder of its "
-            "own: choose a new or empty --out"
+            f"{kind} is written into a folder of its own: choose a new or empty --out{again}"
         )
 
 

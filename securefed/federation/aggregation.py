@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from securefed.federation.base import Aggregate, ClientUpdates
@@ -31,7 +32,7 @@ class PlainAggregator:
     ``null_users``: users whose uploads count as zero (:func:`null_out`; the user canary
     audit's null clients), still counted in the mean's denominator."""
 
-    def __init__(self, null_users: torch.Tensor | None = None) -> None:
+    def __init__(self, null_users: np.ndarray | None = None) -> None:
         self.null_users = null_users
 
     def __call__(self, updates: ClientUpdates, round_index: int) -> Aggregate | None:
@@ -54,11 +55,12 @@ def aggregate(updates: ClientUpdates) -> Aggregate | None:
 
 
 def null_out(
-    factors: torch.Tensor, clients: torch.Tensor, null_users: torch.Tensor | None
+    factors: torch.Tensor, clients: torch.Tensor, null_users: np.ndarray | None
 ) -> torch.Tensor:
     """``factors`` (one per upload, aligned with ``clients``) with the uploads of
-    ``null_users`` scaled to zero: a null user stays in the cohort and its count, and
-    contributes nothing (the zero-out neighbour, :attr:`Split.null_users`)."""
+    ``null_users`` (:attr:`Split.null_users`) scaled to zero: a null user stays in the
+    cohort and its count, and contributes nothing (the zero-out neighbour)."""
     if null_users is None or not len(null_users):
         return factors
-    return torch.where(torch.isin(clients, null_users), torch.zeros_like(factors), factors)
+    null = torch.from_numpy(np.asarray(null_users, dtype=np.int64))
+    return torch.where(torch.isin(clients, null), torch.zeros_like(factors), factors)

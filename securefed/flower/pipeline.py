@@ -142,7 +142,7 @@ def encode_updates(
         )
     noise_gen = None if secure else torch_generator(agg.seed, "dp-noise", round_index)
     round_gen = None if secure else torch_generator(agg.seed, "dp-round", round_index)
-    rng = numpy_generator(agg.rounding_seed(), "secagg-encode", round_index)
+    rng = numpy_generator(agg.draw_seed(), "secagg-encode", round_index)
     out = np.empty((k, dim), dtype=np.uint64)
     rows_per_chunk = max(1, MAX_DENSE // max(dim, 1))
     if positions is None:

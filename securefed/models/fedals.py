@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from securefed.costs import plural
 from securefed.data.types import Split
 from securefed.errors import ConfigError
 from securefed.federation.base import (
@@ -518,10 +519,9 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
         if "rounds" in changes
         else ""
     )
-    rounds_word = "round" if resolved.rounds == 1 else "rounds"
     note = (
         f"private fedals: {population} population ({why}{count_why}{gram_why}): {what}; "
-        f'{resolved.rounds} {rounds_word}{rounds_why} (docs/privacy.md, "The population rule")'
+        f'{plural(resolved.rounds, "round")}{rounds_why} (docs/privacy.md, "The population rule")'
     )
     return resolved, note
 
