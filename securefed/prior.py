@@ -28,8 +28,8 @@ prior mode gives a model that count as well, at a share of the same budget:
    with ``p_i = log(1 + max(c_i, 0)) / max_j log(1 + max(c_j, 0))`` in ``[0, 1]`` from the
    released counts ``c``, or, for a model whose ``ModelSpec.prior_scale`` says so,
    ``max(c_i, 0)`` over the top count (``"linear"``) or over the release's noise std per
-   count (``"noise"``: FedRAP). The model itself trains and scores exactly as without the
-   prior.
+   count (``"noise"``: FedRAP and FedRecGEL). The model itself trains and scores exactly
+   as without the prior.
 
 A model opts in with ``ModelSpec.prior_weight`` (its default weight); nothing else in the
 model changes. The released counts are part of the wrapper's ``state_dict`` (checkpoints,

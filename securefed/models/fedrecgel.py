@@ -1509,7 +1509,9 @@ SPEC = ModelSpec(
         recovered_embedding=_recovered,
         ratio_width=lambda gb: int(gb[_GMF].shape[1]),
     ),
-    # --private-prior (securefed.prior): weight of the released popularity prior in the
-    # scores, chosen on MovieLens 100K validation at epsilon 2 (docs/privacy.md).
+    # --private-prior (securefed.prior): the released counts enter the scores in units of
+    # their noise std, at the weight chosen on MovieLens 100K validation at epsilon 2
+    # (benchmarks/prior_scale.py; docs/privacy.md).
     prior_weight=0.3,
+    prior_scale="noise",
 )
