@@ -635,14 +635,20 @@ def account(
         str, typer.Option(help="user (DP-FedAvg) or interaction (client-side DP-SGD).")
     ] = "user",
     model: Annotated[
-        str, typer.Option(help="--privacy-unit interaction: fedrap or fedrecgel.")
-    ] = "fedrap",
+        str | None,
+        typer.Option(help="--privacy-unit interaction: fedrap (default) or fedrecgel."),
+    ] = None,
     local_epochs: Annotated[
-        int, typer.Option(help="--privacy-unit interaction, fedrap: local epochs per round.")
-    ] = 10,
+        int | None,
+        typer.Option(help="--privacy-unit interaction, fedrap: local epochs per round [10]."),
+    ] = None,
     sam: Annotated[
-        bool, typer.Option(help="--privacy-unit interaction, fedrecgel: SAM (3 releases/step).")
-    ] = True,
+        bool | None,
+        typer.Option(
+            "--sam/--no-sam",
+            help="--privacy-unit interaction, fedrecgel: SAM (3 releases/step) [on].",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """DP accounting without training: sigma for an epsilon, or the reverse."""

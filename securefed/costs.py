@@ -68,6 +68,10 @@ PROCESS_BYTES = 420 * 2**20
 #: Extra resident memory of a process that ran ``torch.compile`` (inductor, its C++ build and
 #: the compiled kernel): fitted from FedRAP's peak RSS on MovieLens 100K and 1M sizes.
 COMPILE_BYTES = 380 * 2**20
+#: FedRAP compiles its sub-step kernels when a round's cohort size times the catalogue size
+#: reaches this (public quantities: :func:`securefed.models.fedrap.compiles_round`); about
+#: 50,000 sampled pairs on MovieLens 100K, where compiling starts to pay.
+COMPILE_CELLS = 500_000
 #: Resident bytes of FedRAP's paged private views (``views="paged"``): what one gather or
 #: write of a round, or one evaluation block, faults in before it releases it (at most
 #: :data:`securefed.paging.RELEASE_BYTES` each; two may overlap).
@@ -687,7 +691,7 @@ def estimate_run(
             # MovieLens-1M size (3.0-3.4 s dense; the gathers weigh more) and 3.4e-9 on
             # MovieLens 100K (0.31-0.36 s): _FEDRAP_S lies between (docs/benchmarks.md).
             round_s = _FEDRAP_S * samples * params.local_epochs * d
-            if samples >= 50_000 and params.compile is not False:
+            if m * i >= COMPILE_CELLS and params.compile is not False:
                 compile_bytes = COMPILE_BYTES
                 setup_s = _FEDRAP_COMPILE_S
             if views_rows is not None:

@@ -36,6 +36,7 @@ import secrets
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -464,18 +465,11 @@ class PrivateAggregator:
         p = self.p
         if p.epsilon is None or p.noise_multiplier is None:
             return
-        cfg = self.interaction if self.interaction is not None else self.dp
+        cfg = self.budget
         if cfg is None:
             return
         if self.dpsgd is not None:
-            events = [
-                dpsgd_event(
-                    0,
-                    noise_multiplier=self.dpsgd.noise_multiplier,
-                    example_clip=self.dpsgd.example_clip,
-                )
-                for _ in range(self.releases_per_round)
-            ]
+            events = self._dpsgd_events(0)
         elif self.secagg:
             m = self._largest_cohort()
             events = [self._secure_event(0, self.min_survivors(m), m)]
@@ -530,9 +524,12 @@ class PrivateAggregator:
                 raise error
         return self._secure_minimum
 
-    def secagg_config(self, n: int, modulus_bits: int | None = None) -> SecAggConfig:
+    def secagg_config(
+        self, n: int, modulus_bits: int | None = None, survivors: int | None = None
+    ) -> SecAggConfig:
         """The SecAgg(+) configuration of a secure round of ``n`` clients at this run's
-        settings (neighbours, dropout tolerance, corrupt fraction, mode)."""
+        settings (neighbours, dropout tolerance, corrupt fraction, mode; ``survivors``: the
+        fewest inputs it may unmask, which malicious-mode clients enforce)."""
         from protocols.secagg import SecAggConfig
 
         return SecAggConfig(
@@ -542,6 +539,7 @@ class PrivateAggregator:
             corrupt_fraction=self.p.secagg_corrupt,
             modulus_bits=modulus_bits,
             mode=self.p.secagg_mode,
+            survivors=survivors,
         )
 
     def secure_parameters(self, m: int) -> tuple[FixedPointCodec, SecAggConfig]:
@@ -565,7 +563,10 @@ class PrivateAggregator:
             codec = FixedPointCodec.for_sum(
                 n_clients=m, clip=self.clip, scale_bits=self.p.secagg_scale_bits
             )
-        return codec, self.secagg_config(m, codec.modulus_bits)
+        # Distributed noise is sized for ddg.plan.min_survivors shares: a malicious-mode
+        # client refuses to unmask fewer (the graph's own floor can be lower).
+        survivors = ddg.plan.min_survivors if ddg is not None else None
+        return codec, self.secagg_config(m, codec.modulus_bits, survivors)
 
     def too_few(self, m: int) -> str:
         """Why a secure round of ``m`` clients aborted before it began."""
@@ -661,7 +662,11 @@ class PrivateAggregator:
         """
         if self.dpsgd is None or self.interaction is None:
             return
-        events = [
+        self._interaction_epsilon = self.commit(*self._dpsgd_events(round_index))
+
+    def _dpsgd_events(self, round_index: int) -> list[Any]:
+        assert self.dpsgd is not None
+        return [
             dpsgd_event(
                 round_index,
                 noise_multiplier=self.dpsgd.noise_multiplier,
@@ -669,7 +674,28 @@ class PrivateAggregator:
             )
             for _ in range(self.releases_per_round)
         ]
-        self._interaction_epsilon = self.commit(*events)
+
+    @property
+    def budget(self) -> DPConfig | None:
+        """The DP config the ledger is accounted and capped by (``None`` without DP)."""
+        return self.interaction if self.interaction is not None else self.dp
+
+    def worst_round_events(self, round_index: int, m: int) -> list[Any]:
+        """The privacy events a user's upload in a secure round of ``m`` clients can cost at
+        most, whatever the server later reports: the round's local DP-SGD releases, or its
+        user-level event with the fewest survivors the noise shares are sized for (the
+        server's own event counts the real survivors, never fewer; in malicious mode every
+        client refuses a smaller survivor set). A Flower node charges these to its own ledger
+        before it trains, and the server to its own before it asks
+        (:class:`securefed.flower.pipeline.ReleaseLedger`).
+        """
+        if self.dpsgd is not None:
+            return self._dpsgd_events(round_index)
+        if self.dp is None:
+            return []
+        ddg = self.discrete_noise(m)
+        survivors = ddg.plan.min_survivors if ddg is not None else m
+        return [self._secure_event(round_index, survivors, m)]
 
     def _generator(self, purpose: str, round_index: int) -> torch.Generator | None:
         if self.secure:
@@ -686,11 +712,18 @@ class PrivateAggregator:
         a DP run drawing from the OS takes a fresh one from the OS."""
         return secrets.randbits(63) if self.secure else self.seed
 
-    def __call__(self, updates: ClientUpdates, round_index: int) -> Aggregate | None:
-        m = len(updates)
+    def clip_factors(self, updates: ClientUpdates) -> tuple[torch.Tensor, int]:
+        """Each upload's scale ``min(1, C / ||x||)`` (zero for the split's null users: the
+        zero-out canaries, :func:`null_out`) and how many uploads the clip scaled; a Flower
+        node clips its users' uploads with it too."""
         norms = updates.norms()
         factors = null_out(clip_scales(norms, self.clip), updates.clients, self._null_users)
-        self._last = {"clipped_fraction": clipped_count(norms, self.clip) / m if m else 0.0}
+        return factors, clipped_count(norms, self.clip)
+
+    def __call__(self, updates: ClientUpdates, round_index: int) -> Aggregate | None:
+        m = len(updates)
+        factors, clipped = self.clip_factors(updates)
+        self._last = {"clipped_fraction": clipped / m if m else 0.0}
         denominator = self._denominator(m)
         if self.secagg:
             return self._secure_round(updates, factors, round_index, denominator)
@@ -841,10 +874,9 @@ class PrivateAggregator:
             PrivacyBudgetError: the events would take epsilon above the target; nothing is
                 recorded and the caller must not release.
         """
-        cfg = self.interaction if self.interaction is not None else self.dp
+        cfg = self.budget
         assert cfg is not None
-        after = PrivacyLedger(sorted([*self.ledger.events, *events], key=lambda e: e.round))
-        eps = after.epsilon(cfg.delta, cfg.accountant)
+        after, eps = ledger_with(self.ledger, events, cfg)
         if check_budget and cfg.epsilon is not None and eps > cfg.epsilon:
             unit = "interaction-level " if self.interaction is not None else ""
             raise PrivacyBudgetError(
@@ -869,7 +901,7 @@ class PrivateAggregator:
         else:
             raise ValueError("withdraw: the event was never committed")
         self.ledger = PrivacyLedger(events)
-        cfg = self.interaction if self.interaction is not None else self.dp
+        cfg = self.budget
         assert cfg is not None
         self._last["epsilon"] = self.ledger.epsilon(cfg.delta, cfg.accountant)
         self._persist()
@@ -890,7 +922,7 @@ class PrivateAggregator:
         """
         self._journal = Path(run_dir) / runs.LEDGER_FILE
         if resume and (self.dp is not None or self.interaction is not None):
-            recorded = _read_ledger_file(self._journal)
+            recorded = read_ledger_file(self._journal)
             missing = Counter(self.ledger.events)
             missing.subtract(recorded.events)
             if any(n > 0 for n in missing.values()):
@@ -958,7 +990,7 @@ class PrivateAggregator:
     def _persist(self) -> None:
         if self._journal is None:
             return
-        _write_durably(self._journal, self.ledger_dicts())
+        write_durably(self._journal, self.ledger_dicts())
 
     def _secure_round(
         self, updates: ClientUpdates, factors: torch.Tensor, round_index: int, denominator: float
@@ -1263,7 +1295,16 @@ class PrivateAggregator:
                 )
 
 
-def _write_durably(path: Path, obj: Any) -> None:
+def ledger_with(
+    ledger: PrivacyLedger, events: Iterable[Any], budget: DPConfig
+) -> tuple[PrivacyLedger, float]:
+    """``ledger`` with ``events`` added (in round order: a round re-run after a resume sits
+    next to its first release), and its epsilon at ``budget``'s delta and accountant."""
+    after = PrivacyLedger(sorted([*ledger.events, *events], key=lambda e: e.round))
+    return after, after.epsilon(budget.delta, budget.accountant)
+
+
+def write_durably(path: Path, obj: Any) -> None:
     """Replace ``path`` atomically with JSON and make the replacement durable: the file is
     fsynced before the rename (:func:`securefed.runs.write_json`) and its directory after, so a
     power cut cannot bring back the previous ledger."""
@@ -1278,7 +1319,7 @@ def _write_durably(path: Path, obj: Any) -> None:
         os.close(fd)
 
 
-def _read_ledger_file(path: Path) -> PrivacyLedger:
+def read_ledger_file(path: Path) -> PrivacyLedger:
     """The events of a run's ``privacy_ledger.json`` (IntegrityError when missing or bad)."""
     try:
         raw = json.loads(path.read_text())
@@ -1344,17 +1385,20 @@ def account(
     users: int | None = None,
     accountant: str = "prv",
     privacy_unit: str = "user",
-    model: str = "fedrap",
-    local_epochs: int = 1,
-    sam: bool = True,
+    model: str | None = None,
+    local_epochs: int | None = None,
+    sam: bool | None = None,
 ) -> dict[str, Any]:
     """Noise multiplier for a target epsilon, or epsilon for a noise multiplier, no training.
 
     ``privacy_unit="user"``: DP-FedAvg with Poisson sampling at ``client_fraction`` (1.0 means
     every client every round, no amplification), composed over ``rounds`` rounds.
     ``privacy_unit="interaction"``: client-side DP-SGD, ``steps = releases per round *
-    rounds`` unamplified Gaussian steps (FedRAP: ``local_epochs`` per round; FedRecGEL: 3
-    per round with ``sam`` at its default non-zero radii, 1 without), as in training.
+    rounds`` unamplified Gaussian steps (``model`` default FedRAP: ``local_epochs`` per round,
+    its default 10; FedRecGEL: 3 per round with ``sam`` at its default non-zero radii, 1
+    without), as in training. ``model``, ``local_epochs`` and ``sam`` describe that DP-SGD
+    only: given with the user unit, or to a model without the setting, they are refused
+    (they would change nothing).
 
     Returns:
         ``{"epsilon", "delta", "noise_multiplier", "sample_rate", "rounds", "accountant",
@@ -1373,6 +1417,19 @@ def account(
             f"noise multiplier must be >= 2**-500 (a smaller one underflows in the "
             f"accountant; below ~0.3 it promises nothing anyway), got {noise_multiplier!r}"
         )
+    given = {
+        name: value
+        for name, value in (("model", model), ("local_epochs", local_epochs), ("sam", sam))
+        if value is not None
+    }
+    if privacy_unit == "user" and given:
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in given)
+        one = len(given) == 1
+        raise ConfigError(
+            f"{flags} {'describes' if one else 'describe'} client-side DP-SGD (--privacy-unit "
+            f"interaction); user-level accounting does not use {'it' if one else 'them'}: "
+            f"drop {'it' if one else 'them'}"
+        )
     if privacy_unit == "interaction":
         return _account_interaction(
             epsilon=epsilon,
@@ -1381,7 +1438,7 @@ def account(
             rounds=rounds,
             client_fraction=client_fraction,
             accountant=accountant,
-            model=model,
+            model=model or "fedrap",
             local_epochs=local_epochs,
             sam=sam,
         )
@@ -1433,8 +1490,8 @@ def _account_interaction(
     client_fraction: float,
     accountant: str,
     model: str,
-    local_epochs: int,
-    sam: bool,
+    local_epochs: int | None,
+    sam: bool | None,
 ) -> dict[str, Any]:
     """:func:`account` for the interaction unit (client-side DP-SGD, sample rate 1)."""
     from protocols.dp.accounting import check_delta
@@ -1450,8 +1507,14 @@ def _account_interaction(
     if spec.interaction_releases is None:
         raise ConfigError(f"{model} has no interaction-level DP-SGD")
     fields = {f.name for f in dataclasses.fields(spec.params)}
-    given = {"local_epochs": local_epochs, "sam": sam}
-    params = spec.params(**{k: v for k, v in given.items() if k in fields})
+    given = {k: v for k, v in (("local_epochs", local_epochs), ("sam", sam)) if v is not None}
+    for name in given:
+        if name not in fields:
+            raise ConfigError(
+                f"--{name.replace('_', '-')} does not apply to {model} (its DP-SGD has no "
+                f"such setting): drop it"
+            )
+    params = spec.params(**given)
     per_round = int(spec.interaction_releases(params))
     steps = dpsgd_steps(local_epochs=per_round, rounds=rounds)
     check_delta(delta)

@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -275,6 +276,29 @@ def test_compiled_substep_runs_on_chunks_of_one_client(small_split, monkeypatch)
         got[c.compile] = model
     for name in ("D", "w", "b"):
         torch.testing.assert_close(getattr(got[True], name), getattr(got[False], name))
+
+
+def test_the_kernel_choice_is_public_not_the_cohorts_data(small_split, monkeypatch):
+    """Compiled and eager sub-steps round floats differently, so the choice comes from the
+    cohort size and the catalogue only, never from how many items the cohort's users hold
+    (decided on the round's pair count, one user's data switched every client's kernel)."""
+    chosen = []
+    monkeypatch.setattr(fedrap, "compile_available", lambda: True)
+    monkeypatch.setattr(fedrap, "_substep_fn", lambda flag: chosen.append(flag) or fedrap._substep)
+    m = 6
+    order = torch.from_numpy(np.argsort(small_split.train_counts, kind="stable"))
+    light, heavy = order[:m].sort().values, order[-m:].sort().values
+    cfg = FedRAPConfig(dim=4, local_epochs=1)
+    pairs = []
+    for cells in (m * small_split.n_items, m * small_split.n_items + 1):
+        monkeypatch.setattr(fedrap, "COMPILE_CELLS", cells)
+        for cohort in (light, heavy):
+            model = FedRAP(small_split, cfg, generator=torch.Generator().manual_seed(0))
+            plan = model.plan_round(cohort, torch.Generator().manual_seed(1))
+            pairs.append(plan.sample_user.numel())
+            model.train_plan(plan, 0)
+    assert pairs[1] > 2 * pairs[0]  # the heavy cohort trains far more pairs
+    assert chosen == [True, True, False, False]
 
 
 def test_client_sums_raise_no_warning_on_the_hot_path() -> None:

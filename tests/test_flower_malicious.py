@@ -205,13 +205,14 @@ class EquivocatingServer(FederatedServer):
 
 
 def test_a_server_that_shows_different_survivor_sets_gets_no_share(tmp_path):
-    # Seven users on the complete graph, no dropout tolerance: k = 6, t = 4. No DP: under
-    # user-level DP a cohort is Poisson or everyone, and a fixed 7 makes the graph complete.
+    # Seven users on the complete graph, one dropout tolerated: k = 6, t = 4, and a set of 6
+    # is not below the round's floor. No DP: under user-level DP a cohort is Poisson or
+    # everyone, and a fixed 7 makes the graph complete.
     cfg = _cfg(
         epsilon=None,
         replay=False,
         secagg_neighbours=6,
-        secagg_dropout=0.0,
+        secagg_dropout=0.1,
         secagg_corrupt=0.0,
     )
     cfg = dataclasses.replace(cfg, rounds=1, clients_per_round=7)
@@ -330,15 +331,24 @@ def test_a_node_with_a_pinned_config_refuses_other_privacy_settings(tmp_path):
     transport, settings = _enrolled(tmp_path)
     for node_config in transport.node_configs.values():
         node_config["pin-config"] = str(pinned)
-    for change in ({"epsilon": 1000.0}, {"secagg_corrupt": 0.0}):
-        cfg = dataclasses.replace(honest, privacy=dataclasses.replace(honest.privacy, **change))
+    # ... and the cohort's rate or the planned rounds, which size the noise and amplify
+    # the nodes' own release count (found in review: 201 releases at sigma 0.66 where the
+    # pinned config allowed 20 at 2.85).
+    changes = [
+        dataclasses.replace(honest, privacy=dataclasses.replace(honest.privacy, **change))
+        for change in ({"epsilon": 1000.0}, {"secagg_corrupt": 0.0})
+    ]
+    changes += [
+        dataclasses.replace(honest, client_fraction=0.5),
+        dataclasses.replace(honest, rounds=honest.rounds + 8),
+    ]
+    for cfg, name in zip(
+        changes, ("epsilon", "secagg_corrupt", "client_fraction", "rounds"), strict=True
+    ):
         server = FederatedServer(
-            cfg,
-            run_dir=tmp_path / f"run-{next(iter(change))}",
-            transport=transport,
-            settings=settings,
+            cfg, run_dir=tmp_path / f"run-{name}", transport=transport, settings=settings
         )
-        with pytest.raises(ProtocolError, match=f"pinned config .* {next(iter(change))} = "):
+        with pytest.raises(ProtocolError, match=f"pinned config .* {name} = "):
             server.run()
     out = FederatedServer(
         honest, run_dir=tmp_path / "honest", transport=transport, settings=settings

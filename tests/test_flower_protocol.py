@@ -327,7 +327,10 @@ def test_server_never_receives_an_unmasked_input(tmp_path):
 def test_private_state_persists_and_is_refused_under_another_config(tmp_path):
     cfg = _cfg(rounds=1)
     _run(cfg, tmp_path)
-    [token_dir] = (tmp_path / "fl-nodes" / "node-0").iterdir()
+    # The run's own directory; beside it, the node's release count across runs.
+    node_dir = tmp_path / "fl-nodes" / "node-0"
+    [token_dir] = [d for d in node_dir.iterdir() if d.is_dir()]
+    assert (node_dir / "partition-0.user.ledger.json").is_file()
     saved = runs.load_state(token_dir / "partition-0.pt")
     assert saved["trained_rounds"] == 1
     assert saved["users"].tolist() == list(range(0, 60, 3))
@@ -550,6 +553,36 @@ def test_node_encodes_an_update_concentrated_on_one_coordinate(model):
         6 * agg.discrete_noise(m).plan.share_sigma * np.sqrt(m) / codec.scale
     )  # 6 sd of m shares
     assert abs(decoded[0] - m * agg.clip) <= noise + codec.max_decode_error(m) + 2 * m / codec.scale
+
+
+def test_secure_rounds_refuse_fewer_survivors_than_their_noise_is_sized_for():
+    # Malicious-mode clients check the survivor set against SecAggConfig.min_survivors: in a
+    # DP run it is the distributed noise's floor, which can pass the graph's own (30 clients
+    # at 5 %: 29 noise shares, the graph designed for 2 dropouts).
+    cfg = _cfg(privacy=PrivacyConfig(secagg=True, epsilon=8.0, secagg_mode="malicious"))
+    split = load_split(cfg)
+    agg = build_aggregator(cfg, split, build_model(cfg, split))
+    for m in (30, 60):
+        params = round_parameters(agg, m)
+        assert params.secagg.min_survivors == agg.discrete_noise(m).plan.min_survivors
+    assert round_parameters(agg, 30).secagg.min_survivors == 29 > 30 - 2
+
+
+def test_a_node_zeroes_a_null_users_upload_as_the_in_process_round_does():
+    # The zero-out canaries (Split.null_users) upload zero wherever uploads are clipped; the
+    # node's half of the round clipped without them.
+    import dataclasses
+
+    cfg = _cfg(privacy=_SECAGG_ONLY)
+    split = dataclasses.replace(load_split(cfg), null_users=np.array([3], dtype=np.int64))
+    model_obj = build_model(cfg, split)
+    agg = build_aggregator(cfg, split, model_obj)
+    m = 8
+    vectors = torch.full((m, agg.dim), 0.01)
+    updates = DenseUpdates(clients=torch.arange(m), vectors=vectors, layout=model_obj.layout)
+    ring, _ = encode_updates(agg, updates, round_index=0, params=round_parameters(agg, m))
+    assert not ring[3].any()
+    assert all(ring[u].any() for u in range(m) if u != 3)
 
 
 @pytest.mark.slow

@@ -10,17 +10,19 @@ real local deployment.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 import torch
 
 from securefed import runs
-from securefed.errors import ConfigError, ProtocolError
+from securefed.errors import ConfigError, PrivacyBudgetError, ProtocolError
 from securefed.flower import models
 from securefed.flower.local import LocalTransport
 from securefed.flower.node import NodeRuntime, TrainTask
-from securefed.flower.server import FederatedServer, ServerSettings
+from securefed.flower.pipeline import ReleaseLedger, public_seed, round_parameters
+from securefed.flower.server import WORST_CASE_FILE, FederatedServer, ServerSettings
 from securefed.training import PrivacyConfig, RunFinished, TrainConfig, build_model
 
 RESULT_KEYS = ("loss", "participants", "contributors", "epsilon", "val_hr@10", "val_ndcg@10")
@@ -133,6 +135,70 @@ def test_a_resume_that_counts_a_release_again_stops_at_the_epsilon_cap(tmp_path)
     assert len(_ledger(tmp_path / "run")) == 4
 
 
+def test_processes_sharing_a_state_directory_share_one_count(tmp_path):
+    # Two runs at once, or overlapping per-message ClientApps: each re-reads the count under
+    # a lock before it charges (found in review: 40 charges accepted, 20 on disk).
+    cfg = _cfg(rounds=3)
+    runtime = NodeRuntime(cfg, run_token="t0", partition_id=0, num_partitions=1, state_dir=None)
+    agg, m = runtime.aggregator, runtime.split.n_users
+    path = tmp_path / "partition-0.user.ledger.json"
+    a, b = ReleaseLedger(path), ReleaseLedger(path)  # both opened before any charge
+    a.charge(agg, 0, m)
+    b.charge(agg, 1, m)
+    a.charge(agg, 2, m)
+    with pytest.raises(PrivacyBudgetError):
+        b.charge(agg, 2, m)  # a fourth release of three
+    assert [e["round"] for e in json.loads(path.read_text())["events"]] == [0, 1, 2]
+
+
+def test_a_node_charges_local_dp_sgd_in_a_round_too_small_to_aggregate(tmp_path):
+    # Interaction-level DP: the users' DP-SGD writes their private state (FedRAP's D_u feeds
+    # later uploads) even in a round that uploads nothing; the node counts it (found in
+    # review: six such rounds went uncounted).
+    privacy = PrivacyConfig(epsilon=8.0, privacy_unit="interaction", secagg=True)
+    cfg = _cfg(rounds=2, privacy=privacy)
+    runtime = NodeRuntime(
+        cfg, run_token="t0", partition_id=0, num_partitions=1, state_dir=tmp_path / "state"
+    )
+    arrays, scalars = models.global_payload(cfg.model, build_model(cfg, runtime.split))
+    runtime.train(_task(cfg, runtime, 0), arrays, scalars)  # aggregate=False
+    ledger = tmp_path / "state" / "partition-0.interaction.ledger.json"
+    events = json.loads(ledger.read_text())["events"]
+    assert len(events) == runtime.aggregator.releases_per_round > 0
+
+
+def test_after_a_resume_the_server_stops_at_the_cap_before_any_node_refuses(tmp_path):
+    # 20 releases sized for epsilon 8 (every user every round). Round 3, released before the
+    # crash, is released again: its real-survivor ledger then leaves round 20 under the cap,
+    # but not its worst case, which the nodes count. The server counts the same worst case
+    # and stops; checking its real ledger plus one worst round let round 20 go out, every
+    # node refused it, and every later round would abort the same way (found in review).
+    cfg = _cfg(rounds=20, eval_every=5)
+    nodes = LocalTransport(3, state_dir=tmp_path / "nodes", long_lived=True)
+    with pytest.raises(_Crash):
+        _run(cfg, tmp_path, "run", CrashingTransport(nodes, "unmask", round_index=2))
+    res = FederatedServer.resume(tmp_path / "run", transport=nodes).run()
+    assert [m["round"] for m in res.metrics] == list(range(1, 20))
+    assert res.summary["budget_spent"] is True and res.summary["epsilon"] <= 8.0
+    assert not any("aborted" in m for m in res.metrics)
+    assert "fewest survivors" in res.summary["stopped"] and "node" not in res.summary["stopped"]
+    worst = json.loads((tmp_path / "run" / WORST_CASE_FILE).read_text())["events"]
+    assert [e["round"] for e in worst] == sorted([*range(19), 2])
+
+
+def test_a_new_run_on_spent_nodes_stops_on_their_refusal(tmp_path):
+    # The nodes count their users' releases across runs on their state directory: a second
+    # run (a fresh server, a new run token) gets a refusal in its first train replies and
+    # stops with its budget spent, instead of aborting every round on silent nodes.
+    cfg = _cfg()  # epsilon 8, the noise sized for 4 releases
+    nodes = LocalTransport(3, state_dir=tmp_path / "nodes")
+    assert len(_run(cfg, tmp_path, "first", nodes).metrics) == 4
+    second = _run(cfg, tmp_path, "second", nodes)
+    assert second.metrics == [] and second.summary["budget_spent"] is True
+    assert "refused beyond the budget" in second.summary["stopped"]
+    assert _ledger(tmp_path / "second") == []  # nothing released
+
+
 def test_resume_without_a_checkpoint_starts_over_and_counts_what_was_released(tmp_path):
     cfg = _cfg(checkpoint_every=3, privacy=SIGMA)
     ref = _run(cfg, tmp_path, "ref", LocalTransport(3, state_dir=tmp_path / "ref-nodes"))
@@ -222,6 +288,63 @@ def test_node_rewinds_to_its_snapshot_of_the_resumed_round_only(tmp_path, on_dis
     for key, value in _private(cfg, runtime).items():
         assert torch.equal(value, states[2][key]), key
     assert runtime._snapshot_rounds() == [2]  # round 4's belonged to the abandoned future
+
+
+def test_a_node_counts_its_own_releases_and_refuses_a_server_that_asks_beyond_the_budget(
+    tmp_path,
+):
+    # Epsilon 8 with the noise sized for 3 releases of every user (the whole population each
+    # round). A server may ask for a round again with `resume` (a real resume must), so the
+    # node counts every release itself, re-releases too, before it trains anything.
+    cfg = _cfg(rounds=3, checkpoint_every=1)
+    state_dir = tmp_path / "state"
+
+    def node(token="t0"):
+        return NodeRuntime(
+            cfg, run_token=token, partition_id=0, num_partitions=1, state_dir=state_dir
+        )
+
+    runtime = node()
+    agg = runtime.aggregator
+    cohort = torch.arange(runtime.split.n_users)
+    fingerprint = round_parameters(agg, cohort.numel()).fingerprint()
+    arrays, scalars = models.global_payload(cfg.model, build_model(cfg, runtime.split))
+
+    def task(r, *, resume=False):
+        seed = public_seed(agg, r)
+        return TrainTask(
+            round_index=r,
+            cohort=cohort,
+            public_seed=seed,
+            fingerprint=fingerprint,
+            aggregate=True,
+            resume=resume,
+        )
+
+    runtime.train(task(0), arrays, scalars)
+    runtime.train(task(1), arrays, scalars)
+    # A resume to round 2 (index 1) fits the budget: the third release.
+    runtime.train(task(1, resume=True), arrays, scalars)
+    assert runtime.trained_rounds == 2
+    ledger = state_dir / "partition-0.user.ledger.json"  # beside the runs: across run tokens
+    assert [e["round"] for e in json.loads(ledger.read_text())["events"]] == [0, 1, 1]
+    # Nothing is charged for a round another check refuses (the server's parameters).
+    with pytest.raises(ProtocolError, match="round parameters differ"):
+        runtime.train(dataclasses.replace(task(2), fingerprint="forged"), arrays, scalars)
+    # A fourth, whether round 3, round 2 once more, or round 1 of a "new run" the server
+    # opens on the same state directory, would pass epsilon 8: refused before the node
+    # trains or rewinds, by a restarted node too (the count is on disk, never rewound).
+    kept = _private(cfg, runtime)
+    for again in (runtime, node()):
+        for r, resume in ((2, False), (1, True)):
+            with pytest.raises(ProtocolError, match="beyond the budget"):
+                again.train(task(r, resume=resume), arrays, scalars)
+            assert again.trained_rounds == 2
+            for key, value in _private(cfg, again).items():
+                assert torch.equal(value, kept[key]), key
+    with pytest.raises(ProtocolError, match="beyond the budget"):
+        node("t1").train(task(0), arrays, scalars)
+    assert len(json.loads(ledger.read_text())["events"]) == 3
 
 
 @pytest.mark.parametrize("command", ["local", "simulate"])

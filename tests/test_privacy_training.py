@@ -202,6 +202,26 @@ def test_account_command_json():
     assert json.loads(back.output)["epsilon"] == pytest.approx(obj["epsilon"], rel=1e-6)
 
 
+def test_account_refuses_dp_sgd_settings_that_would_change_nothing():
+    for argv, needle in (
+        (["--model", "fedrecgel"], "--model describes client-side DP-SGD"),
+        (["--local-epochs", "3", "--no-sam"], "--local-epochs, --sam describe"),
+        (["--privacy-unit", "interaction", "--sam"], "--sam does not apply to fedrap"),
+        (
+            ["--privacy-unit", "interaction", "--model", "fedrecgel", "--local-epochs", "2"],
+            "--local-epochs does not apply to fedrecgel",
+        ),
+    ):
+        res = runner.invoke(app, ["account", "--epsilon", "2", "--rounds", "5", *argv])
+        assert res.exit_code == 2 and needle in " ".join(res.output.split()), res.output
+    res = runner.invoke(
+        app,
+        ["account", "--noise-multiplier", "3", "--rounds", "5", "--json"]
+        + ["--privacy-unit", "interaction"],
+    )
+    assert json.loads(res.output)["steps"] == 50  # FedRAP's 10 local epochs a round
+
+
 def test_account_command_without_users_and_with_tiny_sigma():
     res = runner.invoke(app, ["account", "--epsilon", "2", "--rounds", "100", "--json"])
     assert res.exit_code == 0, res.output

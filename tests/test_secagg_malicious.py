@@ -377,8 +377,9 @@ def test_different_survivor_sets_to_different_clients_release_no_share(relay):
     """The server tells A that client 0 survived and B that it dropped (to collect both
     ``b_0`` and ``s_0`` shares). Each client signs the set it was shown; no client then holds
     ``t`` neighbours' signatures over its own set, so nobody reveals anything."""
-    cfg = _complete7()
-    assert (cfg.k, cfg.t) == (6, 4)
+    # One dropout tolerated (the set shown to B names 6 of 7: not below the round's floor).
+    cfg = _malicious(7, neighbours=6, dropout_tolerance=0.1, corrupt_fraction=0.0)
+    assert (cfg.k, cfg.t, cfg.min_survivors) == (6, 4, 6)
     r = Round(cfg, _inputs(7))
     r.mask(r.share(r.advertise()))
     env = _env()
@@ -440,7 +441,8 @@ def test_fewer_than_t_signatures_or_a_foreign_one_release_nothing():
 
 @pytest.mark.parametrize("lie", ["omits-receiver", "too-few-neighbours", "names-unshared"])
 def test_client_refuses_to_sign_an_impossible_survivor_set(lie):
-    cfg = _complete7()
+    # A floor of 4 (t): the sets below are refused for their contents, not their size.
+    cfg = _malicious(7, neighbours=6, dropout_tolerance=0.0, corrupt_fraction=0.0, survivors=4)
     r = Round(cfg, _inputs(7))
     keys = r.advertise()
     forward = r.share({i: m for i, m in keys.items() if i != 6})  # 6 never shares: not in U2
@@ -455,6 +457,29 @@ def test_client_refuses_to_sign_an_impossible_survivor_set(lie):
     r.step({0: wire.encode_survivors(env, 0, sets[lie])}, lambda c, m: c.consistency(m), None)
     assert r.aborted.get(0) is ClientAborted
     assert r.received[wire.Kind.SURVIVORS_SIGNATURE] == set()
+
+
+@pytest.mark.parametrize("floor", [None, 6])
+def test_client_refuses_a_survivor_set_below_the_rounds_floor(floor):
+    """``t`` bounds each neighbourhood only: a server could name few survivors, each still
+    seeing ``t`` neighbours, and unmask a sum of far fewer inputs than the round was sized
+    for (e.g. its distributed noise shares). Every client refuses a set below
+    ``min_survivors`` (default: the dropouts the graph is designed for; or given)."""
+    cfg = _malicious(7, neighbours=6, dropout_tolerance=0.0, corrupt_fraction=0.0, survivors=floor)
+    assert (cfg.t, cfg.min_survivors) == (4, floor or 7)
+    r = Round(cfg, _inputs(7))
+    r.mask(r.share(r.advertise()))
+    env = _env()
+    small = [0, 1, 2, 3, 4]  # 4 neighbours each: t is met, the floor is not
+    r.step(
+        {i: wire.encode_survivors(env, i, small) for i in small},
+        lambda c, m: c.consistency(m),
+        None,
+    )
+    assert {r.aborted.get(i) for i in small} == {ClientAborted}
+    assert r.received[wire.Kind.SURVIVORS_SIGNATURE] == set()
+    with pytest.raises(ConfigError, match="survivors must be"):
+        _malicious(7, survivors=8)
 
 
 def test_unmask_without_consistency_round_is_refused():

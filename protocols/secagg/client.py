@@ -300,8 +300,9 @@ class SecAggClient:
 
         Bonawitz et al. 2017 §4, Fig. 4 round 3 ("ConsistencyCheck"). Before signing, the
         client checks the set names itself, that every neighbour it names is one this client
-        masked with, and that it names at least ``t`` of its neighbours (otherwise it
-        aborts: :class:`ClientAborted`, nothing signed). The set is kept; round 4 releases
+        masked with, that it names at least ``t`` of its neighbours, and that it names at
+        least :attr:`SecAggConfig.min_survivors` clients (otherwise it aborts:
+        :class:`ClientAborted`, nothing signed). The set is kept; round 4 releases
         shares only after ``t`` neighbours' signatures over exactly this set, and classifies
         its neighbours as survivors or dropped by it.
         """
@@ -322,6 +323,11 @@ class SecAggClient:
                 raise ClientAborted(
                     f"survivor set names {len(named)} of this client's neighbours, fewer than "
                     f"t={self.config.t}"
+                )
+            if len(surv) < self.config.min_survivors:
+                raise ClientAborted(
+                    f"survivor set names {len(surv)} clients, fewer than the "
+                    f"{self.config.min_survivors} the round is sized for"
                 )
             statement = wire.survivors_statement(self._env, survivors)
             signature = _need(self._identity).sign(statement)

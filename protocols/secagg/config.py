@@ -94,6 +94,12 @@ class SecAggConfig:
             need the enrollment's :class:`~protocols.secagg.identity.IdentityDirectory`).
         security_bits: ``sigma``; secrecy fails with probability at most ``2**-sigma``.
         correctness_bits: ``eta``; an honest round aborts with probability at most ``2**-eta``.
+        survivors: The fewest clients whose inputs a round may unmask, resolved into
+            :attr:`min_survivors` (``None``: ``n - ceil(dropout_tolerance n)``, the dropouts
+            the graph is designed for). In malicious mode a client refuses a smaller survivor
+            set at the consistency round: ``t`` bounds each neighbourhood only, so without it
+            a server could unmask a sum of far fewer inputs than the round was sized for (e.g.
+            fewer distributed noise shares than the DP accounting assumes).
     """
 
     n_clients: int
@@ -105,8 +111,10 @@ class SecAggConfig:
     mode: Mode = "semi-honest"
     security_bits: int = 40
     correctness_bits: int = 20
+    survivors: int | None = None
     k: int = field(init=False)  # resolved neighbours
     t: int = field(init=False)  # resolved threshold
+    min_survivors: int = field(init=False)  # resolved survivors
 
     def __post_init__(self) -> None:
         n = self.n_clients
@@ -128,6 +136,12 @@ class SecAggConfig:
         k, t = _resolve(self)
         object.__setattr__(self, "k", k)
         object.__setattr__(self, "t", t)
+        floor = self.survivors
+        if floor is None:
+            floor = n - _counts(n, self.dropout_tolerance, self.corrupt_fraction)[0]
+        elif isinstance(floor, bool) or not isinstance(floor, int) or not 1 <= floor <= n:
+            raise ConfigError(f"survivors must be an int in [1, n_clients={n}], got {floor!r}")
+        object.__setattr__(self, "min_survivors", floor)
 
     @property
     def complete_graph(self) -> bool:

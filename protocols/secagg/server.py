@@ -249,6 +249,14 @@ class SecAggServer:
         self._check_stage(Stage.SHARED)
         self.u3 = frozenset(self._u3)
         self._require(len(self.u3), "sent masked inputs")
+        if self.config.malicious and len(self.u3) < self.config.min_survivors:
+            # Every client would refuse to sign so small a set (SecAggConfig.min_survivors).
+            self.stage = Stage.ABORTED
+            raise RoundAborted(
+                f"only {len(self.u3)} clients sent masked inputs, fewer than the "
+                f"{self.config.min_survivors} the round may unmask; the round is aborted and "
+                "reveals nothing"
+            )
         self.stage = Stage.MASKED
         if self.config.malicious:
             survivors = sorted(self.u3)

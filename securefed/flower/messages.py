@@ -72,6 +72,9 @@ NEXT = "next-"
 NEXT_ROUND = "next-round"
 ADVERT = "adv."
 KEYS_AHEAD = "keys-ahead"
+#: A train reply's only key when the node refuses the round on its own release count
+#: (:class:`~securefed.flower.node.ReleaseRefused`): the server stops the run on it.
+REFUSED = "release-refused"
 #: Key of the node's round session in its ``Context.state``.
 SESSION_KEY = "securefed.session"
 
@@ -281,16 +284,26 @@ def _runtime(
     return runtime
 
 
+#: Settings outside ``[privacy]`` that size the noise and the accounting (the model's default
+#: cohort, the planned rounds, the cohort's rate or size), pinned with it.
+PINNED_SETTINGS = ("model", "rounds", "client_fraction", "clients_per_round")
+
+
 def check_pinned(config: Any, path: Path) -> None:
-    """Refuse a run whose ``[privacy]`` settings differ from the node operator's own copy of
-    the run's config (``--node-config 'pin-config="/path/run.toml"'``).
+    """Refuse a run whose privacy settings differ from the node operator's own copy of the
+    run's config (``--node-config 'pin-config="/path/run.toml"'``).
 
     The config reaches a node from the server with every message, and the node derives its
     noise shares, the secure-aggregation threshold and the mode from it: without a copy of
     its own, a server could lower ``epsilon`` or add a smaller ``noise_multiplier`` (so the
-    nodes add less noise), lower the corruption bound (so ``t`` drops), or switch the mode.
-    The pinned file's privacy settings are resolved as a run resolves them (defaults for what
-    it leaves out, legacy keys translated) and every one must be the server's.
+    nodes add less noise), lower the corruption bound (so ``t`` drops), or switch the mode;
+    and since the noise is calibrated for the planned rounds at the cohort's sampling rate,
+    and the node's own release count (:class:`~securefed.flower.pipeline.ReleaseLedger`)
+    is amplified by that rate, a smaller ``client_fraction`` or more ``rounds`` would buy
+    smaller noise and more releases (found in review: 201 releases at sigma 0.66 where the
+    operator's config allowed 20 at 2.85). Every ``[privacy]`` setting and
+    :data:`PINNED_SETTINGS` are compared, resolved as a run resolves them (defaults for what
+    the file leaves out, legacy keys translated).
 
     Raises:
         ProtocolError: a setting differs (named, with both values), or the file is unreadable.
@@ -298,15 +311,19 @@ def check_pinned(config: Any, path: Path) -> None:
     from securefed.training import TrainConfig, load_config_file
 
     try:
-        pinned = TrainConfig.from_dict(load_config_file(path)).privacy
+        pinned = TrainConfig.from_dict(load_config_file(path))
     except (OSError, ValueError) as exc:
         raise ProtocolError(f"cannot read this node's pinned config {path}: {exc}") from None
-    mine, sent = dataclasses.asdict(pinned), dataclasses.asdict(config.privacy)
+    mine, sent = dataclasses.asdict(pinned.privacy), dataclasses.asdict(config.privacy)
     differ = [f"{k} = {sent[k]!r} (pinned {v!r})" for k, v in mine.items() if sent.get(k) != v]
+    for key in PINNED_SETTINGS:
+        ours, theirs = getattr(pinned, key), getattr(config, key)
+        if ours != theirs:
+            differ.append(f"{key} = {theirs!r} (pinned {ours!r})")
     if differ:
         raise ProtocolError(
             "the server's run differs from this node's pinned config "
-            f"{path} in [privacy]: {'; '.join(differ)}; refused"
+            f"{path}: {'; '.join(differ)}; refused"
         )
 
 
@@ -344,16 +361,21 @@ def _run_task(
         return Payload(
             metrics=runtime.evaluate(payload.arrays, scalars, full=bool(payload.config["full"]))
         )
+    from securefed.flower.node import ReleaseRefused
+
     task = _task(payload.config)
-    if payload.config.get(KEYS_AHEAD, False) is True:
-        ahead = _session(token, state, memory)
-        if ahead is None or ahead.round_index != task.round_index:
-            raise ProtocolError("train message with keys ahead but no advertised session here")
-        reply = runtime.train(
-            task, payload.arrays, scalars, ahead=ahead, keys=unpack_sids(payload.config)
-        )
-    else:
-        reply = runtime.train(task, payload.arrays, scalars)
+    try:
+        if payload.config.get(KEYS_AHEAD, False) is True:
+            ahead = _session(token, state, memory)
+            if ahead is None or ahead.round_index != task.round_index:
+                raise ProtocolError("train message with keys ahead but no advertised session here")
+            reply = runtime.train(
+                task, payload.arrays, scalars, ahead=ahead, keys=unpack_sids(payload.config)
+            )
+        else:
+            reply = runtime.train(task, payload.arrays, scalars)
+    except ReleaseRefused as exc:
+        return Payload(config={REFUSED: str(exc)})
     _keep(reply.session, token, state, memory)
     return Payload(
         config=pack_sids(reply.adverts),

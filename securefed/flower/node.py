@@ -16,7 +16,10 @@ in memory); either way everything here can be rebuilt from two stores the node o
   continues from it. Beside it, ``partition-<id>.at-<R>.pt`` keeps the state as of round
   ``R`` for the last two checkpoint rounds ``R`` (multiples of ``checkpoint_every``, and 0)
   the node trained past, so that a resumed run (the server back at its checkpoint of round
-  ``R``) rewinds the node to exactly that state;
+  ``R``) rewinds the node to exactly that state; and, beside the runs rather than in one,
+  ``<state_dir>/partition-<id>.<unit>.ledger.json``: the node's own count of its users'
+  releases in every run on this state directory, per privacy unit
+  (:class:`~securefed.flower.pipeline.ReleaseLedger`), never rewound;
 * the **round session** (:class:`NodeSession`: in the long-lived process's memory, or kept
   by Flower in the node's ``Context.state``, i.e. in the SuperNode's memory; never on disk):
   the round's SecAgg stage machines (fresh key pairs, seeds, received shares) and the encoded
@@ -38,11 +41,17 @@ from protocols.secagg import SecAggClient, wire
 from protocols.secagg.identity import ClientIdentity, IdentityDirectory
 from protocols.secagg.primitives import MaskExpander
 from securefed import runs
-from securefed.errors import ConfigError, IntegrityError, ProtocolError
+from securefed.errors import ConfigError, IntegrityError, PrivacyBudgetError, ProtocolError
 from securefed.evaluation import evaluate_splits
 from securefed.flower import enrollment, models
-from securefed.flower.pipeline import RoundParameters, encode_updates, round_parameters
+from securefed.flower.pipeline import (
+    ReleaseLedger,
+    RoundParameters,
+    encode_updates,
+    round_parameters,
+)
 from securefed.flower.session import NodeSession
+from securefed.privacy import PrivateAggregator
 from securefed.training import TrainConfig, build_model, load_split, training_generator
 
 # ----------------------------------------------------------------------------- partitions
@@ -84,6 +93,11 @@ class TrainReply:
     loss_sum: float
     trained: int
     clipped: int
+
+
+class ReleaseRefused(ProtocolError):
+    """The node refuses a round its users' release count cannot afford; the node answers
+    with it (``messages.REFUSED``) and the server stops the run on it."""
 
 
 class NodeRuntime:
@@ -146,6 +160,15 @@ class NodeRuntime:
         self._identity_keys: tuple[dict[int, bytes], dict[int, Any]] | None = None
         self._aggregator: Any = None
         self._snapshots: dict[int, dict[str, Any]] = {}  # without a state directory
+        # Every release of this partition's users on this state directory, across runs: a
+        # server cannot buy a fresh budget with a new run token (found in review). One file
+        # per privacy unit (their events do not compose in one ledger).
+        unit = config.privacy.privacy_unit
+        self.releases = ReleaseLedger(
+            Path(state_dir) / f"partition-{partition_id}.{unit}.ledger.json"
+            if state_dir is not None
+            else None
+        )
         self._load()
 
     # -- persistence --------------------------------------------------------------------
@@ -227,8 +250,19 @@ class NodeRuntime:
         else:
             path.unlink(missing_ok=True)
 
-    def _rewind(self, round_index: int) -> None:
-        """Put back the users' private state as of ``round_index`` (a resumed run)."""
+    def _charge(self, round_index: int, m: int) -> None:
+        """Count the most a round of ``m`` clients can cost this node's users, written
+        ahead; refused past the run's epsilon (docs/deployment.md, "Malicious server")."""
+        try:
+            self.releases.charge(self.aggregator, round_index, m)
+        except PrivacyBudgetError as exc:
+            raise ReleaseRefused(
+                f"refused beyond the budget: {exc}; this node counts its users' releases on "
+                "its state directory across runs and resumes; nothing was trained or sent"
+            ) from None
+
+    def _snapshot_of(self, round_index: int) -> dict[str, Any]:
+        """The users' private state as of ``round_index``, kept for a resume."""
         path = self._snapshot_path(round_index)
         saved = self._snapshots.get(round_index) if path is None else runs.load_state(path)
         if saved is None:
@@ -240,6 +274,13 @@ class NodeRuntime:
             )
         if saved.get("config_digest") != self.digest:
             raise ConfigError(f"node snapshot {path} was written for another config")
+        return saved
+
+    def _rewind(self, round_index: int, saved: dict[str, Any] | None = None) -> None:
+        """Put back the users' private state as of ``round_index`` (a resumed run), from
+        ``saved`` when the caller has loaded it (:meth:`_snapshot_of`)."""
+        if saved is None:
+            saved = self._snapshot_of(round_index)
         models.load_private(self.config.model, self.model, self.users, saved["private"])
         self.trained_rounds = int(saved["trained_rounds"])
         for later in self._snapshot_rounds():
@@ -252,8 +293,6 @@ class NodeRuntime:
     @property
     def aggregator(self) -> Any:
         if self._aggregator is None:
-            from securefed.privacy import PrivateAggregator
-
             self._aggregator = PrivateAggregator(
                 self.config, self.split, dim=self.model.layout.size
             )
@@ -314,14 +353,30 @@ class NodeRuntime:
         rounds 0-2 of the round done, the server's next message is the unmask request.
         """
         cohort = _checked_cohort(task)
-        if task.round_index < self.trained_rounds:
-            if not task.resume:
-                raise ProtocolError(
-                    f"round {task.round_index} was already trained on this node "
-                    f"(it has trained {self.trained_rounds} rounds)"
-                )
-            self._rewind(task.round_index)
+        if task.round_index < self.trained_rounds and not task.resume:
+            raise ProtocolError(
+                f"round {task.round_index} was already trained on this node "
+                f"(it has trained {self.trained_rounds} rounds)"
+            )
         own = cohort[torch.isin(cohort, self.users)]
+        # Whatever could refuse the round is checked before its release is charged.
+        rewind = (
+            self._snapshot_of(task.round_index) if task.round_index < self.trained_rounds else None
+        )
+        m = int(cohort.numel())
+        params: RoundParameters | None = None
+        directory: IdentityDirectory | None = None
+        identities: dict[int, ClientIdentity] = {}
+        if own.numel():
+            if task.aggregate:
+                params = self._parameters(task, m)
+                directory, identities = self._round_identities(params, cohort, own)
+            # Local DP-SGD releases into the users' private state even in a round too small
+            # to aggregate (its D_u feeds later uploads): charged too.
+            if task.aggregate or self.aggregator.dpsgd is not None:
+                self._charge(task.round_index, m)
+        if rewind is not None:
+            self._rewind(task.round_index, rewind)
         session = NodeSession(round_index=task.round_index)
         if own.numel() == 0:
             return TrainReply({}, session, 0.0, 0, 0)
@@ -338,7 +393,7 @@ class NodeRuntime:
         loss_sum = float(stats.loss) * trained
         if not task.aggregate:
             return TrainReply({}, session, loss_sum, trained, 0)
-        params = self._parameters(task, int(cohort.numel()))
+        assert params is not None
         ring, clipped = encode_updates(
             self.aggregator,
             updates,
@@ -359,7 +414,6 @@ class NodeRuntime:
             replies = ahead.step("share", inbox, eager=True)
             return TrainReply(replies, ahead, loss_sum, trained, clipped)
         expander = MaskExpander(ring.shape[1], wire.ring_dtype(params.codec.modulus_bits))
-        directory, identities = self._round_identities(params, cohort, own)
         adverts = {}
         for row, user in enumerate(updates.clients.tolist()):
             sid = sid_of[int(user)]

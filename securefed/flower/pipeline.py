@@ -32,18 +32,20 @@ should expose.
 
 from __future__ import annotations
 
+import fcntl
 import secrets
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from protocols.dp import clip_scales, clipped_count
+from protocols.dp import PrivacyLedger
 from protocols.secagg import FixedPointCodec, SecAggConfig
 from protocols.seeding import derive_seed, numpy_generator, torch_generator
-from securefed.errors import ProtocolError
+from securefed.errors import PrivacyBudgetError, ProtocolError
 from securefed.federation.base import Aggregate, ClientUpdates
 
 if TYPE_CHECKING:
@@ -52,7 +54,12 @@ if TYPE_CHECKING:
 #: Rows x coordinates materialised at once; must equal ``securefed.privacy._MAX_DENSE`` for
 #: the replayed draws to be chunked like the in-process ones.
 from securefed.privacy import _MAX_DENSE as MAX_DENSE  # noqa: E402
-from securefed.privacy import encode_rows  # noqa: E402
+from securefed.privacy import (  # noqa: E402
+    encode_rows,
+    ledger_with,
+    read_ledger_file,
+    write_durably,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,7 +80,7 @@ class RoundParameters:
         noise = "none" if self.share_sigma is None else repr(self.share_sigma)
         return (
             f"bits={c.modulus_bits};scale={c.scale!r};n={s.n_clients};k={s.k};t={s.t};"
-            f"mode={s.mode};share={noise}"
+            f"floor={s.min_survivors};mode={s.mode};share={noise}"
         )
 
 
@@ -92,13 +99,6 @@ def public_seed(agg: PrivateAggregator, round_index: int) -> bytes:
     if agg.secure:
         return secrets.token_bytes(16)
     return derive_seed(agg.seed, "secagg-public", round_index).to_bytes(8, "little") * 2
-
-
-def clip_factors(agg: PrivateAggregator, updates: ClientUpdates) -> tuple[torch.Tensor, int]:
-    """Per-row scale ``min(1, C / ||x||)`` (float32) and how many rows were clipped."""
-    norms = updates.norms()
-    factors = clip_scales(norms, agg.clip)
-    return factors, clipped_count(norms, agg.clip)
 
 
 def encode_updates(
@@ -131,7 +131,7 @@ def encode_updates(
     """
     k = len(updates)
     dim = agg.dim
-    factors, clipped = clip_factors(agg, updates)
+    factors, clipped = agg.clip_factors(updates)
     codec = params.codec
     ddg = agg.discrete_noise(params.secagg.n_clients)
     secure = agg.secure
@@ -225,3 +225,68 @@ def record_abort(agg: PrivateAggregator, reason: str, *, clipped: int, participa
         "clipped_fraction": clipped / participants if participants else 0.0,
         "aborted": reason,
     }
+
+
+class ReleaseLedger:
+    """The most a run's rounds can have cost each user, counted where the releases are made,
+    never rewound.
+
+    The server's ledger records every release at its real survivors, but the server also
+    decides what to ask for: a train message with ``resume`` makes a node rewind and train
+    (and noise) a round again, as a real resume must, so a server could ask for more releases
+    than its ledger shows. Each node therefore charges, before it trains a round its users'
+    data enters, the most that round can cost them
+    (:meth:`~securefed.privacy.PrivateAggregator.worst_round_events`: the user-level event at
+    the fewest survivors the noise shares are sized for, or the round's local DP-SGD
+    releases), writes the ledger durably, and only then trains; a charge that would pass the
+    run's epsilon is refused, with nothing trained or sent. The honest server keeps the same
+    count over every round it asks for (re-runs included), so it stops at the cap before any
+    node refuses (a node only has the rounds its users were in).
+
+    Args:
+        path: The ledger file (``None``: memory only, for tests).
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.ledger = (
+            read_ledger_file(path) if path is not None and path.exists() else PrivacyLedger()
+        )
+
+    def charge(self, agg: PrivateAggregator, round_index: int, m: int) -> float | None:
+        """Record the most a round of ``m`` clients can cost, after checking the budget.
+
+        Returns:
+            The epsilon after the charge (``None`` in a run without DP).
+
+        Raises:
+            PrivacyBudgetError: the charge would pass the run's epsilon; nothing is recorded.
+        """
+        budget = agg.budget
+        events = agg.worst_round_events(round_index, m)
+        if budget is None or not events:
+            return None
+        if self.path is None:
+            return self._charge(events, budget, round_index)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # One count per file even when several processes serve this state directory (two
+        # runs at once, or overlapping per-message ClientApps): read and written under an
+        # exclusive lock (found in review: 40 charges accepted, 20 on disk).
+        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.path.exists():
+                self.ledger = read_ledger_file(self.path)
+            return self._charge(events, budget, round_index)
+
+    def _charge(self, events: list[Any], budget: Any, round_index: int) -> float:
+        after, eps = ledger_with(self.ledger, events, budget)
+        if budget.epsilon is not None and eps > budget.epsilon:
+            raise PrivacyBudgetError(
+                f"round {round_index + 1} could raise epsilon to {eps:.4g} above the target "
+                f"{budget.epsilon:.4g} (delta={budget.delta!r}) at the fewest survivors its "
+                f"noise is sized for, after the {len(self.ledger)} releases counted"
+            )
+        self.ledger = after
+        if self.path is not None:
+            write_durably(self.path, {"epsilon": eps, "events": after.to_dicts()})
+        return eps

@@ -50,6 +50,7 @@ from securefed.flower.messages import (
     NEXT,
     NEXT_ROUND,
     PROTOCOL,
+    REFUSED,
     SCALAR,
     SID,
     Payload,
@@ -60,6 +61,7 @@ from securefed.flower.messages import (
 )
 from securefed.flower.node import partition_users
 from securefed.flower.pipeline import (
+    ReleaseLedger,
     commit_before_unmask,
     finish_round,
     public_seed,
@@ -341,6 +343,14 @@ class FederatedServer:
                 },
             )
         started -= elapsed_before
+        # The most each round asked for can have cost a user (the nodes count the same for
+        # their users), written ahead and kept across resumes: the run stops on it before any
+        # node would refuse a round (docs/deployment.md, "Malicious server").
+        releases = ReleaseLedger(self.run_dir / WORST_CASE_FILE)
+        if self.resuming and not (self.run_dir / WORST_CASE_FILE).exists():
+            # A run directory from before this count (or restored without it): start from
+            # the releases its ledger holds; the nodes' own counts still bound every user.
+            releases.ledger = agg.ledger
         best = _selected_round(metrics, config)
         stopped: str | None = None
         train_seconds = sum(float(m.get("train_seconds", 0.0)) for m in metrics)
@@ -357,6 +367,10 @@ class FederatedServer:
             participants = ahead.participants if ahead is not None else self._cohort(r)
             self._stage_seconds = {}
             try:
+                m = int(participants.shape[0])
+                if m >= agg.secure_minimum() or agg.dpsgd is not None:
+                    # Every round's worst case, re-runs included, as the nodes count it.
+                    releases.charge(agg, r, m)
                 resumed_at = start_round if self.resuming and r == start_round else None
                 agg_result, stats = self._round(
                     r, participants, owner, model, agg, resumed_at=resumed_at, ahead=ahead
@@ -473,6 +487,11 @@ class FederatedServer:
             for n in nodes
         }
         replies = self._exchange("train", messages, timeout=timeout)
+        for node, reply in replies.items():
+            if REFUSED in reply.config:
+                # The node's own count of its users' releases (across runs on its state
+                # directory) is spent: no round can go out to it again.
+                raise PrivacyBudgetError(f"node {node} {reply.config[REFUSED]}")
         stats = {"loss_sum": 0.0, "trained": 0.0, "clipped": 0.0}
         for reply in replies.values():
             for key in stats:
@@ -855,6 +874,11 @@ def read_flower_record(run_dir: Path) -> dict[str, Any]:
     if not isinstance(token, str) or not token.isalnum() or not isinstance(nodes, dict):
         raise ConfigError(f"{path} is malformed; resume a run that `securefed flower` started")
     return record
+
+
+#: The server's count of the most each round it asked for can have cost a user
+#: (:class:`~securefed.flower.pipeline.ReleaseLedger`), beside the run's privacy ledger.
+WORST_CASE_FILE = "worst_case_ledger.json"
 
 
 def check_config(config: TrainConfig) -> None:

@@ -394,7 +394,6 @@ def _noise_multiplier(config: Any, n_users: int, rounds: int) -> float:
             client_fraction=fraction,
             users=n_users,
             accountant=p.accountant or "prv",
-            model="fedals",
         )["noise_multiplier"]
     )
 
