@@ -682,10 +682,11 @@ class PrivateAggregator:
 
     def worst_round_events(self, round_index: int, m: int) -> list[Any]:
         """The privacy events a user's upload in a secure round of ``m`` clients can cost at
-        most, whatever the server later reports: the round's local DP-SGD releases, or its
-        user-level event with the fewest survivors the noise shares are sized for (the
-        server's own event counts the real survivors, never fewer; in malicious mode every
-        client refuses a smaller survivor set). A Flower node charges these to its own ledger
+        most: the round's local DP-SGD releases, or its user-level event with the fewest
+        survivors the noise shares are sized for (the server's own event counts the real
+        survivors; an honest server aborts below the floor, and in malicious mode every
+        client refuses a smaller survivor set; every survivor's share counts as noise, the
+        accounting's assumption throughout). A Flower node charges these to its own ledger
         before it trains, and the server to its own before it asks
         (:class:`securefed.flower.pipeline.ReleaseLedger`).
         """

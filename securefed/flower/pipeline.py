@@ -238,10 +238,13 @@ class ReleaseLedger:
     data enters, the most that round can cost them
     (:meth:`~securefed.privacy.PrivateAggregator.worst_round_events`: the user-level event at
     the fewest survivors the noise shares are sized for, or the round's local DP-SGD
-    releases), writes the ledger durably, and only then trains; a charge that would pass the
-    run's epsilon is refused, with nothing trained or sent. The honest server keeps the same
-    count over every round it asks for (re-runs included), so it stops at the cap before any
-    node refuses (a node only has the rounds its users were in).
+    releases), writes the ledger durably (under a file lock: processes sharing a state
+    directory share one count), and only then trains; a charge that would pass the run's
+    epsilon is refused, with nothing trained or sent. A node's count spans every run on its
+    state directory; the honest server keeps the same count over every round of its run that
+    it asks for (re-runs included), so within one run it stops at the cap before any node
+    refuses (a node only has the rounds its users were in), and a node whose count holds
+    earlier runs refuses with a reply the server stops on (``messages.REFUSED``).
 
     Args:
         path: The ledger file (``None``: memory only, for tests).
