@@ -258,7 +258,9 @@ class NodeRuntime:
         except PrivacyBudgetError as exc:
             raise ReleaseRefused(
                 f"refused beyond the budget: {exc}; this node counts its users' releases on "
-                "its state directory across runs and resumes; nothing was trained or sent"
+                "its state directory across runs and resumes, and nothing was trained or "
+                "sent (a new budget for these users is a new state directory: the node "
+                "operator's decision)"
             ) from None
 
     def _snapshot_of(self, round_index: int) -> dict[str, Any]:
