@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from securefed import runs
-from securefed.errors import ConfigError, PrivacyBudgetError, ProtocolError
+from securefed.errors import ConfigError, IntegrityError, PrivacyBudgetError, ProtocolError
 from securefed.flower import models
 from securefed.flower.local import LocalTransport
 from securefed.flower.node import NodeRuntime, TrainTask
@@ -133,6 +133,42 @@ def test_a_resume_that_counts_a_release_again_stops_at_the_epsilon_cap(tmp_path)
     assert res.summary["budget_spent"] is True
     assert res.summary["epsilon"] <= 8.0
     assert len(_ledger(tmp_path / "run")) == 4
+
+
+def test_keys_advertised_for_one_round_serve_no_other_task(tmp_path):
+    # Keys ahead: a node advertises its users' keys for the round the server announced; the
+    # train message must name the same cohort, seed and parameters, or the node refuses it
+    # before anything is charged or trained (found in review: the session's cohort size
+    # could differ from the one charged and encoded).
+    cfg = _cfg(rounds=3, checkpoint_every=1)
+    state_dir = tmp_path / "state"
+    runtime = NodeRuntime(
+        cfg, run_token="t0", partition_id=0, num_partitions=1, state_dir=state_dir
+    )
+    agg = runtime.aggregator
+    arrays, scalars = models.global_payload(cfg.model, build_model(cfg, runtime.split))
+
+    def task(cohort):
+        fingerprint = round_parameters(agg, cohort.numel()).fingerprint()
+        return TrainTask(
+            round_index=0,
+            cohort=cohort,
+            public_seed=public_seed(agg, 0),
+            fingerprint=fingerprint,
+            aggregate=True,
+        )
+
+    announced = task(torch.arange(runtime.split.n_users))
+    session, adverts = runtime.advertise(announced)
+    assert adverts
+    for other in (
+        task(torch.arange(runtime.split.n_users - 10)),
+        dataclasses.replace(announced, public_seed=b"\1" * 16),
+    ):
+        with pytest.raises(IntegrityError):
+            runtime.train(other, arrays, scalars, ahead=session, keys={})
+    assert runtime.trained_rounds == 0
+    assert not (state_dir / "partition-0.user.ledger.json").exists()
 
 
 def test_processes_sharing_a_state_directory_share_one_count(tmp_path):

@@ -313,7 +313,7 @@ class NodeRuntime:
         round's train message can carry the neighbours' keys (:meth:`train` with ``ahead``)."""
         cohort = _checked_cohort(task)
         own = cohort[torch.isin(cohort, self.users)]
-        session = NodeSession(round_index=task.round_index)
+        session = NodeSession(round_index=task.round_index, task=task_digest(task))
         if own.numel() == 0 or not task.aggregate:
             return session, {}
         params = self._parameters(task, int(cohort.numel()))
@@ -355,6 +355,12 @@ class NodeRuntime:
         rounds 0-2 of the round done, the server's next message is the unmask request.
         """
         cohort = _checked_cohort(task)
+        if ahead is not None and (
+            ahead.round_index != task.round_index or ahead.task != task_digest(task)
+        ):
+            # Keys advertised for another cohort, seed or parameters (found in review: the
+            # session's n could differ from the m charged and encoded).
+            raise IntegrityError()
         if task.round_index < self.trained_rounds and not task.resume:
             raise ProtocolError(
                 f"round {task.round_index} was already trained on this node "
@@ -405,8 +411,6 @@ class NodeRuntime:
         )
         sid_of = {int(u): i for i, u in enumerate(cohort.tolist())}
         if ahead is not None:
-            if ahead.round_index != task.round_index:
-                raise IntegrityError()
             inbox: dict[int, bytes] = {}
             for row, user in enumerate(updates.clients.tolist()):
                 sid = sid_of[int(user)]
@@ -471,6 +475,16 @@ def _sums(prefix: str, ranks: np.ndarray) -> dict[str, float]:
     r = ranks.astype(np.float64)
     gains = np.where(r < 10, 1.0 / np.log2(r + 2.0), 0.0)
     return {f"{prefix}hr@10": float((r < 10).sum()), f"{prefix}ndcg@10": float(gains.sum())}
+
+
+def task_digest(task: TrainTask) -> str:
+    """SHA-256 of what a round's keys depend on: its index, cohort, public seed, round
+    parameters and whether it aggregates."""
+    h = hashlib.sha256()
+    h.update(f"{task.round_index};{task.fingerprint};{task.aggregate};".encode())
+    h.update(task.public_seed)
+    h.update(task.cohort.to(torch.int64).numpy().tobytes())
+    return h.hexdigest()
 
 
 def _checked_cohort(task: TrainTask) -> torch.Tensor:

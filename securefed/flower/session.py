@@ -92,6 +92,9 @@ class NodeSession:
     round_index: int
     clients: dict[int, SecAggClient] = field(default_factory=dict)
     inputs: dict[int, np.ndarray] = field(default_factory=dict)
+    #: What the round's keys were advertised for (keys ahead: cohort, public seed, round
+    #: parameters); the train message must name the same round (``task_digest``).
+    task: str = ""
 
     def freeze(self) -> bytes:
         buf = io.BytesIO()
