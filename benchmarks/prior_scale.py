@@ -1,7 +1,8 @@
-"""Validation HR@10 of a prior mode with the log or the linear prior score, per weight.
+"""Validation HR@10 of a prior mode with the log, linear or noise prior score, per weight.
 
-The prior's released counts become scores in [0, 1] on the log scale (log(1 + c) / max) or
-the linear one (c / max) (``ModelSpec.prior_scale``, docs/privacy.md "The prior's scale").
+The prior's released counts become scores on the log scale (log(1 + c) / max), the linear
+one (c / max) or in units of the release's noise std (c / (sigma_p sqrt(k)))
+(``ModelSpec.prior_scale``, docs/privacy.md "The prior's scale").
 One run per (dataset, seed) of the model with ``--private-prior 0.9`` (10 rounds at client
 fraction 0.1, replay), then its last model is scored on the VALIDATION items (no test
 metric is read) with each scale and weight:

@@ -269,8 +269,8 @@ def train(
     prior_weight: Annotated[
         float | None,
         typer.Option(
-            help="--private-prior: weight of the prior in the scores (FedRAP: per noise std "
-            "of a count, default 0.3; FedRecGEL: on the log-count scale, default 0.3)."
+            help="--private-prior: weight of the prior in the scores, per noise std of a "
+            "released count (FedRAP and FedRecGEL: default 0.3)."
         ),
     ] = None,
     prior_weighting: Annotated[

@@ -468,11 +468,9 @@ class PrivateAggregator:
         cfg = self.budget
         if cfg is None:
             return
-        if self.dpsgd is not None:
-            events = self._dpsgd_events(0)
-        elif self.secagg:
-            m = self._largest_cohort()
-            events = [self._secure_event(0, self.min_survivors(m), m)]
+        if self.dpsgd is not None or self.secagg:
+            # Round 1's most (the largest cohort at the fewest survivors its noise is sized for).
+            events = self.worst_round_events(0, self._largest_cohort())
         else:
             assert self.noise_multiplier is not None
             central = CentralGaussian(clip=cfg.clip, noise_multiplier=self.noise_multiplier)

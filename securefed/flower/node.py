@@ -368,7 +368,7 @@ class NodeRuntime:
             )
         own = cohort[torch.isin(cohort, self.users)]
         # Whatever could refuse the round is checked before its release is charged.
-        rewind = (
+        snapshot = (
             self._snapshot_of(task.round_index) if task.round_index < self.trained_rounds else None
         )
         m = int(cohort.numel())
@@ -383,8 +383,8 @@ class NodeRuntime:
             # to aggregate (its D_u feeds later uploads): charged too.
             if task.aggregate or self.aggregator.dpsgd is not None:
                 self._charge(task.round_index, m)
-        if rewind is not None:
-            self._rewind(task.round_index, rewind)
+        if snapshot is not None:
+            self._rewind(task.round_index, snapshot)
         session = NodeSession(round_index=task.round_index)
         if own.numel() == 0:
             return TrainReply({}, session, 0.0, 0, 0)

@@ -49,6 +49,7 @@ from securefed.errors import PrivacyBudgetError, ProtocolError
 from securefed.federation.base import Aggregate, ClientUpdates
 
 if TYPE_CHECKING:
+    from protocols.dp import DPConfig
     from securefed.privacy import PrivateAggregator
 
 #: Rows x coordinates materialised at once; must equal ``securefed.privacy._MAX_DENSE`` for
@@ -252,9 +253,8 @@ class ReleaseLedger:
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self.ledger = (
-            read_ledger_file(path) if path is not None and path.exists() else PrivacyLedger()
-        )
+        #: The count as of the last charge; a charge re-reads the file first (under its lock).
+        self.ledger = PrivacyLedger()
 
     def charge(self, agg: PrivateAggregator, round_index: int, m: int) -> float | None:
         """Record the most a round of ``m`` clients can cost, after checking the budget.
@@ -281,7 +281,7 @@ class ReleaseLedger:
                 self.ledger = read_ledger_file(self.path)
             return self._charge(events, budget, round_index)
 
-    def _charge(self, events: list[Any], budget: Any, round_index: int) -> float:
+    def _charge(self, events: list[Any], budget: DPConfig, round_index: int) -> float:
         after, eps = ledger_with(self.ledger, events, budget)
         if budget.epsilon is not None and eps > budget.epsilon:
             raise PrivacyBudgetError(

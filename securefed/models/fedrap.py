@@ -640,7 +640,7 @@ def compiles_round(cfg: FedRAPConfig, m: int, n_items: int) -> bool:
     data switch every client's kernel (review: 1.2e-6 clips in the summed uploads)."""
     if cfg.compile is not None:
         return cfg.compile
-    return m * n_items >= COMPILE_CELLS and compile_available()  # securefed.costs
+    return m * n_items >= COMPILE_CELLS and compile_available()
 
 
 def compile_available() -> bool:
