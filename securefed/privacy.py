@@ -354,6 +354,9 @@ def secagg_engine(config: Any) -> Literal["batched", "objects"]:
 
 #: Cohort sizes tried for the smallest one secure aggregation accepts (secure_minimum).
 _SECURE_MINIMUM_SEARCH = 4096
+# ceil((1 - f - g) m) in floating point: 0.9 * 10 is 9.000000000000002 (a share divisor below
+# the exact product by at most this keeps the honest floor's guarantee; see min_survivors).
+_CEIL_SLACK = 1e-9
 
 
 class PrivateAggregator:
@@ -504,9 +507,10 @@ class PrivateAggregator:
     def secure_minimum(self) -> int:
         """The fewest clients a secure round can have at this run's secure-aggregation
         settings: below it no (neighbours, threshold) meets the security and correctness
-        bounds (``SecAggConfig`` refuses it; 4 at the defaults), and the round aborts before
-        anything is encoded, releasing nothing. A Poisson cohort can fall that low where its
-        expected size is small."""
+        bounds (``SecAggConfig`` refuses it; 4 at the defaults), or, with noise shares in the
+        ring, whose survivor floor (:meth:`min_survivors`) exceeds its clients (10 at the
+        defaults), and the round aborts before anything is encoded, releasing nothing. A
+        Poisson cohort can fall that low where its expected size is small."""
         if self._secure_minimum is None:
             error: ConfigError | None = None
             for n in range(2, _SECURE_MINIMUM_SEARCH):
@@ -520,6 +524,17 @@ class PrivateAggregator:
             else:
                 assert error is not None
                 raise error
+            if self.p.ring_noise:
+                # The floor fits every m >= 1 / f (ceil((1 - f) m) < m leaves room for the
+                # one survivor the colluders' rounding can add), not always below: start
+                # after the last cohort size it does not fit, so every larger one aggregates.
+                short = [
+                    n
+                    for n in range(self._secure_minimum, _SECURE_MINIMUM_SEARCH)
+                    if self.min_survivors(n) > n
+                ]
+                if short:
+                    self._secure_minimum = short[-1] + 1
         return self._secure_minimum
 
     def secagg_config(
@@ -575,13 +590,37 @@ class PrivateAggregator:
 
     def min_survivors(self, m: int) -> int:
         """The fewest of a secure round's ``m`` clients whose noise shares may make up a
-        released sum: ``ceil((1 - dropout) m)``.
+        released sum: ``ceil((1 - f) m)`` (``f`` the dropout tolerance), raised where needed
+        so that the honest shares among them number at least ``(1 - f - g) m`` (``g`` the
+        corrupt fraction; :meth:`honest_share_fraction`), the count the shares are sized for:
+        ``ceil((1 - f - g) m) + ceil(g m)``, one more than ``ceil((1 - f) m)`` for some
+        ``m`` (and more than ``m`` itself below 10 clients at the defaults: such a round
+        cannot carry its noise and aborts, :meth:`secure_minimum`).
 
         SecAgg+'s Shamir threshold t is per neighbourhood (k neighbours), not a global bound,
-        so the guarantee is the protocol's dropout tolerance: a round whose survivors fall
-        below it is aborted before anything is released (:meth:`_secure_round`).
+        so the guarantee is this floor: a round whose survivors fall below it is aborted
+        before anything is released (:meth:`_secure_round`).
         """
-        return max(1, math.ceil((1.0 - self.p.secagg_dropout) * m))
+        honest = math.ceil(self.honest_share_fraction() * m - _CEIL_SLACK)
+        return max(1, math.ceil((1.0 - self.p.secagg_dropout) * m), honest + self.colluders(m))
+
+    def honest_share_fraction(self) -> float:
+        """``1 - f - g``: the fraction of a secure round's ``m`` clients whose noise shares
+        a round always holds against the server and its colluders; each share is sized for
+        that many (:meth:`discrete_noise`)."""
+        return 1.0 - self.p.secagg_dropout - self.p.secagg_corrupt
+
+    def colluders(self, m: int) -> int:
+        """The most of a secure round's ``m`` clients that may collude with the server:
+        ``ceil(corrupt_fraction m)``, secure aggregation's own bound (``SecAggConfig``).
+        Their noise shares are known to the coalition, so they are not noise against it."""
+        return math.ceil(self.p.secagg_corrupt * m)
+
+    def honest_shares(self, survivors: int, m: int) -> int:
+        """The noise shares in a secure round's sum that the server and its colluders do not
+        know: the ``survivors`` less the round's :meth:`colluders`, and at least the share of
+        the user the guarantee protects (an honest survivor of any sum it is in)."""
+        return max(1, survivors - self.colluders(m))
 
     def _largest_cohort(self) -> int:
         if self.cohort.kind == "fixed":
@@ -592,16 +631,17 @@ class PrivateAggregator:
         """The distributed discrete Gaussian of a secure round of ``m`` clients (``None``
         unless the run adds discrete noise shares in the ring).
 
-        Each share is sized for the round's own cohort: variance ``sigma^2 D2^2 / ((1 - f)
-        m)`` (``f`` the dropout tolerance), so any ``ceil((1 - f) m)`` survivors carry at
-        least the calibrated ``sigma^2 D2^2`` and a round everyone survives carries
-        ``sigma^2 D2^2 / (1 - f)`` whatever ``m`` is. Sizing every round for a fixed
-        ``t`` instead (the expected Poisson cohort, as before 2026-12-06) aborted every round
-        whose sample fell short (about 30 % at MovieLens 100K, q = 0.1), and both the aborts
-        and the noise's size (``m / t`` of the calibrated variance, measurable over ``d``
-        coordinates) told an observer of the releases each round's cohort size, which the
-        amplified epsilon does not cover (docs/privacy.md, "Distributed noise sized for each
-        round's cohort").
+        Each share is sized for the round's own cohort: variance ``sigma^2 D2^2 / ((1 - f -
+        g) m)`` (``f`` the dropout tolerance, ``g`` the corrupt fraction), so the honest
+        shares of any :meth:`min_survivors` survivors (all but :meth:`colluders`, whose
+        shares the server may learn) carry at least the calibrated ``sigma^2 D2^2`` and a
+        round everyone survives carries ``sigma^2 D2^2 / (1 - f - g)`` whatever ``m`` is.
+        Sizing every round for a fixed ``t`` instead (the expected Poisson cohort, as before
+        2026-12-06) aborted every round whose sample fell short (about 30 % at MovieLens
+        100K, q = 0.1), and both the aborts and the noise's size (``m / t`` of the
+        calibrated variance, measurable over ``d`` coordinates) told an observer of the
+        releases each round's cohort size, which the amplified epsilon does not cover
+        (docs/privacy.md, "Distributed noise sized for each round's cohort").
         """
         if self._discrete_scale is None or self.noise_multiplier is None:
             return None
@@ -610,14 +650,18 @@ class PrivateAggregator:
         if ddg is None:
             assert self.dp is not None
             t = self.min_survivors(m)
+            if t > m:
+                raise ConfigError(self.too_few(m))
             plan = distributed_noise_plan(
                 clip=self.dp.clip,
                 noise_multiplier=self.noise_multiplier,
                 scale=self._discrete_scale,
                 dim=self.dim,
                 min_survivors=t,
-                cohort_size=max(t, m),
-                share_divisor=min(float(t), (1.0 - self.p.secagg_dropout) * m),
+                cohort_size=m,
+                share_divisor=min(
+                    float(self.honest_shares(t, m)), self.honest_share_fraction() * m
+                ),
             )
             ddg = self._noise_plans[m] = DistributedDiscreteGaussian(plan=plan)
         return ddg
@@ -628,7 +672,17 @@ class PrivateAggregator:
         least ``sigma^2 D2^2`` and its shares are at least as large as the calibration's
         (Kairouz et al.'s correction ``tau`` shrinks with the share and grows with the count)."""
         assert self.dp is not None
-        t = self.min_survivors(self._largest_cohort())
+        largest = self._largest_cohort()
+        if largest < self.secure_minimum():
+            raise ConfigError(
+                f"the largest cohort of this run is {largest} clients, fewer than the "
+                f"{self.secure_minimum()} a secure round with noise shares needs at these "
+                "settings; use more users (or clients_per_round), or lower secagg_dropout / "
+                "secagg_corrupt in [privacy]"
+            )
+        # Calibrated for the honest shares of the fewest survivors: the colluders' shares
+        # are not noise against the coalition (Kairouz et al. 2021, Sec. 5).
+        t = self.honest_shares(self.min_survivors(largest), largest)
         scale = float(2**self.p.secagg_scale_bits)
         if self.p.noise_multiplier is not None:
             sigma = float(self.p.noise_multiplier)
@@ -683,8 +737,8 @@ class PrivateAggregator:
         most: the round's local DP-SGD releases, or its user-level event with the fewest
         survivors the noise shares are sized for (the server's own event counts the real
         survivors; an honest server aborts below the floor, and in malicious mode every
-        client refuses a smaller survivor set; every survivor's share counts as noise, the
-        accounting's assumption throughout). A Flower node charges these to its own ledger
+        client refuses a smaller survivor set; the colluders' shares never count as noise,
+        :meth:`secure_event`). A Flower node charges these to its own ledger
         before it trains, and the server to its own before it asks
         (:class:`securefed.flower.pipeline.ReleaseLedger`).
         """
@@ -694,7 +748,7 @@ class PrivateAggregator:
             return []
         ddg = self.discrete_noise(m)
         survivors = ddg.plan.min_survivors if ddg is not None else m
-        return [self._secure_event(round_index, survivors, m)]
+        return [self.secure_event(round_index, survivors, m)]
 
     def _generator(self, purpose: str, round_index: int) -> torch.Generator | None:
         if self.secure:
@@ -1051,7 +1105,7 @@ class PrivateAggregator:
             )
             return None
         # Account before unmasking (write-ahead): a round the budget refuses is never unmasked.
-        event = self._secure_event(round_index, m - len(silent), m)
+        event = self.secure_event(round_index, m - len(silent), m)
         if event is not None:
             self.commit(event)
         try:
@@ -1073,7 +1127,7 @@ class PrivateAggregator:
             # A client aborted mid-round (it looks like a dropout): record the release that
             # happened, with the noise that really reached the sum, before it leaves.
             self.withdraw(event)
-            self.commit(self._secure_event(round_index, survivors, m), check_budget=False)
+            self.commit(self.secure_event(round_index, survivors, m), check_budget=False)
         total = torch.from_numpy(codec.decode_sum(result.sum)).to(torch.float32)
         if self.dp is not None and ddg is None:
             # Central noise with secure aggregation: the (trusted) aggregator unmasks the
@@ -1154,15 +1208,18 @@ class PrivateAggregator:
             self._ring_buffer = table
         return table
 
-    def _secure_event(self, round_index: int, survivors: int, m: int) -> Any:
+    def secure_event(self, round_index: int, survivors: int, m: int) -> Any:
         """The privacy event of a secure round of ``m`` clients whose sum holds ``survivors``
-        inputs (None without user-level DP)."""
+        inputs (None without user-level DP). With noise shares, only the honest ones count
+        (:meth:`honest_shares`): the server's colluders know theirs."""
         if self.dp is None:
             return None
         ddg = self.discrete_noise(m)
         if ddg is not None:
             return ddg.event(
-                round_index, sample_rate=self.sample_rate, noise_contributors=survivors
+                round_index,
+                sample_rate=self.sample_rate,
+                noise_contributors=self.honest_shares(survivors, m),
             )
         assert self.noise_multiplier is not None
         central = CentralGaussian(clip=self.dp.clip, noise_multiplier=self.noise_multiplier)
@@ -1210,10 +1267,14 @@ class PrivateAggregator:
         if self.placement_note:
             out["placement_note"] = self.placement_note
         if self._discrete_scale is not None:
-            # Each round's shares are sized for ceil(fraction * m) of its m clients.
+            # Each round's shares are sized for the honest ones of ceil(fraction * m) of its
+            # m clients: all but the colluders' ceil(colluder_fraction * m).
             out["min_survivor_fraction"] = 1.0 - self.p.secagg_dropout
+            out["colluder_fraction"] = self.p.secagg_corrupt
             if self.cohort.kind != "poisson":
-                out["min_survivors"] = self.min_survivors(self._largest_cohort())
+                m = self._largest_cohort()
+                out["min_survivors"] = self.min_survivors(m)
+                out["min_honest_shares"] = self.honest_shares(self.min_survivors(m), m)
         if self.prior_noise_multiplier is not None:
             out["prior_share"] = self.p.prior_share
             out["prior_noise_multiplier"] = self.prior_noise_multiplier

@@ -113,12 +113,13 @@ def test_secagg_dp_round_below_min_survivors_releases_nothing(tmp_path):
 
 
 def test_poisson_rounds_under_distributed_noise_size_shares_for_their_own_cohort(tmp_path):
-    """A Poisson cohort's size varies; each round's shares are sized for ceil(0.95 m) of its
-    own m clients (shares for 0.95 m), so no round aborts for a short sample and every
-    round's noise is sigma^2 D2^2 / 0.95 whatever m is: neither the aborts nor the noise's
-    size tells an observer of the releases how many clients were sampled. Shares sized for
-    a fixed t (the expected cohort) aborted the short rounds and gave the others m / t of the
-    calibrated variance."""
+    """A Poisson cohort's size varies; each round's shares are sized for the honest ones of
+    ceil(0.95 m) of its own m clients (shares for 0.90 m: 5 % may collude with the server
+    and know theirs), so no round aborts for a short sample and every round's noise is
+    sigma^2 D2^2 / 0.90 whatever m is: neither the aborts nor the noise's size tells an
+    observer of the releases how many clients were sampled. Shares sized for a fixed t (the
+    expected cohort) aborted the short rounds and gave the others m / t of the calibrated
+    variance. Each event counts the survivors less ceil(0.05 m) colluders' shares."""
     cfg = TrainConfig(
         privacy=PrivacyConfig(secagg=True, epsilon=4.0),
         **{**SMALL, "rounds": 6, "client_fraction": 0.5, "checkpoint_every": 6},
@@ -130,34 +131,42 @@ def test_poisson_rounds_under_distributed_noise_size_shares_for_their_own_cohort
     assert len(events) == 6 and len(set(sizes)) > 1, sizes  # the sample's size varied
     sigma = res.summary["noise_multiplier"]
     for event, m in zip(events, sizes, strict=True):
-        assert event["noise_contributors"] == m
-        assert event["min_survivors"] == math.ceil(0.95 * m)
+        assert event["noise_contributors"] == m - math.ceil(0.05 * m)
+        # The floor tolerates 5 % dropouts and leaves 0.90 m honest shares beside colluders.
+        floor = event["min_survivors"]
+        assert math.ceil(0.95 * m) <= floor <= math.ceil(0.95 * m) + 1
+        assert floor - math.ceil(0.05 * m) >= 0.90 * m - 1e-9
         assert m * event["share_sigma"] ** 2 == pytest.approx(
-            (sigma * event["l2_sensitivity"]) ** 2 / 0.95
+            (sigma * event["l2_sensitivity"]) ** 2 / 0.90
         )
     assert res.summary["min_survivor_fraction"] == 0.95 and "min_survivors" not in res.summary
+    assert res.summary["colluder_fraction"] == 0.05
 
 
 def test_a_poisson_round_too_small_for_secure_aggregation_aborts_and_the_run_goes_on(tmp_path):
-    """At q = 0.05 of 60 users (3 expected) rounds of 1-3 clients come up; no (k, t) meets
-    secure aggregation's bounds below 4 clients at the defaults. Such a round aborts before
-    anything is encoded (nothing released or charged) and the run goes on; it used to stop
-    the run with a ConfigError from SecAggConfig."""
+    """At q = 0.15 of 60 users (9 expected) rounds of 4-9 clients come up beside larger ones;
+    no (k, t) meets secure aggregation's bounds below 4 clients at the defaults, and below 10
+    (with noise shares in the ring) the survivor
+    floor that leaves 90 % of the cohort as honest noise shares beside 5 % colluders is more
+    than the cohort. Such a round aborts before anything is encoded (nothing released or
+    charged) and the run goes on; it used to stop the run with a ConfigError from
+    SecAggConfig."""
     cfg = TrainConfig(  # replay: the seed's cohorts, so the small rounds surely come up
         privacy=PrivacyConfig(secagg=True, epsilon=8.0, replay=True),
-        **{**SMALL, "rounds": 8, "client_fraction": 0.05, "checkpoint_every": 8},
+        **{**SMALL, "rounds": 10, "client_fraction": 0.15, "checkpoint_every": 10},
     )
     res = train(cfg, out=tmp_path / "tiny")
     sizes = [m["participants"] for m in res.metrics]
-    assert len(sizes) == 8 and any(0 < n < 4 for n in sizes), sizes
+    assert len(sizes) == 10 and any(4 <= n < 10 for n in sizes), sizes
+    assert any(n >= 10 for n in sizes), sizes
     for m in res.metrics:
-        if m["participants"] < 4:
+        if m["participants"] < 10:
             assert m["contributors"] == 0
             assert "secure aggregation needs" in m["aborted"], m
         else:
             assert not m.get("aborted")
     events = json.loads((tmp_path / "tiny" / "privacy_ledger.json").read_text())["events"]
-    assert len(events) == sum(n >= 4 for n in sizes) == res.summary["released_rounds"]
+    assert len(events) == sum(n >= 10 for n in sizes) == res.summary["released_rounds"]
 
 
 def _streamed(monkeypatch, workers):

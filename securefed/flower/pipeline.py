@@ -212,10 +212,9 @@ def commit_before_unmask(
     Raises:
         PrivacyBudgetError: the round would overspend; the server must not unmask.
     """
-    ddg = agg.discrete_noise(participants)
-    if agg.dp is None or ddg is None:
+    if agg.dp is None or agg.discrete_noise(participants) is None:
         return None
-    event = ddg.event(round_index, sample_rate=agg.sample_rate, noise_contributors=survivors)
+    event = agg.secure_event(round_index, survivors, participants)
     agg.commit(event)
     return event
 
