@@ -179,13 +179,14 @@ class PrivacyConfig:
                 f"{self.secagg_corrupt!r} leaves no honest survivor's noise share in the sum; "
                 "lower one of them in [privacy] so that their sum is below 1"
             )
-        if self.ring_noise and self.secagg_corrupt > 0 and self.secagg_dropout == 0:
-            # Shares sized for (1 - g) m honest ones need ceil((1 - g) m) + ceil(g m)
-            # survivors, more than m whenever g m is not an integer.
+        if self.ring_noise and self.secagg_corrupt > 0 and self.secagg_dropout < 1e-4:
+            # Shares sized for (1 - f - g) m honest ones need ceil((1 - f - g) m) + ceil(g m)
+            # survivors: more than m for some m below 1 / f, and for most m when f is 0.
             raise ConfigError(
-                f"secagg_dropout 0 with secagg_corrupt {self.secagg_corrupt!r} leaves most "
-                "cohort sizes one survivor short of the honest noise shares; set "
-                "secagg_dropout above 0 (the default is 0.05) or secagg_corrupt to 0 in [privacy]"
+                f"secagg_dropout {self.secagg_dropout!r} with secagg_corrupt "
+                f"{self.secagg_corrupt!r} leaves cohorts of up to 1 / secagg_dropout clients one "
+                "survivor short of the honest noise shares; set secagg_dropout to at least "
+                "1e-4 (the default is 0.05) or secagg_corrupt to 0 in [privacy]"
             )
         self._check_prior()
 

@@ -65,6 +65,7 @@ from protocols.dp.dpsgd import (
     dpsgd_event,
     dpsgd_steps,
 )
+from protocols.dp.ledger import DISTRIBUTED_DISCRETE_GAUSSIAN
 from protocols.dp.noise import SECURE_CHUNK, SECURE_WORKERS, below
 from protocols.errors import ProtocolError
 from protocols.seeding import derive_seed, numpy_generator, torch_generator
@@ -354,8 +355,9 @@ def secagg_engine(config: Any) -> Literal["batched", "objects"]:
 
 #: Cohort sizes tried for the smallest one secure aggregation accepts (secure_minimum).
 _SECURE_MINIMUM_SEARCH = 4096
-# ceil((1 - f - g) m) in floating point: 0.9 * 10 is 9.000000000000002 (a share divisor below
-# the exact product by at most this keeps the honest floor's guarantee; see min_survivors).
+# ceil((1 - f - g) m) in floating point: 1 - 0.2 - 0.1 is 0.7000000000000001, so 10 of it
+# would need 8 honest shares (a share divisor below the exact product by at most this keeps
+# the honest floor's guarantee; see min_survivors).
 _CEIL_SLACK = 1e-9
 
 
@@ -527,10 +529,13 @@ class PrivateAggregator:
             if self.p.ring_noise:
                 # The floor fits every m >= 1 / f (ceil((1 - f) m) < m leaves room for the
                 # one survivor the colluders' rounding can add), not always below: start
-                # after the last cohort size it does not fit, so every larger one aggregates.
+                # after the last cohort size it does not fit, so every larger one aggregates
+                # (f >= 1e-4 where g > 0, PrivacyConfig: at most 10,000 sizes to look at).
+                f = self.p.secagg_dropout
+                top = _SECURE_MINIMUM_SEARCH if f == 0 else math.ceil(1.0 / f) + 2
                 short = [
                     n
-                    for n in range(self._secure_minimum, _SECURE_MINIMUM_SEARCH)
+                    for n in range(self._secure_minimum, max(top, _SECURE_MINIMUM_SEARCH))
                     if self.min_survivors(n) > n
                 ]
                 if short:
@@ -677,7 +682,7 @@ class PrivateAggregator:
             raise ConfigError(
                 f"the largest cohort of this run is {largest} clients, fewer than the "
                 f"{self.secure_minimum()} a secure round with noise shares needs at these "
-                "settings; use more users (or clients_per_round), or lower secagg_dropout / "
+                "settings; use more users, or a larger secagg_dropout or a smaller "
                 "secagg_corrupt in [privacy]"
             )
         # Calibrated for the honest shares of the fewest survivors: the colluders' shares
@@ -1341,7 +1346,11 @@ class PrivateAggregator:
         return float(eps) if math.isfinite(eps) else None
 
     def ledger_dicts(self) -> dict[str, Any]:
-        return {"summary": self.summary(), "events": self.ledger.to_dicts()}
+        return {
+            "summary": self.summary(),
+            NOISE_SHARES_KEY: NOISE_SHARES,
+            "events": self.ledger.to_dicts(),
+        }
 
     def state_dict(self) -> dict[str, Any]:
         return {"ledger": self.ledger.to_dicts()}
@@ -1379,11 +1388,19 @@ def write_durably(path: Path, obj: Any) -> None:
         os.close(fd)
 
 
+#: Written beside a ledger's events since noise-share events count only the shares the server's
+#: colluders do not know (2026-12-06): a ledger without it whose events hold noise shares
+#: counted the colluders' too, and its epsilon does not hold against them.
+NOISE_SHARES_KEY = "noise_shares"
+NOISE_SHARES = "honest"
+
+
 def read_ledger_file(path: Path) -> PrivacyLedger:
-    """The events of a run's ``privacy_ledger.json`` (IntegrityError when missing or bad)."""
+    """The events of a run's ``privacy_ledger.json`` or a node's count (IntegrityError when
+    missing or bad, or written before noise-share events stopped counting the colluders')."""
     try:
         raw = json.loads(path.read_text())
-        return PrivacyLedger.from_dicts(raw["events"])
+        ledger = PrivacyLedger.from_dicts(raw["events"])
     except FileNotFoundError:
         raise IntegrityError(
             f"{path} is missing: a DP run resumes only with the ledger that records every "
@@ -1394,6 +1411,14 @@ def read_ledger_file(path: Path) -> PrivacyLedger:
             f"cannot read the privacy ledger {path} ({type(exc).__name__}); restore the file "
             "from a backup or start a new run"
         ) from None
+    shares = any(e.mechanism == DISTRIBUTED_DISCRETE_GAUSSIAN for e in ledger.events)
+    if shares and raw.get(NOISE_SHARES_KEY) != NOISE_SHARES:
+        raise IntegrityError(
+            f"{path} counts every survivor's noise share, the server's colluders' too (written "
+            "before 2026-12-06), so its epsilon does not hold against them; start a new run "
+            "(a Flower node: a new --state-dir)"
+        )
+    return ledger
 
 
 def interaction_steps_per_round(config: TrainConfig) -> int:

@@ -101,8 +101,9 @@ def test_survivor_floor_leaves_the_honest_shares_the_noise_is_sized_for(small_sp
 def test_dropout_and_corrupt_fractions_must_leave_an_honest_share():
     with pytest.raises(ConfigError, match="no honest survivor's noise share"):
         PrivacyConfig(secagg=True, epsilon=2.0, secagg_dropout=0.5, secagg_corrupt=0.5)
-    with pytest.raises(ConfigError, match="set secagg_dropout above 0"):
-        PrivacyConfig(secagg=True, epsilon=2.0, secagg_dropout=0.0, secagg_corrupt=0.05)
+    for dropout in (0.0, 5e-5):
+        with pytest.raises(ConfigError, match="set secagg_dropout to at least 1e-4"):
+            PrivacyConfig(secagg=True, epsilon=2.0, secagg_dropout=dropout, secagg_corrupt=0.05)
     # Without colluders no rounding is lost; central noise after the secure sum has no
     # shares, so the pair is the protocol's business there.
     PrivacyConfig(secagg=True, epsilon=2.0, secagg_dropout=0.0, secagg_corrupt=0.0)
@@ -120,3 +121,54 @@ def test_a_run_whose_largest_cohort_cannot_hold_the_noise_is_refused():
     cfg = TrainConfig(rounds=3, privacy=PrivacyConfig(secagg=True, epsilon=4.0), **SMALL)
     with pytest.raises(ConfigError, match="largest cohort of this run is 8 clients, fewer than"):
         PrivateAggregator(cfg, split, dim=DIM)
+
+
+def test_every_cohort_from_the_secure_minimum_on_fits_its_floor(small_split):
+    """A small dropout tolerance leaves cohort sizes up to 1 / f whose floor exceeds them
+    (found in review: at f 0.0002 the minimum stopped looking at 4,096 and a cohort of 4,101
+    raised ConfigError mid-run instead of aggregating)."""
+    from securefed.data.split import leave_one_out
+    from securefed.data.synthetic import make_synthetic
+
+    data = make_synthetic(n_users=5000, n_items=60, seed=3, min_history=6, mean_history=8.0)
+    agg = _aggregator(
+        leave_one_out(data, seed=3, n_eval_negatives=20),
+        noise_multiplier=1.5,
+        secagg_dropout=2e-4,
+    )
+    lowest = agg.secure_minimum()
+    assert lowest > 4096
+    assert all(agg.min_survivors(m) <= m for m in range(lowest, 25_000))
+    assert agg.min_survivors(lowest - 1) > lowest - 1
+
+
+def _write_old_ledger(path, agg: PrivateAggregator, m: int) -> None:
+    import json
+
+    events = agg.worst_round_events(0, m)
+    path.write_text(json.dumps({"events": [e.to_dict() for e in events]}))
+
+
+def test_a_ledger_that_counted_the_colluders_shares_is_refused(small_split, tmp_path):
+    """A run directory or a Flower node's count written before the colluders' shares stopped
+    counting as noise has no marker: resuming on it would print an epsilon that does not hold
+    against them, so it is refused with what to do; the files written now carry the marker."""
+    from securefed.errors import IntegrityError
+    from securefed.flower.pipeline import ReleaseLedger
+    from securefed.privacy import read_ledger_file
+
+    agg = _aggregator(small_split, epsilon=8.0)
+    old = tmp_path / "old.json"
+    _write_old_ledger(old, agg, 40)
+    with pytest.raises(IntegrityError, match="colluders' too .written before 2026-12-06"):
+        read_ledger_file(old)
+    with pytest.raises(IntegrityError, match="a new --state-dir"):
+        ReleaseLedger(old).charge(agg, 1, 40)
+    node = ReleaseLedger(tmp_path / "node.json")
+    node.charge(agg, 0, 40)
+    assert len(read_ledger_file(tmp_path / "node.json")) == 1
+    run = tmp_path / "run"
+    run.mkdir()
+    agg.attach(run, resume=False)
+    agg.commit(*agg.worst_round_events(0, 40))
+    assert len(read_ledger_file(run / "privacy_ledger.json")) == 1

@@ -61,10 +61,12 @@ class PrivacyEvent:
             minimum number of survivors.
         sample_rate: Poisson sampling probability of a participant; 1 for fixed cohorts.
         clip: The L2 clip C of each participant's update (float units).
-        noise_contributors: Number of parties whose noise is in the released sum (1 for
-            central noise; the surviving clients for distributed noise).
-        min_survivors: The minimum number of survivors t the shares were sized for (1 for
-            central noise).
+        noise_contributors: Number of parties whose noise is in the released sum and unknown
+            to the adversary accounted against (1 for central noise; for distributed noise
+            the surviving clients, less those that may collude with the server where the
+            caller's threat model has them: securefed counts ``ceil(g m)`` of ``m``).
+        min_survivors: The fewest survivors the round may unmask (1 for central noise); the
+            caller sizes the shares so that their honest ones carry the calibrated noise.
         placement: ``"central"``, ``"distributed"`` or ``"local"`` (the data owner adds the
             noise itself: one step of a client's DP-SGD, interaction unit).
         share_sigma: Discrete only: each share's scale, integer units.
