@@ -686,7 +686,7 @@ class PrivateAggregator:
                 "secagg_corrupt in [privacy]"
             )
         # Calibrated for the honest shares of the fewest survivors: the colluders' shares
-        # are not noise against the coalition (Kairouz et al. 2021, Sec. 5).
+        # are not noise against the coalition secure aggregation is built to withstand.
         t = self.honest_shares(self.min_survivors(largest), largest)
         scale = float(2**self.p.secagg_scale_bits)
         if self.p.noise_multiplier is not None:

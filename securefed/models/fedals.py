@@ -131,7 +131,7 @@ class FedALSConfig:
             given to its item rows, counts and Gramian.
         item_reg: Private mode: ridge of the server's item solve.
         prior_weight: Private mode: weight of ``log(1 + count)`` added to every score (None:
-            from ``population``: 0.3 small, 0 large).
+            from ``population``: 0.1 small, 0 large).
         count_only_below: Private mode: when the run's users per unit of noise,
             ``N sqrt(R) / sigma`` (``sigma`` the noise multiplier of each of its ``R`` releases
             over the unit upload bound: ``sigma / sqrt(R)`` is the noise of one release with
@@ -513,8 +513,8 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
             f"{resolved.select_on or 'sampled'} validation HR@10"
         )
     rounds_why = (
-        f", the large mode's (the private default of {config.rounds} was raised; "
-        "another number of rounds than that default is kept)"
+        f", the large mode's (--rounds {config.rounds}, the private default, was raised; "
+        "any other number of rounds is kept)"
         if "rounds" in changes
         else ""
     )
@@ -1317,7 +1317,7 @@ def _resolve(params: FedALSConfig, privacy: Any) -> FedALSConfig:
 def _rounds(privacy: Any) -> int:
     """20 rounds without DP; under user-level DP three releases: the count round and two
     co-occurrence rounds, so the count has a third of the run's precision (chosen on
-    MovieLens 100K validation at epsilon 2, docs/privacy.md, "The co-occurrence round"; the
+    MovieLens 100K validation at epsilon 2, docs/privacy.md, "The co-occurrence rounds"; the
     large mode runs :data:`LARGE_ROUNDS`)."""
     return 3 if privacy is not None and getattr(privacy, "dp", False) else 20
 
