@@ -253,6 +253,13 @@ def _print_summary(result: Any) -> None:
         )
     if s.get("placement_note") and s.get("epsilon") is not None:
         out.print(f"noise placement: {s['placement_note']}", highlight=False)
+    if s.get("colluder_fraction") is not None and s.get("epsilon") is not None:
+        out.print(
+            "noise shares: counted against the server and up to "
+            f"{s['colluder_fraction']:.3g} of each round's clients colluding with it (their "
+            "shares are not counted as noise; secagg_corrupt)",
+            highlight=False,
+        )
     if s.get("amplification") and s.get("epsilon") is not None:
         line = f"amplification by sampling: {s['amplification']}"
         if s.get("epsilon_unamplified") is not None:

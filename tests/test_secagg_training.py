@@ -75,6 +75,8 @@ def test_cli_secagg_epsilon(tmp_path):
     )
     assert res.exit_code == 0, res.output
     assert "epsilon" in res.output
+    # The threat model the epsilon holds under is printed beside it.
+    assert "up to 0.05 of each round's clients colluding" in " ".join(res.output.split())
 
 
 @pytest.mark.slow
