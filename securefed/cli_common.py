@@ -254,10 +254,14 @@ def _print_summary(result: Any) -> None:
     if s.get("placement_note") and s.get("epsilon") is not None:
         out.print(f"noise placement: {s['placement_note']}", highlight=False)
     if s.get("colluder_fraction") is not None and s.get("epsilon") is not None:
+        colluders = s["colluder_fraction"]
         out.print(
             "noise shares: counted against the server and up to "
-            f"{s['colluder_fraction']:.3g} of each round's clients colluding with it (their "
-            "shares are not counted as noise; secagg_corrupt)",
+            f"{colluders:.3g} of each round's clients colluding with it (their shares are not "
+            "counted as noise; secagg_corrupt)"
+            if colluders
+            else "noise shares: counted against the server alone (secagg_corrupt 0: no client "
+            "is assumed to collude with it)",
             highlight=False,
         )
     if s.get("amplification") and s.get("epsilon") is not None:

@@ -526,13 +526,13 @@ class PrivateAggregator:
             else:
                 assert error is not None
                 raise error
-            if self.p.ring_noise:
+            if self.p.ring_noise and self.p.secagg_corrupt > 0:
                 # The floor fits every m >= 1 / f (ceil((1 - f) m) < m leaves room for the
                 # one survivor the colluders' rounding can add), not always below: start
                 # after the last cohort size it does not fit, so every larger one aggregates
-                # (f >= 1e-4 where g > 0, PrivacyConfig: at most 10,000 sizes to look at).
-                f = self.p.secagg_dropout
-                top = _SECURE_MINIMUM_SEARCH if f == 0 else math.ceil(1.0 / f) + 2
+                # (f >= 1e-4 where g > 0, PrivacyConfig: at most 10,000 sizes to look at;
+                # without colluders the floor is ceil((1 - f) m) <= m for every m).
+                top = math.ceil(1.0 / self.p.secagg_dropout) + 2
                 short = [
                     n
                     for n in range(self._secure_minimum, max(top, _SECURE_MINIMUM_SEARCH))
