@@ -700,3 +700,26 @@ def test_a_node_rounds_its_secure_inputs_from_the_os_in_a_dp_run(tmp_path):
     a, _ = encode_updates(agg, updates, round_index=0, params=params)
     b, _ = encode_updates(agg, updates, round_index=0, params=params)
     assert not np.array_equal(a, b)
+
+
+def test_a_node_refuses_a_secure_round_below_the_minimum(tmp_path):
+    """An honest server aborts a round of fewer clients than the settings need (10 with noise
+    shares at the defaults); a node asked for one anyway refuses it as a protocol violation
+    before any key or share exists (it raised ConfigError from the noise plan before)."""
+    from protocols.errors import ProtocolError
+
+    cfg = _cfg(rounds=1)
+    runtime = NodeRuntime(
+        cfg, run_token="t", partition_id=0, num_partitions=1, state_dir=tmp_path / "node"
+    )
+    arrays, scalars = models.global_payload(cfg.model, build_model(cfg, runtime.split))
+    task = TrainTask(
+        round_index=0,
+        cohort=torch.arange(9),
+        public_seed=public_seed(runtime.aggregator, 0),
+        fingerprint="whatever the server says",
+        aggregate=True,
+    )
+    with pytest.raises(ProtocolError, match="secure round of 9 clients, fewer than the 10"):
+        runtime.train(task, arrays, scalars)
+    assert len(runtime.releases.ledger) == 0  # nothing charged

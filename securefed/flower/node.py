@@ -329,6 +329,12 @@ class NodeRuntime:
         return session, adverts
 
     def _parameters(self, task: TrainTask, m: int) -> RoundParameters:
+        if m < self.aggregator.secure_minimum():
+            # An honest server never asks (the round aborts there before anything is sent).
+            raise ProtocolError(
+                f"the server asked for a secure round of {m} clients, fewer than the "
+                f"{self.aggregator.secure_minimum()} these settings need; refusing it"
+            )
         params = round_parameters(self.aggregator, m)
         if params.fingerprint() != task.fingerprint:
             raise ProtocolError(
