@@ -179,3 +179,11 @@ def test_without_colluders_a_tiny_dropout_tolerance_builds_at_once(small_split):
     in review: f 1e-9 scanned a billion cohort sizes before round 1)."""
     agg = _aggregator(small_split, noise_multiplier=1.5, secagg_dropout=1e-9, secagg_corrupt=0.0)
     assert agg.secure_minimum() == 4
+
+
+def test_settings_no_cohort_meets_fail_at_once(small_split):
+    """Dropout 0.5 with corrupt 0.3: no graph meets secure aggregation's bounds for this run's
+    40 users; the setup says so from one check instead of trying every cohort size up to
+    4,096 first (minutes; found by a CLI check of the new refusals)."""
+    with pytest.raises(ConfigError, match="no .neighbours, threshold. meets"):
+        _aggregator(small_split, epsilon=2.0, secagg_dropout=0.5, secagg_corrupt=0.3)
