@@ -137,3 +137,20 @@ def test_audit_of_interaction_runs_bounds_epsilon_from_both_sides(tmp_path, mode
     tight, output = _audit(tmp_path, "tight", [*args, *SYN, *INTERACTION, "--epsilon", "2"])
     assert tight["audit"]["epsilon_lower_bound"] <= tight["accounted_epsilon"] <= 2.0
     assert "empirical epsilon" in output
+
+
+def test_a_null_example_adds_no_loss(small_split):
+    """FedRAP's reported DP-SGD loss skips null examples, as FedRecGEL's does (found in
+    review: a null canary's positive still entered metrics.jsonl's loss)."""
+    cfg = FedRAPConfig(dim=4, lam=0.0, mu=0.0, l2=0.0, local_epochs=1)
+    losses = []
+    for split in (small_split, _null_user(small_split, 4)):
+        model = FedRAP(
+            split,
+            cfg,
+            generator=torch_generator(0, "init"),
+            dpsgd=DPSGDConfig(noise_multiplier=0.0, example_clip=0.5),
+        )
+        plan = model.plan_dpsgd_round(torch.tensor([4]), torch_generator(0, "plan"))
+        losses.append(model.train_dpsgd(plan, 0, torch_generator(0, "noise"))[1].loss)
+    assert losses[0] > 0 and losses[1] == 0.0

@@ -615,7 +615,10 @@ def _dpsgd_step(
     lr_net_b = lr_net / size
     w.mul_((1.0 - lr_net * l2).unsqueeze(1)).sub_(lr_net_b.unsqueeze(1) * (sum_w + noise_w))
     b.mul_(1.0 - lr_net * l2).sub_(lr_net_b * (sum_b + noise_b))
-    return torch.zeros(n, dtype=torch.float64).index_add_(0, user, bce.double().sum(1))
+    # A null example (weight 0) adds no loss, as in FedRecGEL's (its samples stay in the
+    # mean's count, public under zero-out, so an all-null round reports 0, not NaN).
+    real = bce.double().sum(1) * weight.double()
+    return torch.zeros(n, dtype=torch.float64).index_add_(0, user, real)
 
 
 _substep = _SubStep(_pair_terms, _pair_update)
