@@ -708,7 +708,7 @@ class PrivateAggregator:
             )
         self._discrete_scale = scale
         self.noise_multiplier = sigma
-        self.discrete_noise(self._largest_cohort())  # refuses a share below 0.5 units now
+        self.discrete_noise(largest)  # refuses a share below 0.5 units now
 
     # ------------------------------------------------------------------ one round
     def begin_round(self, round_index: int) -> None:
@@ -1281,8 +1281,9 @@ class PrivateAggregator:
             out["colluder_fraction"] = self.p.secagg_corrupt
             if self.cohort.kind != "poisson":
                 m = self._largest_cohort()
-                out["min_survivors"] = self.min_survivors(m)
-                out["min_honest_shares"] = self.honest_shares(self.min_survivors(m), m)
+                floor = self.min_survivors(m)
+                out["min_survivors"] = floor
+                out["min_honest_shares"] = self.honest_shares(floor, m)
         if self.prior_noise_multiplier is not None:
             out["prior_share"] = self.p.prior_share
             out["prior_noise_multiplier"] = self.prior_noise_multiplier
