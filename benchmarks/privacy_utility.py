@@ -14,6 +14,15 @@ without DP).
     python benchmarks/privacy_utility.py --data-dir ../shared/data --write
     # baselines only, next to the model rows already in the page (no training):
     python benchmarks/privacy_utility.py --baselines-only --write
+    # issue 14's scoreboard: every model's shipped private mode against DP-MostPop
+    python benchmarks/privacy_utility.py --private-modes --datasets ml-100k,filmtrust --write
+
+``--private-modes`` runs each model's private mode as a user gets it: fedals with user-level
+DP alone (its private mode is the default), FedRAP and FedRecGEL with ``--private-prior 0.9``
+at 10 rounds of Poisson cohorts at rate 0.1 (the settings of docs/privacy.md, "Private FedRAP
+and FedRecGEL"); noise and cohorts from OS randomness (the default: no replay). Every row
+stands next to DP-MostPop at the same epsilon on the same split and seed, with the paired
+difference; the table goes between the ``privacy-utility-private`` markers.
 """
 
 # ruff: noqa: E501
@@ -36,6 +45,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from _common import mean_of, mean_sd, rounds_for  # noqa: E402
 
 KEYS = ("test_hr@10", "test_ndcg@10", "test_full_hr@10", "test_full_ndcg@10")
+DATA_DIR = str(ROOT.parent / "shared" / "data")
 
 
 def _cell(model: str, fraction: float, eps: float, seed: int, args: argparse.Namespace) -> dict:
@@ -66,10 +76,159 @@ def _cell(model: str, fraction: float, eps: float, seed: int, args: argparse.Nam
     return train(cfg, out=run).summary
 
 
+#: ``--private-modes``: each model's private mode as shipped (model: TrainConfig fields and
+#: PrivacyConfig fields beside the epsilon); ``docs/privacy.md`` measures each part.
+PRIVATE_MODES: dict[str, tuple[dict, dict]] = {
+    "fedals": ({}, {}),
+    "fedrap": ({"rounds": 10, "client_fraction": 0.1}, {"prior_share": 0.9}),
+    "fedrecgel": ({"rounds": 10, "client_fraction": 0.1}, {"prior_share": 0.9}),
+}
+PRIVATE_KEYS = ("test_hr@10", "test_full_hr@10")
+PRIVATE_MARK = ("<!-- privacy-utility-private:start -->", "<!-- privacy-utility-private:end -->")
+
+
+def _private_cell(model: str, dataset: str, eps: float, seed: int, args) -> dict | None:
+    """One run of ``model``'s private mode (cached in ``--out``; None: not run)."""
+    from securefed.training import PrivacyConfig, TrainConfig, train
+
+    run = Path(args.out) / f"private-{model}-{Path(dataset).stem}-eps{eps:g}-s{seed}"
+    fields, privacy = PRIVATE_MODES[model]
+    if (run / "summary.json").exists():
+        summary = json.loads((run / "summary.json").read_text())
+        ran = {"rounds": summary.get("rounds"), "prior_share": summary.get("prior_share")}
+        want = {"rounds": fields.get("rounds", ran["rounds"]), **{"prior_share": None, **privacy}}
+        if ran != want:
+            raise SystemExit(f"{run} ran {ran}, not {want}: use another --out")
+        return summary
+    if args.only_finished:
+        return None
+    if run.exists():
+        import shutil
+
+        shutil.rmtree(run)
+    cfg = TrainConfig(
+        model=model,
+        dataset=dataset,
+        data_dir=args.data_dir,
+        seed=seed,
+        checkpoint_every=100,
+        privacy=PrivacyConfig(epsilon=eps, delta=1e-5, **privacy),
+        **fields,
+    )
+    return train(cfg, out=run).summary
+
+
+def _paired(cells: list[dict], key: str) -> tuple[float, float]:
+    """Mean and standard error over seeds of the run's metric less DP-MostPop's (same split
+    and seed, so the spread between splits cancels)."""
+    diffs = [c[key] - c[f"baseline_dp_mostpop_{key}"] for c in cells]
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.nan
+    return statistics.fmean(diffs), se
+
+
+def private_modes(args: argparse.Namespace) -> None:
+    """Issue 14's scoreboard: every model's private mode next to DP-MostPop (see the module
+    docstring); prints the table and, with ``--write``, puts it into docs/privacy.md."""
+    datasets = [d for d in args.datasets.split(",") if d]
+    models = [m for m in args.models.split(",") if m]
+    unknown = sorted(set(models) - set(PRIVATE_MODES))
+    if unknown:
+        raise SystemExit(f"--private-modes knows {', '.join(PRIVATE_MODES)}, not {unknown}")
+    epsilons = [float(e) for e in args.epsilons.split(",")]
+    if any(not math.isfinite(e) for e in epsilons):
+        raise SystemExit("--private-modes compares private runs: give finite --epsilons")
+    if not str(args.seeds).isdigit() or int(args.seeds) < 1:
+        raise SystemExit(f"--private-modes takes one number of seeds, got {args.seeds!r}")
+    seeds = int(args.seeds)
+    lines = [
+        "| dataset | epsilon | model | HR@10 sampled | HR@10 full | epsilon spent (max) | s/run "
+        "| paired difference from DP-MostPop, mean ± se (sampled / full) | at or above "
+        "DP-MostPop (sampled / full) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    tally = [0, 0]
+    started = time.time()
+    for dataset in datasets:
+        for eps in epsilons:
+            cells = {
+                m: [c for s in range(seeds) if (c := _private_cell(m, dataset, eps, s, args))]
+                for m in models
+            }
+            base = max(cells.values(), key=len)
+            if not base:
+                continue
+            ref = {k: [c[f"baseline_dp_mostpop_{k}"] for c in base] for k in PRIVATE_KEYS}
+            lines.append(
+                f"| {Path(dataset).stem} | {eps:g} | DP-MostPop (k = 20) | "
+                f"{mean_sd(ref['test_hr@10'])} | {mean_sd(ref['test_full_hr@10'])} | - | - | - "
+                "| - |"
+            )
+            for m in models:
+                runs = cells[m]
+                if not runs:
+                    lines.append(f"| {Path(dataset).stem} | {eps:g} | {m} | not run | | | | | |")
+                    continue
+                label = m if m == "fedals" else f"{m} + prior"
+                if len(runs) < seeds:
+                    label += f" ({len(runs)} of {seeds} seeds)"
+                diffs = [_paired(runs, k) for k in PRIVATE_KEYS]
+                verdicts = []
+                for mean, _ in diffs:
+                    tally[1] += 1
+                    tally[0] += mean >= 0
+                    verdicts.append("yes" if mean >= 0 else "**NO**")
+                lines.append(
+                    f"| {Path(dataset).stem} | {eps:g} | {label} | "
+                    f"{mean_sd([c['test_hr@10'] for c in runs])} | "
+                    f"{mean_sd([c['test_full_hr@10'] for c in runs])} | "
+                    f"{max(c['epsilon'] for c in runs):.3f} | "
+                    f"{statistics.fmean(c['seconds'] for c in runs):.0f} | "
+                    + " / ".join(f"{mean:+.4f} ± {se:.4f}" for mean, se in diffs)
+                    + f" | {' / '.join(verdicts)} |"
+                )
+            print(f"{dataset} eps {eps:g} done ({time.time() - started:.0f} s)", flush=True)
+    command = (
+        f"python benchmarks/privacy_utility.py --private-modes --datasets {args.datasets} "
+        f"--models {args.models} --epsilons {args.epsilons} --seeds {seeds} --out {args.out}"
+        f"{'' if args.data_dir == DATA_DIR else ' --data-dir ' + args.data_dir}"
+        f"{' --only-finished' if args.only_finished else ''} --write"
+    )
+    head = (
+        f"Written by `{command}` ({time.strftime('%Y-%m-%d')}): {tally[0]} of {tally[1]} "
+        "comparisons at or above DP-MostPop. Each model's private mode as a user gets it: "
+        "fedals with user-level DP alone (its private mode, the population rule's choice), "
+        "FedRAP and FedRecGEL with `--private-prior 0.9`, 10 rounds, Poisson cohorts at rate "
+        "0.1. User-level DP, delta 1e-5, PRV, noise and cohorts from OS randomness (no replay); "
+        f"mean ± sd over seeds 0-{seeds - 1} of the test metrics at the round selected on "
+        "validation. DP-MostPop: one Gaussian count release at the row's whole epsilon (20 "
+        "items sampled per user), on the same split and seed. The paired difference is the "
+        "run's metric less DP-MostPop's on the same seed (mean ± standard error); the last "
+        "column is issue 14's rule: the mean over seeds at or above DP-MostPop's."
+    )
+    table = "\n".join([head, "", *lines])
+    print(table)
+    if args.write:
+        path = ROOT / "docs" / "privacy.md"
+        text = path.read_text()
+        start, end = PRIVATE_MARK
+        if start not in text or end not in text:
+            raise SystemExit(f"docs/privacy.md has no {start} ... {end} markers to write between")
+        before, rest = text.split(start, 1)
+        path.write_text(before + start + "\n\n" + table + "\n" + end + rest.split(end, 1)[1])
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    # No abbreviations: --private-modes tells a flag left out by its full name.
+    ap = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
+    ap.add_argument("--data-dir", default=DATA_DIR)
     ap.add_argument("--dataset", default="ml-100k")
+    ap.add_argument(
+        "--private-modes",
+        action="store_true",
+        help="issue 14's scoreboard: each model's shipped private mode against DP-MostPop on "
+        "--datasets (default models fedals,fedrap,fedrecgel; epsilons 1,2,4,8)",
+    )
+    ap.add_argument("--datasets", default="ml-100k,filmtrust", help="--private-modes: datasets")
     ap.add_argument("--out", default="/tmp/securefed-privacy-utility")
     ap.add_argument(
         "--rounds",
@@ -98,6 +257,16 @@ def main() -> None:
         "MostPop / DP-MostPop rows and the comparison column for its epsilons and seeds",
     )
     args = ap.parse_args()
+    if args.private_modes:
+        given = {a.split("=")[0] for a in sys.argv[1:]}
+        if "--models" not in given:
+            args.models = ",".join(PRIVATE_MODES)
+        if "--epsilons" not in given:
+            args.epsilons = "1,2,4,8"
+        if "--out" not in given:
+            args.out = "benchmarks/out/privacy_utility_private"
+        private_modes(args)
+        return
     if args.baselines_only:
         kept, made_by = _table_rows()
         if not kept:

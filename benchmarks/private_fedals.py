@@ -39,7 +39,17 @@ release, each user contributing at most 20 sampled items). Variants:
   (``population large``, ``gram_items 0``: count, ALS and two Newton rounds);
 * ``count only``: the count round alone (``--rounds 1``): the prior by itself;
 * ``DP-FedAvg``: the non-private fedals upload clipped and noised as FedRAP's is
-  (``private false``, clip 10, 5 rounds).
+  (``private false``, clip 10, 5 rounds);
+* ``prior weight 0.3`` / ``0.5``: the count's weight in the scores (0.1 shipped);
+* ``tail last``: items without a factor ranked below every item with one (``tail_last``);
+* ``two count rounds``: two count rounds and one co-occurrence round (of the 3 rounds: the
+  count gets two thirds of the run's precision instead of a third).
+
+``--validation`` tabulates the validation metrics of each run's last round instead of the
+test metrics (DP-MostPop's computed on the same split's validation items from the same noisy
+counts as its test row; the last round, because a run's own validation metric is the best of
+its rounds on that same number): the numbers a choice between variants may read. Its table
+goes between the ``private-fedals-val`` markers unless ``--mark`` says otherwise.
 
     python benchmarks/private_fedals.py --datasets ml-100k,filmtrust --epsilons 1,2,4,8 \\
         --seeds 3 --write
@@ -82,10 +92,37 @@ VARIANTS: dict[str, tuple[dict[str, Any], int | None, float | None]] = {
     "large population 2 rounds": ({"population": "large"}, 2, None),
     "large population, ALS (before)": ({"population": "large", "gram_items": 0}, None, None),
     "count only": ({}, 1, None),
+    "prior weight 0.3": ({"prior_weight": 0.3}, None, None),
+    "prior weight 0.5": ({"prior_weight": 0.5}, None, None),
+    "tail last": ({"tail_last": True}, None, None),
+    "two count rounds": ({"count_rounds": 2}, None, None),
     "DP-FedAvg": ({"private": False}, 5, 10.0),
 }
 METRICS = ("test_hr@10", "test_full_hr@10")
 MARK = "private-fedals"
+
+
+def _dp_mostpop_validation(dataset: str, seed: int, eps: float, args: argparse.Namespace) -> dict:
+    """DP-MostPop's validation HR@10 (sampled, full) on the cell's split: the counts of its test
+    row (``securefed.baselines.dp_mostpop_counts``, seeded by the run seed), scored on the
+    validation items."""
+    from securefed import TrainConfig
+    from securefed.baselines import dp_mostpop_counts
+    from securefed.evaluation import evaluate_splits
+    from securefed.models.mostpop import CountScorer
+    from securefed.training import load_split
+
+    key = (dataset, seed)
+    if key not in _SPLITS:
+        cfg = TrainConfig(model="mostpop", dataset=dataset, data_dir=args.data_dir, seed=seed)
+        _SPLITS[key] = load_split(cfg)
+    split = _SPLITS[key]
+    counts, _ = dp_mostpop_counts(split, epsilon=eps, delta=1e-5, privacy_unit="user", seed=seed)
+    res = evaluate_splits(CountScorer(counts), split, which=("val",), k=10, full=True)["val"]
+    return {"final_val_hr@10": res.hr, "final_val_full_hr@10": res.full_hr}
+
+
+_SPLITS: dict[tuple[str, int], Any] = {}
 
 
 def _cell(
@@ -145,7 +182,17 @@ def main() -> None:
     ap.add_argument(
         "--mark", default=MARK, help="the docs/privacy.md markers to write between (<!-- MARK -->)"
     )
+    ap.add_argument(
+        "--validation",
+        action="store_true",
+        help="validation metrics instead of test (what a choice between variants may read)",
+    )
     args = ap.parse_args()
+    if args.validation and args.mark == MARK:
+        args.mark = MARK + "-val"  # never over the test table
+    # Validation: the last round's model (a run's val_hr@10 is the best of its rounds on that
+    # same number, which DP-MostPop's single release does not get).
+    metrics = ("final_val_hr@10", "final_val_full_hr@10") if args.validation else METRICS
     datasets = [d for d in args.datasets.split(",") if d]
     epsilons = [float(e) for e in args.epsilons.split(",")]
     variants = [v for v in args.variants.split(",") if v]
@@ -160,22 +207,33 @@ def main() -> None:
             base = max(cells.values(), key=len)
             if not base:
                 continue
-            dp_mp = {k: [c[f"baseline_dp_mostpop_{k}"] for c in base] for k in METRICS}
+            if args.validation:
+                seeds = [c["seed"] for c in base]
+                found_dp = [_dp_mostpop_validation(dataset, s, eps, args) for s in seeds]
+                dp_mp = {k: [c[k] for c in found_dp] for k in metrics}
+            else:
+                dp_mp = {k: [c[f"baseline_dp_mostpop_{k}"] for c in base] for k in METRICS}
             rows.append((dataset, eps, "DP-MostPop (k = 20)", dp_mp, None))
             for v in variants:
                 if not cells[v]:
                     rows.append((dataset, eps, v, None, None))
                     continue
-                vals = {k: [c[k] for c in cells[v]] for k in METRICS}
+                vals = {k: [c[k] for c in cells[v]] for k in metrics}
                 rows.append((dataset, eps, v, vals, [c["epsilon"] for c in cells[v]]))
             print(f"{dataset} eps {eps:g} done ({time.time() - started:.0f} s)", flush=True)
     lines = [
         f"Written by `python benchmarks/private_fedals.py --datasets {args.datasets} "
         f"--epsilons {args.epsilons} --seeds {args.seeds} --variants '{args.variants}' "
         f"--out {args.out}{' --only-finished' if args.only_finished else ''} --write"
-        f"{'' if args.mark == MARK else f' --mark {args.mark}'}` "
-        f"({time.strftime('%Y-%m-%d')}); mean ± sd over seeds of the test metrics at the round "
-        "selected on validation; user-level DP, delta 1e-5, every client every round.",
+        f"{'' if args.mark == MARK else f' --mark {args.mark}'}"
+        f"{' --validation' if args.validation else ''}` ({time.strftime('%Y-%m-%d')}); mean ± "
+        f"sd over seeds of the "
+        + (
+            "validation metrics of the last round"
+            if args.validation
+            else "test metrics at the round selected on validation"
+        )
+        + "; user-level DP, delta 1e-5, every client every round.",
         "",
         "| dataset | epsilon | variant | HR@10 sampled | HR@10 full | epsilon spent (max) | "
         "vs DP-MostPop (sampled / full) |",
@@ -194,10 +252,10 @@ def main() -> None:
             versus = "-"
         else:
             r = ref[(dataset, eps)]
-            versus = " / ".join(("above" if means[k] >= r[k] else "**below**") for k in METRICS)
+            versus = " / ".join(("above" if means[k] >= r[k] else "**below**") for k in metrics)
         lines.append(
-            f"| {Path(dataset).stem} | {eps:g} | {name} | {_fmt(vals['test_hr@10'])} | "
-            f"{_fmt(vals['test_full_hr@10'])} | "
+            f"| {Path(dataset).stem} | {eps:g} | {name} | {_fmt(vals[metrics[0]])} | "
+            f"{_fmt(vals[metrics[1]])} | "
             f"{'-' if spent is None else f'{max(spent):.3f}'} | {versus} |"
         )
     table = "\n".join(lines)

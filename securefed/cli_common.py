@@ -225,6 +225,9 @@ def _print_summary(result: Any) -> None:
         out.print(text)
     for line in s.get("verdict", []):
         err.print(f"[bold yellow]{line}[/]")
+    hint = private_mode_hint(s)
+    if hint:
+        err.print(hint)
     if s.get("baseline_dp_mostpop_test_hr@10") is not None:
         out.print(
             "DP-MostPop: one count release at the same epsilon, a reference not charged to "
@@ -289,6 +292,32 @@ def _print_summary(result: Any) -> None:
             soft_wrap=True,
         )
     out.print(f"run directory: {result.run_dir}")
+
+
+def private_mode_hint(summary: dict[str, Any]) -> str | None:
+    """For an in-process user-level run at a target epsilon, of a model with a popularity-prior
+    mode, that ended below DP-MostPop without it: the flags of a new run in that mode (None
+    otherwise; a Flower run cannot take the prior, whose release needs central noise)."""
+    from securefed.models.registry import get_spec
+
+    below = any(line.startswith("BELOW DP-MostPop") for line in summary.get("verdict", []))
+    model = summary.get("model")
+    target = summary.get("target_epsilon")
+    if not below or summary.get("prior_share") is not None or model not in model_names():
+        return None
+    if summary.get("engine") == "flower" or target is None:
+        return None
+    if summary.get("privacy_unit") != "user" or get_spec(model).prior_weight is None:
+        return None
+    # With --secagg the prior is released with central noise (PrivacyConfig refuses others).
+    secure = summary.get("secagg") and summary.get("placement") != "central"
+    central = " --noise central" if secure else ""
+    return (
+        f"{model}'s private mode adds a private popularity count to its scores; a new run: "
+        f"--epsilon {target:g} --private-prior 0.9 --rounds 10 --client-fraction 0.1{central}, "
+        "no --noise-multiplier (docs/privacy.md, 'Private FedRAP and FedRecGEL', measures it "
+        "against DP-MostPop)"
+    )
 
 
 def _fmt(value: Any) -> str:

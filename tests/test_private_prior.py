@@ -432,6 +432,90 @@ def test_cli_trains_fedrap_with_the_private_prior(tmp_path):
     assert bad.exit_code == 2 and "no popularity-prior mode" in bad.output
 
 
+BELOW_DP = "BELOW DP-MostPop at the same epsilon: sampled HR@10 0.1000 < 0.4000"
+
+
+USER = {"privacy_unit": "user", "target_epsilon": 2.0, "placement": "central"}
+
+
+@pytest.mark.parametrize(
+    ("summary", "flags"),
+    [
+        ({**USER, "model": "fedrap"}, "--epsilon 2 --private-prior 0.9 --rounds 10 "),
+        ({**USER, "model": "fedrecgel"}, "--client-fraction 0.1, no --noise-multiplier"),
+        (
+            {**USER, "model": "fedrap", "placement": "distributed", "secagg": True},
+            "--client-fraction 0.1 --noise central,",
+        ),
+        ({**USER, "model": "fedrap", "placement": "distributed"}, "--client-fraction 0.1,"),
+    ],
+)
+def test_a_run_below_dp_mostpop_without_the_prior_is_told_its_flags(summary, flags):
+    from securefed.cli_common import private_mode_hint
+
+    hint = private_mode_hint({**summary, "verdict": [BELOW_DP]})
+    assert hint is not None and flags in hint
+
+
+@pytest.mark.parametrize(
+    "summary",
+    [
+        {**USER, "model": "fedrap", "verdict": ["BELOW MostPop (an item count)"]},
+        {**USER, "model": "fedrap", "prior_share": 0.9, "verdict": [BELOW_DP]},
+        {**USER, "model": "fedrap", "privacy_unit": "interaction", "verdict": [BELOW_DP]},
+        {**USER, "model": "fedrap", "target_epsilon": None, "verdict": [BELOW_DP]},
+        {**USER, "model": "fedrap", "engine": "flower", "verdict": [BELOW_DP]},
+        {**USER, "model": "fedals", "verdict": [BELOW_DP]},
+        {**USER, "model": "nonesuch", "verdict": [BELOW_DP]},
+    ],
+)
+def test_no_prior_hint_where_it_would_not_apply(summary):
+    from securefed.cli_common import private_mode_hint
+
+    assert private_mode_hint(summary) is None
+
+
+@pytest.mark.parametrize("noise", [[], ["--secagg"], ["--noise", "distributed"]])
+def test_the_hinted_flags_train(tmp_path, noise):
+    """The flags the hint gives a run (as if it had ended below the count) train."""
+    from securefed.cli_common import private_mode_hint
+
+    base = ["train", "--model", "fedrap", "--local-epochs", "1", "--dim", "4", *noise]
+    small = ["--synthetic-users", "200", "--synthetic-items", "200", "--replay-from-seed"]
+    plain = runner.invoke(
+        app, [*base, *small, "--epsilon", "2", "--rounds", "1", "--out", str(tmp_path / "a")]
+    )
+    assert plain.exit_code == 0, plain.output
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    hint = private_mode_hint({**summary, "verdict": [BELOW_DP]})
+    assert hint is not None
+    flags = hint.split("a new run: ", 1)[1].split(",", 1)[0].split()
+    res = runner.invoke(app, [*base, *small, *flags, "--out", str(tmp_path / "b")])
+    assert res.exit_code == 0, res.output
+    done = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert done["prior_share"] == 0.9 and done["rounds"] == 10 and done["epsilon"] <= 2.0
+    assert private_mode_hint({**done, "verdict": [BELOW_DP]}) is None
+
+
+def test_the_summary_prints_the_hint_below_the_count(capfd):
+    import types
+
+    from securefed.cli_common import _print_summary
+
+    summary = {
+        "model": "fedrecgel",
+        "dataset": "ml-100k",
+        "rounds": 3,
+        "seconds": 1.0,
+        **USER,
+        "verdict": [BELOW_DP],
+    }
+    _print_summary(types.SimpleNamespace(summary=summary, run_dir="runs/x"))
+    assert "--private-prior 0.9 --rounds 10" in " ".join(capfd.readouterr().err.split())
+    _print_summary(types.SimpleNamespace(summary={**summary, "verdict": []}, run_dir="runs/x"))
+    assert "--private-prior" not in capfd.readouterr().err
+
+
 @settings(max_examples=50, deadline=None)
 @given(
     sizes=st.lists(st.integers(min_value=0, max_value=200), min_size=1, max_size=30),
