@@ -76,13 +76,22 @@ def _cell(model: str, fraction: float, eps: float, seed: int, args: argparse.Nam
     return train(cfg, out=run).summary
 
 
-#: ``--private-modes``: each model's private mode as shipped (model: TrainConfig fields and
-#: PrivacyConfig fields beside the epsilon); ``docs/privacy.md`` measures each part.
-PRIVATE_MODES: dict[str, tuple[dict, dict]] = {
-    "fedals": ({}, {}),
-    "fedrap": ({"rounds": 10, "client_fraction": 0.1}, {"prior_share": 0.9}),
-    "fedrecgel": ({"rounds": 10, "client_fraction": 0.1}, {"prior_share": 0.9}),
-}
+#: ``--private-modes``: the models whose private mode the scoreboard runs.
+PRIVATE_MODELS = ("fedals", "fedrap", "fedrecgel")
+
+
+def _private_mode(model: str) -> tuple[dict, dict]:
+    """The model's private mode as shipped: TrainConfig fields and PrivacyConfig fields beside
+    the epsilon (``ModelSpec.private_mode``; none for fedals, whose mode is the default)."""
+    from securefed.models.registry import get_spec
+
+    mode = get_spec(model).private_mode
+    if mode is None:
+        return {}, {}
+    fields = {"rounds": mode.rounds, "client_fraction": mode.client_fraction}
+    return fields, {"prior_share": mode.prior_share}
+
+
 PRIVATE_KEYS = ("test_hr@10", "test_full_hr@10")
 PRIVATE_MARK = ("<!-- privacy-utility-private:start -->", "<!-- privacy-utility-private:end -->")
 
@@ -92,7 +101,7 @@ def _private_cell(model: str, dataset: str, eps: float, seed: int, args) -> dict
     from securefed.training import PrivacyConfig, TrainConfig, train
 
     run = Path(args.out) / f"private-{model}-{Path(dataset).stem}-eps{eps:g}-s{seed}"
-    fields, privacy = PRIVATE_MODES[model]
+    fields, privacy = _private_mode(model)
     if (run / "summary.json").exists():
         summary = json.loads((run / "summary.json").read_text())
         ran = {"rounds": summary.get("rounds"), "prior_share": summary.get("prior_share")}
@@ -131,9 +140,9 @@ def private_modes(args: argparse.Namespace) -> None:
     docstring); prints the table and, with ``--write``, puts it into docs/privacy.md."""
     datasets = [d for d in args.datasets.split(",") if d]
     models = [m for m in args.models.split(",") if m]
-    unknown = sorted(set(models) - set(PRIVATE_MODES))
+    unknown = sorted(set(models) - set(PRIVATE_MODELS))
     if unknown:
-        raise SystemExit(f"--private-modes knows {', '.join(PRIVATE_MODES)}, not {unknown}")
+        raise SystemExit(f"--private-modes knows {', '.join(PRIVATE_MODELS)}, not {unknown}")
     epsilons = [float(e) for e in args.epsilons.split(",")]
     if any(not math.isfinite(e) for e in epsilons):
         raise SystemExit("--private-modes compares private runs: give finite --epsilons")
@@ -260,7 +269,7 @@ def main() -> None:
     if args.private_modes:
         given = {a.split("=")[0] for a in sys.argv[1:]}
         if "--models" not in given:
-            args.models = ",".join(PRIVATE_MODES)
+            args.models = ",".join(PRIVATE_MODELS)
         if "--epsilons" not in given:
             args.epsilons = "1,2,4,8"
         if "--out" not in given:

@@ -307,16 +307,16 @@ def private_mode_hint(summary: dict[str, Any]) -> str | None:
         return None
     if summary.get("engine") == "flower" or target is None:
         return None
-    if summary.get("privacy_unit") != "user" or get_spec(model).prior_weight is None:
+    mode = get_spec(model).private_mode
+    if summary.get("privacy_unit") != "user" or mode is None:
         return None
     # With --secagg the prior is released with central noise (PrivacyConfig refuses others).
     secure = summary.get("secagg") and summary.get("placement") != "central"
     central = " --noise central" if secure else ""
     return (
         f"{model}'s private mode adds a private popularity count to its scores; a new run: "
-        f"--epsilon {target:g} --private-prior 0.9 --rounds 10 --client-fraction 0.1{central}, "
-        "no --noise-multiplier (docs/privacy.md, 'Private FedRAP and FedRecGEL', measures it "
-        "against DP-MostPop)"
+        f"--epsilon {target:g} {mode.flags()}{central}, no --noise-multiplier (docs/privacy.md, "
+        "'Private FedRAP and FedRecGEL', measures it against DP-MostPop)"
     )
 
 

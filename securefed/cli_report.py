@@ -92,6 +92,15 @@ def report(
     ] = True,
     synthetic_users: SyntheticUsers = None,
     synthetic_items: SyntheticItems = None,
+    private_modes: Annotated[
+        bool,
+        typer.Option(
+            "--private-modes/--no-private-modes",
+            help="dp cells of a model with a private mode (FedRAP, FedRecGEL) run it: a "
+            "private popularity prior in its scores, its rounds and Poisson cohorts "
+            "(docs/privacy.md); off: DP on the model's uploads alone.",
+        ),
+    ] = True,
     from_dirs: Annotated[
         list[Path] | None,
         typer.Option(
@@ -133,6 +142,7 @@ def report(
                 min_hr=min_hr,
                 data_dir=str(data_dir) if data_dir is not None else None,
                 synthetic_users=synthetic_users,
+                private_modes=private_modes,
                 synthetic_items=synthetic_items,
             )
             try:

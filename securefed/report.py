@@ -10,6 +10,11 @@ that mean nothing (listed, with the reason, in the report)::
     secagg      secure aggregation without DP                           inf only
     dp+secagg   distributed discrete Gaussian noise inside secagg       finite only
 
+A ``dp`` cell of a model with a private mode (``ModelSpec.private_mode``: FedRAP and
+FedRecGEL) runs that mode unless ``ReportConfig.private_modes`` is off: the private popularity
+prior, its rounds and Poisson cohorts (``--rounds`` still sets the rounds). Its ``dp+secagg``
+cells cannot (the prior's release needs central noise) and run the model's uploads alone.
+
 Every cell trains through :func:`securefed.train` into ``out/cells/<model>-<defense>-eps<e>-s
 <seed>/`` and, unless disabled, is audited by :func:`attacks.audit.audit` (a seeded replay of
 the run with canaries, into the cell's ``audit/`` folder), so the utility columns come from the
@@ -57,7 +62,7 @@ from protocols.cores import usable_cores
 from securefed import runs
 from securefed.config import PrivacyConfig, TrainConfig, load_config_file
 from securefed.errors import ConfigError, DataError, SecureFedError
-from securefed.models.registry import get_spec, model_names
+from securefed.models.registry import PrivateMode, get_spec, model_names
 
 __all__ = [
     "BASELINE_COLUMNS",
@@ -147,6 +152,8 @@ class ReportConfig:
             model's no-DP HR@10.
         data_dir: Folder holding datasets.
         synthetic_users, synthetic_items: Size of the synthetic dataset.
+        private_modes: ``dp`` cells of a model with a private mode run it
+            (``ModelSpec.private_mode``); off: the model's uploads with DP and nothing else.
     """
 
     models: tuple[str, ...] = ("fedals", "fedrap", "fedrecgel")
@@ -163,6 +170,7 @@ class ReportConfig:
     data_dir: str | None = None
     synthetic_users: int | None = None
     synthetic_items: int | None = None
+    private_modes: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "models", tuple(self.models))
@@ -243,6 +251,7 @@ class ReportConfig:
             "data_dir": self.data_dir,
             "synthetic_users": self.synthetic_users,
             "synthetic_items": self.synthetic_items,
+            "private_modes": self.private_modes,
         }
 
 
@@ -275,6 +284,9 @@ class Cell:
         raw = config._base(self.model, self.seed)
         dp = self.defense in ("dp", "dp+secagg")
         secagg = self.defense in ("secagg", "dp+secagg")
+        mode = self.private_mode(config)
+        if mode is not None:
+            raw = {"rounds": mode.rounds, **raw, "client_fraction": mode.client_fraction}
         privacy = PrivacyConfig(
             epsilon=self.epsilon if dp else None,
             delta=config.delta,
@@ -283,8 +295,16 @@ class Cell:
             # A report is an experiment: its DP cells replay their noise and cohorts from the
             # seed, so a sweep resumes to the same numbers and the audit re-simulates the cell.
             replay=dp,
+            prior_share=None if mode is None else mode.prior_share,
         )
         return TrainConfig.from_dict({**raw, "privacy": _privacy_dict(privacy)})
+
+    def private_mode(self, config: ReportConfig) -> PrivateMode | None:
+        """The model's private mode when this cell runs it (a ``dp`` cell, the report's
+        ``private_modes`` on), else None."""
+        if self.defense != "dp" or not config.private_modes:
+            return None
+        return get_spec(self.model).private_mode
 
 
 def _privacy_dict(p: PrivacyConfig) -> dict[str, Any]:
@@ -590,17 +610,24 @@ def _run_cell(
         except SecureFedError as exc:
             # The utility run stands on its own; the report names the cell and the reason.
             runs.write_json(audit_dir / AUDIT_FAILED, {"error": str(exc)})
+        _drop_checkpoints(cell_dir)  # and the audit replay's
 
 
 def _drop_checkpoints(cell_dir: Path) -> None:
     """Delete a trained cell's model files: its checkpoint serves only to resume training,
     which a cell with a ``summary.json`` never does again, and the report reads the metrics,
-    the summary and the audit, not the released model. Also those of an audit written
-    before audits dropped theirs."""
+    the summary and the audit, not the released model; so does a private prior's file
+    (:data:`securefed.prior.PRIOR_FILE`: the released counts, kept so that a resumed run never
+    releases them twice; the audit reads its own replay's). Also those of the audit's replay
+    once it has finished, and of an audit written before audits dropped theirs."""
+    from securefed.prior import PRIOR_FILE
+
     if not (cell_dir / runs.SUMMARY_FILE).exists():
         return
     for run_dir in (cell_dir, cell_dir / AUDIT_DIR / "replay", cell_dir / AUDIT_DIR / "run"):
-        for name in (runs.CHECKPOINT_FILE, runs.BEST_FILE, runs.MODEL_FILE):
+        if run_dir != cell_dir and not (run_dir / runs.SUMMARY_FILE).exists():
+            continue  # an audit's replay still training (another job's): not finished
+        for name in (runs.CHECKPOINT_FILE, runs.BEST_FILE, runs.MODEL_FILE, PRIOR_FILE):
             (run_dir / name).unlink(missing_ok=True)
 
 
@@ -974,6 +1001,8 @@ def _read_row(run_dir: Path, audit_file: Path | None, backfill: _Baselines) -> d
         "privacy_unit": summary.get("privacy_unit") or "" if p.dp else "",
         "noise_multiplier": _f(summary.get("noise_multiplier")) if p.dp else math.nan,
         "clip": _f(summary.get("clip")),
+        # The private popularity prior's share of the budget (NaN: none; docs/privacy.md).
+        "prior_share": _f(summary.get("prior_share")),
         "epsilon_spent": _f(spent) if p.dp else math.inf,
     }
     for key in (

@@ -354,6 +354,22 @@ def _yardstick_rows(frame: Any, dataset: str, many: bool) -> list[tuple[str, ...
     return rows
 
 
+def private_mode_line(frame: Any) -> str | None:
+    """The setup's line on rows that ran a model's private mode (a private popularity prior,
+    ``prior_share`` set), or None when none did."""
+    if "prior_share" not in frame or not frame["prior_share"].notna().any():
+        return None
+    prior = frame[frame["prior_share"].notna()]
+    shares = ", ".join(f"{x:g}" for x in sorted(set(prior["prior_share"])))
+    return (
+        f"Private modes: the {', '.join(sorted(set(prior['model'])))} "
+        f"{', '.join(sorted(set(prior['defense'])))} rows run with a private popularity prior in "
+        f"their scores (share {shares} of the budget on one count release before the model's; "
+        "docs/privacy.md, 'Private FedRAP and FedRecGEL'); their dp+secagg rows cannot (the "
+        "prior's release needs central noise) and run the model's uploads alone"
+    )
+
+
 def _blocks(
     frame: Any,
     figures: dict[str, Path],
@@ -392,6 +408,9 @@ def _blocks(
         "aggregation without DP; dp+secagg = distributed discrete Gaussian noise added by the "
         "clients inside secure aggregation)",
     ]
+    private = private_mode_line(frame)
+    if private:
+        setup.append(private)
     if not dp.empty:
         units = sorted(set(dp["privacy_unit"]) - {""})
         deltas = sorted(set(float(d) for d in dp["delta"] if d == d))

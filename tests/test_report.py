@@ -119,6 +119,55 @@ def test_cell_configs_carry_their_defense():
     assert {c.rounds for c in by_defense.values()} == {3}
 
 
+def test_dp_cells_of_a_model_with_a_private_mode_run_it():
+    """FedRAP's and FedRecGEL's dp cells run their private mode (the prior, its rounds unless
+    the report sets them, its Poisson cohorts); their dp+secagg cells, fedals's cells and a
+    report with private modes off do not."""
+    from securefed.models.registry import get_spec
+
+    cfg = ReportConfig(
+        models=("fedals", "fedrap", "fedrecgel"), references=(), epsilons=(2.0,), seeds=1
+    )
+    cells = {(c.model, c.defense): c.train_config(cfg) for c in plan_cells(cfg)[0]}
+    for model in ("fedrap", "fedrecgel"):
+        mode = get_spec(model).private_mode
+        assert mode is not None
+        dp = cells[(model, "dp")]
+        assert dp.privacy.prior_share == mode.prior_share and dp.privacy.noise == "central"
+        assert dp.rounds == mode.rounds and dp.client_fraction == mode.client_fraction
+        secure = cells[(model, "dp+secagg")]
+        assert secure.privacy.prior_share is None and secure.client_fraction is None
+    assert cells[("fedals", "dp")].privacy.prior_share is None
+    assert cells[("fedals", "dp")].client_fraction is None
+    fixed = ReportConfig(models=("fedrap",), references=(), epsilons=(2.0,), seeds=1, rounds=3)
+    dp = next(c.train_config(fixed) for c in plan_cells(fixed)[0] if c.defense == "dp")
+    assert dp.rounds == 3 and dp.privacy.prior_share == 0.9  # --rounds still sets the rounds
+    off = ReportConfig(
+        models=("fedrap",), references=(), epsilons=(2.0,), seeds=1, private_modes=False
+    )
+    dp = next(c.train_config(off) for c in plan_cells(off)[0] if c.defense == "dp")
+    assert dp.privacy.prior_share is None and dp.client_fraction is None
+    assert dp.rounds == get_spec("fedrap").default_rounds
+    assert off.to_dict()["private_modes"] is False
+
+
+def test_the_setup_names_the_private_mode_rows():
+    from securefed.report_html import private_mode_line
+
+    frame = pd.DataFrame(
+        {
+            "model": ["fedrap", "fedrap", "fedals"],
+            "defense": ["dp", "none", "dp"],
+            "prior_share": [0.9, math.nan, math.nan],
+        }
+    )
+    line = private_mode_line(frame)
+    assert line is not None and line.startswith("Private modes: the fedrap dp rows")
+    assert "share 0.9 of the budget" in line and "fedals" not in line
+    assert private_mode_line(frame.assign(prior_share=math.nan)) is None
+    assert private_mode_line(frame.drop(columns="prior_share")) is None  # older results
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -362,6 +411,13 @@ def test_sweep_writes_every_file_with_one_complete_row_per_cell(swept):
     assert fed.loc[fed["audited"], "epsilon_lower_bound"].notna().all()
     for _, row in fed[~fed["audited"]].iterrows():
         assert f"The audit of {row['cell']} failed" in (swept / "report.md").read_text()
+    # FedRAP's dp cell ran its private mode (the prior), its dp+secagg cell could not; a
+    # finished cell keeps no model file, the prior's released counts and the audit's included.
+    shares = dict(zip(csv["cell"], csv["prior_share"], strict=True))
+    assert shares["fedrap-dp-eps1-s0"] == 0.9
+    assert all(math.isnan(v) for c, v in shares.items() if c != "fedrap-dp-eps1-s0")
+    assert "Private modes: the fedrap dp rows" in (swept / "report.md").read_text()
+    assert not list((swept / "cells").rglob("*.pt"))
     # What the sweep kept is within the disk estimate it printed, which is a bound (the least
     # compressible scores measured) but not a loose one.
     cfg = ReportConfig(

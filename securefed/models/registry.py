@@ -121,6 +121,26 @@ def _all_cohort(n_users: int) -> CohortSpec | None:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PrivateMode:
+    """A model's private mode under user-level DP with central noise, as a user asks for it
+    (``securefed train`` flags) and as ``securefed report`` runs its ``dp`` cells: a share of
+    the budget on the private popularity prior (:mod:`securefed.prior`), the rounds and the
+    Poisson cohort rate its measurements used (docs/privacy.md, "Private FedRAP and
+    FedRecGEL"). A model whose private mode needs no flags (fedals) has none."""
+
+    prior_share: float
+    rounds: int
+    client_fraction: float
+
+    def flags(self) -> str:
+        """The ``securefed train`` flags of the mode."""
+        return (
+            f"--private-prior {self.prior_share:g} --rounds {self.rounds} "
+            f"--client-fraction {self.client_fraction:g}"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """What a model is and what it supports, declared once in its own module.
 
@@ -158,6 +178,9 @@ class ModelSpec:
         prior_weight: The default weight of the privately released popularity prior added to
             the model's scores under ``--private-prior`` (:mod:`securefed.prior`); None: the
             model has no such mode.
+        private_mode: The flags of its private mode under user-level DP with central noise
+            (:class:`PrivateMode`), which ``securefed report`` runs as the ``dp`` cells and the
+            CLI suggests after a run below DP-MostPop without them; None: no such flags.
         prior_scale: How the prior's released counts become scores: ``"log"`` (``log(1 +
             c) / max log(1 + c)``), ``"linear"`` (``c / max c``) or ``"noise"`` (``c`` over
             the release's noise std per count), see
@@ -189,6 +212,7 @@ class ModelSpec:
     resolve_params: Callable[[Any, Any], Any] | None = None
     resolve_for_data: Callable[[Any, Split], tuple[Any, str | None]] | None = None
     prior_weight: float | None = None
+    private_mode: PrivateMode | None = None
     prior_scale: Literal["log", "linear", "noise"] = "log"
     streams_uploads: bool = False
 
