@@ -18,9 +18,9 @@ without DP).
     python benchmarks/privacy_utility.py --private-modes --datasets ml-100k,filmtrust --write
 
 ``--private-modes`` runs each model's private mode as a user gets it: fedals with user-level
-DP alone (its private mode is the default), FedRAP and FedRecGEL with ``--private-prior 0.9``
-at 10 rounds of Poisson cohorts at rate 0.1 (the settings of docs/privacy.md, "Private FedRAP
-and FedRecGEL"); noise and cohorts from OS randomness (the default: no replay). Every row
+DP alone (its private mode is the default), FedRAP and FedRecGEL with the flags of their
+``ModelSpec.private_mode`` (the private prior, its rounds and Poisson cohorts; docs/privacy.md,
+"Private FedRAP and FedRecGEL"); noise and cohorts from OS randomness (the default: no replay). Every row
 stands next to DP-MostPop at the same epsilon on the same split and seed, with the paired
 difference; the table goes between the ``privacy-utility-private`` markers.
 """
@@ -138,8 +138,11 @@ def _paired(cells: list[dict], key: str) -> tuple[float, float]:
 def private_modes(args: argparse.Namespace) -> None:
     """Issue 14's scoreboard: every model's private mode next to DP-MostPop (see the module
     docstring); prints the table and, with ``--write``, puts it into docs/privacy.md."""
+    from securefed.models.registry import get_spec
+
     datasets = [d for d in args.datasets.split(",") if d]
     models = [m for m in args.models.split(",") if m]
+    modes = {m: get_spec(m).private_mode for m in models if m in PRIVATE_MODELS}
     unknown = sorted(set(models) - set(PRIVATE_MODELS))
     if unknown:
         raise SystemExit(f"--private-modes knows {', '.join(PRIVATE_MODELS)}, not {unknown}")
@@ -206,8 +209,8 @@ def private_modes(args: argparse.Namespace) -> None:
         f"Written by `{command}` ({time.strftime('%Y-%m-%d')}): {tally[0]} of {tally[1]} "
         "comparisons at or above DP-MostPop. Each model's private mode as a user gets it: "
         "fedals with user-level DP alone (its private mode, the population rule's choice), "
-        "FedRAP and FedRecGEL with `--private-prior 0.9`, 10 rounds, Poisson cohorts at rate "
-        "0.1. User-level DP, delta 1e-5, PRV, noise and cohorts from OS randomness (no replay); "
+        + "; ".join(f"{m} with `{mode.flags()}`" for m, mode in modes.items() if mode)
+        + ". User-level DP, delta 1e-5, PRV, noise and cohorts from OS randomness (no replay); "
         f"mean ± sd over seeds 0-{seeds - 1} of the test metrics at the round selected on "
         "validation. DP-MostPop: one Gaussian count release at the row's whole epsilon (20 "
         "items sampled per user), on the same split and seed. The paired difference is the "

@@ -218,6 +218,9 @@ class ReportConfig:
             raise ConfigError(f"min HR must be in [0, 1], got {self.min_hr!r}")
         if not 0 < self.delta < 1:
             raise ConfigError(f"delta must be in (0, 1), got {self.delta!r}")
+        for name in ("audit", "private_modes"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         # Build one training config per model now, so a bad dataset size fails before any run.
         for model in (*self.models, *self.references):
             self._base(model, 0)
@@ -556,6 +559,15 @@ def _refuse_foreign_out(out: Path) -> None:
     )
 
 
+def _same_config(cell_dir: Path, expected: TrainConfig) -> bool:
+    """Whether the cell directory ran ``expected`` (or holds no config yet)."""
+    try:
+        _check_cell_config(cell_dir, expected)
+    except ConfigError:
+        return False
+    return True
+
+
 def _check_cell_config(cell_dir: Path, expected: TrainConfig) -> None:
     path = cell_dir / runs.CONFIG_FILE
     if not path.exists():
@@ -624,9 +636,10 @@ def _drop_checkpoints(cell_dir: Path) -> None:
 
     if not (cell_dir / runs.SUMMARY_FILE).exists():
         return
+    audited = any((cell_dir / AUDIT_DIR / f).exists() for f in ("audit.json", AUDIT_FAILED))
     for run_dir in (cell_dir, cell_dir / AUDIT_DIR / "replay", cell_dir / AUDIT_DIR / "run"):
-        if run_dir != cell_dir and not (run_dir / runs.SUMMARY_FILE).exists():
-            continue  # an audit's replay still training (another job's): not finished
+        if run_dir != cell_dir and not audited:
+            continue  # an audit not finished yet reads its replay's prior (or is redone)
         for name in (runs.CHECKPOINT_FILE, runs.BEST_FILE, runs.MODEL_FILE, PRIOR_FILE):
             (run_dir / name).unlink(missing_ok=True)
 
@@ -652,7 +665,19 @@ def _sweep(
     for cell in cells:
         cell_dir = out / CELLS_DIR / cell.name
         cfg = cell.train_config(config)
-        _check_cell_config(cell_dir, cfg)  # every conflict is reported before any run
+        try:
+            _check_cell_config(cell_dir, cfg)  # every conflict is reported before any run
+        except ConfigError:
+            plain = dataclasses.replace(config, private_modes=False)
+            if cell.private_mode(config) is None or not _same_config(
+                cell_dir, cell.train_config(plain)
+            ):
+                raise
+            raise ConfigError(
+                f"{cell_dir} ran DP on {cell.model}'s uploads alone, before a report's dp cells "
+                "ran the model's private mode; add --no-private-modes to continue that grid, or "
+                "choose another --out for this one"
+            ) from None
         if not _cell_finished(cell_dir, audit and cell.audited):
             todo.append((cell, cell_dir, cfg))
         else:

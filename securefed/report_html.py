@@ -360,14 +360,22 @@ def private_mode_line(frame: Any) -> str | None:
     if "prior_share" not in frame or not frame["prior_share"].notna().any():
         return None
     prior = frame[frame["prior_share"].notna()]
+    models = sorted(set(prior["model"]))
     shares = ", ".join(f"{x:g}" for x in sorted(set(prior["prior_share"])))
-    return (
-        f"Private modes: the {', '.join(sorted(set(prior['model'])))} "
-        f"{', '.join(sorted(set(prior['defense'])))} rows run with a private popularity prior in "
-        f"their scores (share {shares} of the budget on one count release before the model's; "
-        "docs/privacy.md, 'Private FedRAP and FedRecGEL'); their dp+secagg rows cannot (the "
-        "prior's release needs central noise) and run the model's uploads alone"
+    line = (
+        f"Private modes: the {', '.join(models)} {', '.join(sorted(set(prior['defense'])))} rows "
+        f"run with a private popularity prior in their scores (share {shares} of the budget on "
+        "one count release before the model's) and their own rounds and Poisson cohorts "
+        "(docs/privacy.md, 'Private FedRAP and FedRecGEL')"
     )
+    plain = frame[frame["model"].isin(models) & (frame["defense"] == "dp+secagg")]
+    if not plain.empty:
+        line += (
+            "; their dp+secagg rows cannot (the prior's release needs central noise) and run "
+            "the model's uploads alone, so dp and dp+secagg differ by more than the noise's "
+            "placement there"
+        )
+    return line
 
 
 def _blocks(

@@ -151,6 +151,65 @@ def test_dp_cells_of_a_model_with_a_private_mode_run_it():
     assert off.to_dict()["private_modes"] is False
 
 
+@pytest.mark.parametrize(("flag", "value"), [([], True), (["--no-private-modes"], False)])
+def test_the_cli_passes_private_modes_on(flag, value, tmp_path, monkeypatch):
+    import securefed.report
+
+    seen = []
+
+    def fake(config, **_):
+        seen.append(config)
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(securefed.report, "run_report", fake)
+    result = _invoke("--models", "fedrap", *SMALL, *flag, "--out", str(tmp_path / "r"))
+    assert result.exit_code == 2 and "stop here" in result.stderr
+    assert [c.private_modes for c in seen] == [value]
+
+
+def test_a_grid_from_before_private_modes_is_told_how_to_continue(tmp_path):
+    """A dp cell a report ran before private modes (DP on the uploads alone) is refused with
+    the flag that continues its grid, before anything trains; that flag accepts it."""
+    from securefed import runs
+    from securefed.report import CELLS_DIR, _same_config
+
+    grid = dict(
+        models=("fedrap",), references=(), dataset="synthetic", synthetic_users=60,
+        synthetic_items=400, epsilons=(2.0,), defenses=("dp",), seeds=1, audit=False,
+    )  # fmt: skip
+    old = ReportConfig(**grid, private_modes=False)
+    (cell,) = plan_cells(old)[0]
+    cell_dir = tmp_path / "r" / CELLS_DIR / cell.name
+    cell_dir.mkdir(parents=True)
+    config = runs.dumps_toml(cell.train_config(old).to_dict())
+    (cell_dir / runs.CONFIG_FILE).write_text(config)
+    with pytest.raises(ConfigError, match="add --no-private-modes to continue that grid"):
+        run_report(ReportConfig(**grid), out=tmp_path / "r")
+    assert sorted(p.name for p in cell_dir.iterdir()) == [runs.CONFIG_FILE]
+    assert _same_config(cell_dir, cell.train_config(old))
+    assert not _same_config(cell_dir, cell.train_config(ReportConfig(**grid)))
+
+
+def test_a_finished_cell_drops_its_prior_and_its_finished_audits_files(tmp_path):
+    from securefed import runs
+    from securefed.prior import PRIOR_FILE
+    from securefed.report import AUDIT_DIR, AUDIT_FAILED, _drop_checkpoints
+
+    cell = tmp_path / "cell"
+    replay = cell / AUDIT_DIR / "replay"
+    replay.mkdir(parents=True)
+    for d in (cell, replay):
+        (d / runs.SUMMARY_FILE).write_text("{}")
+        for name in (PRIOR_FILE, runs.CHECKPOINT_FILE):
+            (d / name).write_bytes(b"x")
+    _drop_checkpoints(cell)  # the audit is not done: it reads its replay's prior
+    assert not (cell / PRIOR_FILE).exists() and not (cell / runs.CHECKPOINT_FILE).exists()
+    assert (replay / PRIOR_FILE).exists() and (replay / runs.CHECKPOINT_FILE).exists()
+    (cell / AUDIT_DIR / AUDIT_FAILED).write_text("{}")  # done, failed or not
+    _drop_checkpoints(cell)
+    assert sorted(p.name for p in replay.iterdir()) == [runs.SUMMARY_FILE]
+
+
 def test_the_setup_names_the_private_mode_rows():
     from securefed.report_html import private_mode_line
 
@@ -164,6 +223,9 @@ def test_the_setup_names_the_private_mode_rows():
     line = private_mode_line(frame)
     assert line is not None and line.startswith("Private modes: the fedrap dp rows")
     assert "share 0.9 of the budget" in line and "fedals" not in line
+    assert "dp+secagg" not in line  # no such row here
+    secure = pd.concat([frame, frame.iloc[:1].assign(defense="dp+secagg", prior_share=math.nan)])
+    assert "their dp+secagg rows cannot" in (private_mode_line(secure) or "")
     assert private_mode_line(frame.assign(prior_share=math.nan)) is None
     assert private_mode_line(frame.drop(columns="prior_share")) is None  # older results
 
@@ -178,6 +240,7 @@ def test_the_setup_names_the_private_mode_rows():
         ({"jobs": 0}, "jobs must be a positive integer"),
         ({"min_hr": 1.5}, "min HR must be in [0, 1]"),
         ({"references": ("fedals",)}, "references must be centralized models"),
+        ({"private_modes": "false"}, "private_modes must be true or false"),
     ],
 )
 def test_report_config_rejects_bad_values(kwargs, message):

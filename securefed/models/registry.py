@@ -29,6 +29,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "ModelSpec",
     "ObserverHooks",
+    "PrivateMode",
     "get_spec",
     "model_names",
     "params_from_flags",
