@@ -86,14 +86,18 @@ def _private_mode(model: str) -> tuple[dict, dict]:
     from securefed.models.registry import get_spec
 
     mode = get_spec(model).private_mode
-    if mode is None:
-        return {}, {}
-    fields = {"rounds": mode.rounds, "client_fraction": mode.client_fraction}
-    return fields, {"prior_share": mode.prior_share}
+    return ({}, {}) if mode is None else mode.config_fields()
 
 
 PRIVATE_KEYS = ("test_hr@10", "test_full_hr@10")
 PRIVATE_MARK = ("<!-- privacy-utility-private:start -->", "<!-- privacy-utility-private:end -->")
+
+
+def _poisson_rate(rates: float | list[float] | None) -> float | None:
+    """A run's Poisson cohort rate from its summary's ``sample_rate`` (None: every client)."""
+    values = rates if isinstance(rates, list) else [rates] if rates is not None else []
+    below = [r for r in values if r < 1]
+    return min(below) if below else None
 
 
 def _private_cell(model: str, dataset: str, eps: float, seed: int, args) -> dict | None:
@@ -104,8 +108,16 @@ def _private_cell(model: str, dataset: str, eps: float, seed: int, args) -> dict
     fields, privacy = _private_mode(model)
     if (run / "summary.json").exists():
         summary = json.loads((run / "summary.json").read_text())
-        ran = {"rounds": summary.get("rounds"), "prior_share": summary.get("prior_share")}
-        want = {"rounds": fields.get("rounds", ran["rounds"]), **{"prior_share": None, **privacy}}
+        ran = {
+            "rounds": summary.get("rounds"),
+            "prior_share": summary.get("prior_share"),
+            "sample_rate": _poisson_rate(summary.get("sample_rate")),
+        }
+        want = {
+            "rounds": fields.get("rounds", ran["rounds"]),
+            "prior_share": privacy.get("prior_share"),
+            "sample_rate": fields.get("client_fraction"),
+        }
         if ran != want:
             raise SystemExit(f"{run} ran {ran}, not {want}: use another --out")
         return summary

@@ -297,7 +297,8 @@ def _print_summary(result: Any) -> None:
 def private_mode_hint(summary: dict[str, Any]) -> str | None:
     """For an in-process user-level run at a target epsilon, of a model with a popularity-prior
     mode, that ended below DP-MostPop without it: the flags of a new run in that mode (None
-    otherwise; a Flower run cannot take the prior, whose release needs central noise)."""
+    otherwise; the prior's release needs central noise, which a Flower run cannot have and a
+    run with noise inside secure aggregation chose not to)."""
     from securefed.models.registry import get_spec
 
     below = any(line.startswith("BELOW DP-MostPop") for line in summary.get("verdict", []))
@@ -310,12 +311,13 @@ def private_mode_hint(summary: dict[str, Any]) -> str | None:
     mode = get_spec(model).private_mode
     if summary.get("privacy_unit") != "user" or mode is None:
         return None
-    # With --secagg the prior is released with central noise (PrivacyConfig refuses others).
-    secure = summary.get("secagg") and summary.get("placement") != "central"
-    central = " --noise central" if secure else ""
+    if summary.get("secagg") and summary.get("placement") != "central":
+        # The prior's release needs central noise: the server would see the exact count sum,
+        # which a run with noise inside secure aggregation was chosen not to allow.
+        return None
     return (
         f"{model}'s private mode adds a private popularity count to its scores; a new run: "
-        f"--epsilon {target:g} {mode.flags()}{central}, no --noise-multiplier (docs/privacy.md, "
+        f"--epsilon {target:g} {mode.flags()}, no --noise-multiplier (docs/privacy.md, "
         "'Private FedRAP and FedRecGEL', measures it against DP-MostPop)"
     )
 

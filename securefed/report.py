@@ -83,6 +83,9 @@ __all__ = [
 ]
 
 DEFENSES: tuple[str, ...] = ("none", "dp", "secagg", "dp+secagg")
+#: Appended to a row's ``defense`` when the run had a private popularity prior (a model's
+#: private mode, ``ModelSpec.private_mode``): ``dp+prior``, ``dp+secagg+prior``.
+PRIOR_SUFFIX = "+prior"
 #: The ``defense`` of a centralized reference's row: no federation at all, the server sees
 #: every interaction (not a defense a user can ask for).
 CENTRALIZED = "centralized"
@@ -288,8 +291,10 @@ class Cell:
         dp = self.defense in ("dp", "dp+secagg")
         secagg = self.defense in ("secagg", "dp+secagg")
         mode = self.private_mode(config)
+        extra: dict[str, Any] = {}
         if mode is not None:
-            raw = {"rounds": mode.rounds, **raw, "client_fraction": mode.client_fraction}
+            fields, extra = mode.config_fields()
+            raw = {**fields, **raw, "client_fraction": fields["client_fraction"]}
         privacy = PrivacyConfig(
             epsilon=self.epsilon if dp else None,
             delta=config.delta,
@@ -298,7 +303,7 @@ class Cell:
             # A report is an experiment: its DP cells replay their noise and cohorts from the
             # seed, so a sweep resumes to the same numbers and the audit re-simulates the cell.
             replay=dp,
-            prior_share=None if mode is None else mode.prior_share,
+            **extra,
         )
         return TrainConfig.from_dict({**raw, "privacy": _privacy_dict(privacy)})
 
@@ -636,7 +641,7 @@ def _drop_checkpoints(cell_dir: Path) -> None:
 
     if not (cell_dir / runs.SUMMARY_FILE).exists():
         return
-    audited = any((cell_dir / AUDIT_DIR / f).exists() for f in ("audit.json", AUDIT_FAILED))
+    audited = _cell_finished(cell_dir, True)
     for run_dir in (cell_dir, cell_dir / AUDIT_DIR / "replay", cell_dir / AUDIT_DIR / "run"):
         if run_dir != cell_dir and not audited:
             continue  # an audit not finished yet reads its replay's prior (or is redone)
@@ -668,15 +673,16 @@ def _sweep(
         try:
             _check_cell_config(cell_dir, cfg)  # every conflict is reported before any run
         except ConfigError:
-            plain = dataclasses.replace(config, private_modes=False)
-            if cell.private_mode(config) is None or not _same_config(
-                cell_dir, cell.train_config(plain)
-            ):
+            other = dataclasses.replace(config, private_modes=not config.private_modes)
+            if get_spec(cell.model).private_mode is None or cell.defense != "dp":
                 raise
+            if not _same_config(cell_dir, cell.train_config(other)):
+                raise
+            flag = "--private-modes" if other.private_modes else "--no-private-modes"
+            ran = "its private mode" if other.private_modes else "DP on its uploads alone"
             raise ConfigError(
-                f"{cell_dir} ran DP on {cell.model}'s uploads alone, before a report's dp cells "
-                "ran the model's private mode; add --no-private-modes to continue that grid, or "
-                "choose another --out for this one"
+                f"{cell_dir} ran {cell.model} with {ran}; give {flag} to continue that grid, "
+                "or choose another --out for this one"
             ) from None
         if not _cell_finished(cell_dir, audit and cell.audited):
             todo.append((cell, cell_dir, cfg))
@@ -1003,6 +1009,10 @@ def _read_row(run_dir: Path, audit_file: Path | None, backfill: _Baselines) -> d
     defense = {(False, False): "none", (True, False): "dp", (False, True): "secagg"}.get(
         (p.dp, p.secagg), "dp+secagg"
     )
+    if p.prior_share is not None:
+        # A private mode's row (a private popularity count in the scores, the mode's rounds
+        # and cohorts) is never averaged with the model's uploads-only DP rows.
+        defense += PRIOR_SUFFIX
     if role == "centralized":
         defense = CENTRALIZED
     spent = summary.get("epsilon")
@@ -1112,7 +1122,8 @@ def collect_results(dirs: Iterable[str | Path], notes: list[str] | None = None) 
     if notes is not None:
         notes.extend(n for n in backfill.notes if n not in notes)
     frame = pd.DataFrame(rows)
-    order = {d: i for i, d in enumerate((*DEFENSES, CENTRALIZED))}
+    labels = ("none", "dp", "dp+prior", "secagg", "dp+secagg", "dp+secagg+prior", CENTRALIZED)
+    order = {d: i for i, d in enumerate(labels)}
     roles = {"federated": 0, "baseline": 1, "centralized": 2}
     frame["_d"] = frame["defense"].map(order)
     frame["_r"] = frame["role"].map(roles)

@@ -171,7 +171,7 @@ def summarise(frame: Any, min_hr: float | None) -> tuple[list[str], dict[str, fl
             of = "no-DP" if not nodp.empty else "private (this grid has no no-DP cell)"
             how = f"HR@10 ≥ {floor:.4f} (90 % of its best {of} HR@10, {ref:.4f}; set --min-hr)"
         floors[str(model)] = floor
-        private = part[part["defense"].isin(["dp", "dp+secagg"])]
+        private = part[part["defense"].str.startswith("dp")]
         ok = private[private["hr"] >= floor].sort_values(["epsilon", "hr"], ascending=[True, False])
         if not ok.empty:
             best = ok.iloc[0]
@@ -363,17 +363,21 @@ def private_mode_line(frame: Any) -> str | None:
     models = sorted(set(prior["model"]))
     shares = ", ".join(f"{x:g}" for x in sorted(set(prior["prior_share"])))
     line = (
-        f"Private modes: the {', '.join(models)} {', '.join(sorted(set(prior['defense'])))} rows "
-        f"run with a private popularity prior in their scores (share {shares} of the budget on "
-        "one count release before the model's) and their own rounds and Poisson cohorts "
-        "(docs/privacy.md, 'Private FedRAP and FedRecGEL')"
+        f"Private modes: the {', '.join(sorted(set(prior['defense'])))} rows ("
+        f"{', '.join(models)}) run with a private popularity prior in their scores (share "
+        f"{shares} of the budget on one count release before the model's) and their mode's "
+        "rounds and Poisson cohorts (docs/privacy.md, 'Private FedRAP and FedRecGEL'), so they "
+        "differ from the same model's other rows by more than the defense"
     )
-    plain = frame[frame["model"].isin(models) & (frame["defense"] == "dp+secagg")]
+    plain = frame[
+        frame["model"].isin(models)
+        & (frame["defense"] == "dp+secagg")
+        & frame["prior_share"].isna()
+    ]
     if not plain.empty:
         line += (
-            "; their dp+secagg rows cannot (the prior's release needs central noise) and run "
-            "the model's uploads alone, so dp and dp+secagg differ by more than the noise's "
-            "placement there"
+            "; their dp+secagg rows cannot take the prior (its release needs central noise) "
+            "and run the model's uploads alone"
         )
     return line
 
@@ -414,7 +418,8 @@ def _blocks(
         "Defenses: " + ", ".join(sorted(set(compared["defense"]))) + " (none = no DP and no secure "
         "aggregation; dp = central Gaussian noise added by a trusted server; secagg = secure "
         "aggregation without DP; dp+secagg = distributed discrete Gaussian noise added by the "
-        "clients inside secure aggregation)",
+        "clients inside secure aggregation; +prior = the model's private mode, a private "
+        "popularity count in its scores)",
     ]
     private = private_mode_line(frame)
     if private:
@@ -470,7 +475,9 @@ def _blocks(
         "being wrong. Central dp adds its noise at the server, after the uploads, so against an "
         "upload observer (the server itself) it protects nothing: per-client attacks on dp "
         "cells stay as strong as without DP. The epsilon guarantee holds against whoever sees "
-        "only the released model or the noised sums.",
+        "only the released model or the noised sums. A +prior row (a model's private mode) "
+        "also runs its mode's rounds and cohorts, so its attacks differ from the other rows "
+        "for more than the noise.",
         "epsilon_audit": "Canary audit: the largest epsilon the observed attack success proves "
         "at the stated confidence. A point above the line would mean the accountant "
         "under-reports the privacy loss (a bug); far below the line is expected (the audit "

@@ -34,6 +34,8 @@ _STYLE = {
     "secagg": {"marker": "^", "linestyle": "none", "markersize": 8},
     "dp": {"marker": "o", "linestyle": "-", "markersize": 6},
     "dp+secagg": {"marker": "s", "linestyle": "--", "markersize": 6},
+    "dp+prior": {"marker": "D", "linestyle": "-.", "markersize": 6},
+    "dp+secagg+prior": {"marker": "P", "linestyle": ":", "markersize": 7},
 }
 _COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
 
@@ -83,7 +85,14 @@ def _series(frame: Any, column: str, lo: str | None = None, hi: str | None = Non
     return agg.reset_index()
 
 
-_OFFSET = {"none": -0.06, "dp": -0.03, "dp+secagg": 0.03, "secagg": 0.06}
+_OFFSET = {
+    "none": -0.06,
+    "dp": -0.03,
+    "dp+prior": -0.015,
+    "dp+secagg": 0.03,
+    "dp+secagg+prior": 0.015,
+    "secagg": 0.06,
+}
 
 
 def _plot_lines(

@@ -183,11 +183,17 @@ def test_a_grid_from_before_private_modes_is_told_how_to_continue(tmp_path):
     cell_dir.mkdir(parents=True)
     config = runs.dumps_toml(cell.train_config(old).to_dict())
     (cell_dir / runs.CONFIG_FILE).write_text(config)
-    with pytest.raises(ConfigError, match="add --no-private-modes to continue that grid"):
+    with pytest.raises(ConfigError, match="give --no-private-modes to continue that grid"):
         run_report(ReportConfig(**grid), out=tmp_path / "r")
     assert sorted(p.name for p in cell_dir.iterdir()) == [runs.CONFIG_FILE]
     assert _same_config(cell_dir, cell.train_config(old))
     assert not _same_config(cell_dir, cell.train_config(ReportConfig(**grid)))
+    # And the other way: a grid that ran the mode, rerun without it.
+    (cell_dir / runs.CONFIG_FILE).write_text(
+        runs.dumps_toml(cell.train_config(ReportConfig(**grid)).to_dict())
+    )
+    with pytest.raises(ConfigError, match="give --private-modes to continue that grid"):
+        run_report(old, out=tmp_path / "r")
 
 
 def test_a_finished_cell_drops_its_prior_and_its_finished_audits_files(tmp_path):
@@ -216,16 +222,16 @@ def test_the_setup_names_the_private_mode_rows():
     frame = pd.DataFrame(
         {
             "model": ["fedrap", "fedrap", "fedals"],
-            "defense": ["dp", "none", "dp"],
+            "defense": ["dp+prior", "none", "dp"],
             "prior_share": [0.9, math.nan, math.nan],
         }
     )
     line = private_mode_line(frame)
-    assert line is not None and line.startswith("Private modes: the fedrap dp rows")
+    assert line is not None and line.startswith("Private modes: the dp+prior rows (fedrap)")
     assert "share 0.9 of the budget" in line and "fedals" not in line
     assert "dp+secagg" not in line  # no such row here
     secure = pd.concat([frame, frame.iloc[:1].assign(defense="dp+secagg", prior_share=math.nan)])
-    assert "their dp+secagg rows cannot" in (private_mode_line(secure) or "")
+    assert "their dp+secagg rows cannot take the prior" in (private_mode_line(secure) or "")
     assert private_mode_line(frame.assign(prior_share=math.nan)) is None
     assert private_mode_line(frame.drop(columns="prior_share")) is None  # older results
 
@@ -470,7 +476,7 @@ def test_sweep_writes_every_file_with_one_complete_row_per_cell(swept):
     assert not csv.loc[central, "audited"].any()
     fed = csv[~central]
     assert (fed["audited"] | fed["audit_error"].astype("string").fillna("").ne("")).all()
-    assert fed.loc[fed["defense"].isin(["none", "dp"]), "audited"].all()
+    assert fed.loc[fed["defense"].isin(["none", "dp", "dp+prior"]), "audited"].all()
     assert fed.loc[fed["audited"], "epsilon_lower_bound"].notna().all()
     for _, row in fed[~fed["audited"]].iterrows():
         assert f"The audit of {row['cell']} failed" in (swept / "report.md").read_text()
@@ -479,7 +485,8 @@ def test_sweep_writes_every_file_with_one_complete_row_per_cell(swept):
     shares = dict(zip(csv["cell"], csv["prior_share"], strict=True))
     assert shares["fedrap-dp-eps1-s0"] == 0.9
     assert all(math.isnan(v) for c, v in shares.items() if c != "fedrap-dp-eps1-s0")
-    assert "Private modes: the fedrap dp rows" in (swept / "report.md").read_text()
+    assert "Private modes: the dp+prior rows (fedrap)" in (swept / "report.md").read_text()
+    assert csv.loc[csv["cell"] == "fedrap-dp-eps1-s0", "defense"].tolist() == ["dp+prior"]
     assert not list((swept / "cells").rglob("*.pt"))
     # What the sweep kept is within the disk estimate it printed, which is a bound (the least
     # compressible scores measured) but not a loose one.

@@ -133,6 +133,14 @@ class PrivateMode:
     rounds: int
     client_fraction: float
 
+    def config_fields(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The mode as :class:`~securefed.TrainConfig` fields and
+        :class:`~securefed.PrivacyConfig` fields (beside the run's epsilon)."""
+        return (
+            {"rounds": self.rounds, "client_fraction": self.client_fraction},
+            {"prior_share": self.prior_share},
+        )
+
     def flags(self) -> str:
         """The ``securefed train`` flags of the mode."""
         return (
