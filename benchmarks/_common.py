@@ -28,6 +28,14 @@ def rounds_for(
     raise SystemExit(f"no value for {model} in {spec!r}")
 
 
+def paired_difference(cells: list[dict], key: str) -> tuple[float, float]:
+    """Mean and standard error over runs of a run's ``key`` less DP-MostPop's in the same
+    run's summary (same split and seed, so the spread between splits cancels)."""
+    diffs = [c[key] - c[f"baseline_dp_mostpop_{key}"] for c in cells]
+    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+    return statistics.fmean(diffs), se
+
+
 def mean_sd(values: list[float]) -> str:
     """``mean ± sd`` of a list (just the value for one seed)."""
     if len(values) == 1:

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _common import mean_of, mean_sd, rounds_for  # noqa: E402
+from _common import mean_of, mean_sd, paired_difference, rounds_for  # noqa: E402
 
 KEYS = ("test_hr@10", "test_ndcg@10", "test_full_hr@10", "test_full_ndcg@10")
 DATA_DIR = str(ROOT.parent / "shared" / "data")
@@ -139,14 +139,6 @@ def _private_cell(model: str, dataset: str, eps: float, seed: int, args) -> dict
     return train(cfg, out=run).summary
 
 
-def _paired(cells: list[dict], key: str) -> tuple[float, float]:
-    """Mean and standard error over seeds of the run's metric less DP-MostPop's (same split
-    and seed, so the spread between splits cancels)."""
-    diffs = [c[key] - c[f"baseline_dp_mostpop_{key}"] for c in cells]
-    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.nan
-    return statistics.fmean(diffs), se
-
-
 def private_modes(args: argparse.Namespace) -> None:
     """Issue 14's scoreboard: every model's private mode next to DP-MostPop (see the module
     docstring); prints the table and, with ``--write``, puts it into docs/privacy.md."""
@@ -195,7 +187,7 @@ def private_modes(args: argparse.Namespace) -> None:
                 label = m if m == "fedals" else f"{m} + prior"
                 if len(runs) < seeds:
                     label += f" ({len(runs)} of {seeds} seeds)"
-                diffs = [_paired(runs, k) for k in PRIVATE_KEYS]
+                diffs = [paired_difference(runs, k) for k in PRIVATE_KEYS]
                 verdicts = []
                 for mean, _ in diffs:
                     tally[1] += 1

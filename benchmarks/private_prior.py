@@ -100,11 +100,12 @@ def _fmt(values: list[float]) -> str:
 
 
 def _paired(cells: list[dict], key: str) -> str:
-    """Mean ± standard error over seeds of the model's metric less DP-MostPop's on the same
-    split and seed (paired: the split's spread cancels)."""
-    diffs = [c[key] - c[f"baseline_dp_mostpop_{key}"] for c in cells]
-    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
-    return f"{statistics.fmean(diffs):+.4f} ± {se:.4f}"
+    """``mean ± standard error`` of the model's metric less DP-MostPop's on the same split
+    and seed (:func:`_common.paired_difference`)."""
+    from _common import paired_difference
+
+    mean, se = paired_difference(cells, key)
+    return f"{mean:+.4f} ± {se:.4f}"
 
 
 def grid(args: argparse.Namespace) -> None:

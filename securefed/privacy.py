@@ -1350,11 +1350,7 @@ class PrivateAggregator:
         return float(eps) if math.isfinite(eps) else None
 
     def ledger_dicts(self) -> dict[str, Any]:
-        return {
-            "summary": self.summary(),
-            NOISE_SHARES_KEY: NOISE_SHARES,
-            "events": self.ledger.to_dicts(),
-        }
+        return ledger_record(self.ledger, summary=self.summary())
 
     def state_dict(self) -> dict[str, Any]:
         return {"ledger": self.ledger.to_dicts()}
@@ -1397,6 +1393,12 @@ def write_durably(path: Path, obj: Any) -> None:
 #: counted the colluders' too, and its epsilon does not hold against them.
 NOISE_SHARES_KEY = "noise_shares"
 NOISE_SHARES = "honest"
+
+
+def ledger_record(ledger: PrivacyLedger, **head: Any) -> dict[str, Any]:
+    """What a ledger file holds (a run's ``privacy_ledger.json``, a Flower node's count):
+    ``head``'s keys, the noise-share marker :func:`read_ledger_file` requires, the events."""
+    return {**head, NOISE_SHARES_KEY: NOISE_SHARES, "events": ledger.to_dicts()}
 
 
 def read_ledger_file(path: Path) -> PrivacyLedger:

@@ -294,7 +294,7 @@ class Cell:
         extra: dict[str, Any] = {}
         if mode is not None:
             fields, extra = mode.config_fields()
-            raw = {**fields, **raw, "client_fraction": fields["client_fraction"]}
+            raw = {**fields, **raw}  # the report's --rounds, when given, wins
         privacy = PrivacyConfig(
             epsilon=self.epsilon if dp else None,
             delta=config.delta,

@@ -56,9 +56,8 @@ if TYPE_CHECKING:
 #: the replayed draws to be chunked like the in-process ones.
 from securefed.privacy import _MAX_DENSE as MAX_DENSE  # noqa: E402
 from securefed.privacy import (  # noqa: E402
-    NOISE_SHARES,
-    NOISE_SHARES_KEY,
     encode_rows,
+    ledger_record,
     ledger_with,
     read_ledger_file,
     write_durably,
@@ -292,8 +291,5 @@ class ReleaseLedger:
             )
         self.ledger = after
         if self.path is not None:
-            write_durably(
-                self.path,
-                {"epsilon": eps, NOISE_SHARES_KEY: NOISE_SHARES, "events": after.to_dicts()},
-            )
+            write_durably(self.path, ledger_record(after, epsilon=eps))
         return eps
