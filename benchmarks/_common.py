@@ -28,12 +28,16 @@ def rounds_for(
     raise SystemExit(f"no value for {model} in {spec!r}")
 
 
+def mean_se(diffs: list[float]) -> tuple[float, float]:
+    """Mean and standard error of paired differences (nan for the error of one)."""
+    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+    return statistics.fmean(diffs), se
+
+
 def paired_difference(cells: list[dict], key: str) -> tuple[float, float]:
     """Mean and standard error over runs of a run's ``key`` less DP-MostPop's in the same
     run's summary (same split and seed, so the spread between splits cancels)."""
-    diffs = [c[key] - c[f"baseline_dp_mostpop_{key}"] for c in cells]
-    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
-    return statistics.fmean(diffs), se
+    return mean_se([c[key] - c[f"baseline_dp_mostpop_{key}"] for c in cells])
 
 
 def mean_sd(values: list[float]) -> str:

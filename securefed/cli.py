@@ -105,6 +105,58 @@ def _absolute_if_path(dataset: str | None) -> str | None:
     return str(Path(dataset).resolve())
 
 
+def _apply_private_mode(raw: dict[str, Any]) -> None:
+    """``--private-mode``: the model's :class:`~securefed.models.registry.PrivateMode` fields
+    into ``raw`` wherever neither a flag nor the config file set them (refused, one line, for a
+    model without one or a run it does not fit)."""
+    from securefed.models.registry import DEFAULT_MODEL, get_spec, model_names
+
+    name = str(raw.get("model", DEFAULT_MODEL))
+    mode = get_spec(name).private_mode
+    if mode is None:
+        if name == "fedals":
+            raise _fail(
+                "fedals's private mode needs no flag: it is on for every user-level run with "
+                "--epsilon; drop --private-mode"
+            )
+        with_mode = [n for n in model_names() if get_spec(n).private_mode is not None]
+        raise _fail(
+            f"--private-mode: {name} has none (models with one: {', '.join(with_mode)}); drop "
+            "--private-mode"
+        )
+    privacy = dict(raw.get("privacy", {}))
+    if privacy.get("epsilon") is None or privacy.get("noise_multiplier") is not None:
+        raise _fail(
+            "--private-mode spends a target --epsilon (a share of it on a private popularity "
+            "count); give --epsilon and no --noise-multiplier"
+        )
+    if privacy.get("privacy_unit", "user") != "user":
+        raise _fail("--private-mode is a user-level mode; use --privacy-unit user")
+    if privacy.get("secagg") and privacy.get("noise") != "central":
+        raise _fail(
+            "--private-mode releases its popularity count with central noise; with --secagg "
+            "give --noise central, or drop --private-mode"
+        )
+    fields, privacy_fields = mode.config_fields()
+    filled = 0
+    for key, value in fields.items():
+        if key == "client_fraction" and raw.get("clients_per_round") is not None:
+            continue  # a cohort size given: it sets the cohort
+        if raw.get(key) is None:
+            raw[key] = value
+            filled += 1
+    for key, value in privacy_fields.items():
+        if privacy.get(key) is None:
+            privacy[key] = value
+            filled += 1
+    if not filled:
+        raise _fail(
+            "--private-mode would change nothing: its rounds, cohort and prior share are all "
+            "given; drop --private-mode"
+        )
+    raw["privacy"] = privacy
+
+
 def _idle_privacy_flag(given: dict[str, Any], cfg: TrainConfig) -> str | None:
     """Why a privacy flag the user typed would change nothing in ``cfg`` (None when each one
     does): a flag that would change nothing is refused rather than ignored (README)."""
@@ -256,6 +308,16 @@ def train(
     secagg: Annotated[
         bool | None, typer.Option("--secagg/--no-secagg", help="Secure aggregation.")
     ] = None,
+    private_mode: Annotated[
+        bool | None,
+        typer.Option(
+            "--private-mode",
+            help="User-level DP at --epsilon, FedRAP/FedRecGEL: the model's private mode, the "
+            "settings docs/privacy.md measures against DP-MostPop (FedRAP and FedRecGEL: "
+            "--private-prior 0.9 --rounds 10 --client-fraction 0.1); a flag given beside it "
+            "wins. fedals's private mode needs no flag.",
+        ),
+    ] = None,
     private_prior: Annotated[
         float | None,
         typer.Option(
@@ -388,6 +450,8 @@ def train(
             )
             if privacy:
                 raw["privacy"] = {**dict(raw.get("privacy", {})), **privacy}
+            if private_mode:
+                _apply_private_mode(raw)
             if model_flags:
                 name = str(raw.get("model", DEFAULT_MODEL))
                 spec = get_spec(name)

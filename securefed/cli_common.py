@@ -317,8 +317,8 @@ def private_mode_hint(summary: dict[str, Any]) -> str | None:
         return None
     return (
         f"{model}'s private mode adds a private popularity count to its scores; a new run: "
-        f"--epsilon {target:g} {mode.flags()}, no --noise-multiplier (docs/privacy.md, "
-        "'Private FedRAP and FedRecGEL', measures it against DP-MostPop)"
+        f"--epsilon {target:g} --private-mode ({mode.flags()}), no --noise-multiplier "
+        "(docs/privacy.md, 'Private FedRAP and FedRecGEL', measures it against DP-MostPop)"
     )
 
 

@@ -376,6 +376,74 @@ def test_audit_items_join_the_cooccurrence_set_and_the_canary_reads_their_row(sm
     assert read > 0  # the rows read are not all empty
 
 
+def test_canary_reads_its_row_where_the_noise_leaves_fewer_cooccurrence_items(small_split):
+    """With ``gram_head_z`` the co-occurrence set can be smaller than the part's room: the
+    items it keeps (the audit's among them) take its first positions, and ``canary_extra``
+    still reads exactly an item's row over them (the part's size read from the upload)."""
+    from securefed.models.fedals import SPEC
+
+    big, audit_items, sigma, kept = 8, 3, 0.5, 4
+    n = small_split.n_items
+    users = torch.arange(small_split.n_users)
+
+    def model(z: float) -> FedALS:
+        cfg = FedALSConfig(
+            private=True,
+            private_dim=3,
+            gram_items=big,
+            gram_audit_items=audit_items,
+            gram_head_z=z,
+        )
+        return FedALS(small_split, cfg, generator=torch.Generator().manual_seed(0))
+
+    probe = model(0.0)
+    up, _ = probe.client_round(users, 0, None)
+    total = up.weighted_sum(torch.ones(len(up)))
+    noisy = total + torch.randn(total.shape, generator=torch.Generator().manual_seed(6)) * sigma
+    counts = probe.layout.split(noisy)["count"][: n - audit_items]
+    top = torch.sort(counts, descending=True).values
+    m = model(float(top[kept - 1] + top[kept]) / 2 / sigma)
+    m.apply_aggregate(
+        Aggregate(total=noisy, contributors=len(up), denominator=len(up), noise_std=sigma), 0
+    )
+    members = torch.nonzero(m.head).reshape(-1)
+    g, room = kept + audit_items, big + audit_items
+    assert members.numel() == g and torch.equal(members[-audit_items:], torch.arange(n - 3, n))
+    gb = _public(m)
+    up, _ = m.client_round(users, 1, None)
+    flat = up.dense()
+    cooc = m.layout.split(flat.double())["cooc"]
+    rows, cols = torch.triu_indices(room, room, offset=1)
+    hook = SPEC.observer.canary_extra
+    read = 0.0
+    for position in (0, kept - 1, g - 1):
+        at = torch.full((len(up),), int(members[position]), dtype=torch.long)
+        got = hook(flat, gb, at).double()
+        assert got.shape == (len(up), g)
+        for c in range(len(up)):
+            full = torch.zeros(room, room, dtype=torch.float64)
+            full[rows, cols] = cooc[c]
+            full = full + full.T
+            torch.testing.assert_close(got[c], full[position, :g], rtol=0, atol=0)
+        read += float(got.abs().sum())
+    assert read > 0
+
+
+def test_options_without_their_rounds_are_refused(small_split):
+    """gram_head_z needs a count round to read the noise from; tail_counts and gram_head_z
+    need co-occurrence rounds."""
+    gen = torch.Generator().manual_seed(0)
+    with pytest.raises(ConfigError, match="count_rounds = 0 releases no count"):
+        FedALS(
+            small_split,
+            FedALSConfig(private=True, gram_items=8, count_rounds=0, gram_head_z=2.0),
+            generator=gen,
+        )
+    for option in ({"tail_counts": True}, {"gram_head_z": 1.0}):
+        with pytest.raises(ConfigError, match="gram_items = 0 has none"):
+            FedALS(small_split, FedALSConfig(private=True, gram_items=0, **option), generator=gen)
+
+
 def _public(model):
     from securefed.training import public_state
 
@@ -425,6 +493,121 @@ def test_cooccurrence_rounds_set_head_factors_from_the_averaged_release(small_sp
             small_split, dataclasses.replace(m.config, gram_items=big - 1), generator=gen
         )
         other.load_state_dict(m.state_dict())
+
+
+def test_tail_counts_ride_the_cooccurrence_rounds_at_unit_norm(small_split):
+    """tail_counts: in a co-occurrence round a client with n items, t of them without a
+    factor, counts each of those 1 / sqrt(n) (the count round's weight) and scales its pairs
+    by sqrt(1 - t / n): norm exactly 1 with k >= 2 head items; the server folds each
+    release's tail counts into the tail's count with the count round's precision, the head's
+    count stays the count round's."""
+    big = 12
+    cfg = FedALSConfig(private=True, private_dim=3, gram_items=big, tail_counts=True)
+    m = FedALS(small_split, cfg, generator=torch.Generator().manual_seed(0))
+    users = torch.arange(small_split.n_users)
+    gen = torch.Generator().manual_seed(5)
+    up, _ = m.client_round(users, 0, None)
+    total = up.weighted_sum(torch.ones(len(up)))
+    noisy = total + torch.randn(total.shape, generator=gen) * 0.4
+    m.apply_aggregate(
+        Aggregate(total=noisy, contributors=len(up), denominator=len(up), noise_std=0.4), 0
+    )
+    released = [m.layout.split(noisy.double())["count"]]
+    head = m.head.clone()
+    position = {int(i): p for p, i in enumerate(torch.nonzero(head).reshape(-1).tolist())}
+    rows, cols = torch.triu_indices(big, big, offset=1)
+    flat = {(int(a), int(b)): q for q, (a, b) in enumerate(zip(rows, cols, strict=True))}
+    for r in (1, 2):
+        up, _ = m.client_round(users, r, None)
+        parts = m.layout.split(up.dense().double())
+        assert float(parts["item_grad"].abs().max()) == 0 and float(parts["gram"].abs().max()) == 0
+        for c in range(small_split.n_users):
+            items = small_split.user_train_items(c).tolist()
+            n = len(items)
+            tail = [i for i in items if not bool(head[i])]
+            want_count = torch.zeros(small_split.n_items, dtype=torch.float64)
+            want_count[tail] = 1.0 / math.sqrt(n)
+            torch.testing.assert_close(parts["count"][c], want_count, rtol=1e-6, atol=1e-7)
+            mine = sorted(position[i] for i in items if i in position)
+            k = len(mine)
+            want = torch.zeros(big * (big - 1) // 2, dtype=torch.float64)
+            for a in range(k):
+                for b in range(a + 1, k):
+                    want[flat[(mine[a], mine[b])]] = math.sqrt(
+                        2.0 / (k * (k - 1)) * (1.0 - len(tail) / n)
+                    )
+            torch.testing.assert_close(parts["cooc"][c], want, rtol=1e-6, atol=1e-7)
+            norm = float(up.norms()[c])
+            assert norm <= 1 + 1e-6
+            if k >= 2:
+                assert norm == pytest.approx(1.0, abs=1e-6)
+        total = up.weighted_sum(torch.ones(len(up)))
+        noisy = total + torch.randn(total.shape, generator=gen) * 0.4
+        released.append(m.layout.split(noisy.double())["count"])
+        m.apply_aggregate(
+            Aggregate(total=noisy, contributors=len(up), denominator=len(up), noise_std=0.4), r
+        )
+    assert torch.equal(m.head, head)
+    want_prior = released[0].clone()
+    want_prior[~head] = sum(rel[~head] for rel in released) / 3
+    torch.testing.assert_close(m.prior.double(), want_prior, rtol=1e-5, atol=1e-6)
+    fresh = FedALS(small_split, cfg, generator=torch.Generator().manual_seed(2))
+    fresh.load_state_dict(m.state_dict())
+    assert fresh._tail_precision == 2.0
+    with pytest.raises(ConfigError, match="tail_counts"):
+        FedALSConfig(private=True, tail_counts=True, count_items=20)
+
+
+def test_cooccurrence_items_are_those_whose_count_clears_the_noise(small_split):
+    """gram_head_z: of the gram_items most counted items only those whose released count
+    exceeds gram_head_z noise stds get co-occurrence pairs and factors; the factors come
+    from the release's block of those items alone (the unused positions hold noise only)."""
+    big, dim, sigma, kept = 12, 3, 0.5, 5
+    users = torch.arange(small_split.n_users)
+    gen = torch.Generator().manual_seed(4)
+
+    def model(z: float) -> FedALS:
+        cfg = FedALSConfig(
+            private=True, private_dim=dim, gram_items=big, gram_head_z=z, gram_scale=2.0
+        )
+        return FedALS(small_split, cfg, generator=torch.Generator().manual_seed(0))
+
+    probe = model(0.0)
+    up, _ = probe.client_round(users, 0, None)
+    total = up.weighted_sum(torch.ones(len(up)))
+    noisy = total + torch.randn(total.shape, generator=gen) * sigma
+    counts = probe.layout.split(noisy)["count"]
+    top = torch.sort(counts, descending=True).values
+    z = float(top[kept - 1] + top[kept]) / 2 / sigma
+    m = model(z)
+    m.apply_aggregate(
+        Aggregate(total=noisy, contributors=len(up), denominator=len(up), noise_std=sigma), 0
+    )
+    assert torch.equal(m.head, counts > z * sigma) and int(m.head.sum()) == kept
+    rows, cols = torch.triu_indices(big, big, offset=1)
+    released = []
+    for r in (1, 2):
+        up, _ = m.client_round(users, r, None)
+        cooc = m.layout.split(up.dense().double())["cooc"]
+        assert float(cooc[:, cols >= kept].abs().max()) == 0.0  # pairs of kept items only
+        assert float(cooc.abs().max()) > 0
+        total = up.weighted_sum(torch.ones(len(up)))
+        noisy = total + torch.randn(total.shape, generator=gen) * 0.3
+        released.append(m.layout.split(noisy.double())["cooc"])
+        m.apply_aggregate(
+            Aggregate(total=noisy, contributors=len(up), denominator=len(up), noise_std=0.3), r
+        )
+    c = torch.zeros(big, big, dtype=torch.float64)
+    c[rows, cols] = (released[0] + released[1]) / 2
+    c = c[:kept, :kept] + c[:kept, :kept].T
+    evals, evecs = torch.linalg.eigh(c)
+    lam, u = evals.flip(0)[:dim].clamp_min(0), evecs.flip(1)[:, :dim]
+    want = 2.0 * u * torch.sqrt(lam / lam[0])
+    head_v = m.V[m.head].double()
+    for j in range(dim):
+        sign = 1.0 if float(head_v[:, j] @ want[:, j]) >= 0 else -1.0
+        torch.testing.assert_close(head_v[:, j], sign * want[:, j], rtol=1e-4, atol=1e-5)
+    assert torch.equal(m.V[~m.head], torch.zeros_like(m.V[~m.head]))
 
 
 def test_layout_size_of_the_registry_matches_the_model(small_split):

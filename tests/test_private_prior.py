@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+import tomllib
 
 import pytest
 import torch
+import typer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -441,10 +443,13 @@ USER = {"privacy_unit": "user", "target_epsilon": 2.0, "placement": "central"}
 @pytest.mark.parametrize(
     ("summary", "flags"),
     [
-        ({**USER, "model": "fedrap"}, "--epsilon 2 --private-prior 0.9 --rounds 10 "),
-        ({**USER, "model": "fedrecgel"}, "--client-fraction 0.1, no --noise-multiplier"),
-        ({**USER, "model": "fedrap", "secagg": True}, "--client-fraction 0.1,"),
-        ({**USER, "model": "fedrap", "placement": "distributed"}, "--client-fraction 0.1,"),
+        (
+            {**USER, "model": "fedrap"},
+            "--epsilon 2 --private-mode (--private-prior 0.9 --rounds 10 ",
+        ),
+        ({**USER, "model": "fedrecgel"}, "--client-fraction 0.1), no --noise-multiplier"),
+        ({**USER, "model": "fedrap", "secagg": True}, "--client-fraction 0.1),"),
+        ({**USER, "model": "fedrap", "placement": "distributed"}, "--client-fraction 0.1),"),
     ],
 )
 def test_a_run_below_dp_mostpop_without_the_prior_is_told_its_flags(summary, flags):
@@ -483,7 +488,8 @@ def test_no_prior_hint_where_it_would_not_apply(summary):
     "noise", [[], ["--secagg", "--noise", "central"], ["--noise", "distributed"]]
 )
 def test_the_hinted_flags_train(tmp_path, noise):
-    """The flags the hint gives a run (as if it had ended below the count) train."""
+    """The flags the hint gives a run (as if it had ended below the count) train: the private
+    mode's settings, beside the noise placement the run had."""
     from securefed.cli_common import private_mode_hint
 
     base = ["train", "--model", "fedrap", "--local-epochs", "1", "--dim", "4", *noise]
@@ -495,12 +501,87 @@ def test_the_hinted_flags_train(tmp_path, noise):
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
     hint = private_mode_hint({**summary, "verdict": [BELOW_DP]})
     assert hint is not None
-    flags = hint.split("a new run: ", 1)[1].split(",", 1)[0].split()
+    flags = hint.split("a new run: ", 1)[1].split(" (", 1)[0].split()
+    assert flags == ["--epsilon", "2", "--private-mode"]
     res = runner.invoke(app, [*base, *small, *flags, "--out", str(tmp_path / "b")])
     assert res.exit_code == 0, res.output
     done = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert done["prior_share"] == 0.9 and done["rounds"] == 10 and done["epsilon"] <= 2.0
     assert private_mode_hint({**done, "verdict": [BELOW_DP]}) is None
+    cfg = tomllib.loads((tmp_path / "b" / "config.toml").read_text())
+    assert cfg["client_fraction"] == 0.1 and cfg["privacy"]["prior_share"] == 0.9
+
+
+def test_private_mode_is_the_flags_it_stands_for_and_a_given_flag_wins():
+    """--private-mode sets the registry's private-mode fields (the flags it stands for)
+    wherever a flag or the config file did not; a given one keeps its value (a cohort size
+    keeps the fraction out, for the accounting's own refusal)."""
+    from securefed.cli import _apply_private_mode
+    from securefed.config import TrainConfig
+    from securefed.models.registry import get_spec
+
+    mode = get_spec("fedrap").private_mode
+    raw = {"model": "fedrap", "privacy": {"epsilon": 2.0}}
+    _apply_private_mode(raw)
+    fields, privacy_fields = mode.config_fields()
+    assert raw == {"model": "fedrap", **fields, "privacy": {"epsilon": 2.0, **privacy_fields}}
+    cfg = TrainConfig.from_dict(raw)
+    assert (cfg.rounds, cfg.client_fraction, cfg.privacy.prior_share) == (10, 0.1, 0.9)
+    given = {"model": "fedrap", "rounds": 2, "privacy": {"epsilon": 2.0, "prior_share": 0.5}}
+    _apply_private_mode(given)
+    assert given["rounds"] == 2 and given["privacy"]["prior_share"] == 0.5
+    assert given["client_fraction"] == 0.1
+    cohort = {"model": "fedrap", "clients_per_round": 30, "privacy": {"epsilon": 2.0}}
+    _apply_private_mode(cohort)
+    assert "client_fraction" not in cohort and cohort["rounds"] == 10
+    every = {
+        "model": "fedrap",
+        "rounds": 3,
+        "client_fraction": 0.2,
+        "privacy": {"epsilon": 2.0, "prior_share": 0.5},
+    }
+    with pytest.raises(typer.Exit):
+        _apply_private_mode(every)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--model", "fedals", "--epsilon", "2"], "fedals's private mode needs no flag"),
+        (["--model", "mostpop", "--epsilon", "2"], "mostpop has none (models with one: "),
+        (["--model", "fedrap"], "give --epsilon and no --noise-multiplier"),
+        (["--model", "fedrap", "--noise-multiplier", "1"], "give --epsilon and no --noise"),
+        (
+            ["--model", "fedrap", "--epsilon", "2", "--privacy-unit", "interaction"],
+            "user-level mode",
+        ),
+        (["--epsilon", "2"], "fedals's private mode needs no flag"),
+        (["--resume", "runs/none"], "--resume continues a run with its recorded settings"),
+        (
+            ["--model", "fedrap", "--epsilon", "2", "--secagg", "--noise", "distributed"],
+            "with --secagg give --noise central, or drop --private-mode",
+        ),
+        (
+            [
+                "--model",
+                "fedrap",
+                "--epsilon",
+                "2",
+                "--rounds",
+                "3",
+                "--client-fraction",
+                "0.2",
+                "--private-prior",
+                "0.5",
+            ],
+            "--private-mode would change nothing",
+        ),
+    ],
+)
+def test_private_mode_is_refused_where_it_does_not_apply(tmp_path, extra, message):
+    res = runner.invoke(app, ["train", *extra, "--private-mode", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 2 and message in " ".join(res.output.split())
+    assert "Traceback" not in res.output and not (tmp_path / "r").exists()
 
 
 def test_the_summary_prints_the_hint_below_the_count(capfd):

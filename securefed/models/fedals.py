@@ -110,8 +110,9 @@ class FedALSConfig:
             from the data when the run starts, by :func:`resolve_population` (``"large"``
             when ``N / sigma`` of a 4-round run is at least ``large_above``); ``config.toml``
             records the choice. It sets ``head_z``,
-            ``prior_weight``, ``tail_last``, ``combine_counts`` and ``gram_items`` where they
-            are not given (docs/privacy.md, "The population rule").
+            ``prior_weight``, ``tail_last``, ``combine_counts``, ``tail_counts``,
+            ``gram_items`` and ``gram_head_z`` where they are not given (docs/privacy.md, "The
+            population rule").
         large_above: Private mode: the users per unit of noise from which the population
             rule chooses ``"large"``.
         head_z: Private mode: items whose released count exceeds ``head_z`` times its noise
@@ -123,6 +124,13 @@ class FedALSConfig:
             count (inverse-variance); false keeps the count rounds' releases alone (the
             later rounds' counts come from clipped uploads, biased low for the users the clip
             scales; None: from ``population``: true small, false large).
+        tail_counts: Private mode, co-occurrence rounds: each client also sends the count of
+            each of its items without a factor, with the count round's weight ``w = 1 /
+            sqrt(max(n, min_weight_items))`` (``n`` all its items), and its pairs take the
+            rest of its unit norm (scaled by ``sqrt(1 - n_tail w^2)``); the server folds those
+            counts into the tail's count (inverse-variance), which ranks the items without a
+            factor (None: from ``population``; off with ``count_items``, whose count round
+            weighs items differently).
         min_weight_items: Private mode: a client's contribution to each of its items is
             ``1 / sqrt(max(items, min_weight_items))`` (its upload has L2 norm <= 1).
         count_items: Private mode: in count rounds each client counts at most this many of
@@ -147,6 +155,10 @@ class FedALSConfig:
             (None: 400 in the small population; in the large one from the noise level when the
             run starts, :func:`large_gram_items`, else 400). docs/privacy.md, "The
             co-occurrence rounds".
+        gram_head_z: Private mode: of the ``gram_items`` items with the largest released
+            counts, only those whose count exceeds ``gram_head_z`` times its noise std enter
+            the co-occurrence rounds and get factors (the rest of the catalogue is ranked by
+            the count; None: from ``population``; 0: all ``gram_items``).
         gram_scale: Private mode: the co-occurrence round's factors are ``gram_scale``
             times the eigenvectors, each scaled by the square root of its eigenvalue over the
             largest (the scale sets how strongly the users' ``reg`` shrinks their solves).
@@ -175,6 +187,7 @@ class FedALSConfig:
     head_z: float | None = None
     tail_last: bool | None = None
     combine_counts: bool | None = None
+    tail_counts: bool | None = None
     min_weight_items: int = 1
     count_items: int | None = None
     shares: tuple[float, float, float] = (0.6, 0.3, 0.1)
@@ -183,6 +196,7 @@ class FedALSConfig:
     count_only_below: float = 220.0
     count_only: bool | None = None
     gram_items: int | None = None
+    gram_head_z: float | None = None
     gram_scale: float = 10.0
     gram_audit_items: int = 0
     os_sampling: bool = False
@@ -223,6 +237,11 @@ class FedALSConfig:
         object.__setattr__(self, "shares", shares)
         if self.population not in (None, "small", "large"):
             raise ConfigError(f"population must be small, large or unset, got {self.population!r}")
+        if self.tail_counts and self.count_items is not None:
+            raise ConfigError(
+                "tail_counts folds co-occurrence rounds' counts (weight 1/sqrt(n)) into the "
+                "count round's, which count_items weighs 1/sqrt(k): unset one of them"
+            )
         if self.gram_items is not None and (
             isinstance(self.gram_items, bool)
             or not isinstance(self.gram_items, int)
@@ -243,11 +262,11 @@ class FedALSConfig:
             and self.gram_scale > 0
         ):
             raise ConfigError(f"gram_scale must be a finite number > 0, got {self.gram_scale!r}")
-        for name in ("tail_last", "combine_counts", "count_only"):
+        for name in ("tail_last", "combine_counts", "tail_counts", "count_only"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ConfigError(f"{name} must be true, false or unset, got {value!r}")
-        for name in ("head_z", "prior_weight"):
+        for name in ("head_z", "prior_weight", "gram_head_z"):
             if getattr(self, name) is None:
                 continue
             value = getattr(self, name)
@@ -317,14 +336,18 @@ POPULATION_SETTINGS: dict[str, dict[str, Any]] = {
         "prior_weight": 0.1,
         "tail_last": False,
         "combine_counts": True,
+        "tail_counts": False,
         "gram_items": 400,
+        "gram_head_z": 0.0,
     },
     "large": {
         "head_z": 3.0,
         "prior_weight": 0.0,
         "tail_last": True,
         "combine_counts": False,
+        "tail_counts": False,
         "gram_items": 400,
+        "gram_head_z": 0.0,
     },
 }
 #: How far below the items with factors ``tail_last`` puts the rest (factor scores are
@@ -499,6 +522,10 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
                 f"{counts}, then co-occurrence rounds on the "
                 f"{min(rp.gram_items, split.n_items)} items with the largest counts"
             )
+            if rp.gram_head_z:
+                what += f" that clear {rp.gram_head_z:g} noise stds"
+            if rp.tail_counts:
+                what += ", the others counted again in them"
         elif population == "small":
             what = "a count round, then ALS on the items with a positive count"
         else:
@@ -748,6 +775,21 @@ class FedALS:
         d = config.factor_dim
         self.gram = gram_size(config, split.n_items)
         no_count = config.private and not config.count_only and config.count_rounds == 0
+        if config.private and config.count_rounds == 0 and (config.gram_head_z or 0) > 0:
+            raise ConfigError(
+                "gram_head_z keeps the co-occurrence items whose released count clears the "
+                "noise, and count_rounds = 0 releases no count; give count_rounds >= 1 (or "
+                "gram_head_z = 0)"
+            )
+        if (
+            config.private
+            and config.gram_items == 0
+            and (config.tail_counts or (config.gram_head_z or 0) > 0)
+        ):
+            raise ConfigError(
+                "tail_counts and gram_head_z shape the co-occurrence rounds, and gram_items = 0 "
+                "has none; drop them (or give gram_items > 0)"
+            )
         if no_count and 0 < self.gram < split.n_items:
             raise ConfigError(
                 f"the co-occurrence rounds choose their {self.gram} items from a released "
@@ -761,6 +803,8 @@ class FedALS:
         # items with factors, and how many rounds the server has applied.
         self.prior = torch.zeros(split.n_items)
         self._prior_precision = 0.0
+        # Extra precision of the tail's count from the co-occurrence rounds (tail_counts).
+        self._tail_precision = 0.0
         self.head = torch.ones(split.n_items, dtype=torch.bool)
         self.rounds_applied = 0
         # Private mode: whether the count-only rule made every round a count round.
@@ -891,8 +935,23 @@ class FedALS:
         """A co-occurrence round's upload: a client with ``k >= 2`` of the round's ``M`` items
         sends ``sqrt(2 / (k (k - 1)))`` at each of its ``k (k - 1) / 2`` pairs ``a < b``
         (positions in the ``cooc`` part's upper triangle), L2 norm exactly 1; fewer items,
-        nothing. Nothing else is sent (no factor, counts or Gramian)."""
+        nothing. With ``tail_counts`` it also counts each of its ``t`` items without a factor
+        ``w = 1 / sqrt(max(n, min_weight_items))`` (as the count round does) and scales its
+        pairs by ``sqrt(1 - t w^2)``: L2 norm <= 1. Nothing else is sent (no factor or
+        Gramian)."""
         m, big = users.shape[0], self.gram
+        tail_local = torch.zeros(0, dtype=torch.long)
+        tail_items = torch.zeros(0, dtype=torch.long)
+        tail_count = torch.zeros(0, dtype=x.dtype)
+        pair_scale = torch.ones(m, dtype=x.dtype)
+        if self.config.tail_counts:
+            n = torch.bincount(local, minlength=m).to(x.dtype)
+            w = 1.0 / torch.sqrt(n.clamp_min(float(self.config.min_weight_items)))
+            tail = ~self.head[items]
+            tail_local, tail_items = local[tail], items[tail]
+            tail_count = w[tail_local]
+            t = torch.bincount(tail_local, minlength=m).to(x.dtype)
+            pair_scale = torch.sqrt((1.0 - t * w * w).clamp_min(0.0))
         position = torch.full((self.split.n_items,), -1, dtype=torch.long)
         gram_items = self._gram_items()
         position[gram_items] = torch.arange(gram_items.shape[0])
@@ -913,13 +972,13 @@ class FedALS:
         weight = torch.where(
             k >= 2, torch.sqrt(2.0 / (kf * (kf - 1.0)).clamp_min(1.0)), torch.zeros_like(kf)
         )
-        none = torch.zeros(0, dtype=torch.long)
+        weight = weight * pair_scale
         return self._factorless_upload(
             users,
             x,
-            none,
-            none,
-            torch.zeros(0, dtype=x.dtype),
+            tail_local,
+            tail_items,
+            tail_count,
             cooc_client=client[first],
             cooc_index=index,
             cooc_value=weight[client[first]],
@@ -1042,7 +1101,7 @@ class FedALS:
         cfg = self.config
         counting = self._counting()
         s_count = 1.0 if counting else math.sqrt(cfg.shares[1])
-        # A co-occurrence round's upload has no count part: nothing to combine.
+        # A co-occurrence round's count part (tail_counts) is folded into the tail below.
         if s_count > 0 and (counting or (cfg.combine_counts and not self._gram_round())):
             # Inverse-variance combination of every round's count release (noise std
             # noise_std / s_count on the unscaled counts).
@@ -1053,6 +1112,15 @@ class FedALS:
                 (self.prior.double() * self._prior_precision + estimate * precision) / total
             ).to(torch.float32)
             self._prior_precision = total
+        if self._gram_round() and cfg.tail_counts:
+            # The tail's counts, weighted as the count round's (precision 1 each release).
+            tail = ~self.head
+            estimate = scale * parts["count"][tail]
+            before = self._prior_precision + self._tail_precision
+            self.prior[tail] = (
+                (self.prior[tail].double() * before + estimate) / (before + 1.0)
+            ).to(torch.float32)
+            self._tail_precision += 1.0
         if counting:
             if self.rounds_applied + 1 == self._count_rounds or self._count_rounds == 0:
                 self._choose_head(noise_std)
@@ -1108,9 +1176,15 @@ class FedALS:
         rows, cols = torch.triu_indices(big, big, offset=1)
         c = torch.zeros(big, big, dtype=torch.float64)
         c[rows, cols] = mean
+        # The head's positions only (gram_head_z may leave the last ones unused: noise alone).
+        used = int(self.head.sum())
+        if used < 2:  # no pair: no factor
+            self.V = torch.zeros_like(self.V)
+            return
+        c = c[:used, :used]
         c = c + c.T
         evals, evecs = torch.linalg.eigh(c)
-        d = min(self.config.factor_dim, big)
+        d = min(self.config.factor_dim, used)
         top = torch.argsort(evals, descending=True, stable=True)[:d]
         lam = evals[top].clamp_min(0.0)
         lead = float(lam[0]) if d else 0.0
@@ -1128,8 +1202,13 @@ class FedALS:
             n = self.split.n_items
             audit = min(self.config.gram_audit_items, n)  # an audit's canary items: the last
             top = torch.argsort(self.prior[: n - audit], descending=True, stable=True)
+            limit = self.gram - audit
+            z = float(self.config.gram_head_z or 0.0)
+            if z > 0 and noise_std > 0:
+                std = noise_std / math.sqrt(max(self._prior_precision, 1e-12))
+                limit = min(limit, int((self.prior[: n - audit] > z * std).sum()))
             self.head = torch.zeros(n, dtype=torch.bool)
-            self.head[top[: self.gram - audit]] = True
+            self.head[top[:limit]] = True
             self.head[n - audit :] = True
             self.V = torch.zeros_like(self.V)
             return
@@ -1217,6 +1296,7 @@ class FedALS:
             "V": self.V.clone(),
             "prior": self.prior.clone(),
             "prior_precision": self._prior_precision,
+            "tail_precision": self._tail_precision,
             "head": self.head.clone(),
             "rounds_applied": self.rounds_applied,
             "count_only": self.count_only,
@@ -1241,6 +1321,7 @@ class FedALS:
         self.prior = prior.to(torch.float32).clone()
         self.head = head.to(torch.bool).clone()
         self._prior_precision = float(state.get("prior_precision", 0.0))
+        self._tail_precision = float(state.get("tail_precision", 0.0))
         self.rounds_applied = int(state.get("rounds_applied", 0))
         self.count_only = bool(state.get("count_only", False))
         cooc = state.get("cooc_sum")
@@ -1282,23 +1363,27 @@ def _canary_cooc(
 ) -> torch.Tensor:
     """``[c, G]``: row ``r``'s co-occurrence coordinates of item ``items[r]`` with each of the
     ``G`` co-occurrence items (zero at itself, and everywhere for an item outside the set);
-    ``[c, 0]`` when the upload has no co-occurrence part this round."""
+    ``[c, 0]`` when the upload has no co-occurrence part this round. The part's size comes
+    from the upload (``gram_head_z`` may leave fewer items in the set than it has room for:
+    they take its first positions)."""
     head = global_before["head"] > 0.5
     n = int(head.shape[0])
+    d = int(global_before["V"].shape[1])
     members = torch.nonzero(head).reshape(-1)
     g = int(members.shape[0])
-    layout = fedals_layout(n, int(global_before["V"].shape[1]), g)
-    if "cooc" not in layout.names or layout.size != int(flat.shape[1]):
+    length = int(flat.shape[1]) - (n * d + d * d + n)
+    big = int(round((1.0 + math.sqrt(1.0 + 8.0 * max(length, 0))) / 2.0))
+    if length <= 0 or big * (big - 1) // 2 != length or g < 2 or g > big:
         return flat.new_zeros(flat.shape[0], 0)
-    cooc = layout.split(flat)["cooc"]
-    length = int(cooc.shape[1])
+    cooc = fedals_layout(n, d, big).split(flat)["cooc"]
     position = torch.full((n,), -1, dtype=torch.long)
     position[members] = torch.arange(g)
     p = position[items.to(torch.long)].unsqueeze(1)
     q = torch.arange(g).unsqueeze(0)
     a, b = torch.minimum(p, q), torch.maximum(p, q)
-    # The pair (a, b), a < b, in the upper triangle packed row by row (torch.triu_indices).
-    index = a * (g - 1) - a * (a - 1) // 2 + (b - a - 1)
+    # The pair (a, b), a < b, in the upper triangle packed row by row (torch.triu_indices),
+    # as _gram_upload writes it.
+    index = a * big - a * (a + 1) // 2 + (b - a - 1)
     valid = (p >= 0) & (q != p)
     out = cooc.gather(1, index.clamp(0, length - 1).expand(flat.shape[0], g))
     return out * valid
