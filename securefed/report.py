@@ -649,13 +649,15 @@ def _drop_checkpoints(cell_dir: Path) -> None:
             (run_dir / name).unlink(missing_ok=True)
 
 
-def _cell_job(cell_dir: str, config: dict[str, Any], audit: bool, threads: int) -> str:
-    """Entry point of a worker process (top level, so it pickles under spawn)."""
+def _cell_job(cell_dir: str, config: dict[str, Any], audit: bool, threads: int) -> float:
+    """Entry point of a worker process (top level, so it pickles under spawn); returns the
+    seconds the cell took in it (not counting its wait in the pool's queue)."""
     import torch
 
+    t0 = time.perf_counter()
     torch.set_num_threads(threads)
     _run_cell(Path(cell_dir), TrainConfig.from_dict(config), audit=audit)
-    return cell_dir
+    return time.perf_counter() - t0
 
 
 def _sweep(
@@ -713,25 +715,25 @@ def _sweep(
     threads = max(1, usable_cores() // config.jobs)
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=config.jobs, mp_context=ctx) as pool:
-        started: dict[Future[str], tuple[Cell, float]] = {}
+        started: dict[Future[float], Cell] = {}
         for cell, cell_dir, cfg in todo:
             fut = pool.submit(
                 _cell_job, str(cell_dir), cfg.to_dict(), audit and cell.audited, threads
             )
-            started[fut] = (cell, time.perf_counter())
-        for cell, _ in list(started.values())[: config.jobs]:
+            started[fut] = cell
+        for cell in list(started.values())[: config.jobs]:
             emit(SweepEvent("start", done, total, cell.name, stage="train"))
         pending = set(started)
         try:
             while pending:
                 finished, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in finished:
-                    fut.result()  # a failed cell stops the sweep with its own error
-                    cell, t0 = started[fut]
+                    # A failed cell stops the sweep with its own error. Its seconds are the
+                    # worker's: all cells are queued at once, so the time since submission
+                    # would count the wait for a free worker (and grow the time-left figure).
+                    seconds = fut.result()
                     done += 1
-                    emit(
-                        SweepEvent("done", done, total, cell.name, seconds=time.perf_counter() - t0)
-                    )
+                    emit(SweepEvent("done", done, total, started[fut].name, seconds=seconds))
         except BaseException:
             for fut in pending:
                 fut.cancel()

@@ -6,6 +6,7 @@ import json
 import math
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -740,7 +741,14 @@ def test_parallel_jobs_give_the_same_results_as_one_job(tmp_path):
         rounds=2, epsilons=(1.0, math.inf), seeds=1, audit=False,
     )  # fmt: skip
     one = run_report(ReportConfig(**cfg, jobs=1), out=tmp_path / "one")
-    two = run_report(ReportConfig(**cfg, jobs=2), out=tmp_path / "two")
+    events: list[SweepEvent] = []
+    t0 = time.perf_counter()
+    two = run_report(ReportConfig(**cfg, jobs=2), out=tmp_path / "two", progress=events.append)
+    wall = time.perf_counter() - t0
+    # Each cell's seconds are its own, not its wait in the queue: two workers cannot have
+    # spent more than twice the sweep's time (the time since submission summed to more).
+    done = [e.seconds for e in events if e.kind == "done"]
+    assert len(done) >= 4 and sum(done) <= 2 * wall
     cols = ["cell", "test_hr@10", "test_ndcg@10", "epsilon_spent"]
     pd.testing.assert_frame_equal(
         pd.read_csv(one.csv)[cols], pd.read_csv(two.csv)[cols], check_exact=False, atol=1e-6
