@@ -315,7 +315,7 @@ def train(
             help="User-level DP at --epsilon, FedRAP/FedRecGEL: the model's private mode, the "
             "settings docs/privacy.md measures against DP-MostPop (FedRAP and FedRecGEL: "
             "--private-prior 0.9 --rounds 10 --client-fraction 0.1); a flag given beside it "
-            "wins. fedals's private mode needs no flag.",
+            "wins, as does a value in the --config file. fedals's private mode needs no flag.",
         ),
     ] = None,
     private_prior: Annotated[

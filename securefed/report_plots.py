@@ -38,6 +38,8 @@ _STYLE = {
     "dp+secagg+prior": {"marker": "P", "linestyle": ":", "markersize": 7},
 }
 _COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
+#: One line style per model in figures that colour by epsilon (the union-leakage curves).
+LINESTYLES: tuple[Any, ...] = ("-", "--", ":", "-.")
 
 
 def _eps_text(e: float) -> str:
@@ -462,7 +464,7 @@ def _draw_secagg(frame: Any) -> tuple[Any, str | None]:
                 aucs,
                 marker="o",
                 color=_shade(cmap, eps_all.index(e), len(eps_all)),
-                linestyle="-" if model == models[0] else "--",
+                linestyle=LINESTYLES[models.index(model) % len(LINESTYLES)],
                 label=f"{model} · {defense} ε={_eps_text(e).splitlines()[0]}",
             )
         ax.axhline(0.5, color="grey", linestyle=":", label="random guess")
