@@ -177,7 +177,16 @@ def summarise(frame: Any, min_hr: float | None) -> tuple[list[str], dict[str, fl
             # Without a no-DP cell the reference is the best private one (it was labelled
             # "no-DP" all the same; found 2026-12-06).
             of = "no-DP" if not nodp.empty else "private (this grid has no no-DP cell)"
-            how = f"HR@10 ≥ {floor:.4f} (90 % of its best {of} HR@10, {ref:.4f}; set --min-hr)"
+            # A reference below the count (in sampled HR@10, the floor's metric) makes the
+            # floor a low bar: say so where it is set.
+            top_ref = (nodp if not nodp.empty else part).sort_values("hr").iloc[-1]
+            count = float(top_ref.get("mostpop_hr", math.nan))
+            low = count == count and float(top_ref["hr"]) < count - TIE_TOLERANCE
+            low_bar = f", itself below MostPop's {count:.4f}: a low bar" if low else ""
+            how = (
+                f"HR@10 ≥ {floor:.4f} (90 % of its best {of} HR@10, {ref:.4f}{low_bar}; "
+                "set --min-hr)"
+            )
         floors[str(model)] = floor
         private = part[part["defense"].str.startswith("dp")]
         ok = private[private["hr"] >= floor].sort_values(["epsilon", "hr"], ascending=[True, False])
