@@ -376,9 +376,11 @@ class SweepEvent:
     """A progress notice of :func:`run_report`.
 
     ``kind`` is ``"plan"`` (once: ``total`` cells, ``done`` of them already finished),
-    ``"start"`` (a cell begins; ``stage`` is ``train`` or ``audit``), ``"round"`` (a training
-    or audit round finished; only when ``jobs == 1``), or ``"done"`` (a cell finished;
-    ``reused`` when it came from an earlier sweep). The ``"plan"`` event carries the
+    ``"start"`` (a cell begins; ``stage`` is ``train`` or ``audit``; with ``jobs > 1`` only
+    for the first ``jobs`` cells, whose start is known), ``"round"`` (a training or audit
+    round finished; only when ``jobs == 1``), or ``"done"`` (a cell finished; ``seconds`` its
+    own run time). Cells reused from an earlier sweep are counted in the plan's ``done`` and
+    get no event (``reused`` is never set). The ``"plan"`` event carries the
     :class:`SweepEstimate` of the cells left to run.
     """
 
