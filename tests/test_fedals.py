@@ -553,7 +553,7 @@ def test_tail_counts_ride_the_cooccurrence_rounds_at_unit_norm(small_split):
     torch.testing.assert_close(m.prior.double(), want_prior, rtol=1e-5, atol=1e-6)
     fresh = FedALS(small_split, cfg, generator=torch.Generator().manual_seed(2))
     fresh.load_state_dict(m.state_dict())
-    assert fresh._tail_precision == 2.0
+    assert fresh._cooc_releases == 2  # the tail's count has 1 + 2 releases' precision
     with pytest.raises(ConfigError, match="tail_counts"):
         FedALSConfig(private=True, tail_counts=True, count_items=20)
 

@@ -577,6 +577,12 @@ def fedals_layout(n_items: int, dim: int, gram: int = 0) -> UpdateLayout:
     return UpdateLayout(names=names, shapes=shapes)
 
 
+def pair_index(a: torch.Tensor, b: torch.Tensor, big: int) -> torch.Tensor:
+    """Where the pair of positions ``a < b`` of ``big`` stands in the upper triangle packed row
+    by row (the order of ``torch.triu_indices(big, big, 1)``): the ``cooc`` part's layout."""
+    return a * big - a * (a + 1) // 2 + (b - a - 1)
+
+
 class FedALSUpdates(ClientUpdates):
     """fedals uploads in structured form: each client's factor and per-pair multipliers.
 
@@ -803,8 +809,6 @@ class FedALS:
         # items with factors, and how many rounds the server has applied.
         self.prior = torch.zeros(split.n_items)
         self._prior_precision = 0.0
-        # Extra precision of the tail's count from the co-occurrence rounds (tail_counts).
-        self._tail_precision = 0.0
         self.head = torch.ones(split.n_items, dtype=torch.bool)
         self.rounds_applied = 0
         # Private mode: whether the count-only rule made every round a count round.
@@ -945,8 +949,7 @@ class FedALS:
         tail_count = torch.zeros(0, dtype=x.dtype)
         pair_scale = torch.ones(m, dtype=x.dtype)
         if self.config.tail_counts:
-            n = torch.bincount(local, minlength=m).to(x.dtype)
-            w = 1.0 / torch.sqrt(n.clamp_min(float(self.config.min_weight_items)))
+            w = self._item_weight(local, m, x.dtype)
             tail = ~self.head[items]
             tail_local, tail_items = local[tail], items[tail]
             tail_count = w[tail_local]
@@ -967,7 +970,7 @@ class FedALS:
         first = torch.repeat_interleave(torch.arange(client.shape[0]), after)
         j = torch.arange(first.shape[0]) - (torch.cumsum(after, 0) - after)[first]
         a, b = pos[first], pos[first + 1 + j]
-        index = a * big - a * (a + 1) // 2 + (b - a - 1)
+        index = pair_index(a, b, big)
         kf = k.to(x.dtype)
         weight = torch.where(
             k >= 2, torch.sqrt(2.0 / (kf * (kf - 1.0)).clamp_min(1.0)), torch.zeros_like(kf)
@@ -1012,6 +1015,12 @@ class FedALS:
         the random initialisation, solves for V directly)."""
         return self.rounds_applied > self._count_rounds
 
+    def _item_weight(self, local: torch.Tensor, m: int, dtype: torch.dtype) -> torch.Tensor:
+        """Each of ``m`` clients' weight per item, ``1 / sqrt(max(n, min_weight_items))`` for
+        its ``n`` pairs in ``local`` (its items' norm at most 1)."""
+        n = torch.bincount(local, minlength=m).to(dtype)
+        return 1.0 / torch.sqrt(n.clamp_min(float(self.config.min_weight_items)))
+
     def _private_upload(
         self, users: torch.Tensor, x: torch.Tensor, local: torch.Tensor, items: torch.Tensor
     ) -> FedALSUpdates:
@@ -1030,8 +1039,7 @@ class FedALS:
         if not self._counting():
             keep = self.head[items]
             local, items = local[keep], items[keep]
-        n = torch.bincount(local, minlength=m).to(x.dtype)
-        w = 1.0 / torch.sqrt(n.clamp_min(float(cfg.min_weight_items)))
+        w = self._item_weight(local, m, x.dtype)
         if self._counting() and cfg.count_items is not None:
             w = torch.full_like(w, 1.0 / math.sqrt(cfg.count_items))
         if self._counting():
@@ -1113,14 +1121,14 @@ class FedALS:
             ).to(torch.float32)
             self._prior_precision = total
         if self._gram_round() and cfg.tail_counts:
-            # The tail's counts, weighted as the count round's (precision 1 each release).
+            # The tail's counts, weighted as the count round's (precision 1 each release): the
+            # count rounds' precision and one for each co-occurrence release before this one.
             tail = ~self.head
             estimate = scale * parts["count"][tail]
-            before = self._prior_precision + self._tail_precision
+            before = self._prior_precision + self._cooc_releases
             self.prior[tail] = (
                 (self.prior[tail].double() * before + estimate) / (before + 1.0)
             ).to(torch.float32)
-            self._tail_precision += 1.0
         if counting:
             if self.rounds_applied + 1 == self._count_rounds or self._count_rounds == 0:
                 self._choose_head(noise_std)
@@ -1198,21 +1206,21 @@ class FedALS:
         """Items whose released count clears ``head_z`` noise stds (all counted items without
         noise); the others get no factor and are ranked by the count alone. With
         co-occurrence rounds: the ``gram_items`` items with the largest released counts."""
+        # The released count's noise std (0 without noise: nothing to clear).
+        std = noise_std / math.sqrt(max(self._prior_precision, 1e-12)) if noise_std > 0 else 0.0
         if self.gram:
             n = self.split.n_items
             audit = min(self.config.gram_audit_items, n)  # an audit's canary items: the last
             top = torch.argsort(self.prior[: n - audit], descending=True, stable=True)
             limit = self.gram - audit
             z = float(self.config.gram_head_z or 0.0)
-            if z > 0 and noise_std > 0:
-                std = noise_std / math.sqrt(max(self._prior_precision, 1e-12))
+            if z > 0 and std > 0:
                 limit = min(limit, int((self.prior[: n - audit] > z * std).sum()))
             self.head = torch.zeros(n, dtype=torch.bool)
             self.head[top[:limit]] = True
             self.head[n - audit :] = True
             self.V = torch.zeros_like(self.V)
             return
-        std = noise_std / math.sqrt(max(self._prior_precision, 1e-12)) if noise_std > 0 else 0.0
         threshold = float(self.config.head_z or 0.0) * std  # settled by with_population
         self.head = self.prior > max(threshold, 0.0)
         v = self.V.clone()
@@ -1296,7 +1304,6 @@ class FedALS:
             "V": self.V.clone(),
             "prior": self.prior.clone(),
             "prior_precision": self._prior_precision,
-            "tail_precision": self._tail_precision,
             "head": self.head.clone(),
             "rounds_applied": self.rounds_applied,
             "count_only": self.count_only,
@@ -1321,7 +1328,6 @@ class FedALS:
         self.prior = prior.to(torch.float32).clone()
         self.head = head.to(torch.bool).clone()
         self._prior_precision = float(state.get("prior_precision", 0.0))
-        self._tail_precision = float(state.get("tail_precision", 0.0))
         self.rounds_applied = int(state.get("rounds_applied", 0))
         self.count_only = bool(state.get("count_only", False))
         cooc = state.get("cooc_sum")
@@ -1381,9 +1387,7 @@ def _canary_cooc(
     p = position[items.to(torch.long)].unsqueeze(1)
     q = torch.arange(g).unsqueeze(0)
     a, b = torch.minimum(p, q), torch.maximum(p, q)
-    # The pair (a, b), a < b, in the upper triangle packed row by row (torch.triu_indices),
-    # as _gram_upload writes it.
-    index = a * big - a * (a + 1) // 2 + (b - a - 1)
+    index = pair_index(a, b, big)
     valid = (p >= 0) & (q != p)
     out = cooc.gather(1, index.clamp(0, length - 1).expand(flat.shape[0], g))
     return out * valid
