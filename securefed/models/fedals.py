@@ -159,6 +159,17 @@ class FedALSConfig:
             counts, only those whose count exceeds ``gram_head_z`` times its noise std enter
             the co-occurrence rounds and get factors (the rest of the catalogue is ranked by
             the count; None: from ``population``; 0: all ``gram_items``).
+        sparse_head_below: Private mode, co-occurrence rounds: when, after the count
+            rounds, fewer than this share of the ``gram_items`` items with the largest
+            released counts clear ``sparse_head_z`` noise stds, only those that do enter the
+            co-occurrence rounds and get factors, and every other item is counted again in
+            them (as ``gram_head_z = sparse_head_z`` with ``tail_counts``): most of the set
+            would be chosen by noise, and a count with the whole run's precision ranks the
+            rest better (docs/privacy.md, "A noise-limited head"). Decided once from the
+            released count (post-processing: no privacy cost), sent to the clients with the
+            model; off where ``gram_head_z``, ``tail_counts`` or ``count_items`` is set. 0:
+            never (None: from ``population``: 0.5 small, 0 large).
+        sparse_head_z: Private mode: the noise stds of ``sparse_head_below``.
         gram_scale: Private mode: the co-occurrence round's factors are ``gram_scale``
             times the eigenvectors, each scaled by the square root of its eigenvalue over the
             largest (the scale sets how strongly the users' ``reg`` shrinks their solves).
@@ -197,6 +208,8 @@ class FedALSConfig:
     count_only: bool | None = None
     gram_items: int | None = None
     gram_head_z: float | None = None
+    sparse_head_below: float | None = None
+    sparse_head_z: float = 3.0
     gram_scale: float = 10.0
     gram_audit_items: int = 0
     os_sampling: bool = False
@@ -272,6 +285,16 @@ class FedALSConfig:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
+        below = self.sparse_head_below
+        if below is not None and not (
+            isinstance(below, int | float) and not isinstance(below, bool) and 0 <= below <= 1
+        ):
+            raise ConfigError(f"sparse_head_below must be a share in [0, 1], got {below!r}")
+        z = self.sparse_head_z
+        if not (isinstance(z, int | float) and not isinstance(z, bool) and math.isfinite(z)):
+            raise ConfigError(f"sparse_head_z must be a finite number > 0, got {z!r}")
+        if z <= 0:
+            raise ConfigError(f"sparse_head_z must be a finite number > 0, got {z!r}")
         for name in ("item_reg", "count_only_below", "large_above"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
@@ -339,6 +362,7 @@ POPULATION_SETTINGS: dict[str, dict[str, Any]] = {
         "tail_counts": False,
         "gram_items": 400,
         "gram_head_z": 0.0,
+        "sparse_head_below": 0.5,
     },
     "large": {
         "head_z": 3.0,
@@ -348,6 +372,7 @@ POPULATION_SETTINGS: dict[str, dict[str, Any]] = {
         "tail_counts": False,
         "gram_items": 400,
         "gram_head_z": 0.0,
+        "sparse_head_below": 0.0,
     },
 }
 #: How far below the items with factors ``tail_last`` puts the rest (factor scores are
@@ -526,6 +551,12 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
                 what += f" that clear {rp.gram_head_z:g} noise stds"
             if rp.tail_counts:
                 what += ", the others counted again in them"
+            if sparse_head_rule(rp):
+                what += (
+                    f" (where fewer than {rp.sparse_head_below:.0%} of them clear "
+                    f"{rp.sparse_head_z:g} noise stds, only those, the others counted again in "
+                    "them: decided from the count)"
+                )
         elif population == "small":
             what = "a count round, then ALS on the items with a positive count"
         else:
@@ -550,6 +581,21 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
         f'{plural(resolved.rounds, "round")}{rounds_why} (docs/privacy.md, "The population rule")'
     )
     return resolved, note
+
+
+def sparse_head_rule(params: FedALSConfig) -> bool:
+    """Whether a private run of ``params`` (population settled) applies the noise-limited
+    head rule (``sparse_head_below``) after its count rounds."""
+    return bool(
+        params.private
+        and not params.count_only
+        and (params.sparse_head_below or 0) > 0
+        and (params.gram_items or 0) > 0
+        and (params.count_rounds or 0) > 0
+        and not params.gram_head_z
+        and not params.tail_counts
+        and params.count_items is None
+    )
 
 
 def gram_size(params: FedALSConfig, n_items: int) -> int:
@@ -818,6 +864,10 @@ class FedALS:
         # Private mode, co-occurrence rounds: the sum of their releases and how many.
         self._cooc_sum: torch.Tensor | None = None
         self._cooc_releases = 0
+        # Private mode: whether the noise-limited head rule (sparse_head_below) fired, and
+        # the share of the co-occurrence items whose count cleared its z (None: not applied).
+        self.sparse_head = False
+        self.head_share: float | None = None
 
     # ------------------------------------------------------------------ clients
     def _pairs(self, users: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -928,6 +978,11 @@ class FedALS:
         """Private mode: a co-occurrence round (after the count rounds, with ``gram_items``)."""
         return self.gram > 0 and not self._counting()
 
+    def _tail_counts(self) -> bool:
+        """Co-occurrence rounds also count the items without a factor (``tail_counts``, or
+        the noise-limited head rule having fired)."""
+        return bool(self.config.tail_counts or self.sparse_head)
+
     def _gram_items(self) -> torch.Tensor:
         """The co-occurrence rounds' items (the head, ascending), a public function of the
         released counts (every client derives it from the ``head`` it receives)."""
@@ -948,7 +1003,7 @@ class FedALS:
         tail_items = torch.zeros(0, dtype=torch.long)
         tail_count = torch.zeros(0, dtype=x.dtype)
         pair_scale = torch.ones(m, dtype=x.dtype)
-        if self.config.tail_counts:
+        if self._tail_counts():
             w = self._item_weight(local, m, x.dtype)
             tail = ~self.head[items]
             tail_local, tail_items = local[tail], items[tail]
@@ -1120,7 +1175,7 @@ class FedALS:
                 (self.prior.double() * self._prior_precision + estimate * precision) / total
             ).to(torch.float32)
             self._prior_precision = total
-        if self._gram_round() and cfg.tail_counts:
+        if self._gram_round() and self._tail_counts():
             # The tail's counts, weighted as the count round's (precision 1 each release): the
             # count rounds' precision and one for each co-occurrence release before this one.
             tail = ~self.head
@@ -1205,7 +1260,9 @@ class FedALS:
     def _choose_head(self, noise_std: float) -> None:
         """Items whose released count clears ``head_z`` noise stds (all counted items without
         noise); the others get no factor and are ranked by the count alone. With
-        co-occurrence rounds: the ``gram_items`` items with the largest released counts."""
+        co-occurrence rounds: the ``gram_items`` items with the largest released counts (those
+        of them that clear ``gram_head_z`` noise stds; with ``sparse_head_below``, those that
+        clear ``sparse_head_z`` where fewer than that share of them do)."""
         # The released count's noise std (0 without noise: nothing to clear).
         std = noise_std / math.sqrt(max(self._prior_precision, 1e-12)) if noise_std > 0 else 0.0
         if self.gram:
@@ -1216,6 +1273,12 @@ class FedALS:
             z = float(self.config.gram_head_z or 0.0)
             if z > 0 and std > 0:
                 limit = min(limit, int((self.prior[: n - audit] > z * std).sum()))
+            elif sparse_head_rule(self.config) and std > 0 and limit > 0:
+                cleared = int((self.prior[top[:limit]] > self.config.sparse_head_z * std).sum())
+                self.head_share = cleared / limit
+                if cleared < float(self.config.sparse_head_below or 0.0) * limit:
+                    self.sparse_head = True
+                    limit = cleared
             self.head = torch.zeros(n, dtype=torch.bool)
             self.head[top[:limit]] = True
             self.head[n - audit :] = True
@@ -1278,13 +1341,15 @@ class FedALS:
     # ------------------------------------------------------------------ state
     def global_parameters(self) -> dict[str, torch.Tensor]:
         """What every participant receives: the item factors V and, public because released,
-        the private mode's counts, its head items and the server's round counter."""
+        the private mode's counts, its head items, the server's round counter and what the
+        count-only and noise-limited head rules decided."""
         return {
             "V": self.V,
             "prior": self.prior,
             "head": self.head.to(torch.float32),
             "rounds_applied": torch.tensor([float(self.rounds_applied)]),
             "count_only": torch.tensor([float(self.count_only)]),
+            "sparse_head": torch.tensor([float(self.sparse_head)]),
         }
 
     def set_global_parameters(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -1295,6 +1360,8 @@ class FedALS:
             self.rounds_applied = int(tensors["rounds_applied"].reshape(-1)[0])
             if "count_only" in tensors:
                 self.count_only = bool(tensors["count_only"].reshape(-1)[0] > 0.5)
+            if "sparse_head" in tensors:
+                self.sparse_head = bool(tensors["sparse_head"].reshape(-1)[0] > 0.5)
         self._eval_x = None
 
     def state_dict(self) -> dict[str, Any]:
@@ -1307,6 +1374,8 @@ class FedALS:
             "head": self.head.clone(),
             "rounds_applied": self.rounds_applied,
             "count_only": self.count_only,
+            "sparse_head": self.sparse_head,
+            "head_share": self.head_share,
             "cooc_sum": None if self._cooc_sum is None else self._cooc_sum.clone(),
             "cooc_releases": self._cooc_releases,
         }
@@ -1330,6 +1399,9 @@ class FedALS:
         self._prior_precision = float(state.get("prior_precision", 0.0))
         self.rounds_applied = int(state.get("rounds_applied", 0))
         self.count_only = bool(state.get("count_only", False))
+        self.sparse_head = bool(state.get("sparse_head", False))
+        share = state.get("head_share")
+        self.head_share = None if share is None else float(share)
         cooc = state.get("cooc_sum")
         if cooc is not None and (
             not isinstance(cooc, torch.Tensor) or cooc.shape != (self.gram * (self.gram - 1) // 2,)
