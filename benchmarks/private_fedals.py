@@ -115,6 +115,7 @@ VARIANTS: dict[str, tuple[dict[str, Any], int | None, float | None]] = {
     "gram head z 3": ({"gram_head_z": 3.0}, None, None),
     "count items 20": ({"count_items": 20}, None, None),
     "no noise-limited head rule": ({"sparse_head_below": 0.0}, None, None),
+    "gram head z 3 with tail counts": ({"gram_head_z": 3.0, "tail_counts": True}, None, None),
     "DP-FedAvg": ({"private": False}, 5, 10.0),
 }
 METRICS = ("test_hr@10", "test_full_hr@10")

@@ -1050,7 +1050,6 @@ def test_noise_limited_head_rule_cuts_the_set_and_counts_the_rest(small_split, f
     fresh = FedALS(small_split, cfg, generator=torch.Generator().manual_seed(5))
     fresh.load_state_dict(m.state_dict())  # a resumed server keeps the decision
     assert fresh.sparse_head is fires and torch.equal(fresh.head, m.head)
-    assert fresh.head_share == m.head_share
 
 
 def test_noise_limited_head_rule_is_off_where_the_user_shapes_the_set(small_split):
@@ -1071,13 +1070,58 @@ def test_noise_limited_head_rule_is_off_where_the_user_shapes_the_set(small_spli
     ):
         params = with_population(FedALSConfig(private=True, **given))
         assert not sparse_head_rule(params), given
-    # Every item below the noise: with the rule the set would be empty; with it off, 12 items.
-    for below, want in ((0.5, True), (0.0, False)):
-        cfg = FedALSConfig(private=True, private_dim=3, gram_items=12, sparse_head_below=below)
+    # Every item below the noise: with the rule the set is empty (and the co-occurrence
+    # rounds still run: counts only, no factor); with it off, or with gram_head_z given
+    # (which keeps its own cut), no rule.
+    users = torch.arange(small_split.n_users)
+    for given, fired in (
+        ({}, True),
+        ({"sparse_head_below": 0.0}, False),
+        ({"gram_head_z": 5.0}, False),
+    ):
+        cfg = FedALSConfig(private=True, private_dim=3, gram_items=12, **given)
         m = FedALS(small_split, cfg, generator=torch.Generator().manual_seed(0))
         _count_release(m, 1e4, seed=1)
-        assert m.sparse_head is want
-        assert int(m.head.sum()) == (0 if want else 12)
+        assert m.sparse_head is fired and (m.head_share is not None) is fired
+        assert int(m.head.sum()) == (12 if given.get("sparse_head_below") == 0.0 else 0)
+        if fired:
+            up, _ = m.client_round(users, 1, None)
+            parts = m.layout.split(up.dense().double())
+            assert float(parts["cooc"].abs().max()) == 0.0 and float(up.norms().max()) <= 1 + 1e-6
+            total = up.weighted_sum(torch.ones(len(up)))
+            m.apply_aggregate(Aggregate(total=total, contributors=len(up), denominator=len(up)), 1)
+            assert float(m.V.abs().max()) == 0.0 and m.sparse_head
     for bad in ({"sparse_head_below": 1.5}, {"sparse_head_below": -0.1}, {"sparse_head_z": 0.0}):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             FedALSConfig(private=True, **bad)
+
+
+def test_noise_limited_head_rule_reads_the_count_at_its_precision(small_split):
+    """With two count rounds the rule compares the combined count with its own noise std,
+    sigma / sqrt(2); an audit's canary items join the set beside the items that clear it."""
+    big, sigma, audit = 12, 0.5, 2
+    cfg = FedALSConfig(private=True, private_dim=3, gram_items=big, count_rounds=2)
+    users = torch.arange(small_split.n_users)
+
+    def counted(m: FedALS) -> None:
+        gen = torch.Generator().manual_seed(9)
+        for r in (0, 1):
+            up, _ = m.client_round(users, r, None)
+            total = up.weighted_sum(torch.ones(len(up)))
+            noisy = total + torch.randn(total.shape, generator=gen) * sigma
+            agg = Aggregate(total=noisy, contributors=len(up), denominator=len(up), noise_std=sigma)
+            m.apply_aggregate(agg, r)
+
+    probe = FedALS(small_split, cfg, generator=torch.Generator().manual_seed(0))
+    counted(probe)
+    n = small_split.n_items
+    top = torch.sort(probe.prior[: n - audit], descending=True).values[:big]
+    std = sigma / math.sqrt(2)
+    z = float(top[2] + top[3]) / 2 / std  # 3 of the 12 clear z at the combined precision
+    assert int((top > z * sigma).sum()) < 3  # at one release's std fewer would
+    cfg = dataclasses.replace(cfg, sparse_head_z=z, gram_audit_items=audit)
+    m = FedALS(small_split, cfg, generator=torch.Generator().manual_seed(0))
+    counted(m)
+    assert m.head_share == pytest.approx(3 / big) and m.sparse_head
+    assert int(m.head[: n - audit].sum()) == 3 and bool(m.head[n - audit :].all())
+    assert torch.equal(m.head[: n - audit], m.prior[: n - audit] > z * std)

@@ -111,8 +111,8 @@ class FedALSConfig:
             when ``N / sigma`` of a 4-round run is at least ``large_above``); ``config.toml``
             records the choice. It sets ``head_z``,
             ``prior_weight``, ``tail_last``, ``combine_counts``, ``tail_counts``,
-            ``gram_items`` and ``gram_head_z`` where they are not given (docs/privacy.md, "The
-            population rule").
+            ``gram_items``, ``gram_head_z`` and ``sparse_head_below`` where they are not given
+            (docs/privacy.md, "The population rule").
         large_above: Private mode: the users per unit of noise from which the population
             rule chooses ``"large"``.
         head_z: Private mode: items whose released count exceeds ``head_z`` times its noise
@@ -166,10 +166,12 @@ class FedALSConfig:
             them (as ``gram_head_z = sparse_head_z`` with ``tail_counts``): most of the set
             would be chosen by noise, and a count with the whole run's precision ranks the
             rest better (docs/privacy.md, "A noise-limited head"). Decided once from the
-            released count (post-processing: no privacy cost), sent to the clients with the
-            model; off where ``gram_head_z``, ``tail_counts`` or ``count_items`` is set. 0:
-            never (None: from ``population``: 0.5 small, 0 large).
-        sparse_head_z: Private mode: the noise stds of ``sparse_head_below``.
+            released count (post-processing: no privacy cost); the clients read the decision
+            off the released head (the set is then shorter than ``gram_items``). Off where
+            ``gram_head_z`` > 0, ``tail_counts`` is true or ``count_items`` is set. 0: never
+            (None: from ``population``: 0.5 small, 0 large).
+        sparse_head_z: Private mode: how many of the released count's noise stds an item's
+            count must exceed to count as cleared by ``sparse_head_below``'s rule.
         gram_scale: Private mode: the co-occurrence round's factors are ``gram_scale``
             times the eigenvectors, each scaled by the square root of its eigenvalue over the
             largest (the scale sets how strongly the users' ``reg`` shrinks their solves).
@@ -291,9 +293,9 @@ class FedALSConfig:
         ):
             raise ConfigError(f"sparse_head_below must be a share in [0, 1], got {below!r}")
         z = self.sparse_head_z
-        if not (isinstance(z, int | float) and not isinstance(z, bool) and math.isfinite(z)):
-            raise ConfigError(f"sparse_head_z must be a finite number > 0, got {z!r}")
-        if z <= 0:
+        if not (
+            isinstance(z, int | float) and not isinstance(z, bool) and math.isfinite(z) and z > 0
+        ):
             raise ConfigError(f"sparse_head_z must be a finite number > 0, got {z!r}")
         for name in ("item_reg", "count_only_below", "large_above"):
             value = getattr(self, name)
@@ -551,7 +553,7 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
                 what += f" that clear {rp.gram_head_z:g} noise stds"
             if rp.tail_counts:
                 what += ", the others counted again in them"
-            if sparse_head_rule(rp):
+            if sparse_head_rule(rp) and ratio1 != math.inf:  # inf: no noise, no rule
                 what += (
                     f" (where fewer than {rp.sparse_head_below:.0%} of them clear "
                     f"{rp.sparse_head_z:g} noise stds, only those, the others counted again in "
@@ -864,9 +866,9 @@ class FedALS:
         # Private mode, co-occurrence rounds: the sum of their releases and how many.
         self._cooc_sum: torch.Tensor | None = None
         self._cooc_releases = 0
-        # Private mode: whether the noise-limited head rule (sparse_head_below) fired, and
-        # the share of the co-occurrence items whose count cleared its z (None: not applied).
-        self.sparse_head = False
+        # Private mode: the share of the co-occurrence items whose count cleared the
+        # noise-limited head rule's z when this server decided it (None: not decided here; a
+        # diagnostic, not state: whether the rule fired is read off the head, sparse_head).
         self.head_share: float | None = None
 
     # ------------------------------------------------------------------ clients
@@ -977,6 +979,19 @@ class FedALS:
     def _gram_round(self) -> bool:
         """Private mode: a co-occurrence round (after the count rounds, with ``gram_items``)."""
         return self.gram > 0 and not self._counting()
+
+    @property
+    def sparse_head(self) -> bool:
+        """Whether the noise-limited head rule (``sparse_head_below``) fired: the rule applies
+        and the head holds fewer of the catalogue's items than the set has room for, which
+        only the rule leaves it (the top ``limit`` otherwise; every item before the count
+        rounds end). A function of the released head, so a node receiving the model and a
+        resumed server agree without state of their own."""
+        if self.gram == 0 or not sparse_head_rule(self.config):
+            return False
+        n = self.split.n_items
+        audit = min(self.config.gram_audit_items, n)
+        return int(self.head[: n - audit].sum()) < self.gram - audit
 
     def _tail_counts(self) -> bool:
         """Co-occurrence rounds also count the items without a factor (``tail_counts``, or
@@ -1277,8 +1292,7 @@ class FedALS:
                 cleared = int((self.prior[top[:limit]] > self.config.sparse_head_z * std).sum())
                 self.head_share = cleared / limit
                 if cleared < float(self.config.sparse_head_below or 0.0) * limit:
-                    self.sparse_head = True
-                    limit = cleared
+                    limit = cleared  # the set falls short of its room: what sparse_head reads
             self.head = torch.zeros(n, dtype=torch.bool)
             self.head[top[:limit]] = True
             self.head[n - audit :] = True
@@ -1341,15 +1355,14 @@ class FedALS:
     # ------------------------------------------------------------------ state
     def global_parameters(self) -> dict[str, torch.Tensor]:
         """What every participant receives: the item factors V and, public because released,
-        the private mode's counts, its head items, the server's round counter and what the
-        count-only and noise-limited head rules decided."""
+        the private mode's counts, its head items (whose size tells the noise-limited head
+        rule's decision), the server's round counter and the count-only rule's decision."""
         return {
             "V": self.V,
             "prior": self.prior,
             "head": self.head.to(torch.float32),
             "rounds_applied": torch.tensor([float(self.rounds_applied)]),
             "count_only": torch.tensor([float(self.count_only)]),
-            "sparse_head": torch.tensor([float(self.sparse_head)]),
         }
 
     def set_global_parameters(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -1360,8 +1373,6 @@ class FedALS:
             self.rounds_applied = int(tensors["rounds_applied"].reshape(-1)[0])
             if "count_only" in tensors:
                 self.count_only = bool(tensors["count_only"].reshape(-1)[0] > 0.5)
-            if "sparse_head" in tensors:
-                self.sparse_head = bool(tensors["sparse_head"].reshape(-1)[0] > 0.5)
         self._eval_x = None
 
     def state_dict(self) -> dict[str, Any]:
@@ -1374,8 +1385,6 @@ class FedALS:
             "head": self.head.clone(),
             "rounds_applied": self.rounds_applied,
             "count_only": self.count_only,
-            "sparse_head": self.sparse_head,
-            "head_share": self.head_share,
             "cooc_sum": None if self._cooc_sum is None else self._cooc_sum.clone(),
             "cooc_releases": self._cooc_releases,
         }
@@ -1399,9 +1408,6 @@ class FedALS:
         self._prior_precision = float(state.get("prior_precision", 0.0))
         self.rounds_applied = int(state.get("rounds_applied", 0))
         self.count_only = bool(state.get("count_only", False))
-        self.sparse_head = bool(state.get("sparse_head", False))
-        share = state.get("head_share")
-        self.head_share = None if share is None else float(share)
         cooc = state.get("cooc_sum")
         if cooc is not None and (
             not isinstance(cooc, torch.Tensor) or cooc.shape != (self.gram * (self.gram - 1) // 2,)
