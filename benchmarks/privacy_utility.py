@@ -164,12 +164,15 @@ def private_modes(args: argparse.Namespace) -> None:
     ]
     tally = [0, 0]
     started = time.time()
+    selections: dict[str, set[str]] = {m: set() for m in models}  # each model's reported round
     for dataset in datasets:
         for eps in epsilons:
             cells = {
                 m: [c for s in range(seeds) if (c := _private_cell(m, dataset, eps, s, args))]
                 for m in models
             }
+            for m in models:
+                selections[m].update(str(c.get("selection")) for c in cells[m])
             base = max(cells.values(), key=len)
             if not base:
                 continue
@@ -215,8 +218,14 @@ def private_modes(args: argparse.Namespace) -> None:
         "fedals with user-level DP alone (its private mode, the population rule's choice), "
         + "; ".join(f"{m} with `{mode.flags()}`" for m, mode in modes.items() if mode)
         + ". User-level DP, delta 1e-5, PRV, noise and cohorts from OS randomness (no replay); "
-        f"mean ± sd over seeds 0-{seeds - 1} of the test metrics at the round selected on "
-        "validation. DP-MostPop: one Gaussian count release at the row's whole epsilon (20 "
+        f"mean ± sd over seeds 0-{seeds - 1} of the test metrics at the round each run reports, "
+        "as its summary's `selection` says: "
+        + "; ".join(
+            f"{' and '.join(m for m in models if selections[m] == chosen)}: "
+            + " / ".join(sorted(chosen))
+            for chosen in {frozenset(v): None for v in selections.values() if v}
+        )
+        + ". DP-MostPop: one Gaussian count release at the row's whole epsilon (20 "
         "items sampled per user), on the same split and seed. The paired difference is the "
         "run's metric less DP-MostPop's on the same seed (mean ± standard error); the last "
         "column is issue 14's rule: the mean over seeds at or above DP-MostPop's."

@@ -232,12 +232,14 @@ def main() -> None:
     variants = [v for v in args.variants.split(",") if v]
     started = time.time()
     rows = []
+    selections: set[str] = set()  # how the runs chose the round they report
     for dataset in datasets:
         for eps in epsilons:
             found = {
                 v: [_cell(dataset, eps, s, v, args) for s in range(args.seeds)] for v in variants
             }
             cells = {v: [c for c in found[v] if c is not None] for v in variants}
+            selections.update(str(c.get("selection")) for v in variants for c in cells[v])
             base = max(cells.values(), key=len)
             if not base:
                 continue
@@ -271,7 +273,8 @@ def main() -> None:
         + (
             "validation metrics of the last round"
             if args.validation
-            else "test metrics at the round selected on validation"
+            else "test metrics at the round each run reports, as its summary's `selection` says: "
+            + " / ".join(sorted(selections))
         )
         + "; user-level DP, delta 1e-5, every client every round"
         + (

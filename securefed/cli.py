@@ -244,7 +244,8 @@ def train(
         str | None,
         typer.Option(
             help="Metric that picks the reported round on validation: sampled HR@10 (default) "
-            "or full (full-ranking HR@10, every evaluated round ranked in full)."
+            "or full (full-ranking HR@10, every evaluated round ranked in full); or last (no "
+            "selection: the last round)."
         ),
     ] = None,
     negatives_from: Annotated[

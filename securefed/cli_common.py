@@ -223,6 +223,8 @@ def _print_summary(result: Any) -> None:
         if lift_full is not None:
             text += f", x{lift_full:.2f} full-ranking HR@10"
         out.print(text)
+    for line in s.get("model_notes", []):
+        out.print(line, highlight=False)
     for line in s.get("verdict", []):
         err.print(f"[bold yellow]{line}[/]")
     hint = private_mode_hint(s)
@@ -237,6 +239,8 @@ def _print_summary(result: Any) -> None:
         full = s.get("select_on") == "full"
         metric = "full-ranking HR@10" if full else "HR@10"
         text = f"reported round {s['selected_round']} (best validation {metric})"
+        if s.get("select_on") == "last":
+            text = f"reported round {s['selected_round']} (the last round: --select-on last)"
         last = s.get("final_test_full_hr@10" if full else "final_test_hr@10")
         if last is not None and s["selected_round"] != s["rounds"]:
             text += f"; the last round ({s['rounds']}) has test {metric} {last:.4f}"

@@ -279,9 +279,12 @@ class TrainConfig:
             more rounds (edit ``rounds`` in its ``config.toml`` and resume it).
         select_on: The metric that selects the reported round on validation: ``"sampled"``
             HR@10 (then NDCG@10) among 99 sampled negatives, the papers' protocol, or
-            ``"full"``-ranking HR@10 (every evaluated round is then ranked in full). None:
-            sampled, unless the model settles it on the data (fedals's large population,
-            where the sampled metric cannot tell its rounds apart; docs/privacy.md).
+            ``"full"``-ranking HR@10 (every evaluated round is then ranked in full); or
+            ``"last"``: no selection, the last evaluated round is reported. None: sampled,
+            unless the model settles it on the data (fedals's private mode: the last round in
+            its small population, whose rounds add releases to one model; full ranking in its
+            large one, where the sampled metric cannot tell its rounds apart;
+            docs/privacy.md).
         eval_users: Rank only a fixed, seeded sample of this many users in full (every user
             still gets the sampled protocol): full ranking costs users x items, too much on a
             large population for some models. The full-ranking metrics are then estimates of
@@ -328,8 +331,8 @@ class TrainConfig:
                 raise ConfigError(
                     f"{name.replace('_', ' ')} must be a positive integer, got {value!r}"
                 )
-        if self.select_on not in (None, "sampled", "full"):
-            raise ConfigError(f"select on must be sampled or full, got {self.select_on!r}")
+        if self.select_on not in (None, "sampled", "full", "last"):
+            raise ConfigError(f"select on must be sampled, full or last, got {self.select_on!r}")
         if not isinstance(self.keep_private_state, bool):
             raise ConfigError(
                 f"keep private state must be true or false, got {self.keep_private_state!r}"

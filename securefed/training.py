@@ -317,17 +317,25 @@ def _evaluate_round(
     return out
 
 
+#: ``_selection_keys`` with ``select_on = "last"``: every evaluated round replaces the one
+#: before (the first key says which lines were evaluated).
+LAST_ROUND = ("val_hr@10", "")
+
+
 def _selection_keys(config: TrainConfig) -> tuple[str, str]:
     """The metrics the selection rule compares (``TrainConfig.select_on``)."""
     if config.select_on == "full":
         return ("val_full_hr@10", "val_full_ndcg@10")
+    if config.select_on == "last":
+        return LAST_ROUND
     return ("val_hr@10", "val_ndcg@10")
 
 
 def _is_better(record: dict[str, Any], best: dict[str, Any] | None, keys: tuple[str, str]) -> bool:
     """The selection rule: best validation HR@10, then NDCG@10 (sampled, or full ranking with
-    ``select_on = "full"``); ties go to the later round."""
-    if best is None:
+    ``select_on = "full"``); ties go to the later round. With ``select_on = "last"`` every
+    evaluated round is better than the ones before."""
+    if best is None or keys == LAST_ROUND:
         return True
     return tuple(record[k] for k in keys) >= tuple(best[k] for k in keys)
 
@@ -368,6 +376,7 @@ def _summary(
     seconds: float,
     aggregator: Aggregator,
     stopped: str | None,
+    model: Any = None,
 ) -> dict[str, Any]:
     evaluated = [m for m in metrics if "val_hr@10" in m]
     summary: dict[str, Any] = {
@@ -383,7 +392,9 @@ def _summary(
         "train_interactions": split.n_train,
         "synthetic": split.report.synthetic,
         "selection": (
-            "round with the best validation "
+            "the last evaluated round"
+            if config.select_on == "last"
+            else "round with the best validation "
             + ("full-ranking " if config.select_on == "full" else "")
             + "HR@10 (ties: latest)"
         ),
@@ -408,6 +419,10 @@ def _summary(
         summary["aborted_reason"] = str(aborted[0]["aborted"])
     summary.update(_privacy_summary(aggregator))
     summary.update(_baselines(config, split, summary))
+    # What the model decided while it trained (Recommender.run_notes, optional).
+    notes = getattr(model, "run_notes", None)
+    if callable(notes) and (lines := list(notes())):
+        summary["model_notes"] = [str(line) for line in lines]
     return summary
 
 
@@ -814,7 +829,7 @@ def _train(
     if budget_spent and metrics and config.keep_private_state:
         _checkpoint(run_dir, model, aggregator, metrics[-1]["round"], seconds)
     _complete_selected_round(config, split, metrics, run_dir)
-    summary = _summary(config, split, metrics, seconds, aggregator, stopped)
+    summary = _summary(config, split, metrics, seconds, aggregator, stopped, model)
     summary["train_seconds"] = round(train_seconds, 3)
     if diverged_round is not None:
         summary["diverged_round"] = diverged_round

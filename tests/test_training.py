@@ -280,6 +280,43 @@ def test_selection_rule_picks_the_best_round_of_its_metric(tmp_path, select_on):
     assert res.summary["test_full_hr@10"] == best["test_full_hr@10"]
 
 
+def test_select_on_last_ignores_better_earlier_rounds():
+    """The rule itself: with select_on last a later evaluated round replaces a better earlier
+    one (and an unevaluated line is skipped); with the default the better one stays."""
+    from securefed.training import _selected_round
+
+    lines = [
+        {"round": 1, "val_hr@10": 0.9, "val_ndcg@10": 0.5},
+        {"round": 2, "val_hr@10": 0.4, "val_ndcg@10": 0.2},
+        {"round": 3},
+    ]
+    last = TrainConfig(model="fedals", rounds=3, select_on="last")
+    assert _selected_round(lines, last)["round"] == 2
+    assert _selected_round(lines, TrainConfig(model="fedals", rounds=3))["round"] == 1
+
+
+def test_select_on_last_reports_the_last_round(tmp_path):
+    """select_on last: no choice on validation, the last evaluated round is reported (here
+    with evaluations every second round of five: the last evaluation is round 5, the final
+    one, and round 4, the last on the cadence, is not it)."""
+    cfg = TrainConfig(
+        model="fedals",
+        rounds=5,
+        eval_every=2,
+        synthetic_users=120,
+        synthetic_items=200,
+        select_on="last",
+    )
+    res = train(cfg, out=tmp_path / "run")
+    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evaluated = [m for m in metrics if "val_hr@10" in m]
+    assert [m["round"] for m in evaluated] == [2, 4, 5]
+    assert res.summary["selected_round"] == 5
+    assert res.summary["selection"] == "the last evaluated round"
+    for key in ("test_hr@10", "test_full_hr@10", "val_hr@10"):
+        assert res.summary[key] == evaluated[-1][key]
+
+
 def test_select_on_from_the_command_line(tmp_path):
     """--select-on full reaches the config and the summary line; a bad value is one line,
     exit 2."""
@@ -291,5 +328,8 @@ def test_select_on_from_the_command_line(tmp_path):
     assert "best validation full-ranking HR@10" in " ".join(res.output.split())
     assert tomllib.loads((out / "config.toml").read_text())["select_on"] == "full"
     bad = runner.invoke(app, [*args, "--select-on", "bogus", "--out", str(tmp_path / "b")])
-    assert bad.exit_code == 2 and "select on must be sampled or full" in bad.output
+    assert bad.exit_code == 2 and "select on must be sampled, full or last" in bad.output
+    last = runner.invoke(app, [*args, "--select-on", "last", "--out", str(tmp_path / "l")])
+    assert last.exit_code == 0, last.output
+    assert "reported round 2 (the last round: --select-on last)" in " ".join(last.output.split())
     assert not (tmp_path / "b").exists()

@@ -250,6 +250,10 @@ class Recommender(Protocol):
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume training exactly (global and private state).
 
+        A model may also define ``run_notes()``: lines saying what it decided from the
+        released statistics while it trained (fedals's noise-limited head rule), which the
+        run's ``summary.json`` keeps as ``model_notes`` and ``securefed train`` prints.
+
         A model may also define ``checkpoint_state()``: the same state in a smaller form
         that its ``load_state_dict`` reads back to the same bits; checkpoints store that form
         (FedRAP's sparse private views, :meth:`securefed.models.fedrap.FedRAP.checkpoint_state`).

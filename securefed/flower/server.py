@@ -407,7 +407,7 @@ class FederatedServer:
         seconds = time.perf_counter() - started
         if stopped is not None and metrics:
             self._checkpoint(model, agg, metrics[-1]["round"], seconds)
-        summary = _summary(config, split, metrics, seconds, agg, stopped)
+        summary = _summary(config, split, metrics, seconds, agg, stopped, model)
         summary["train_seconds"] = round(train_seconds, 3)
         summary["engine"] = "flower"
         if stopped is not None:  # no later round can be released: finished, not resumable

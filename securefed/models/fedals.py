@@ -474,7 +474,10 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
     its result): a private run whose ``population`` is unset is ``"large"`` when
     :func:`population_ratio` is at least ``large_above``, else ``"small"``; a large run (chosen
     or given) left at the private default of rounds runs :data:`LARGE_ROUNDS` and, unless
-    ``select_on`` is given, selects its round on full-ranking validation HR@10.
+    ``select_on`` is given, selects its round on full-ranking validation HR@10; a small one
+    reports its last round (``select_on = "last"``): its rounds add releases to one model, the
+    last holds them all, and a choice among them on noisy validation metrics only picks an
+    earlier one by chance (docs/privacy.md, "The last round, not the best on validation").
 
     Why: with few users per unit of noise (MovieLens 100K and FilmTrust, ``N / sigma`` <=
     1,020 at epsilon <= 8) the small mode beats the large one at every epsilon; on Gowalla
@@ -529,6 +532,8 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
         # tail negatives; the tail's order is the count round's): it cannot tell the rounds
         # apart (0.3318-0.3324 on Gowalla), the full ranking is what the factors change.
         changes["select_on"] = "full"
+    elif population == "small" and config.select_on is None:
+        changes["select_on"] = "last"
     resolved = dataclasses.replace(config, **changes)
     rp = resolved.params
     count_why = ""
@@ -567,11 +572,13 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
                 f"{rp.head_z:g} noise stds"
             )
         what += (
-            ", a popularity prior"
-            if population == "small"
-            else ", the rest ranked last by count; round selected on "
-            f"{resolved.select_on or 'sampled'} validation HR@10"
+            ", a popularity prior" if population == "small" else ", the rest ranked last by count"
         )
+    what += (
+        "; the last round reported"
+        if resolved.select_on == "last"
+        else f"; round selected on {resolved.select_on or 'sampled'} validation HR@10"
+    )
     rounds_why = (
         f", the large mode's (--rounds {config.rounds}, the private default, was raised; "
         "any other number of rounds is kept)"
@@ -992,6 +999,29 @@ class FedALS:
         n = self.split.n_items
         audit = min(self.config.gram_audit_items, n)
         return int(self.head[: n - audit].sum()) < self.gram - audit
+
+    def run_notes(self) -> list[str]:
+        """What the private mode decided from its releases (``summary.json``'s
+        ``model_notes``): the noise-limited head rule's outcome, where it applied."""
+        if self.gram == 0 or not sparse_head_rule(self.config):
+            return []
+        n = self.split.n_items
+        audit = min(self.config.gram_audit_items, n)
+        room, kept = self.gram - audit, int(self.head[: n - audit].sum())
+        if kept == n - audit > room:
+            return []  # the count rounds never ended: nothing was decided
+        cfg = self.config
+        rule = (
+            f"noise-limited head rule (fewer than {float(cfg.sparse_head_below or 0):.0%} of the "
+            f"{room:,} most counted items clearing {cfg.sparse_head_z:g} noise stds)"
+        )
+        share = "" if self.head_share is None else f" ({self.head_share:.0%} cleared them)"
+        if self.sparse_head:
+            return [
+                f"private fedals: {rule} fired{share}: factors for the {kept:,} items that "
+                "clear them, every other item counted again in the co-occurrence rounds"
+            ]
+        return [f"private fedals: {rule} did not fire{share}: factors for all {room:,}"]
 
     def _tail_counts(self) -> bool:
         """Co-occurrence rounds also count the items without a factor (``tail_counts``, or
