@@ -240,9 +240,9 @@ def _print_summary(result: Any) -> None:
         metric = "full-ranking HR@10" if full else "HR@10"
         text = f"reported round {s['selected_round']} (best validation {metric})"
         if s.get("select_on") == "last":
-            text = f"reported round {s['selected_round']} (the last round: --select-on last)"
+            text = f"reported round {s['selected_round']} (the last evaluated round: no choice)"
         last = s.get("final_test_full_hr@10" if full else "final_test_hr@10")
-        if last is not None and s["selected_round"] != s["rounds"]:
+        if last is not None and s["selected_round"] != s["rounds"] and s.get("select_on") != "last":
             text += f"; the last round ({s['rounds']}) has test {metric} {last:.4f}"
         out.print(text)
     if s.get("epsilon") is not None:

@@ -475,8 +475,8 @@ def _blocks(
         )
     captions = {
         "frontier": "Each point is the mean test metric over seeds at the round each run "
-        "reports (the best validation HR@10; the last round for fedals's private mode in a "
-        "small population); bars span the seeds. Top: the sampled protocol (the held-out item "
+        "reports (the best validation HR@10; the last round for fedals's private mode); bars "
+        "span the seeds. Top: the sampled protocol (the held-out item "
         "ranked against 99 sampled non-interacted items); bottom: full ranking over every item. "
         "Read it from right to left: how much utility each step down in epsilon costs. Points at "
         "∞ are the non-private references (none, and secagg, which adds no noise). Grey "

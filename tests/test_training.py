@@ -331,5 +331,5 @@ def test_select_on_from_the_command_line(tmp_path):
     assert bad.exit_code == 2 and "select on must be sampled, full or last" in bad.output
     last = runner.invoke(app, [*args, "--select-on", "last", "--out", str(tmp_path / "l")])
     assert last.exit_code == 0, last.output
-    assert "reported round 2 (the last round: --select-on last)" in " ".join(last.output.split())
+    assert "reported round 2 (the last evaluated round: no choice)" in " ".join(last.output.split())
     assert not (tmp_path / "b").exists()

@@ -102,14 +102,14 @@ class FedALSConfig:
             co-occurrence rounds, 1 in its ALS mode).
         population: Private mode: ``"small"`` (one count round, then two co-occurrence
             rounds over the ``gram_items`` most counted items, a popularity prior in the
-            scores, the round selected on sampled validation HR@10) or ``"large"`` (two count
-            rounds and two co-occurrence rounds, no prior, items without a factor ranked
-            below every item with one by their count, the round selected on full-ranking
-            validation HR@10; with ``gram_items`` 0 the ALS mode: factors for items whose count
+            scores) or ``"large"`` (two count rounds and two co-occurrence rounds, no prior,
+            items without a factor ranked below every item with one by their count; with
+            ``gram_items`` 0 the ALS mode: factors for items whose count
             clears ``head_z`` noise stds, an ALS round and two Newton rounds). None: chosen
             from the data when the run starts, by :func:`resolve_population` (``"large"``
             when ``N / sigma`` of a 4-round run is at least ``large_above``); ``config.toml``
-            records the choice. It sets ``head_z``,
+            records the choice. Either reports its last round unless ``select_on`` is
+            given. It sets ``head_z``,
             ``prior_weight``, ``tail_last``, ``combine_counts``, ``tail_counts``,
             ``gram_items``, ``gram_head_z`` and ``sparse_head_below`` where they are not given
             (docs/privacy.md, "The population rule").
@@ -473,11 +473,11 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
     """The population rule, applied when a new run's data is loaded (``config.toml`` records
     its result): a private run whose ``population`` is unset is ``"large"`` when
     :func:`population_ratio` is at least ``large_above``, else ``"small"``; a large run (chosen
-    or given) left at the private default of rounds runs :data:`LARGE_ROUNDS` and, unless
-    ``select_on`` is given, selects its round on full-ranking validation HR@10; a small one
-    reports its last round (``select_on = "last"``): its rounds add releases to one model, the
-    last holds them all, and a choice among them on noisy validation metrics only picks an
-    earlier one by chance (docs/privacy.md, "The last round, not the best on validation").
+    or given) left at the private default of rounds runs :data:`LARGE_ROUNDS`. Either
+    reports its last round unless ``select_on`` is given (``select_on = "last"``): its rounds
+    add releases to one model, the last holds them all, and a choice among them on noisy
+    validation metrics only picks an earlier one by chance (docs/privacy.md, "The last round,
+    not the best on validation").
 
     Why: with few users per unit of noise (MovieLens 100K and FilmTrust, ``N / sigma`` <=
     1,020 at epsilon <= 8) the small mode beats the large one at every epsilon; on Gowalla
@@ -527,12 +527,11 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
             f"{LARGE_GRAM_RANGE[0]:,}-{LARGE_GRAM_RANGE[1]:,}"
         )
     changes["params"] = with_population(params, population)
-    if population == "large" and config.select_on is None:
-        # Sampled HR@10 is fixed by the head / tail split here (a head item beats the ~95
-        # tail negatives; the tail's order is the count round's): it cannot tell the rounds
-        # apart (0.3318-0.3324 on Gowalla), the full ranking is what the factors change.
-        changes["select_on"] = "full"
-    elif population == "small" and config.select_on is None:
+    if config.select_on is None:
+        # Every round adds a release to one model and the last holds them all: no choice on
+        # validation, which would only pick an earlier round by its noise (docs/privacy.md,
+        # "The last round, not the best on validation"; the large mode selected on full
+        # ranking before, and chose its last round in all twelve Gowalla runs measured).
         changes["select_on"] = "last"
     resolved = dataclasses.replace(config, **changes)
     rp = resolved.params
@@ -1002,14 +1001,14 @@ class FedALS:
 
     def run_notes(self) -> list[str]:
         """What the private mode decided from its releases (``summary.json``'s
-        ``model_notes``): the noise-limited head rule's outcome, where it applied."""
-        if self.gram == 0 or not sparse_head_rule(self.config):
-            return []
+        ``model_notes``): the noise-limited head rule's outcome, where it applied (the share
+        that cleared only in the run that decided it: a resumed server keeps the head, not
+        the share)."""
+        if self.gram == 0 or not sparse_head_rule(self.config) or self._counting():
+            return []  # no rule, or the count rounds never ended: nothing was decided
         n = self.split.n_items
         audit = min(self.config.gram_audit_items, n)
         room, kept = self.gram - audit, int(self.head[: n - audit].sum())
-        if kept == n - audit > room:
-            return []  # the count rounds never ended: nothing was decided
         cfg = self.config
         rule = (
             f"noise-limited head rule (fewer than {float(cfg.sparse_head_below or 0):.0%} of the "
