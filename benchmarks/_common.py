@@ -47,6 +47,27 @@ def mean_sd(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
 
 
+def private_fedals_replay(dataset: str, eps: float, seed: int, data_dir: str) -> tuple:
+    """``(model, split)`` of the private fedals as shipped at ``eps`` (user-level, delta
+    1e-5) on ``dataset``'s split for ``seed``, noise from the seed (replay), trained in a
+    temporary run directory."""
+    import tempfile
+
+    from securefed import PrivacyConfig, TrainConfig, train
+    from securefed.training import load_split
+
+    cfg = TrainConfig(
+        model="fedals",
+        dataset=dataset,
+        data_dir=data_dir,
+        seed=seed,
+        privacy=PrivacyConfig(epsilon=eps, delta=1e-5, replay=True),
+    )
+    split = load_split(cfg)
+    with tempfile.TemporaryDirectory() as run:
+        return train(cfg, split=split, out=run).model, split
+
+
 def mean_of(cell: str) -> float:
     """The mean of a ``mean ± sd`` table cell (or of a single value)."""
     return float(cell.split("±")[0].strip())

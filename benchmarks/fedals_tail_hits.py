@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -38,21 +37,11 @@ def cell(dataset: str, eps: float, seed: int, data_dir: str) -> dict[str, Any]:
     count ranks (fedals's release, DP-MostPop's) of the held-out items DP-MostPop hits."""
     import numpy as np
     import torch
+    from _common import private_fedals_replay
 
-    from securefed import PrivacyConfig, TrainConfig, train
     from securefed.baselines import dp_mostpop_counts
-    from securefed.training import load_split
 
-    cfg = TrainConfig(
-        model="fedals",
-        dataset=dataset,
-        data_dir=data_dir,
-        seed=seed,
-        privacy=PrivacyConfig(epsilon=eps, delta=1e-5, replay=True),
-    )
-    split = load_split(cfg)
-    with tempfile.TemporaryDirectory() as run:
-        model = train(cfg, split=split, out=run).model
+    model, split = private_fedals_replay(dataset, eps, seed, data_dir)
     if model.count_only:
         raise SystemExit(f"{dataset} at epsilon {eps:g} is count-only: no co-occurrence items")
     counts, _ = dp_mostpop_counts(split, epsilon=eps, delta=1e-5, privacy_unit="user", seed=seed)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,17 +24,9 @@ sys.path.insert(0, str(ROOT))
 def cell(dataset: str, eps: float, seed: int, data_dir: str) -> tuple[float | None, bool, int]:
     """The rule's share, whether it fired and the number of items with a factor, for one run
     (share None: the rule did not apply, e.g. a count-only or large-population run)."""
-    from securefed import PrivacyConfig, TrainConfig, train
+    from _common import private_fedals_replay
 
-    cfg = TrainConfig(
-        model="fedals",
-        dataset=dataset,
-        data_dir=data_dir,
-        seed=seed,
-        privacy=PrivacyConfig(epsilon=eps, delta=1e-5, replay=True),
-    )
-    with tempfile.TemporaryDirectory() as run:
-        model = train(cfg, out=run).model
+    model, _ = private_fedals_replay(dataset, eps, seed, data_dir)
     return model.head_share, bool(model.sparse_head), int(model.head.sum())
 
 
