@@ -63,17 +63,20 @@ def test_fedals_undefended_attacks_succeed(tmp_path) -> None:
     [
         {},
         {"count_only_below": 0.0},
+        {"count_only_below": 0.0, "sparse_head_below": 0.0},
         {"count_only_below": 0.0, "gram_items": 0},
         {"population": "large", "rounds": 4},
     ],
-    ids=["count-only", "co-occurrence", "als", "large"],
+    ids=["count-only", "co-occurrence", "co-occurrence-full-set", "als", "large"],
 )
 def test_private_fedals_audit_sees_the_release(tmp_path, params) -> None:
     """Epsilon 2: the upload observer (central DP trusts the server) still reads every item,
     and the canary bound stays below the accountant's. At 300 users the count-only rule
     makes both rounds count rounds (default); ``count_only_below=0`` gives a count round and
-    a co-occurrence round (nothing of a canary item, never among the most counted, enters
-    it), with ``gram_items=0`` an ALS round (the canary test reads gradient row and count)."""
+    a co-occurrence round, whose set the noise-limited head rule cuts here (17 % of the 400
+    most counted items clear 3 noise stds: the round also counts every other item; the
+    audit's canary items join the set either way), and with ``sparse_head_below=0`` the 400;
+    with ``gram_items=0`` an ALS round (the canary test reads gradient row and count)."""
     res = _fedals(
         tmp_path,
         privacy=PrivacyConfig(epsilon=2.0),
