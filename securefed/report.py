@@ -376,12 +376,12 @@ class SweepEvent:
     """A progress notice of :func:`run_report`.
 
     ``kind`` is ``"plan"`` (once: ``total`` cells, ``done`` of them already finished),
-    ``"start"`` (a cell begins; ``stage`` is ``train`` or ``audit``; with ``jobs > 1`` only
-    for the first ``jobs`` cells, whose start is known), ``"round"`` (a training or audit
-    round finished; only when ``jobs == 1``), or ``"done"`` (a cell finished; ``seconds`` its
-    own run time). Cells reused from an earlier sweep are counted in the plan's ``done`` and
-    get no event (``reused`` is never set). The ``"plan"`` event carries the
-    :class:`SweepEstimate` of the cells left to run.
+    ``"start"`` (a cell begins; ``stage`` is ``train`` or ``audit``; with ``jobs > 1`` one per
+    cell as it is handed to a free worker, ``stage`` ``train``), ``"round"`` (a training or
+    audit round finished; only when ``jobs == 1``), or ``"done"`` (a cell finished;
+    ``seconds`` its own run time). Cells reused from an earlier sweep are counted in the
+    plan's ``done`` and get no event (``reused`` is never set). The ``"plan"`` event carries
+    the :class:`SweepEstimate` of the cells left to run.
     """
 
     kind: Literal["plan", "start", "round", "done"]
@@ -716,28 +716,36 @@ def _sweep(
 
     threads = max(1, usable_cores() // config.jobs)
     ctx = multiprocessing.get_context("spawn")
+    queue = list(todo)
     with ProcessPoolExecutor(max_workers=config.jobs, mp_context=ctx) as pool:
-        started: dict[Future[float], Cell] = {}
-        for cell, cell_dir, cfg in todo:
+        running: dict[Future[float], Cell] = {}
+
+        def start_next() -> None:
+            # At most `jobs` cells are submitted at a time, so a submitted cell has a free
+            # worker: its start event is when it starts.
+            cell, cell_dir, cfg = queue.pop(0)
             fut = pool.submit(
                 _cell_job, str(cell_dir), cfg.to_dict(), audit and cell.audited, threads
             )
-            started[fut] = cell
-        for cell in list(started.values())[: config.jobs]:
+            running[fut] = cell
             emit(SweepEvent("start", done, total, cell.name, stage="train"))
-        pending = set(started)
+
         try:
-            while pending:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for _ in range(min(config.jobs, len(queue))):
+                start_next()
+            while running:
+                finished, _ = wait(set(running), return_when=FIRST_COMPLETED)
                 for fut in finished:
-                    # A failed cell stops the sweep with its own error. Its seconds are the
-                    # worker's: all cells are queued at once, so the time since submission
-                    # would count the wait for a free worker (and grow the time-left figure).
+                    # A failed cell stops the sweep with its own error; its seconds are the
+                    # worker's own.
+                    cell = running.pop(fut)
                     seconds = fut.result()
                     done += 1
-                    emit(SweepEvent("done", done, total, started[fut].name, seconds=seconds))
+                    emit(SweepEvent("done", done, total, cell.name, seconds=seconds))
+                    if queue:
+                        start_next()
         except BaseException:
-            for fut in pending:
+            for fut in running:
                 fut.cancel()
             raise
 

@@ -771,8 +771,10 @@ def test_parallel_jobs_give_the_same_results_as_one_job(tmp_path):
     )  # fmt: skip
     one = run_report(ReportConfig(**cfg, jobs=1), out=tmp_path / "one")
     done: list[tuple[float, float]] = []  # (seconds reported, when)
+    events: list[SweepEvent] = []
 
     def progress(event: SweepEvent) -> None:
+        events.append(event)
         if event.kind == "done":
             done.append((event.seconds, time.perf_counter()))
 
@@ -782,6 +784,18 @@ def test_parallel_jobs_give_the_same_results_as_one_job(tmp_path):
     # spent more than twice the sweep's time (the time since submission summed to more).
     seconds = [s for s, _ in done]
     assert len(seconds) == 6 and min(seconds) > 0  # 4 model cells, 2 references
+    # Every cell starts once, before it is done, and never more than two run at once.
+    in_flight: set[str] = set()
+    for e in events:
+        if e.kind == "start":
+            assert e.cell not in in_flight and len(in_flight) < 2
+            in_flight.add(str(e.cell))
+        elif e.kind == "done":
+            in_flight.remove(str(e.cell))
+    assert not in_flight
+    assert sorted(str(e.cell) for e in events if e.kind == "start") == sorted(
+        str(e.cell) for e in events if e.kind == "done"
+    )
     assert sum(seconds) <= 2 * (done[-1][1] - t0)
     cols = ["cell", "test_hr@10", "test_ndcg@10", "epsilon_spent"]
     pd.testing.assert_frame_equal(
