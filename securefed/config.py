@@ -281,10 +281,9 @@ class TrainConfig:
             HR@10 (then NDCG@10) among 99 sampled negatives, the papers' protocol, or
             ``"full"``-ranking HR@10 (every evaluated round is then ranked in full); or
             ``"last"``: no selection, the last evaluated round is reported. None: sampled,
-            unless the model settles it on the data (fedals's private mode: the last round in
-            its small population, whose rounds add releases to one model; full ranking in its
-            large one, where the sampled metric cannot tell its rounds apart;
-            docs/privacy.md).
+            unless the model settles it on the data (fedals's private mode: the last round,
+            its rounds adding releases to one model; docs/privacy.md, "The last round, not the
+            best on validation").
         eval_users: Rank only a fixed, seeded sample of this many users in full (every user
             still gets the sampled protocol): full ranking costs users x items, too much on a
             large population for some models. The full-ranking metrics are then estimates of
