@@ -236,14 +236,15 @@ def _print_summary(result: Any) -> None:
             "this run's budget"
         )
     if "selected_round" in s:
-        full = s.get("select_on") == "full"
-        metric = "full-ranking HR@10" if full else "HR@10"
-        text = f"reported round {s['selected_round']} (best validation {metric})"
         if s.get("select_on") == "last":
             text = f"reported round {s['selected_round']} (the last evaluated round: no choice)"
-        last = s.get("final_test_full_hr@10" if full else "final_test_hr@10")
-        if last is not None and s["selected_round"] != s["rounds"] and s.get("select_on") != "last":
-            text += f"; the last round ({s['rounds']}) has test {metric} {last:.4f}"
+        else:
+            full = s.get("select_on") == "full"
+            metric = "full-ranking HR@10" if full else "HR@10"
+            text = f"reported round {s['selected_round']} (best validation {metric})"
+            last = s.get("final_test_full_hr@10" if full else "final_test_hr@10")
+            if last is not None and s["selected_round"] != s["rounds"]:
+                text += f"; the last round ({s['rounds']}) has test {metric} {last:.4f}"
         out.print(text)
     if s.get("epsilon") is not None:
         if s.get("noise_multipliers"):  # a resumed run's releases used more than one

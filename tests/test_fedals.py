@@ -326,6 +326,15 @@ def test_cooccurrence_upload_is_every_pair_of_head_items_at_unit_norm(small_spli
     torch.testing.assert_close(up.norms(), dense.norm(dim=1), rtol=1e-6, atol=1e-6)
 
 
+def _symmetric(packed: torch.Tensor, size: int) -> torch.Tensor:
+    """The symmetric ``[size, size]`` matrix (zero diagonal) whose upper triangle, row by row,
+    is ``packed`` (one upload's ``cooc`` part), in float64."""
+    rows, cols = torch.triu_indices(size, size, offset=1)
+    full = torch.zeros(size, size, dtype=torch.float64)
+    full[rows, cols] = packed.double()
+    return full + full.T
+
+
 def test_audit_items_join_the_cooccurrence_set_and_the_canary_reads_their_row(small_split):
     """``gram_audit_items`` (set by ``securefed audit``): the catalogue's last items join the
     co-occurrence set beside the ``gram_items`` most counted others, the layout grows by
@@ -357,7 +366,6 @@ def test_audit_items_join_the_cooccurrence_set_and_the_canary_reads_their_row(sm
     up, _ = m.client_round(users, 1, None)
     flat = up.dense()
     cooc = m.layout.split(flat.double())["cooc"]
-    rows, cols = torch.triu_indices(g, g, offset=1)
     outside = int(torch.nonzero(~m.head)[0])
     read = 0.0
     for item in [int(members[0]), int(members[5]), n - 1, outside]:
@@ -365,9 +373,7 @@ def test_audit_items_join_the_cooccurrence_set_and_the_canary_reads_their_row(sm
         got = hook(flat, gb, at).double()
         assert got.shape == (len(up), g)
         for c in range(len(up)):
-            full = torch.zeros(g, g, dtype=torch.float64)
-            full[rows, cols] = cooc[c]
-            full = full + full.T
+            full = _symmetric(cooc[c], g)
             want = (
                 full[(members == item).nonzero().reshape(-1)[0]] if item != outside else 0 * full[0]
             )
@@ -413,7 +419,6 @@ def test_canary_reads_its_row_where_the_noise_leaves_fewer_cooccurrence_items(sm
     up, _ = m.client_round(users, 1, None)
     flat = up.dense()
     cooc = m.layout.split(flat.double())["cooc"]
-    rows, cols = torch.triu_indices(room, room, offset=1)
     hook = SPEC.observer.canary_extra
     read = 0.0
     for position in (0, kept - 1, g - 1):
@@ -421,9 +426,7 @@ def test_canary_reads_its_row_where_the_noise_leaves_fewer_cooccurrence_items(sm
         got = hook(flat, gb, at).double()
         assert got.shape == (len(up), g)
         for c in range(len(up)):
-            full = torch.zeros(room, room, dtype=torch.float64)
-            full[rows, cols] = cooc[c]
-            full = full + full.T
+            full = _symmetric(cooc[c], room)
             torch.testing.assert_close(got[c], full[position, :g], rtol=0, atol=0)
         read += float(got.abs().sum())
     assert read > 0
@@ -1015,14 +1018,15 @@ def test_cooccurrence_rounds_without_a_count_round_are_refused(small_split):
     FedALS(small_split, ok, generator=torch.Generator().manual_seed(0))
 
 
-def _count_release(m: FedALS, sigma: float, seed: int) -> torch.Tensor:
-    """Apply the count round with Gaussian noise of std ``sigma``; the released count."""
+def _count_release(m: FedALS, sigma: float, gen: torch.Generator, r: int = 0) -> torch.Tensor:
+    """Apply count round ``r`` of every client with Gaussian noise of std ``sigma`` drawn
+    from ``gen``; the released count."""
     users = torch.arange(m.split.n_users)
-    up, _ = m.client_round(users, 0, None)
+    up, _ = m.client_round(users, r, None)
     total = up.weighted_sum(torch.ones(len(up)))
-    noisy = total + torch.randn(total.shape, generator=torch.Generator().manual_seed(seed)) * sigma
+    noisy = total + torch.randn(total.shape, generator=gen) * sigma
     m.apply_aggregate(
-        Aggregate(total=noisy, contributors=len(up), denominator=len(up), noise_std=sigma), 0
+        Aggregate(total=noisy, contributors=len(up), denominator=len(up), noise_std=sigma), r
     )
     return m.layout.split(noisy)["count"]
 
@@ -1037,7 +1041,7 @@ def test_noise_limited_head_rule_cuts_the_set_and_counts_the_rest(small_split, f
     big, sigma = 12, 0.5
     cfg = FedALSConfig(private=True, private_dim=3, gram_items=big)  # the small mode's 0.5
     probe = FedALS(small_split, cfg, generator=torch.Generator().manual_seed(0))
-    counts = _count_release(probe, sigma, seed=7)
+    counts = _count_release(probe, sigma, torch.Generator().manual_seed(7))
     top = torch.sort(counts, descending=True).values[:big]
     # A z between two of the top counts: 3 (fires) or 9 (does not) of the 12 clear it.
     cleared = 3 if fires else 9
@@ -1045,7 +1049,7 @@ def test_noise_limited_head_rule_cuts_the_set_and_counts_the_rest(small_split, f
     cfg = dataclasses.replace(cfg, sparse_head_z=z)
     m = FedALS(small_split, cfg, generator=torch.Generator().manual_seed(0))
     assert m.run_notes() == []  # nothing decided before the count round
-    _count_release(m, sigma, seed=7)
+    _count_release(m, sigma, torch.Generator().manual_seed(7))
     assert m.sparse_head is fires and m.head_share == pytest.approx(cleared / big)
     (note,) = m.run_notes()
     share = f"({cleared / big:.0%} cleared them)"
@@ -1118,7 +1122,7 @@ def test_noise_limited_head_rule_is_off_where_the_user_shapes_the_set(small_spli
     ):
         cfg = FedALSConfig(private=True, private_dim=3, gram_items=12, **given)
         m = FedALS(small_split, cfg, generator=torch.Generator().manual_seed(0))
-        _count_release(m, 1e4, seed=1)
+        _count_release(m, 1e4, torch.Generator().manual_seed(1))
         assert m.sparse_head is fired and (m.head_share is not None) is fired
         assert int(m.head.sum()) == (12 if given.get("sparse_head_below") == 0.0 else 0)
         if fired:
@@ -1138,16 +1142,11 @@ def test_noise_limited_head_rule_reads_the_count_at_its_precision(small_split):
     sigma / sqrt(2); an audit's canary items join the set beside the items that clear it."""
     big, sigma, audit = 12, 0.5, 2
     cfg = FedALSConfig(private=True, private_dim=3, gram_items=big, count_rounds=2)
-    users = torch.arange(small_split.n_users)
 
     def counted(m: FedALS) -> None:
         gen = torch.Generator().manual_seed(9)
         for r in (0, 1):
-            up, _ = m.client_round(users, r, None)
-            total = up.weighted_sum(torch.ones(len(up)))
-            noisy = total + torch.randn(total.shape, generator=gen) * sigma
-            agg = Aggregate(total=noisy, contributors=len(up), denominator=len(up), noise_std=sigma)
-            m.apply_aggregate(agg, r)
+            _count_release(m, sigma, gen, r)
 
     probe = FedALS(small_split, cfg, generator=torch.Generator().manual_seed(0))
     counted(probe)

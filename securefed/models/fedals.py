@@ -995,9 +995,15 @@ class FedALS:
         resumed server agree without state of their own."""
         if self.gram == 0 or not sparse_head_rule(self.config):
             return False
+        kept, room = self._set_fill()
+        return kept < room
+
+    def _set_fill(self) -> tuple[int, int]:
+        """The co-occurrence set's catalogue items in the head, and its room for them (an
+        audit's canary items, the catalogue's last, stand in it beside them)."""
         n = self.split.n_items
         audit = min(self.config.gram_audit_items, n)
-        return int(self.head[: n - audit].sum()) < self.gram - audit
+        return int(self.head[: n - audit].sum()), self.gram - audit
 
     def run_notes(self) -> list[str]:
         """What the private mode decided from its releases (``summary.json``'s
@@ -1006,9 +1012,7 @@ class FedALS:
         the share)."""
         if self.gram == 0 or not sparse_head_rule(self.config) or self._counting():
             return []  # no rule, or the count rounds never ended: nothing was decided
-        n = self.split.n_items
-        audit = min(self.config.gram_audit_items, n)
-        room, kept = self.gram - audit, int(self.head[: n - audit].sum())
+        kept, room = self._set_fill()
         cfg = self.config
         rule = (
             f"noise-limited head rule (fewer than {float(cfg.sparse_head_below or 0):.0%} of the "
@@ -1314,14 +1318,15 @@ class FedALS:
             audit = min(self.config.gram_audit_items, n)  # an audit's canary items: the last
             top = torch.argsort(self.prior[: n - audit], descending=True, stable=True)
             limit = self.gram - audit
+            ranked = self.prior[top[:limit]]  # the counts of the set's candidates, descending
             z = float(self.config.gram_head_z or 0.0)
             if z > 0 and std > 0:
-                limit = min(limit, int((self.prior[: n - audit] > z * std).sum()))
+                limit = int((ranked > z * std).sum())
             elif sparse_head_rule(self.config) and std > 0 and limit > 0:
-                cleared = int((self.prior[top[:limit]] > self.config.sparse_head_z * std).sum())
-                self.head_share = cleared / limit
-                if cleared < float(self.config.sparse_head_below or 0.0) * limit:
-                    limit = cleared  # the set falls short of its room: what sparse_head reads
+                clear = int((ranked > self.config.sparse_head_z * std).sum())
+                self.head_share = clear / limit
+                if clear < float(self.config.sparse_head_below or 0.0) * limit:
+                    limit = clear  # the set falls short of its room: what sparse_head reads
             self.head = torch.zeros(n, dtype=torch.bool)
             self.head[top[:limit]] = True
             self.head[n - audit :] = True
