@@ -52,7 +52,7 @@ from protocols.dp import (
     PrivacyLedger,
     calibrate_distributed_noise_multiplier,
     clip_scales,
-    clipped_count,
+    clipped_rows,
     discrete_gaussian,
     distributed_noise_plan,
     privacy_summary,
@@ -773,18 +773,19 @@ class PrivateAggregator:
         a DP run drawing from the OS takes a fresh one from the OS."""
         return secrets.randbits(63) if self.secure else self.seed
 
-    def clip_factors(self, updates: ClientUpdates) -> tuple[torch.Tensor, int]:
+    def clip_factors(self, updates: ClientUpdates) -> tuple[torch.Tensor, torch.Tensor]:
         """Each upload's scale ``min(1, C / ||x||)`` (zero for the split's null users: the
-        zero-out canaries, :func:`null_out`) and how many uploads the clip scaled; a Flower
-        node clips its users' uploads with it too."""
+        zero-out canaries, :func:`null_out`) and which uploads the clip scaled (bool, one per
+        row, :func:`protocols.dp.clipped_rows`); a Flower node clips its users' uploads with
+        it too."""
         norms = updates.norms()
         factors = null_out(clip_scales(norms, self.clip), updates.clients, self._null_users)
-        return factors, clipped_count(norms, self.clip)
+        return factors, clipped_rows(norms, self.clip)
 
     def __call__(self, updates: ClientUpdates, round_index: int) -> Aggregate | None:
         m = len(updates)
         factors, clipped = self.clip_factors(updates)
-        self._last = {"clipped_fraction": clipped / m if m else 0.0}
+        self._last = {"clipped_fraction": int(clipped.sum()) / m if m else 0.0}
         denominator = self._denominator(m)
         if self.secagg:
             return self._secure_round(updates, factors, round_index, denominator)

@@ -88,6 +88,9 @@ def test_distributed_run_equals_in_process_simulation(tmp_path, model):
         for key in METRICS:
             if key in a:
                 assert b[key] == pytest.approx(a[key], abs=1e-12), key
+        # The training counters, summed in the masked inputs (loss to 2^-16 a user).
+        assert b["clipped_fraction"] == a["clipped_fraction"]
+        assert b["loss"] == pytest.approx(a["loss"], abs=2.0**-16)
     # Same global model to the fixed-point precision: the nodes train their subsets of the
     # same round plan, so a float32 rounding difference can move one ring coordinate by one
     # unit (1/scale of the sum) per round; nothing larger is allowed.
@@ -166,7 +169,11 @@ def test_node_killed_mid_round_gives_the_survivors_sum(tmp_path, eager, stage, d
     for sid in survivors:  # cohort is everyone, so sid == user
         total += inputs[sid]
     total &= np.uint64((1 << bits) - 1)
-    mean = torch.from_numpy(params.codec.decode_sum(total)).to(torch.float32) / len(survivors)
+    mean = torch.from_numpy(params.codec.decode_sum(total[: agg.dim])).float() / len(survivors)
+    # The counters beside the update: only the survivors' are in the sum the server unmasked.
+    # (The loss is not replayed: this replay is one node, whose users carry its mean loss.)
+    trained, clipped, *_ = params.counters.decode_sum(total[agg.dim :])
+    assert trained == 40 and rec["clipped_fraction"] == clipped / 40
     c0 = torch.from_numpy(arrays["C"])
     expected = c0 + mean.reshape(c0.shape)
     got = runs.load_checkpoint(tmp_path / "fl")["global"]["C"]
@@ -178,9 +185,9 @@ def test_node_killed_mid_round_gives_the_survivors_sum(tmp_path, eager, stage, d
     for sid in range(60):
         everyone += inputs[sid]
     everyone &= np.uint64((1 << bits) - 1)
-    wrong = c0 + (torch.from_numpy(params.codec.decode_sum(everyone)).float() / 60).reshape(
-        c0.shape
-    )
+    wrong = c0 + (
+        torch.from_numpy(params.codec.decode_sum(everyone[: agg.dim])).float() / 60
+    ).reshape(c0.shape)
     assert float((got - wrong).abs().max()) > 100 * tol
     assert transport.dead == {101}
 
@@ -301,14 +308,16 @@ def test_tampered_masked_input_is_an_integrity_failure_treated_as_dropout(tmp_pa
 def test_server_never_receives_an_unmasked_input(tmp_path):
     cfg = _cfg(rounds=1)
     res, transport = _run(cfg, tmp_path)
-    inputs, params, _, _ = _replay_ring(cfg, tmp_path)
+    inputs, params, agg, _ = _replay_ring(cfg, tmp_path)
     bits = params.codec.modulus_bits
     dtype = ring_dtype(bits)
     body = wire.packed_bytes(inputs[0].size, bits)
     masked = {}
     for stage, _node, reply in transport.seen:
         assert not reply.arrays, f"a node sent arrays at stage {stage}"
-        assert set(reply.metrics) <= {"loss_sum", "trained", "clipped", "users"} | {
+        # Training counters ride in the masked inputs: only evaluation has metrics.
+        assert stage == "evaluate" or not reply.metrics, stage
+        assert set(reply.metrics) <= {"users"} | {
             k for k in reply.metrics if k.endswith(("hr@10", "ndcg@10"))
         }
         for key, value in reply.config.items():
@@ -320,6 +329,9 @@ def test_server_never_receives_an_unmasked_input(tmp_path):
     for sid, y in masked.items():
         x = inputs[sid].astype(dtype)
         assert np.mean(y == x) < 0.01  # masked: agrees with the input only by chance
+        # The training counters too (the user's loss and clip flag; 9 ring elements here, any
+        # one equal by chance with probability 2^-bits).
+        assert (y[agg.dim :] != x[agg.dim :]).all()
     # ...and yet the unmasked sum is exactly the inputs' sum (the round did complete).
     assert res.metrics[0]["secagg_survivors"] == 60
 
@@ -543,11 +555,13 @@ def test_node_encodes_an_update_concentrated_on_one_coordinate(model):
     params = round_parameters(agg, m)
     codec = params.codec
     assert agg.clip * codec.scale > codec.extra_int_bound  # the case the test is about
-    ring, clipped = encode_updates(agg, updates, round_index=0, params=params)
-    assert clipped == 0
-    total = np.zeros(agg.dim, dtype=np.uint64)
+    ring = encode_updates(agg, updates, round_index=0, params=params)
+    total = np.zeros(params.width(agg.dim), dtype=np.uint64)
     for row in ring:
         total = codec.add(total, row)
+    trained, clipped, *_ = params.counters.decode_sum(total[agg.dim :])
+    assert (trained, clipped) == (m, 0)
+    total = total[: agg.dim]
     decoded = codec.decode_sum(total)
     noise = (
         6 * agg.discrete_noise(m).plan.share_sigma * np.sqrt(m) / codec.scale
@@ -580,9 +594,9 @@ def test_a_node_zeroes_a_null_users_upload_as_the_in_process_round_does():
     m = 8
     vectors = torch.full((m, agg.dim), 0.01)
     updates = DenseUpdates(clients=torch.arange(m), vectors=vectors, layout=model_obj.layout)
-    ring, _ = encode_updates(agg, updates, round_index=0, params=round_parameters(agg, m))
-    assert not ring[3].any()
-    assert all(ring[u].any() for u in range(m) if u != 3)
+    ring = encode_updates(agg, updates, round_index=0, params=round_parameters(agg, m))
+    assert not ring[3, : agg.dim].any()
+    assert all(ring[u, : agg.dim].any() for u in range(m) if u != 3)
 
 
 @pytest.mark.slow
@@ -644,13 +658,13 @@ def test_the_round_fingerprint_carries_the_noise_share():
     agg = build_aggregator(cfg, split, build_model(cfg, split))
     params = round_parameters(agg, 60)
     assert params.share_sigma == agg.discrete_noise(60).plan.share_sigma
-    assert params.fingerprint().endswith(f";share={params.share_sigma!r}")
+    assert f";share={params.share_sigma!r};" in params.fingerprint()
     older = dataclasses.replace(params, share_sigma=agg.discrete_noise(90).plan.share_sigma)
     assert older.fingerprint() != params.fingerprint()
     plain = _cfg(privacy=PrivacyConfig(secagg=True))
     split = load_split(plain)
     agg = build_aggregator(plain, split, build_model(plain, split))
-    assert round_parameters(agg, 60).fingerprint().endswith(";share=none")
+    assert ";share=none;" in round_parameters(agg, 60).fingerprint()
 
 
 @pytest.mark.parametrize("model", ["fedrap", "fedrecgel"])
@@ -697,8 +711,8 @@ def test_a_node_rounds_its_secure_inputs_from_the_os_in_a_dp_run(tmp_path):
         "fedrap", model, cohort, cohort[:10], 0, torch.Generator().manual_seed(0), replay=False
     )
     params = round_parameters(agg, 20)
-    a, _ = encode_updates(agg, updates, round_index=0, params=params)
-    b, _ = encode_updates(agg, updates, round_index=0, params=params)
+    a = encode_updates(agg, updates, round_index=0, params=params)
+    b = encode_updates(agg, updates, round_index=0, params=params)
     assert not np.array_equal(a, b)
 
 

@@ -16,7 +16,7 @@ from protocols.dp.accounting import (
     poisson_subsampled_rdp,
     rdp_to_epsilon,
 )
-from protocols.dp.clipping import clip_rows, clip_scales, clipped_count
+from protocols.dp.clipping import clip_rows, clip_scales, clipped_count, clipped_rows
 from protocols.dp.config import DPConfig, interaction_sample_rate, privacy_summary
 from protocols.dp.ledger import PrivacyEvent, PrivacyLedger
 from protocols.dp.mechanisms import (
@@ -47,6 +47,7 @@ __all__ = [
     "clip_rows",
     "clip_scales",
     "clipped_count",
+    "clipped_rows",
     "compute_epsilon",
     "conditional_randomized_round",
     "ddg_rdp",

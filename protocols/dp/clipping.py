@@ -104,11 +104,17 @@ def clip_scales(norms: torch.Tensor, clip: float) -> torch.Tensor:
 CLIPPED_TOLERANCE = 1e-6
 
 
+def clipped_rows(norms: torch.Tensor, clip: float) -> torch.Tensor:
+    """Which of ``norms`` the clip shortens by more than float rounding
+    (:data:`CLIPPED_TOLERANCE`), as a bool tensor. The scaling itself (:func:`clip_scales`)
+    applies to every norm above ``clip``."""
+    return norms.to(torch.float64) > float(clip) * (1.0 + CLIPPED_TOLERANCE)
+
+
 def clipped_count(norms: torch.Tensor, clip: float) -> int:
-    """How many of ``norms`` the clip shortens by more than float rounding
-    (:data:`CLIPPED_TOLERANCE`): the ``clipped_fraction`` a round reports. The scaling itself
-    (:func:`clip_scales`) applies to every norm above ``clip``."""
-    return int((norms.to(torch.float64) > float(clip) * (1.0 + CLIPPED_TOLERANCE)).sum())
+    """How many of ``norms`` :func:`clipped_rows` counts: the ``clipped_fraction`` a round
+    reports."""
+    return int(clipped_rows(norms, clip).sum())
 
 
 def _scale_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:

@@ -29,7 +29,7 @@ from protocols.secagg.config import (
     neighbour_table,
 )
 from protocols.secagg.errors import ClientAborted, RoundAborted, ShareVerificationFailed
-from protocols.secagg.fixedpoint import FixedPointCodec
+from protocols.secagg.fixedpoint import FixedPointCodec, LimbCodec
 from protocols.secagg.identity import ClientIdentity, IdentityDirectory, enroll
 from protocols.secagg.server import EagerOutcome, SecAggServer
 from protocols.secagg.simulation import DropoutSchedule, SecureSumResult, secure_sum
@@ -42,6 +42,7 @@ __all__ = [
     "FixedPointCodec",
     "GraphGuarantee",
     "IdentityDirectory",
+    "LimbCodec",
     "RingBlocks",
     "RoundAborted",
     "SecAggClient",

@@ -243,6 +243,96 @@ class FixedPointCodec:
         return v.astype(np.uint64) & self.mask
 
 
+@dataclass(frozen=True, kw_only=True)
+class LimbCodec:
+    """Non-negative integers summed exactly in the ring ``Z_{2**b}``, each split into limbs.
+
+    A secure round sums whatever its clients encode; integer counters beside an update (how
+    many clients trained, how many were clipped, a loss in fixed point) must not wrap either,
+    and may need more bits than the ring has. Field ``c`` holds values ``v < 2**value_bits[c]``
+    and is written as ``ceil(value_bits[c] / L)`` ring elements ``(v >> jL) & (2**L - 1)``
+    with ``L = b - bit_length(n_clients)``, so ``n_clients`` of them sum to at most
+    ``n_clients (2**L - 1) < 2**b``: every limb column's sum is exact, and the field's sum is
+    ``sum_j s_j 2**(jL)``. The server learns the fields' sums only, as it does the update's.
+
+    Attributes:
+        n_clients: Largest number of inputs summed.
+        modulus_bits: ``b`` of the ring the update is summed in (``<= 64``).
+        value_bits: Bits of each field's values (each in ``[1, 63]``).
+    """
+
+    n_clients: int
+    modulus_bits: int
+    value_bits: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.n_clients, bool) or not isinstance(self.n_clients, int):
+            raise ConfigError(f"n_clients must be an integer >= 1, got {self.n_clients!r}")
+        if self.n_clients < 1:
+            raise ConfigError(f"n_clients must be an integer >= 1, got {self.n_clients!r}")
+        if not 1 <= self.modulus_bits <= 64:
+            raise ConfigError(f"modulus_bits must be in [1, 64], got {self.modulus_bits!r}")
+        if not self.value_bits or any(not 1 <= b <= 63 for b in self.value_bits):
+            raise ConfigError(f"value_bits must each be in [1, 63], got {self.value_bits!r}")
+        if self.limb_bits < 1:
+            raise ConfigError(
+                f"a {self.modulus_bits}-bit ring cannot sum {self.n_clients} counters without "
+                "wrapping; use a larger ring"
+            )
+
+    @property
+    def limb_bits(self) -> int:
+        """``L``: bits per limb (at most 62)."""
+        return min(self.modulus_bits - self.n_clients.bit_length(), 62)
+
+    @property
+    def limbs(self) -> tuple[int, ...]:
+        """Ring elements per field."""
+        return tuple(-(-b // self.limb_bits) for b in self.value_bits)
+
+    @property
+    def width(self) -> int:
+        """Ring elements per client, all fields."""
+        return sum(self.limbs)
+
+    def encode(self, values: np.ndarray) -> np.ndarray:
+        """``values`` (integers ``[k, fields]``, field ``c`` in ``[0, 2**value_bits[c])``) as
+        ring elements ``[k, width]`` (uint64).
+
+        Raises:
+            ConfigError: a value outside its field's range (nothing is encoded).
+        """
+        v = np.asarray(values)
+        fields = len(self.value_bits)
+        if v.ndim != 2 or v.shape[1] != fields or not np.issubdtype(v.dtype, np.integer):
+            raise ConfigError(f"values must be integers of shape [k, {fields}], got {v.shape}")
+        v = v.astype(np.int64)
+        for c, bits in enumerate(self.value_bits):
+            if v.shape[0] and (int(v[:, c].min()) < 0 or int(v[:, c].max()) >= 1 << bits):
+                raise ConfigError(f"field {c} must be in [0, 2**{bits}), got values out of it")
+        out = np.empty((v.shape[0], self.width), dtype=np.uint64)
+        mask = np.uint64((1 << self.limb_bits) - 1)
+        col = 0
+        for c, limbs in enumerate(self.limbs):
+            u = v[:, c].astype(np.uint64)
+            for j in range(limbs):
+                out[:, col] = (u >> np.uint64(j * self.limb_bits)) & mask
+                col += 1
+        return out
+
+    def decode_sum(self, s: np.ndarray) -> list[int]:
+        """Each field's sum from the ring sum ``s`` (``[width]``) of at most ``n_clients``
+        encoded rows."""
+        s = np.asarray(s)
+        if s.shape != (self.width,):
+            raise ConfigError(f"a sum of {self.width} limbs expected, got shape {s.shape}")
+        out, col = [], 0
+        for limbs in self.limbs:
+            out.append(sum(int(s[col + j]) << (j * self.limb_bits) for j in range(limbs)))
+            col += limbs
+        return out
+
+
 def _checked_out(out: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """``out`` when it can hold a ring table of ``shape`` (C-contiguous uint64), else an error."""
     if out.shape != shape or out.dtype != np.uint64 or not out.flags.c_contiguous:

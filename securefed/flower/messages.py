@@ -2,7 +2,7 @@
 
 A :class:`Payload` is what one Flower ``Message`` carries: a config part (scalars, strings,
 lists of ints and ``bytes``), an array part (the shared model tensors) and a metrics part (a
-node's aggregate counters); :func:`securefed.flower.apps.to_content` packs it into a
+node's evaluation sums); :func:`securefed.flower.apps.to_content` packs it into a
 ``ConfigRecord`` and at most one array. Per-user SecAgg messages are in the config part as
 ``sid.<id> -> bytes``, each one securefed's versioned wire format (``protocols/secagg/wire.py``),
 decoded and validated by the same :class:`~protocols.secagg.SecAggClient` /
@@ -12,11 +12,13 @@ misrouted message raises the same :class:`~securefed.errors.IntegrityError`.
 Stages of a round (``STAGES``)::
 
     hello     server -> node: run token            node -> server: partition id and count
-    train     shared model, cohort, public seed    per-user ADVERTISE, loss/clip counters
+    train     shared model, cohort, public seed    per-user ADVERTISE
     share     per-user KEYS                        per-user SHARES (+ eager MASKED_INPUT)
     masked    per-user FORWARD                     per-user MASKED_INPUT
     consistency  per-user SURVIVORS (malicious mode)  per-user SURVIVORS_SIGNATURE
     unmask    per-user UNMASK_REQUEST (+ FORWARD)  per-user UNMASK_SHARES
+              (each user's masked input carries its loss and clip flag: the server learns
+              their sums over the survivors with the update's, pipeline.COUNTERS)
     evaluate  shared model                         HR/NDCG sums over the node's users
 
 With eager masking (``"eager": true`` in the share and unmask messages; semi-honest mode,
@@ -56,7 +58,7 @@ from securefed.errors import ConfigError, IntegrityError, ProtocolError
 #: masking (a round's masked inputs travel with its shares). Version 5: SecAgg wire format 3
 #: (eager boxes carry shares of the fallback seed b'). Version 6: distributed noise shares
 #: sized for each round's own cohort (the round fingerprint carries the share's scale).
-PROTOCOL = "securefed-flower/6"
+PROTOCOL = "securefed-flower/7"
 STAGES = ("hello", "train", "share", "masked", "consistency", "unmask", "evaluate")
 #: ``consistency`` runs in malicious mode only (the signed survivor set); ``unmask`` is last.
 SECAGG_STAGES = ("share", "masked", "consistency", "unmask")
@@ -377,14 +379,8 @@ def _run_task(
     except ReleaseRefused as exc:
         return Payload(config={REFUSED: str(exc)})
     _keep(reply.session, token, state, memory)
-    return Payload(
-        config=pack_sids(reply.adverts),
-        metrics={
-            "loss_sum": reply.loss_sum,
-            "trained": float(reply.trained),
-            "clipped": float(reply.clipped),
-        },
-    )
+    # No counters: each user's loss and clip flag are in its masked input (pipeline.COUNTERS).
+    return Payload(config=pack_sids(reply.adverts))
 
 
 def _node_int(node_config: Mapping[str, Any], key: str) -> int:

@@ -5,7 +5,8 @@ Per round a node receives the shared model, trains its participants (batched, ex
 (:func:`securefed.flower.pipeline.encode_updates`) and then speaks for each of its
 participants as one :class:`~protocols.secagg.SecAggClient`: four stage messages per user, in
 securefed's own wire format, routed by the server. Nothing of a user leaves the node except
-those wire messages and the node's aggregate training/evaluation counters.
+those wire messages (its training counters ride in its masked input:
+:data:`~securefed.flower.pipeline.COUNTERS`) and the node's evaluation sums.
 
 A node's process may serve one message (Flower's per-message ClientApp processes) or all of
 them (:mod:`securefed.flower.worker`, which keeps a :class:`NodeRuntime` and the round session
@@ -88,11 +89,10 @@ class TrainTask:
 
 @dataclass(frozen=True)
 class TrainReply:
+    """Per-user SecAgg messages (cohort position -> wire bytes) and the round's session."""
+
     adverts: dict[int, bytes]
     session: NodeSession
-    loss_sum: float
-    trained: int
-    clipped: int
 
 
 class ReleaseRefused(ProtocolError):
@@ -320,7 +320,8 @@ class NodeRuntime:
         if params.secagg.malicious:
             raise ProtocolError("keys ahead are for semi-honest secure aggregation only")
         sid_of = {int(u): i for i, u in enumerate(cohort.tolist())}
-        expander = MaskExpander(self.aggregator.dim, wire.ring_dtype(params.codec.modulus_bits))
+        width = params.width(self.aggregator.dim)
+        expander = MaskExpander(width, wire.ring_dtype(params.codec.modulus_bits))
         adverts = {}
         for user in own.tolist():
             sid = sid_of[int(user)]
@@ -393,7 +394,7 @@ class NodeRuntime:
             self._rewind(task.round_index, snapshot)
         session = NodeSession(round_index=task.round_index)
         if own.numel() == 0:
-            return TrainReply({}, session, 0.0, 0, 0)
+            return TrainReply({}, session)
         self._keep_snapshot(task.round_index)
         models.load_global(self.config.model, self.model, arrays, scalars)
         # The in-process round's seeded stream when replaying, else (a DP run) one from the OS.
@@ -403,16 +404,17 @@ class NodeRuntime:
         )
         self.trained_rounds = task.round_index + 1
         self.save()
-        trained = len(updates)
-        loss_sum = float(stats.loss) * trained
-        if not task.aggregate:
-            return TrainReply({}, session, loss_sum, trained, 0)
+        if not task.aggregate:  # no secure sum: nothing of the round leaves the node
+            return TrainReply({}, session)
         assert params is not None
-        ring, clipped = encode_updates(
+        # Each user carries its loss in its masked input; the batch's mean loss stands for
+        # each of this node's users (exact with one user per node, as the bounds assume).
+        ring = encode_updates(
             self.aggregator,
             updates,
             round_index=task.round_index,
             params=params,
+            losses=np.full(len(updates), float(stats.loss)),
             positions=positions,
         )
         sid_of = {int(u): i for i, u in enumerate(cohort.tolist())}
@@ -424,7 +426,7 @@ class NodeRuntime:
                     ahead.inputs[sid] = ring[row]
                     inbox[sid] = keys[sid]
             replies = ahead.step("share", inbox, eager=True)
-            return TrainReply(replies, ahead, loss_sum, trained, clipped)
+            return TrainReply(replies, ahead)
         expander = MaskExpander(ring.shape[1], wire.ring_dtype(params.codec.modulus_bits))
         adverts = {}
         for row, user in enumerate(updates.clients.tolist()):
@@ -433,7 +435,7 @@ class NodeRuntime:
             session.clients[sid] = client
             session.inputs[sid] = ring[row]
             adverts[sid] = client.advertise()
-        return TrainReply(adverts, session, loss_sum, trained, clipped)
+        return TrainReply(adverts, session)
 
     def _round_identities(
         self, params: RoundParameters, cohort: torch.Tensor, own: torch.Tensor

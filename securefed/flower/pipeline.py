@@ -4,10 +4,17 @@ In-process, :class:`securefed.privacy.PrivateAggregator` runs the whole secure r
 function (``_secure_round``). A deployment runs the same steps on two sides of a network::
 
     node:   norms -> clip factor -> (DP) conditional rounding + discrete Gaussian share
-            -> fixed-point ring encoding            (:func:`encode_updates`)
+            -> fixed-point ring encoding, the user's counters beside it (:func:`encode_updates`)
             -> SecAggClient stage machine per user   (node.py)
     server: SecAggServer stages -> ledger event, written ahead (:func:`commit_before_unmask`)
-            -> unmask -> decode -> Aggregate         (:func:`finish_round`)
+            -> unmask -> decode -> Aggregate and the counters' sums (:func:`finish_round`)
+
+The counters (:data:`COUNTERS`: trained, clipped, the training loss in fixed point) are summed
+by the same secure round as the update, as extra ring coordinates
+(:class:`~protocols.secagg.LimbCodec`, no wrap-around), so the server learns the round's
+totals over the surviving users and nothing per user or per node, as in process. They carry
+no DP noise: like the in-process round's loss and clipped fraction they are exact aggregates
+outside the printed epsilon (docs/privacy.md, "What the printed epsilon covers").
 
 Both sides derive the round's public parameters with :func:`round_parameters` from the same
 resolved :class:`~securefed.training.TrainConfig` and cohort size, exactly as
@@ -43,7 +50,7 @@ import numpy as np
 import torch
 
 from protocols.dp import PrivacyLedger
-from protocols.secagg import FixedPointCodec, SecAggConfig
+from protocols.secagg import FixedPointCodec, LimbCodec, SecAggConfig
 from protocols.seeding import derive_seed, numpy_generator, torch_generator
 from securefed.errors import PrivacyBudgetError, ProtocolError
 from securefed.federation.base import Aggregate, ClientUpdates
@@ -63,6 +70,30 @@ from securefed.privacy import (  # noqa: E402
     write_durably,
 )
 
+#: What each user's secure input carries beside its update, in this order: 1 (it trained),
+#: whether the clip shortened its update, its training loss in fixed point (``LOSS_SCALE``
+#: units, positive and negative parts; ``|loss|`` is capped at ``2**32``) and whether that
+#: loss was not finite (then encoded as 0).
+COUNTERS = ("trained", "clipped", "loss_positive", "loss_negative", "loss_not_finite")
+COUNTER_BITS = (1, 1, 48, 48, 1)
+#: Resolution of a user's loss in the secure sum: ``2**-16``.
+LOSS_SCALE = float(2**16)
+
+
+@dataclass(frozen=True)
+class RoundCounters:
+    """What a secure round's counters sum to over its surviving users.
+
+    Attributes:
+        trained: Users whose input is in the sum.
+        clipped: How many of them the clip shortened.
+        loss_sum: Their training losses' sum (to ``2**-16`` each; NaN when one was not finite).
+    """
+
+    trained: int
+    clipped: int
+    loss_sum: float
+
 
 @dataclass(frozen=True, kw_only=True)
 class RoundParameters:
@@ -70,10 +101,12 @@ class RoundParameters:
 
     ``share_sigma``: each client's distributed discrete Gaussian scale this round (integer
     units; ``None`` without distributed noise), in the fingerprint so that a node that would
-    add other noise than the server accounts is refused before any secret is used."""
+    add other noise than the server accounts is refused before any secret is used.
+    ``counters``: how the users' :data:`COUNTERS` ride in the same ring."""
 
     codec: FixedPointCodec
     secagg: SecAggConfig
+    counters: LimbCodec
     share_sigma: float | None = None
 
     def fingerprint(self) -> str:
@@ -82,17 +115,47 @@ class RoundParameters:
         noise = "none" if self.share_sigma is None else repr(self.share_sigma)
         return (
             f"bits={c.modulus_bits};scale={c.scale!r};n={s.n_clients};k={s.k};t={s.t};"
-            f"floor={s.min_survivors};mode={s.mode};share={noise}"
+            f"floor={s.min_survivors};mode={s.mode};share={noise};"
+            f"counters={self.counters.width}x{self.counters.limb_bits}"
         )
+
+    def width(self, dim: int) -> int:
+        """Ring coordinates of one user's secure input: the ``dim`` of the update, then the
+        counters."""
+        return dim + self.counters.width
 
 
 def round_parameters(agg: PrivateAggregator, m: int) -> RoundParameters:
     """Codec and SecAgg configuration for a round of ``m`` participants, as the in-process
-    round derives them (:meth:`PrivateAggregator.secure_parameters`)."""
+    round derives them (:meth:`PrivateAggregator.secure_parameters`), and the counters'
+    limbs in its ring."""
     codec, sa_cfg = agg.secure_parameters(m)
     ddg = agg.discrete_noise(m)
     share = ddg.plan.share_sigma if ddg is not None else None
-    return RoundParameters(codec=codec, secagg=sa_cfg, share_sigma=share)
+    counters = LimbCodec(n_clients=m, modulus_bits=codec.modulus_bits, value_bits=COUNTER_BITS)
+    return RoundParameters(codec=codec, secagg=sa_cfg, counters=counters, share_sigma=share)
+
+
+def user_counters(clipped: np.ndarray, losses: np.ndarray) -> np.ndarray:
+    """Each user's :data:`COUNTERS` (int64 ``[k, 5]``) from whether its update was clipped
+    and its training loss."""
+    losses = np.asarray(losses, dtype=np.float64)
+    finite = np.isfinite(losses)
+    cap = float((1 << COUNTER_BITS[2]) - 1)
+    q = np.where(finite, np.minimum(np.rint(np.abs(losses) * LOSS_SCALE), cap), 0.0)
+    q = q.astype(np.int64)
+    positive = np.where(finite & (losses >= 0), q, 0)
+    negative = np.where(finite & (losses < 0), q, 0)
+    return np.stack(
+        [
+            np.ones(len(losses), dtype=np.int64),
+            np.asarray(clipped, dtype=np.int64),
+            positive,
+            negative,
+            (~finite).astype(np.int64),
+        ],
+        axis=1,
+    )
 
 
 def public_seed(agg: PrivateAggregator, round_index: int) -> bytes:
@@ -109,9 +172,11 @@ def encode_updates(
     *,
     round_index: int,
     params: RoundParameters,
+    losses: np.ndarray | None = None,
     positions: torch.Tensor | None = None,
-) -> tuple[np.ndarray, int]:
-    """The node's half of the secure round: clip, DP rounding and noise share, ring encoding.
+) -> np.ndarray:
+    """The node's half of the secure round: clip, DP rounding and noise share, ring encoding,
+    and the users' counters beside it.
 
     Unit of privacy: one user (one row). Each row is clipped to L2 norm ``C`` (sensitivity of
     the sum), then, with distributed DP, conditionally rounded (Kairouz et al. 2021, Sec. 4.1)
@@ -124,16 +189,22 @@ def encode_updates(
         updates: This node's users' raw updates (rows in any order).
         round_index: The round (selects the seeded streams).
         params: From :func:`round_parameters` with the round's cohort size.
+        losses: Each row's training loss (``[k]``; ``None``: 0), summed in the ring with the
+            other :data:`COUNTERS` (exact, no noise).
         positions: Row of each of ``updates`` in the in-process batch of ``m`` rows, to replay
             the seeded draws exactly (see the module docstring); ``None`` draws for own rows
             only (always the case when the DP noise comes from the OS).
 
     Returns:
-        ``(ring [k, dim] uint64, number of clipped rows)``.
+        The ring elements ``[k, params.width(dim)]`` (uint64): the update, then the counters.
     """
     k = len(updates)
     dim = agg.dim
     factors, clipped = agg.clip_factors(updates)
+    if losses is None:
+        losses = np.zeros(k)
+    if np.shape(losses) != (k,):
+        raise ProtocolError(f"one loss per row expected ({k}), got shape {np.shape(losses)}")
     codec = params.codec
     ddg = agg.discrete_noise(params.secagg.n_clients)
     secure = agg.secure
@@ -145,7 +216,8 @@ def encode_updates(
     noise_gen = None if secure else torch_generator(agg.seed, "dp-noise", round_index)
     round_gen = None if secure else torch_generator(agg.seed, "dp-round", round_index)
     rng = numpy_generator(agg.draw_seed(), "secagg-encode", round_index)
-    out = np.empty((k, dim), dtype=np.uint64)
+    out = np.empty((k, params.width(dim)), dtype=np.uint64)
+    out[:, dim:] = params.counters.encode(user_counters(clipped.numpy(), losses))
     rows_per_chunk = max(1, MAX_DENSE // max(dim, 1))
     if positions is None:
         total, where = k, torch.arange(k)
@@ -163,8 +235,8 @@ def encode_updates(
         chunk = encode_rows(
             x, codec, ddg, secure=secure, round_gen=round_gen, noise_gen=noise_gen, rng=rng
         )
-        out[mine.numpy()] = chunk[at.numpy()]
-    return out, clipped
+        out[mine.numpy(), :dim] = chunk[at.numpy()]
+    return out
 
 
 def finish_round(
@@ -175,16 +247,23 @@ def finish_round(
     round_index: int,
     params: RoundParameters,
     started: float,
-    clipped: int,
-    participants: int,
-) -> Aggregate:
-    """The server's half after unmasking: decode and the round's record. The release was
-    accounted before unmasking (:func:`commit_before_unmask`)."""
+) -> tuple[Aggregate, RoundCounters]:
+    """The server's half after unmasking: decode the update's sum and the counters' sums
+    (``ring_sum`` holds both, :meth:`RoundParameters.width`), and the round's record. The
+    release was accounted before unmasking (:func:`commit_before_unmask`)."""
+    dim = agg.dim
+    if np.shape(ring_sum) != (params.width(dim),):
+        raise ProtocolError(
+            f"a secure sum of {params.width(dim)} ring elements expected, got {np.shape(ring_sum)}"
+        )
+    trained, clipped, positive, negative, not_finite = params.counters.decode_sum(ring_sum[dim:])
+    loss = (positive - negative) / LOSS_SCALE if not not_finite else float("nan")
+    counters = RoundCounters(trained=trained, clipped=clipped, loss_sum=loss)
     epsilon = agg._last.get("epsilon")
-    agg._last = {"clipped_fraction": clipped / participants if participants else 0.0}
+    agg._last = {"clipped_fraction": clipped / trained if trained else 0.0}
     if epsilon is not None:
         agg._last["epsilon"] = epsilon
-    total = torch.from_numpy(params.codec.decode_sum(ring_sum)).to(torch.float32)
+    total = torch.from_numpy(params.codec.decode_sum(ring_sum[:dim])).to(torch.float32)
     agg._last.update(
         {
             "secagg_seconds": time.perf_counter() - started,
@@ -192,12 +271,13 @@ def finish_round(
             "secagg_bits": params.codec.modulus_bits,
         }
     )
-    return Aggregate(
+    aggregate = Aggregate(
         total=total,
         contributors=survivors,
         denominator=agg._denominator(survivors),
         noise_std=agg._noise_std(),
     )
+    return aggregate, counters
 
 
 def commit_before_unmask(
@@ -220,12 +300,10 @@ def commit_before_unmask(
     return event
 
 
-def record_abort(agg: PrivateAggregator, reason: str, *, clipped: int, participants: int) -> None:
-    """Record an aborted round in the aggregator's round record (nothing was released)."""
-    agg._last = {
-        "clipped_fraction": clipped / participants if participants else 0.0,
-        "aborted": reason,
-    }
+def record_abort(agg: PrivateAggregator, reason: str) -> None:
+    """Record an aborted round in the aggregator's round record (nothing was released, the
+    counters included: no clipped fraction, no loss)."""
+    agg._last = {"aborted": reason}
 
 
 class ReleaseLedger:

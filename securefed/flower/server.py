@@ -62,6 +62,7 @@ from securefed.flower.messages import (
 from securefed.flower.node import partition_users
 from securefed.flower.pipeline import (
     ReleaseLedger,
+    RoundCounters,
     commit_before_unmask,
     finish_round,
     public_seed,
@@ -372,7 +373,7 @@ class FederatedServer:
                     # Every round's worst case, re-runs included, as the nodes count it.
                     releases.charge(agg, r, m)
                 resumed_at = start_round if self.resuming and r == start_round else None
-                agg_result, stats = self._round(
+                agg_result, counters = self._round(
                     r, participants, owner, model, agg, resumed_at=resumed_at, ahead=ahead
                 )
             except PrivacyBudgetError as exc:
@@ -384,7 +385,12 @@ class FederatedServer:
             t1 = time.perf_counter()
             record: dict[str, Any] = {
                 "round": r + 1,
-                "loss": stats["loss_sum"] / stats["trained"] if stats["trained"] else float("nan"),
+                # The secure sum's counters: no loss without one (aborted or too few users).
+                "loss": (
+                    counters.loss_sum / counters.trained
+                    if counters is not None and counters.trained
+                    else float("nan")
+                ),
                 "participants": int(participants.shape[0]),
                 "contributors": agg_result.contributors if agg_result is not None else 0,
                 "train_seconds": t1 - t0,
@@ -446,7 +452,9 @@ class FederatedServer:
         *,
         resumed_at: int | None = None,
         ahead: _KeysAhead | None = None,
-    ) -> tuple[Any, dict[str, float]]:
+    ) -> tuple[Any, RoundCounters | None]:
+        """One round: train message, the secure sum's stages, unmask and decode. Returns the
+        aggregate and the counters' sums, both ``None`` where the round aborted."""
         m = int(participants.shape[0])
         timeout = self.settings.stage_timeout
         started = time.perf_counter()
@@ -492,14 +500,9 @@ class FederatedServer:
                 # The node's own count of its users' releases (across runs on its state
                 # directory) is spent: no round can go out to it again.
                 raise PrivacyBudgetError(f"node {node} {reply.config[REFUSED]}")
-        stats = {"loss_sum": 0.0, "trained": 0.0, "clipped": 0.0}
-        for reply in replies.values():
-            for key in stats:
-                stats[key] += float(reply.metrics.get(key, 0.0))
-        clipped = int(stats["clipped"])
         if params is None:
-            record_abort(agg, agg.too_few(m), clipped=clipped, participants=m)
-            return None, stats
+            record_abort(agg, agg.too_few(m))
+            return None, None
         assert params is not None
         directory = (
             enrollment.round_directory(cohort, self._enrolled) if params.secagg.malicious else None
@@ -514,7 +517,7 @@ class FederatedServer:
                 config=params.secagg,
                 round_index=r,
                 public_seed=seed,
-                dim=agg.dim,
+                dim=params.width(agg.dim),
                 directory=directory,
             )
         try:
@@ -543,8 +546,8 @@ class FederatedServer:
             if params.secagg.malicious:
                 outbox = self._consistency(server, outbox, r, node_of_sid, transcript)
         except RoundAborted as exc:
-            record_abort(agg, str(exc), clipped=clipped, participants=m)
-            return None, stats
+            record_abort(agg, str(exc))
+            return None, None
         ddg = agg.discrete_noise(m)
         if ddg is not None and len(server.u3) < ddg.plan.min_survivors:
             # The noise shares are sized for at least that many inputs: never unmask fewer.
@@ -552,8 +555,8 @@ class FederatedServer:
                 f"{len(server.u3)} masked inputs, fewer than the {ddg.plan.min_survivors} the "
                 "noise shares are sized for"
             )
-            record_abort(agg, reason, clipped=clipped, participants=m)
-            return None, stats
+            record_abort(agg, reason)
+            return None, None
         # Account before unmasking: a round the budget refuses is never unmasked.
         event = commit_before_unmask(agg, round_index=r, survivors=len(server.u3), participants=m)
         upcoming = self._upcoming(r, agg, owner) if ahead_next else None
@@ -574,21 +577,14 @@ class FederatedServer:
         except RoundAborted as exc:
             if event is not None:
                 agg.withdraw(event)  # too few shares: nothing was unmasked or released
-            record_abort(agg, str(exc), clipped=clipped, participants=m)
-            return None, stats
-        result = finish_round(
-            agg,
-            total,
-            survivors=len(server.u3),
-            round_index=r,
-            params=params,
-            started=started,
-            clipped=clipped,
-            participants=m,
+            record_abort(agg, str(exc))
+            return None, None
+        result, counters = finish_round(
+            agg, total, survivors=len(server.u3), round_index=r, params=params, started=started
         )
         agg._last["secagg_dropped"] = len(server.dropped)
         agg._last["secagg_eager"] = eager
-        return result, stats
+        return result, counters
 
     def _share_eagerly(
         self,
@@ -648,7 +644,7 @@ class FederatedServer:
             f"{NEXT}aggregate": True,
         }
         server = SecAggServer(
-            config=params.secagg, round_index=r + 1, public_seed=seed, dim=agg.dim
+            config=params.secagg, round_index=r + 1, public_seed=seed, dim=params.width(agg.dim)
         )
         return _KeysAhead(
             round=r + 1,

@@ -1,0 +1,158 @@
+"""The training counters of a deployed round (loss, clipped) ride in the secure sum.
+
+A node used to send its users' loss sum and clip count in the clear beside their masked
+inputs; with one user per SuperNode that was the user's own loss (for the private fedals its
+number of items) and clip flag, every round. They are now extra ring coordinates of each
+user's masked input (``securefed.flower.pipeline.COUNTERS``, ``protocols.secagg.LimbCodec``),
+so the server learns their sums over the survivors only, as the in-process round reports.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocols.errors import ConfigError
+from protocols.secagg import LimbCodec
+from securefed.federation.base import DenseUpdates
+from securefed.flower.local import LocalTransport
+from securefed.flower.pipeline import (
+    LOSS_SCALE,
+    encode_updates,
+    finish_round,
+    round_parameters,
+    user_counters,
+)
+from securefed.flower.server import FederatedServer, ServerSettings
+from securefed.training import (
+    PrivacyConfig,
+    TrainConfig,
+    build_aggregator,
+    build_model,
+    load_split,
+    train,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    bits=st.integers(2, 64),
+    n=st.integers(1, 5000),
+    fields=st.lists(st.integers(1, 63), min_size=1, max_size=5),
+    data=st.data(),
+)
+def test_limb_codec_sums_the_largest_values_of_every_client_exactly(bits, n, fields, data):
+    if bits <= n.bit_length():
+        with pytest.raises(ConfigError, match="cannot sum"):
+            LimbCodec(n_clients=n, modulus_bits=bits, value_bits=tuple(fields))
+        return
+    codec = LimbCodec(n_clients=n, modulus_bits=bits, value_bits=tuple(fields))
+    # Every client at each field's largest value (the worst case for a wrap), and one row of
+    # arbitrary values standing for the rest.
+    top = np.array([[(1 << b) - 1 for b in fields]], dtype=np.int64)
+    other = np.array([[data.draw(st.integers(0, (1 << b) - 1)) for b in fields]], dtype=np.int64)
+    rows = np.concatenate([np.repeat(top, n - 1, axis=0), other])
+    ring = codec.encode(rows)
+    assert ring.shape == (n, codec.width) and int(ring.max()) < 1 << codec.limb_bits
+    # The ring sum modulo 2^bits (Python integers: no uint64 overflow in the test itself).
+    total = np.array(
+        [sum(int(v) for v in ring[:, c]) % (1 << bits) for c in range(codec.width)],
+        dtype=np.uint64,
+    )
+    assert codec.decode_sum(total) == [int(v) for v in rows.sum(axis=0, dtype=object)]
+
+
+def test_limb_codec_refuses_values_outside_their_fields():
+    codec = LimbCodec(n_clients=10, modulus_bits=16, value_bits=(1, 20))
+    assert (codec.limb_bits, codec.limbs, codec.width) == (12, (1, 2), 3)
+    for bad in ([[2, 0]], [[0, 1 << 20]], [[-1, 0]]):
+        with pytest.raises(ConfigError, match="field"):
+            codec.encode(np.array(bad))
+    with pytest.raises(ConfigError, match="shape"):
+        codec.encode(np.array([[0, 1, 2]]))
+    with pytest.raises(ConfigError, match="integers"):
+        codec.encode(np.array([[0.0, 1.0]]))
+    with pytest.raises(ConfigError, match="limbs"):
+        codec.decode_sum(np.zeros(2, dtype=np.uint64))
+
+
+def test_user_counters_carry_the_loss_sign_a_cap_and_non_finite_losses():
+    losses = np.array([1.5, -0.25, 0.0, float("nan"), float("inf"), 1e12])
+    clipped = np.array([True, False, False, True, False, False])
+    c = user_counters(clipped, losses)
+    assert c[:, 0].tolist() == [1] * 6  # trained
+    assert c[:, 1].tolist() == [1, 0, 0, 1, 0, 0]
+    assert c[:, 2].tolist() == [1.5 * LOSS_SCALE, 0, 0, 0, 0, (1 << 48) - 1]  # capped at 2^32
+    assert c[:, 3].tolist() == [0, 0.25 * LOSS_SCALE, 0, 0, 0, 0]
+    assert c[:, 4].tolist() == [0, 0, 0, 1, 1, 0]
+
+
+def _cfg(**privacy) -> TrainConfig:
+    return TrainConfig(
+        model="fedrap",
+        synthetic_users=60,
+        synthetic_items=400,
+        rounds=2,
+        checkpoint_every=1,
+        privacy=PrivacyConfig(**{"secagg": True, "epsilon": 8.0, "replay": True, **privacy}),
+    )
+
+
+def test_encoded_counters_sum_to_the_rows_clipped_and_their_losses():
+    cfg = _cfg(epsilon=None, replay=False)  # no noise: the update's sum is exact too
+    split = load_split(cfg)
+    model = build_model(cfg, split)
+    agg = build_aggregator(cfg, split, model)
+    m = 12
+    vectors = torch.zeros(m, agg.dim)
+    vectors[:, 0] = agg.clip * torch.tensor([0.5, 2.0] * 6)  # every other row over the clip
+    updates = DenseUpdates(clients=torch.arange(m), vectors=vectors, layout=model.layout)
+    params = round_parameters(agg, m)
+    losses = np.linspace(-1.0, 4.0, m)
+    ring = encode_updates(agg, updates, round_index=0, params=params, losses=losses)
+    assert ring.shape == (m, params.width(agg.dim))
+    total = np.zeros(params.width(agg.dim), dtype=np.uint64)
+    for row in ring:
+        total = params.codec.add(total, row)
+    # The server's half: the update's sum and the counters' sums.
+    aggregate, counters = finish_round(
+        agg, total, survivors=m, round_index=0, params=params, started=0.0
+    )
+    assert (counters.trained, counters.clipped) == (m, 6)
+    assert counters.loss_sum == pytest.approx(losses.sum(), abs=m / LOSS_SCALE)
+    assert agg.round_record()["clipped_fraction"] == 0.5
+    assert float(aggregate.total[0]) == pytest.approx(agg.clip * 6 * 1.5, rel=1e-3)
+    # A loss that was not finite makes the round's loss NaN, not a wrong number.
+    losses[3] = float("nan")
+    ring = encode_updates(agg, updates, round_index=0, params=params, losses=losses)
+    total = np.zeros(params.width(agg.dim), dtype=np.uint64)
+    for row in ring:
+        total = params.codec.add(total, row)
+    _, counters = finish_round(agg, total, survivors=m, round_index=0, params=params, started=0.0)
+    assert math.isnan(counters.loss_sum) and counters.trained == m
+
+
+def test_a_deployed_round_reports_the_in_process_loss_and_clipped_fraction(tmp_path):
+    # Clip 0.5: FedRAP's uploads are all longer, so the clipped fraction is 1 on both sides;
+    # the loss agrees to the counters' fixed point (2^-16 a user).
+    cfg = _cfg(clip=0.5)
+    ref = train(cfg, out=tmp_path / "ref")
+    server = FederatedServer(
+        cfg,
+        run_dir=tmp_path / "fl",
+        transport=LocalTransport(3, state_dir=tmp_path / "nodes"),
+        settings=ServerSettings(),
+    )
+    res = server.run()
+    for a, b in zip(ref.metrics, res.metrics, strict=True):
+        assert b["clipped_fraction"] == a["clipped_fraction"] == 1.0
+        assert math.isfinite(b["loss"])
+        assert b["loss"] == pytest.approx(a["loss"], abs=1.0 / LOSS_SCALE)
+    # Only evaluation replies carry numbers in the clear.
+    for stage, _node, reply in server.transport.seen:
+        assert stage == "evaluate" or not reply.metrics, stage
