@@ -22,6 +22,7 @@ from protocols.secagg import LimbCodec
 from securefed.federation.base import DenseUpdates
 from securefed.flower.local import LocalTransport
 from securefed.flower.pipeline import (
+    LOSS_OFFSET,
     LOSS_SCALE,
     encode_updates,
     finish_round,
@@ -79,17 +80,25 @@ def test_limb_codec_refuses_values_outside_their_fields():
         codec.encode(np.array([[0.0, 1.0]]))
     with pytest.raises(ConfigError, match="limbs"):
         codec.decode_sum(np.zeros(2, dtype=np.uint64))
+    # numpy integers are taken as Python ints (a numpy shift would overflow in decode_sum).
+    same = LimbCodec(n_clients=np.int64(10), modulus_bits=np.int64(16), value_bits=(1, 20))
+    assert same == codec
+    assert same.decode_sum(np.array([1, 4095, 255], dtype=np.uint64)) == [1, 4095 + (255 << 12)]
+    for bad in (16.0, True):
+        with pytest.raises(ConfigError, match="modulus_bits must be an integer"):
+            LimbCodec(n_clients=10, modulus_bits=bad, value_bits=(1,))
 
 
-def test_user_counters_carry_the_loss_sign_a_cap_and_non_finite_losses():
-    losses = np.array([1.5, -0.25, 0.0, float("nan"), float("inf"), 1e12])
-    clipped = np.array([True, False, False, True, False, False])
+def test_user_counters_offset_the_loss_and_flag_the_unusable_ones():
+    losses = np.array([1.5, -0.25, 0.0, float("nan"), float("inf"), 1e12, -(2.0**31)])
+    clipped = np.array([True, False, False, True, False, False, False])
     c = user_counters(clipped, losses)
-    assert c[:, 0].tolist() == [1] * 6  # trained
-    assert c[:, 1].tolist() == [1, 0, 0, 1, 0, 0]
-    assert c[:, 2].tolist() == [1.5 * LOSS_SCALE, 0, 0, 0, 0, (1 << 48) - 1]  # capped at 2^32
-    assert c[:, 3].tolist() == [0, 0.25 * LOSS_SCALE, 0, 0, 0, 0]
-    assert c[:, 4].tolist() == [0, 0, 0, 1, 1, 0]
+    assert c[:, 0].tolist() == [1] * 7  # trained
+    assert c[:, 1].tolist() == [1, 0, 0, 1, 0, 0, 0]
+    # One field: the loss in 2^-16 units plus 2^48, so its sum reveals the losses' sum only.
+    assert (c[:, 2] - LOSS_OFFSET).tolist() == [98304, -16384, 0, 0, 0, 0, -(2**47)]
+    assert c[:, 3].tolist() == [0, 0, 0, 1, 1, 1, 0]  # NaN, inf and |loss| >= 2^32
+    assert c.min() >= 0 and c[:, 2].max() < 1 << 49
 
 
 def _cfg(**privacy) -> TrainConfig:
@@ -135,6 +144,14 @@ def test_encoded_counters_sum_to_the_rows_clipped_and_their_losses():
         total = params.codec.add(total, row)
     _, counters = finish_round(agg, total, survivors=m, round_index=0, params=params, started=0.0)
     assert math.isnan(counters.loss_sum) and counters.trained == m
+    # Counters that do not add up to the survivors (a client wrote something else there):
+    # no loss and no clipped fraction rather than wrong ones.
+    _, counters = finish_round(
+        agg, total, survivors=m - 1, round_index=0, params=params, started=0.0
+    )
+    assert math.isnan(counters.loss_sum)
+    assert agg.round_record().get("counters_inconsistent") is True
+    assert "clipped_fraction" not in agg.round_record()
 
 
 def test_a_deployed_round_reports_the_in_process_loss_and_clipped_fraction(tmp_path):

@@ -23,7 +23,13 @@ from securefed.flower import models
 from securefed.flower.local import LocalTransport
 from securefed.flower.messages import SESSION_KEY, join_messages, split_messages
 from securefed.flower.node import NodeRuntime, TrainTask
-from securefed.flower.pipeline import encode_updates, public_seed, round_parameters
+from securefed.flower.pipeline import (
+    LOSS_OFFSET,
+    LOSS_SCALE,
+    encode_updates,
+    public_seed,
+    round_parameters,
+)
 from securefed.flower.server import FederatedServer, ServerSettings
 from securefed.flower.session import NodeSession
 from securefed.training import (
@@ -110,13 +116,19 @@ def test_distributed_run_equals_in_process_simulation(tmp_path, model):
     assert res.summary["epsilon"] == ref.summary["epsilon"]
 
 
-def _replay_ring(cfg, tmp_path, round_index=0):
+def _replay_ring(cfg, tmp_path, round_index=0, partition=(0, 1)):
     """Every participant's encoded input of round 0 (an auditor replaying the seeded run,
-    with the config resolved on the data as the server resolves and sends it)."""
+    with the config resolved on the data as the server resolves and sends it); with
+    ``partition`` ``(i, n)``, those of node ``i`` of ``n`` (its users carry its mean loss)."""
     if cfg.spec.resolve_for_data is not None:
         cfg, _ = cfg.spec.resolve_for_data(cfg, load_split(cfg))
+    pid, nparts = partition
     runtime = NodeRuntime(
-        cfg, run_token="audit", partition_id=0, num_partitions=1, state_dir=tmp_path / "audit"
+        cfg,
+        run_token="audit",
+        partition_id=pid,
+        num_partitions=nparts,
+        state_dir=tmp_path / f"audit-{pid}-{nparts}",
     )
     agg = runtime.aggregator
     cohort = torch.arange(runtime.split.n_users)
@@ -170,10 +182,16 @@ def test_node_killed_mid_round_gives_the_survivors_sum(tmp_path, eager, stage, d
         total += inputs[sid]
     total &= np.uint64((1 << bits) - 1)
     mean = torch.from_numpy(params.codec.decode_sum(total[: agg.dim])).float() / len(survivors)
-    # The counters beside the update: only the survivors' are in the sum the server unmasked.
-    # (The loss is not replayed: this replay is one node, whose users carry its mean loss.)
-    trained, clipped, *_ = params.counters.decode_sum(total[agg.dim :])
+    # The counters beside the update: the surviving nodes' (0 and 2 of 3, each user carrying
+    # its node's mean loss), replayed node by node.
+    counters = np.zeros(params.counters.width, dtype=np.uint64)
+    for pid in (0, 2):
+        node_inputs, *_ = _replay_ring(cfg, tmp_path, partition=(pid, 3))
+        for row in node_inputs.values():
+            counters = params.codec.add(counters, row[agg.dim :])
+    trained, clipped, loss, _ = params.counters.decode_sum(counters)
     assert trained == 40 and rec["clipped_fraction"] == clipped / 40
+    assert rec["loss"] == (loss - 40 * LOSS_OFFSET) / LOSS_SCALE / 40
     c0 = torch.from_numpy(arrays["C"])
     expected = c0 + mean.reshape(c0.shape)
     got = runs.load_checkpoint(tmp_path / "fl")["global"]["C"]
@@ -329,7 +347,7 @@ def test_server_never_receives_an_unmasked_input(tmp_path):
     for sid, y in masked.items():
         x = inputs[sid].astype(dtype)
         assert np.mean(y == x) < 0.01  # masked: agrees with the input only by chance
-        # The training counters too (the user's loss and clip flag; 9 ring elements here, any
+        # The training counters too (the user's loss and clip flag; a few ring elements, any
         # one equal by chance with probability 2^-bits).
         assert (y[agg.dim :] != x[agg.dim :]).all()
     # ...and yet the unmasked sum is exactly the inputs' sum (the round did complete).

@@ -266,8 +266,12 @@ class LimbCodec:
     value_bits: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        if isinstance(self.n_clients, bool) or not isinstance(self.n_clients, int):
-            raise ConfigError(f"n_clients must be an integer >= 1, got {self.n_clients!r}")
+        for name in ("n_clients", "modulus_bits"):
+            value = getattr(self, name)
+            if isinstance(value, bool | float) or not isinstance(value, int | np.integer):
+                raise ConfigError(f"{name} must be an integer, got {value!r}")
+            object.__setattr__(self, name, int(value))  # numpy integers as Python ints
+        object.__setattr__(self, "value_bits", tuple(int(b) for b in self.value_bits))
         if self.n_clients < 1:
             raise ConfigError(f"n_clients must be an integer >= 1, got {self.n_clients!r}")
         if not 1 <= self.modulus_bits <= 64:

@@ -58,6 +58,8 @@ from securefed.errors import ConfigError, IntegrityError, ProtocolError
 #: masking (a round's masked inputs travel with its shares). Version 5: SecAgg wire format 3
 #: (eager boxes carry shares of the fallback seed b'). Version 6: distributed noise shares
 #: sized for each round's own cohort (the round fingerprint carries the share's scale).
+#: Version 7: each user's training counters ride in its masked input (pipeline.COUNTERS); the
+#: train reply has no metrics.
 PROTOCOL = "securefed-flower/7"
 STAGES = ("hello", "train", "share", "masked", "consistency", "unmask", "evaluate")
 #: ``consistency`` runs in malicious mode only (the signed survivor set); ``unmask`` is last.

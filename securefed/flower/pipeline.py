@@ -12,9 +12,10 @@ function (``_secure_round``). A deployment runs the same steps on two sides of a
 The counters (:data:`COUNTERS`: trained, clipped, the training loss in fixed point) are summed
 by the same secure round as the update, as extra ring coordinates
 (:class:`~protocols.secagg.LimbCodec`, no wrap-around), so the server learns the round's
-totals over the surviving users and nothing per user or per node, as in process. They carry
-no DP noise: like the in-process round's loss and clipped fraction they are exact aggregates
-outside the printed epsilon (docs/privacy.md, "What the printed epsilon covers").
+totals over the surviving users, not a user's or a node's, as in process. They carry no DP
+noise: like the in-process round's loss and clipped fraction they are exact aggregates
+outside the printed epsilon (docs/privacy.md, "What the printed epsilon covers"), and two
+rounds whose survivors differ by one user differ by that user's counters.
 
 Both sides derive the round's public parameters with :func:`round_parameters` from the same
 resolved :class:`~securefed.training.TrainConfig` and cohort size, exactly as
@@ -40,6 +41,7 @@ should expose.
 from __future__ import annotations
 
 import fcntl
+import math
 import secrets
 import time
 from dataclasses import dataclass
@@ -72,12 +74,15 @@ from securefed.privacy import (  # noqa: E402
 
 #: What each user's secure input carries beside its update, in this order: 1 (it trained),
 #: whether the clip shortened its update, its training loss in fixed point (``LOSS_SCALE``
-#: units, positive and negative parts; ``|loss|`` is capped at ``2**32``) and whether that
-#: loss was not finite (then encoded as 0).
-COUNTERS = ("trained", "clipped", "loss_positive", "loss_negative", "loss_not_finite")
-COUNTER_BITS = (1, 1, 48, 48, 1)
+#: units plus ``LOSS_OFFSET``, so that a negative loss is a non-negative integer and the sum
+#: less ``trained * LOSS_OFFSET`` is the losses' sum and nothing more) and whether that loss
+#: was unusable (not finite, or ``|loss| >= 2**32``; then encoded as 0: the round's loss is
+#: NaN).
+COUNTERS = ("trained", "clipped", "loss", "loss_unusable")
+COUNTER_BITS = (1, 1, 49, 1)
 #: Resolution of a user's loss in the secure sum: ``2**-16``.
 LOSS_SCALE = float(2**16)
+LOSS_OFFSET = 1 << 48
 
 
 @dataclass(frozen=True)
@@ -137,22 +142,18 @@ def round_parameters(agg: PrivateAggregator, m: int) -> RoundParameters:
 
 
 def user_counters(clipped: np.ndarray, losses: np.ndarray) -> np.ndarray:
-    """Each user's :data:`COUNTERS` (int64 ``[k, 5]``) from whether its update was clipped
+    """Each user's :data:`COUNTERS` (int64 ``[k, 4]``) from whether its update was clipped
     and its training loss."""
     losses = np.asarray(losses, dtype=np.float64)
-    finite = np.isfinite(losses)
-    cap = float((1 << COUNTER_BITS[2]) - 1)
-    q = np.where(finite, np.minimum(np.rint(np.abs(losses) * LOSS_SCALE), cap), 0.0)
-    q = q.astype(np.int64)
-    positive = np.where(finite & (losses >= 0), q, 0)
-    negative = np.where(finite & (losses < 0), q, 0)
+    scaled = np.rint(np.where(np.isfinite(losses), losses, 0.0) * LOSS_SCALE)
+    usable = np.isfinite(losses) & (np.abs(scaled) < LOSS_OFFSET)
+    q = np.where(usable, scaled, 0.0).astype(np.int64) + LOSS_OFFSET
     return np.stack(
         [
             np.ones(len(losses), dtype=np.int64),
             np.asarray(clipped, dtype=np.int64),
-            positive,
-            negative,
-            (~finite).astype(np.int64),
+            q,
+            (~usable).astype(np.int64),
         ],
         axis=1,
     )
@@ -217,7 +218,7 @@ def encode_updates(
     round_gen = None if secure else torch_generator(agg.seed, "dp-round", round_index)
     rng = numpy_generator(agg.draw_seed(), "secagg-encode", round_index)
     out = np.empty((k, params.width(dim)), dtype=np.uint64)
-    out[:, dim:] = params.counters.encode(user_counters(clipped.numpy(), losses))
+    out[:, dim:] = params.counters.encode(user_counters(clipped.cpu().numpy(), losses))
     rows_per_chunk = max(1, MAX_DENSE // max(dim, 1))
     if positions is None:
         total, where = k, torch.arange(k)
@@ -256,11 +257,18 @@ def finish_round(
         raise ProtocolError(
             f"a secure sum of {params.width(dim)} ring elements expected, got {np.shape(ring_sum)}"
         )
-    trained, clipped, positive, negative, not_finite = params.counters.decode_sum(ring_sum[dim:])
-    loss = (positive - negative) / LOSS_SCALE if not not_finite else float("nan")
-    counters = RoundCounters(trained=trained, clipped=clipped, loss_sum=loss)
+    trained, clipped, loss, unusable = params.counters.decode_sum(ring_sum[dim:])
     epsilon = agg._last.get("epsilon")
-    agg._last = {"clipped_fraction": clipped / trained if trained else 0.0}
+    agg._last = {}
+    if trained == survivors and clipped <= trained and unusable <= trained:
+        loss_sum = (loss - trained * LOSS_OFFSET) / LOSS_SCALE if not unusable else math.nan
+        counters = RoundCounters(trained=trained, clipped=clipped, loss_sum=loss_sum)
+        agg._last["clipped_fraction"] = clipped / trained if trained else 0.0
+    else:
+        # A client wrote something else than its counters there (nothing checks a masked
+        # input): no loss or clipped fraction rather than wrong ones.
+        counters = RoundCounters(trained=0, clipped=0, loss_sum=math.nan)
+        agg._last["counters_inconsistent"] = True
     if epsilon is not None:
         agg._last["epsilon"] = epsilon
     total = torch.from_numpy(params.codec.decode_sum(ring_sum[:dim])).to(torch.float32)
