@@ -543,16 +543,23 @@ class PrivateAggregator:
         return self._secure_minimum
 
     def secagg_config(
-        self, n: int, modulus_bits: int | None = None, survivors: int | None = None
+        self,
+        n: int,
+        modulus_bits: int | None = None,
+        survivors: int | None = None,
+        *,
+        choose_graph: bool = False,
     ) -> SecAggConfig:
         """The SecAgg(+) configuration of a secure round of ``n`` clients at this run's
         settings (neighbours, dropout tolerance, corrupt fraction, mode; ``survivors``: the
-        fewest inputs it may unmask, which malicious-mode clients enforce)."""
+        fewest inputs it may unmask, which malicious-mode clients enforce). With
+        ``choose_graph`` the neighbours are chosen for ``n`` (the run's are for its training
+        cohorts: a Flower evaluation round has every user)."""
         from protocols.secagg import SecAggConfig
 
         return SecAggConfig(
             n_clients=n,
-            neighbours=self.p.secagg_neighbours,
+            neighbours=None if choose_graph else self.p.secagg_neighbours,
             dropout_tolerance=self.p.secagg_dropout,
             corrupt_fraction=self.p.secagg_corrupt,
             modulus_bits=modulus_bits,

@@ -19,12 +19,17 @@ from hypothesis import strategies as st
 
 from protocols.errors import ConfigError
 from protocols.secagg import LimbCodec
+from securefed.evaluation import hit_ratio, ndcg
 from securefed.federation.base import DenseUpdates
 from securefed.flower.local import LocalTransport
 from securefed.flower.pipeline import (
+    EVAL_RING_BITS,
     LOSS_OFFSET,
     LOSS_SCALE,
     encode_updates,
+    evaluation_counters,
+    evaluation_metrics,
+    evaluation_parameters,
     finish_round,
     round_parameters,
     user_counters,
@@ -170,6 +175,48 @@ def test_a_deployed_round_reports_the_in_process_loss_and_clipped_fraction(tmp_p
         assert b["clipped_fraction"] == a["clipped_fraction"] == 1.0
         assert math.isfinite(b["loss"])
         assert b["loss"] == pytest.approx(a["loss"], abs=1.0 / LOSS_SCALE)
-    # Only evaluation replies carry numbers in the clear.
+    # No reply carries a number in the clear, evaluation's included.
     for stage, _node, reply in server.transport.seen:
-        assert stage == "evaluate" or not reply.metrics, stage
+        assert not reply.metrics, stage
+    assert all(b["eval_users"] == 60 for b in res.metrics)
+
+
+def test_evaluation_fields_sum_to_the_in_process_metrics():
+    # Every user's ranks as fields, summed as the secure evaluation round sums them, give
+    # HR@10 exactly and NDCG@10 to 2^-16 a user (the gain of a rank below 10 is at most 1).
+    cfg = _cfg(epsilon=None, replay=False)
+    split = load_split(cfg)
+    agg = build_aggregator(cfg, split, build_model(cfg, split))
+    params = evaluation_parameters(agg, 60, full=True)
+    assert params.fields == (
+        "users",
+        "val_hr@10",
+        "val_ndcg@10",
+        "val_full_hr@10",
+        "val_full_ndcg@10",
+        "test_hr@10",
+        "test_ndcg@10",
+        "test_full_hr@10",
+        "test_full_ndcg@10",
+    )
+    rng = np.random.default_rng(0)
+    ranks = {w: rng.integers(0, 30, size=60) for w in ("val", "val_full", "test", "test_full")}
+    ring = params.counters.encode(evaluation_counters(params, ranks))
+    total = np.zeros(params.counters.width, dtype=np.uint64)
+    for row in ring:
+        total = (total + row) & np.uint64((1 << EVAL_RING_BITS) - 1)
+    metrics = evaluation_metrics(params, params.counters.decode_sum(total))
+    assert metrics["eval_users"] == 60
+    for which, r in ranks.items():
+        assert metrics[f"{which}_hr@10"] == hit_ratio(torch.from_numpy(r), 10)
+        assert metrics[f"{which}_ndcg@10"] == pytest.approx(
+            ndcg(torch.from_numpy(r), 10), abs=2.0**-17
+        )
+    # Without full ranking the round carries the sampled metrics only.
+    assert evaluation_parameters(agg, 60, full=False).fields == (
+        "users",
+        "val_hr@10",
+        "val_ndcg@10",
+        "test_hr@10",
+        "test_ndcg@10",
+    )

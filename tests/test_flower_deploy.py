@@ -33,6 +33,12 @@ from securefed.training import PrivacyConfig, TrainConfig, train  # noqa: E402
 KEYS = ("val_hr@10", "val_ndcg@10", "test_hr@10", "test_full_hr@10", "test_full_ndcg@10")
 
 
+def _metric_tol(key: str) -> float:
+    """How far a deployed round's metric may be from the in-process one: hits are summed
+    exactly by the secure evaluation round, a user's NDCG to 2^-16."""
+    return 2.0**-16 if "ndcg" in key else 1e-12
+
+
 def _cfg(**privacy) -> TrainConfig:
     return TrainConfig(
         synthetic_users=60,
@@ -96,7 +102,7 @@ def test_local_deployment_matches_in_process_and_server_sees_only_masked_inputs(
     for a, b in zip(ref.metrics, got, strict=True):
         assert a["contributors"] == b["contributors"] == 60
         for key in KEYS:
-            assert b[key] == pytest.approx(a[key], abs=1e-12), key
+            assert b[key] == pytest.approx(a[key], abs=_metric_tol(key)), key
     # The server process received only wire messages; every masked input differs from the
     # user's encoded input (recomputed here by replaying the seeded round).
     inputs, params, _, _ = _replay_ring(cfg, tmp_path)
@@ -148,9 +154,11 @@ def test_each_node_serves_every_message_from_one_long_lived_process(tmp_path):
         started = re.findall(r"securefed worker pid=(\d+) for the SuperNode", log)
         served = re.findall(r"securefed worker pid=(\d+) served (\S+) message", log)
         assert started == [str(pid)]
-        # hello, then per round train, share, masked, unmask, and the evaluations.
+        # hello, then per round train, share, masked, unmask, and each evaluation round's
+        # evaluate, share, unmask.
         kinds = [k for _, k in served]
-        assert kinds.count("train") == 2 and kinds.count("query.unmask") == 2, kinds
+        assert kinds.count("train") == kinds.count("evaluate") == 2, kinds
+        assert kinds.count("query.unmask") == 4, kinds
         assert {q for q, _ in served} == {str(pid)}
         assert "(failed)" not in log
         supernode = (work / "logs" / f"supernode-{p}.log").read_text()
@@ -301,7 +309,7 @@ def test_deployment_stopped_mid_round_resumes_to_the_uninterrupted_result(tmp_pa
         assert a["contributors"] == b["contributors"] == 60
         for key in KEYS:
             if key in a:
-                assert b[key] == pytest.approx(a[key], abs=1e-12), (a["round"], key)
+                assert b[key] == pytest.approx(a[key], abs=_metric_tol(key)), (a["round"], key)
     # Round 3 was never unmasked before the stop: four releases, none counted twice.
     ledger = json.loads((run_dir / runs.LEDGER_FILE).read_text())["events"]
     assert len(ledger) == 4
@@ -323,7 +331,7 @@ def test_malicious_mode_deployment_enrolls_signs_and_matches_in_process(tmp_path
     for a, b in zip(ref.metrics, got, strict=True):
         assert a["contributors"] == b["contributors"] == 60
         for key in KEYS:
-            assert b[key] == pytest.approx(a[key], abs=1e-12), key
+            assert b[key] == pytest.approx(a[key], abs=_metric_tol(key)), key
     assert (work / "enrollment.json").exists()
     for p in range(3):
         keys = work / "nodes" / f"node-{p}" / "identity-keys.json"
@@ -343,7 +351,9 @@ def test_simulation_engine_matches_in_process(tmp_path):
         cfg, run_dir=tmp_path / "run", nodes=3, work_dir=tmp_path / "work", stage_timeout=120
     )
     for key in KEYS:
-        assert summary[f"final_{key}"] == pytest.approx(ref.summary[f"final_{key}"], abs=1e-12)
+        assert summary[f"final_{key}"] == pytest.approx(
+            ref.summary[f"final_{key}"], abs=_metric_tol(key)
+        )
 
 
 def test_flower_deprecation_notices_are_filtered_and_other_lines_kept(monkeypatch):

@@ -2,7 +2,7 @@
 
 A :class:`Payload` is what one Flower ``Message`` carries: a config part (scalars, strings,
 lists of ints and ``bytes``), an array part (the shared model tensors) and a metrics part (a
-node's evaluation sums); :func:`securefed.flower.apps.to_content` packs it into a
+node sends none since protocol 7); :func:`securefed.flower.apps.to_content` packs it into a
 ``ConfigRecord`` and at most one array. Per-user SecAgg messages are in the config part as
 ``sid.<id> -> bytes``, each one securefed's versioned wire format (``protocols/secagg/wire.py``),
 decoded and validated by the same :class:`~protocols.secagg.SecAggClient` /
@@ -19,7 +19,9 @@ Stages of a round (``STAGES``)::
     unmask    per-user UNMASK_REQUEST (+ FORWARD)  per-user UNMASK_SHARES
               (each user's masked input carries its loss and clip flag: the server learns
               their sums over the survivors with the update's, pipeline.COUNTERS)
-    evaluate  shared model                         HR/NDCG sums over the node's users
+    evaluate  shared model, public seed            per-user ADVERTISE of a secure evaluation
+              round over every user (then share, masked, unmask as a training round's;
+              each user's masked input carries its hits and NDCG: pipeline.EvalParameters)
 
 With eager masking (``"eager": true`` in the share and unmask messages; semi-honest mode,
 :mod:`protocols.secagg.client`) a user's share reply carries its masked input too, and when
@@ -59,7 +61,8 @@ from securefed.errors import ConfigError, IntegrityError, ProtocolError
 #: (eager boxes carry shares of the fallback seed b'). Version 6: distributed noise shares
 #: sized for each round's own cohort (the round fingerprint carries the share's scale).
 #: Version 7: each user's training counters ride in its masked input (pipeline.COUNTERS); the
-#: train reply has no metrics.
+#: train reply has no metrics; evaluation is a secure round over every user (no metrics in the
+#: clear).
 PROTOCOL = "securefed-flower/7"
 STAGES = ("hello", "train", "share", "masked", "consistency", "unmask", "evaluate")
 #: ``consistency`` runs in malicious mode only (the signed survivor set); ``unmask`` is last.
@@ -361,10 +364,18 @@ def _run_task(
 ) -> Payload:
     """``train`` or ``evaluate`` on the node's runtime."""
     scalars = _scalars(payload.config)
-    if stage == "evaluate":
-        return Payload(
-            metrics=runtime.evaluate(payload.arrays, scalars, full=bool(payload.config["full"]))
+    if stage == "evaluate":  # a secure evaluation round: its users' advertisements
+        from securefed.flower.node import EvalTask
+
+        task = EvalTask(
+            round_index=_int(payload.config, "round"),
+            public_seed=bytes(payload.config.get("public-seed", b"")),
+            fingerprint=str(payload.config.get("fingerprint", "")),
+            full=payload.config.get("full", False) is True,
         )
+        reply = runtime.evaluate(task, payload.arrays, scalars)
+        _keep(reply.session, token, state, memory)
+        return Payload(config=pack_sids(reply.adverts))
     from securefed.flower.node import ReleaseRefused
 
     task = _task(payload.config)

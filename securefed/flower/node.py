@@ -5,8 +5,9 @@ Per round a node receives the shared model, trains its participants (batched, ex
 (:func:`securefed.flower.pipeline.encode_updates`) and then speaks for each of its
 participants as one :class:`~protocols.secagg.SecAggClient`: four stage messages per user, in
 securefed's own wire format, routed by the server. Nothing of a user leaves the node except
-those wire messages (its training counters ride in its masked input:
-:data:`~securefed.flower.pipeline.COUNTERS`) and the node's evaluation sums.
+those wire messages: its training counters ride in its masked input
+(:data:`~securefed.flower.pipeline.COUNTERS`), its evaluation hits in the masked input of a
+secure evaluation round (:meth:`NodeRuntime.evaluate`).
 
 A node's process may serve one message (Flower's per-message ClientApp processes) or all of
 them (:mod:`securefed.flower.worker`, which keeps a :class:`NodeRuntime` and the round session
@@ -46,9 +47,13 @@ from securefed.errors import ConfigError, IntegrityError, PrivacyBudgetError, Pr
 from securefed.evaluation import evaluate_splits
 from securefed.flower import enrollment, models
 from securefed.flower.pipeline import (
+    EVAL_RING_BITS,
+    EvalParameters,
     ReleaseLedger,
     RoundParameters,
     encode_updates,
+    evaluation_counters,
+    evaluation_parameters,
     round_parameters,
 )
 from securefed.flower.session import NodeSession
@@ -85,6 +90,18 @@ class TrainTask:
     fingerprint: str  # RoundParameters.fingerprint() of the server, "" when not aggregating
     aggregate: bool
     resume: bool = False  # the first round of a resumed run: rewind to it if trained past
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalTask:
+    """What the server asks of a node for a secure evaluation round (all public): its SecAgg
+    round index (:data:`~securefed.flower.pipeline.EVAL_ROUND_OFFSET` plus the training
+    round's), public seed, parameters' fingerprint and whether it ranks in full."""
+
+    round_index: int
+    public_seed: bytes
+    fingerprint: str
+    full: bool
 
 
 @dataclass(frozen=True)
@@ -438,7 +455,7 @@ class NodeRuntime:
         return TrainReply(adverts, session)
 
     def _round_identities(
-        self, params: RoundParameters, cohort: torch.Tensor, own: torch.Tensor
+        self, params: RoundParameters | EvalParameters, cohort: torch.Tensor, own: torch.Tensor
     ) -> tuple[IdentityDirectory | None, dict[int, ClientIdentity]]:
         """In malicious mode: the round's directory (cohort position -> enrolled key) and this
         node's users' signing identities; ``(None, {})`` otherwise."""
@@ -464,25 +481,47 @@ class NodeRuntime:
         )
 
     def evaluate(
-        self, arrays: dict[str, np.ndarray], scalars: dict[str, float], *, full: bool
-    ) -> dict[str, float]:
-        """HR@10 / NDCG@10 sums over this node's users (the server divides by all users)."""
+        self, task: EvalTask, arrays: dict[str, np.ndarray], scalars: dict[str, float]
+    ) -> TrainReply:
+        """A secure evaluation round's first stage: this node's users' HR@10 / NDCG@10 under
+        the shared model, each user's as one SecAgg input (:func:`evaluation_counters`) over
+        every user of the run, and their advertisements; the server learns the sums over the
+        users who stay to the end, as in process, not a user's or this node's."""
+        n = self.split.n_users
+        if n < self.aggregator.secure_minimum():
+            raise ProtocolError(
+                f"the server asked for a secure evaluation of {n} users, fewer than the "
+                f"{self.aggregator.secure_minimum()} these settings need; refusing it"
+            )
+        params = evaluation_parameters(self.aggregator, n, full=task.full)
+        if params.fingerprint() != task.fingerprint:
+            raise ProtocolError(
+                "the server's evaluation parameters differ from this node's "
+                f"({task.fingerprint!r} != {params.fingerprint()!r}); are both on the same "
+                "securefed version and config?"
+            )
         models.load_global(self.config.model, self.model, arrays, scalars)
-        res = evaluate_splits(self.model, self.split, k=10, full=full, per_user=True)
-        out: dict[str, float] = {"users": float(self.users.numel())}
-        idx = self.users.numpy()
+        res = evaluate_splits(self.model, self.split, k=10, full=task.full, per_user=True)
+        own = self.users
+        idx = own.numpy()
+        ranks: dict[str, np.ndarray] = {}
         for which, r in res.items():
             assert r.ranks is not None
-            out.update(_sums(f"{which}_", np.asarray(r.ranks)[idx]))
+            ranks[which] = np.asarray(r.ranks)[idx]
             if r.full_ranks is not None:
-                out.update(_sums(f"{which}_full_", np.asarray(r.full_ranks)[idx]))
-        return out
-
-
-def _sums(prefix: str, ranks: np.ndarray) -> dict[str, float]:
-    r = ranks.astype(np.float64)
-    gains = np.where(r < 10, 1.0 / np.log2(r + 2.0), 0.0)
-    return {f"{prefix}hr@10": float((r < 10).sum()), f"{prefix}ndcg@10": float(gains.sum())}
+                ranks[f"{which}_full"] = np.asarray(r.full_ranks)[idx]
+        ring = params.counters.encode(evaluation_counters(params, ranks))
+        everyone = torch.arange(n)  # a user's secagg id is its user id
+        directory, identities = self._round_identities(params, everyone, own)
+        expander = MaskExpander(params.counters.width, wire.ring_dtype(EVAL_RING_BITS))
+        session = NodeSession(round_index=task.round_index)
+        adverts = {}
+        for row, user in enumerate(own.tolist()):
+            client = _new_client(user, params, task, expander, identities.get(user), directory)
+            session.clients[user] = client
+            session.inputs[user] = ring[row]
+            adverts[user] = client.advertise()
+        return TrainReply(adverts, session)
 
 
 def task_digest(task: TrainTask) -> str:
@@ -504,8 +543,8 @@ def _checked_cohort(task: TrainTask) -> torch.Tensor:
 
 def _new_client(
     sid: int,
-    params: RoundParameters,
-    task: TrainTask,
+    params: RoundParameters | EvalParameters,
+    task: TrainTask | EvalTask,
     expander: MaskExpander,
     identity: ClientIdentity | None = None,
     directory: IdentityDirectory | None = None,

@@ -141,6 +141,85 @@ def round_parameters(agg: PrivateAggregator, m: int) -> RoundParameters:
     return RoundParameters(codec=codec, secagg=sa_cfg, counters=counters, share_sigma=share)
 
 
+#: A secure evaluation round's SecAgg round index: this offset plus the training round's, so
+#: its keys and messages are bound to another round than any training round's.
+EVAL_ROUND_OFFSET = 1 << 32
+#: The ring of a secure evaluation round: 48 bits (every field one limb below 2^31 users).
+EVAL_RING_BITS = 48
+#: Resolution of a user's NDCG@10 in an evaluation sum (its gain is at most 1): ``2**-16``.
+NDCG_SCALE = float(2**16)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalParameters:
+    """The public parameters of a secure evaluation round over every user (same on the
+    server and every node): which sums it carries (``fields``: ``users``, then HR@10 and
+    NDCG@10 of the validation and test items, sampled and, with ``full``, full ranking) and
+    the SecAgg configuration for ``n`` users in a :data:`EVAL_RING_BITS`-bit ring."""
+
+    fields: tuple[str, ...]
+    counters: LimbCodec
+    secagg: SecAggConfig
+
+    def fingerprint(self) -> str:
+        """A short public summary both sides compare before any secret is used."""
+        s = self.secagg
+        return (
+            f"eval;fields={','.join(self.fields)};n={s.n_clients};k={s.k};t={s.t};"
+            f"floor={s.min_survivors};mode={s.mode};limbs={self.counters.limb_bits}"
+        )
+
+
+def evaluation_parameters(agg: PrivateAggregator, n_users: int, *, full: bool) -> EvalParameters:
+    """The secure evaluation round of ``n_users`` users (every user: the evaluation covers
+    all, not a training round's cohort). No DP noise: like the in-process evaluation its
+    sums are outside the printed epsilon; SecAgg keeps each user's hits from the server."""
+    fields = ["users"]
+    for which in ("val", "test"):
+        kinds = ("", "full_") if full else ("",)
+        for kind in kinds:
+            fields += [f"{which}_{kind}hr@10", f"{which}_{kind}ndcg@10"]
+    bits = tuple(17 if f.endswith("ndcg@10") else 1 for f in fields)
+    counters = LimbCodec(n_clients=n_users, modulus_bits=EVAL_RING_BITS, value_bits=bits)
+    # Its own graph for n users (a run's neighbours may be set for cohorts of a few), at the
+    # run's dropout tolerance, corrupt fraction and mode.
+    secagg = agg.secagg_config(n_users, EVAL_RING_BITS, choose_graph=True)
+    return EvalParameters(fields=tuple(fields), counters=counters, secagg=secagg)
+
+
+def evaluation_counters(params: EvalParameters, ranks: dict[str, np.ndarray]) -> np.ndarray:
+    """Each user's evaluation fields (int64 ``[k, fields]``) from its 0-based ranks of the
+    held-out item (``ranks``: ``"val"``, ``"test"`` and, with full ranking, ``"val_full"``
+    and ``"test_full"``, each ``[k]``): a hit is a rank below 10, NDCG@10 its gain
+    ``1 / log2(rank + 2)`` in :data:`NDCG_SCALE` units."""
+    k = len(next(iter(ranks.values())))
+    out = np.zeros((k, len(params.fields)), dtype=np.int64)
+    out[:, 0] = 1
+    for c, name in enumerate(params.fields[1:], start=1):
+        which, metric = name.rsplit("_", 1)
+        r = np.asarray(ranks[which], dtype=np.float64)
+        hit = r < 10
+        if metric == "hr@10":
+            out[:, c] = hit
+        else:
+            gain = np.where(hit, 1.0 / np.log2(r + 2.0), 0.0)
+            out[:, c] = np.rint(gain * NDCG_SCALE).astype(np.int64)
+    return out
+
+
+def evaluation_metrics(params: EvalParameters, sums: list[int]) -> dict[str, float]:
+    """The round's metrics from the fields' sums over the surviving users: ``eval_users``
+    and each metric's mean over them."""
+    users = sums[0]
+    out: dict[str, float] = {"eval_users": users}
+    if not users:
+        return out
+    for name, total in zip(params.fields[1:], sums[1:], strict=True):
+        scale = NDCG_SCALE if name.endswith("ndcg@10") else 1.0
+        out[name] = total / scale / users
+    return out
+
+
 def user_counters(clipped: np.ndarray, losses: np.ndarray) -> np.ndarray:
     """Each user's :data:`COUNTERS` (int64 ``[k, 4]``) from whether its update was clipped
     and its training loss."""

@@ -13,8 +13,10 @@ the ``ServerApp``; a direct call in tests). A round reads top to bottom::
                    a round the budget refuses, or with fewer inputs than the noise is
                    sized for, is never unmasked
       -> unmask:   UNMASK_REQUEST (+ FORWARD when eager) -> UNMASK_SHARES -> finish_unmask
-      -> decode, model.apply_aggregate, end_round
-      -> evaluate: nodes return HR/NDCG sums over their users
+      -> decode (the update's sum and the training counters'), model.apply_aggregate,
+         end_round
+      -> evaluate: a secure round over every user (ADVERTISE, share, masked, unmask) whose
+                   inputs are the users' hits and NDCG: the server learns their sums only
       -> metrics line, checkpoint, ledger (the same run directory as securefed.train)
 
 The server only ever holds per-user wire messages: public keys, sealed share boxes, masked
@@ -61,9 +63,12 @@ from securefed.flower.messages import (
 )
 from securefed.flower.node import partition_users
 from securefed.flower.pipeline import (
+    EVAL_ROUND_OFFSET,
     ReleaseLedger,
     RoundCounters,
     commit_before_unmask,
+    evaluation_metrics,
+    evaluation_parameters,
     finish_round,
     public_seed,
     record_abort,
@@ -198,6 +203,7 @@ class FederatedServer:
         # Keys ahead: the next round's cohort, parameters and advertised keys, collected with
         # this round's unmask replies (None: the next round advertises in its train reply).
         self._ahead: _KeysAhead | None = None
+        self._announce_after_eval = False  # the next round's keys ride on the evaluation
         self._cohort_spec: Any = None
         self._n_users = 0
 
@@ -373,8 +379,16 @@ class FederatedServer:
                     # Every round's worst case, re-runs included, as the nodes count it.
                     releases.charge(agg, r, m)
                 resumed_at = start_round if self.resuming and r == start_round else None
+                evaluating = (r + 1) % config.eval_every == 0 or r + 1 == config.rounds
                 agg_result, counters = self._round(
-                    r, participants, owner, model, agg, resumed_at=resumed_at, ahead=ahead
+                    r,
+                    participants,
+                    owner,
+                    model,
+                    agg,
+                    resumed_at=resumed_at,
+                    ahead=ahead,
+                    evaluate_after=evaluating,
                 )
             except PrivacyBudgetError as exc:
                 stopped = str(exc)
@@ -397,9 +411,9 @@ class FederatedServer:
                 **{k: round(v, 4) for k, v in self._stage_seconds.items()},
             }
             record.update(agg.round_record())
-            if (r + 1) % config.eval_every == 0 or r + 1 == config.rounds:
+            if evaluating:
                 full = (r + 1) % config.resolved_full_eval_every() == 0 or r + 1 == config.rounds
-                record.update(self._evaluate(model, holders, full=full))
+                record.update(self._evaluate(model, holders, owner, agg, r, full=full))
                 record["eval_seconds"] = time.perf_counter() - t1
                 if _is_better(record, best, _selection_keys(config)):
                     best = record
@@ -452,9 +466,12 @@ class FederatedServer:
         *,
         resumed_at: int | None = None,
         ahead: _KeysAhead | None = None,
+        evaluate_after: bool = False,
     ) -> tuple[Any, RoundCounters | None]:
         """One round: train message, the secure sum's stages, unmask and decode. Returns the
-        aggregate and the counters' sums, both ``None`` where the round aborted."""
+        aggregate and the counters' sums, both ``None`` where the round aborted. With
+        ``evaluate_after`` the unmask announces no next round (keys ahead): the secure
+        evaluation round comes first and takes the nodes' round session."""
         m = int(participants.shape[0])
         timeout = self.settings.stage_timeout
         started = time.perf_counter()
@@ -509,7 +526,10 @@ class FederatedServer:
         )
         transcript = _Transcript(self.run_dir, r, enabled=self.settings.transcript)
         eager = self.settings.eager_masking and not params.secagg.malicious
-        ahead_next = eager  # keys ahead need eager masking (even after a fallback this round)
+        # Keys ahead need eager masking (even after a fallback this round). Before an
+        # evaluation round they ride on its unmask instead (the nodes keep one round session).
+        ahead_next = eager and not evaluate_after
+        self._announce_after_eval = eager and evaluate_after
         if ahead is not None:
             server = ahead.server
         else:
@@ -521,30 +541,9 @@ class FederatedServer:
                 directory=directory,
             )
         try:
-            if ahead is not None:  # the train replies were the share stage's
-                self._collect(
-                    server.receive_eager, replies, node_of_sid, transcript, "share", eager=True
-                )
-                outbox, eager = self._finish_eagerly(server)
-            else:
-                self._collect(
-                    server.receive_advertise, replies, node_of_sid, transcript, "advertise"
-                )
-                keys = server.finish_advertise()
-                if eager:
-                    outbox, eager = self._share_eagerly(server, keys, r, node_of_sid, transcript)
-                else:
-                    replies = self._send("share", r, keys, node_of_sid, timeout)
-                    self._collect(server.receive_shares, replies, node_of_sid, transcript, "share")
-                    outbox = server.finish_shares()
-            if not eager:
-                replies = self._send("masked", r, outbox, node_of_sid, timeout)
-                self._collect(
-                    server.receive_masked_input, replies, node_of_sid, transcript, "masked"
-                )
-                outbox = server.finish_masked_input()
-            if params.secagg.malicious:
-                outbox = self._consistency(server, outbox, r, node_of_sid, transcript)
+            outbox, eager = self._to_unmask(
+                server, replies, r, node_of_sid, transcript, ahead=ahead is not None, eager=eager
+            )
         except RoundAborted as exc:
             record_abort(agg, str(exc))
             return None, None
@@ -585,6 +584,49 @@ class FederatedServer:
         agg._last["secagg_dropped"] = len(server.dropped)
         agg._last["secagg_eager"] = eager
         return result, counters
+
+    def _to_unmask(
+        self,
+        server: SecAggServer,
+        replies: Mapping[int, Payload],
+        r: int,
+        node_of_sid: Mapping[int, int],
+        transcript: _Transcript,
+        *,
+        ahead: bool,
+        eager: bool,
+    ) -> tuple[dict[int, bytes], bool]:
+        """A secure round's stages from its first replies to the unmask requests: with
+        ``ahead`` the replies were the share stage's (keys ahead), else the advertisements;
+        then the shares (eagerly with their masked inputs where ``eager``), the masked inputs
+        (on a fallback or without eager masking) and, in malicious mode, the consistency
+        check. Returns the unmask requests and whether they are eager ones.
+
+        Raises:
+            RoundAborted: too few users stayed at some stage.
+        """
+        timeout = self.settings.stage_timeout
+        if ahead:
+            self._collect(
+                server.receive_eager, replies, node_of_sid, transcript, "share", eager=True
+            )
+            outbox, eager = self._finish_eagerly(server)
+        else:
+            self._collect(server.receive_advertise, replies, node_of_sid, transcript, "advertise")
+            keys = server.finish_advertise()
+            if eager:
+                outbox, eager = self._share_eagerly(server, keys, r, node_of_sid, transcript)
+            else:
+                replies = self._send("share", r, keys, node_of_sid, timeout)
+                self._collect(server.receive_shares, replies, node_of_sid, transcript, "share")
+                outbox = server.finish_shares()
+        if not eager:
+            replies = self._send("masked", r, outbox, node_of_sid, timeout)
+            self._collect(server.receive_masked_input, replies, node_of_sid, transcript, "masked")
+            outbox = server.finish_masked_input()
+        if server.config.malicious:
+            outbox = self._consistency(server, outbox, r, node_of_sid, transcript)
+        return outbox, eager
 
     def _share_eagerly(
         self,
@@ -775,28 +817,74 @@ class FederatedServer:
         return accepted
 
     def _evaluate(
-        self, model: Any, holders: Mapping[int, torch.Tensor], *, full: bool
-    ) -> dict[str, float]:
+        self,
+        model: Any,
+        holders: Mapping[int, torch.Tensor],
+        owner: list[int],
+        agg: Any,
+        r: int,
+        *,
+        full: bool,
+    ) -> dict[str, Any]:
+        """A secure evaluation round after round ``r``: every user's HR@10 / NDCG@10 under the
+        shared model is one SecAgg input (:func:`~securefed.flower.pipeline.evaluation_parameters`),
+        so the server learns their sums over the users who stay to the end, as the in-process
+        evaluation reports, and no user's or node's. ``eval_aborted`` where too few stayed."""
+        n = self._n_users
+        if n < agg.secure_minimum():
+            return {"eval_aborted": agg.too_few(n)}
+        params = evaluation_parameters(agg, n, full=full)
+        e = EVAL_ROUND_OFFSET + r
+        seed = public_seed(agg, e)
         arrays, scalars = self._shared(model)
-        msg = {
+        users = list(range(n))
+        node_of_sid = _node_of_sid(users, owner)  # a user's secagg id is its user id
+        task = {
             **self._base(),
             **scalars,
             "config": self.config_toml,
             "full": full,
+            "round": e,
+            "public-seed": seed,
+            "fingerprint": params.fingerprint(),
         }
-        replies = self.transport.exchange(
+        replies = self._exchange(
             "evaluate",
-            {n: Payload(config=msg, arrays=arrays) for n in holders},
+            {node: Payload(config=task, arrays=arrays) for node in holders},
             timeout=self.settings.stage_timeout,
         )
-        users = sum(float(p.metrics.get("users", 0.0)) for p in replies.values())
-        out: dict[str, float] = {"eval_users": int(users)}
-        if not users:
-            return out
-        keys = sorted({k for p in replies.values() for k in p.metrics if k != "users"})
-        for key in keys:
-            out[key] = sum(float(p.metrics.get(key, 0.0)) for p in replies.values()) / users
-        return out
+        malicious = params.secagg.malicious
+        server = SecAggServer(
+            config=params.secagg,
+            round_index=e,
+            public_seed=seed,
+            dim=params.counters.width,
+            directory=enrollment.round_directory(users, self._enrolled) if malicious else None,
+        )
+        transcript = _Transcript(self.run_dir, e, enabled=self.settings.transcript)
+        eager = self.settings.eager_masking and not malicious
+        # Keys ahead for the next training round, announced with this round's unmask.
+        upcoming = self._upcoming(r, agg, owner) if self._announce_after_eval else None
+        try:
+            outbox, eager = self._to_unmask(
+                server, replies, e, node_of_sid, transcript, ahead=False, eager=eager
+            )
+            replies = self._send(
+                "unmask",
+                e,
+                outbox,
+                node_of_sid,
+                self.settings.stage_timeout,
+                eager=eager,
+                extra=upcoming.announcement if upcoming is not None else None,
+            )
+            if upcoming is not None:
+                self._collect_ahead(upcoming, replies)
+            self._collect(server.receive_unmask_shares, replies, node_of_sid, transcript, "unmask")
+            total = server.finish_unmask()
+        except RoundAborted as exc:
+            return {"eval_aborted": str(exc)}
+        return evaluation_metrics(params, params.counters.decode_sum(total))
 
 
 def _node_of_sid(cohort: list[int], owner: list[int]) -> dict[int, int]:
