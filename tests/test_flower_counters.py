@@ -9,6 +9,7 @@ so the server learns their sums over the survivors only, as the in-process round
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -19,14 +20,19 @@ from hypothesis import strategies as st
 
 from protocols.errors import ConfigError
 from protocols.secagg import LimbCodec
+from securefed.errors import ProtocolError
 from securefed.evaluation import hit_ratio, ndcg
 from securefed.federation.base import DenseUpdates
+from securefed.flower import models
 from securefed.flower.local import LocalTransport
+from securefed.flower.node import EvalTask, NodeRuntime
 from securefed.flower.pipeline import (
     EVAL_RING_BITS,
+    EVAL_ROUND_OFFSET,
     LOSS_OFFSET,
     LOSS_SCALE,
     encode_updates,
+    evaluation_consistent,
     evaluation_counters,
     evaluation_metrics,
     evaluation_parameters,
@@ -220,3 +226,66 @@ def test_evaluation_fields_sum_to_the_in_process_metrics():
         "test_hr@10",
         "test_ndcg@10",
     )
+
+
+def test_an_evaluation_round_that_aborts_leaves_no_metrics_and_the_run_goes_on(tmp_path):
+    # A node dies at round 2's evaluation: too few users for the secure evaluation (and for
+    # round 3's training) at the default dropout tolerance. The run finishes on round 1's
+    # evaluation; the aborted ones carry no metric (the selection skipped them: it used to
+    # raise KeyError here).
+    cfg = dataclasses.replace(_cfg(), rounds=3)
+    drop_at = EVAL_ROUND_OFFSET + 1
+
+    server = FederatedServer(
+        cfg,
+        run_dir=tmp_path / "fl",
+        transport=LocalTransport(
+            3,
+            state_dir=tmp_path / "nodes",
+            drop=lambda stage, node, r: node == 101 and stage == "evaluate" and r == drop_at,
+        ),
+        settings=ServerSettings(),
+    )
+    res = server.run()
+    first, second, third = res.metrics
+    assert "val_hr@10" in first and "eval_aborted" not in first
+    for rec in (second, third):
+        assert "eval_aborted" in rec and "val_hr@10" not in rec
+    assert res.summary["selected_round"] == 1
+
+
+def test_a_node_refuses_an_evaluation_outside_the_runs_rounds(tmp_path):
+    cfg = _cfg()
+    runtime = NodeRuntime(
+        cfg, run_token="t", partition_id=0, num_partitions=1, state_dir=tmp_path / "n"
+    )
+    params = evaluation_parameters(runtime.aggregator, runtime.split.n_users, full=False)
+    arrays, scalars = models.global_payload(cfg.model, build_model(cfg, runtime.split))
+    for index in (0, 7, EVAL_ROUND_OFFSET - 1, EVAL_ROUND_OFFSET + cfg.rounds):
+        task = EvalTask(
+            round_index=index, public_seed=b"s" * 16, fingerprint=params.fingerprint(), full=False
+        )
+        with pytest.raises(ProtocolError, match="evaluation round's index"):
+            runtime.evaluate(task, arrays, scalars)
+    task = EvalTask(
+        round_index=EVAL_ROUND_OFFSET, public_seed=b"s" * 16, fingerprint="other", full=False
+    )
+    with pytest.raises(ProtocolError, match="evaluation parameters differ"):
+        runtime.evaluate(task, arrays, scalars)
+    task = dataclasses.replace(task, fingerprint=params.fingerprint())
+    reply = runtime.evaluate(task, arrays, scalars)
+    assert sorted(reply.adverts) == list(range(runtime.split.n_users))
+
+
+def test_evaluation_sums_that_cannot_be_the_survivors_are_refused():
+    cfg = _cfg(epsilon=None, replay=False)
+    split = load_split(cfg)
+    params = evaluation_parameters(
+        build_aggregator(cfg, split, build_model(cfg, split)), 60, full=False
+    )
+    # users, val hits, val NDCG, test hits, test NDCG
+    good = [50, 20, 10 * 2**16, 5, 5 * 2**16]
+    assert evaluation_consistent(params, good, 50)
+    assert not evaluation_consistent(params, good, 49)  # not the survivors' count
+    assert not evaluation_consistent(params, [50, 51, 0, 0, 0], 50)  # more hits than users
+    assert not evaluation_consistent(params, [50, 2, 3 * 2**16, 0, 0], 50)  # NDCG above hits

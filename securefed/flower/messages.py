@@ -61,9 +61,9 @@ from securefed.errors import ConfigError, IntegrityError, ProtocolError
 #: (eager boxes carry shares of the fallback seed b'). Version 6: distributed noise shares
 #: sized for each round's own cohort (the round fingerprint carries the share's scale).
 #: Version 7: each user's training counters ride in its masked input (pipeline.COUNTERS); the
-#: train reply has no metrics; evaluation is a secure round over every user (no metrics in the
-#: clear).
-PROTOCOL = "securefed-flower/7"
+#: train reply has no metrics. Version 8: evaluation is a secure round over every user (no
+#: metrics in the clear).
+PROTOCOL = "securefed-flower/8"
 STAGES = ("hello", "train", "share", "masked", "consistency", "unmask", "evaluate")
 #: ``consistency`` runs in malicious mode only (the signed survivor set); ``unmask`` is last.
 SECAGG_STAGES = ("share", "masked", "consistency", "unmask")

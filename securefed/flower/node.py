@@ -48,6 +48,7 @@ from securefed.evaluation import evaluate_splits
 from securefed.flower import enrollment, models
 from securefed.flower.pipeline import (
     EVAL_RING_BITS,
+    EVAL_ROUND_OFFSET,
     EvalParameters,
     ReleaseLedger,
     RoundParameters,
@@ -488,6 +489,12 @@ class NodeRuntime:
         every user of the run, and their advertisements; the server learns the sums over the
         users who stay to the end, as in process, not a user's or this node's."""
         n = self.split.n_users
+        after = task.round_index - EVAL_ROUND_OFFSET  # the training round it follows
+        if not 0 <= after < self.config.rounds:
+            raise ProtocolError(
+                f"an evaluation round's index must be {EVAL_ROUND_OFFSET} plus one of the run's "
+                f"{self.config.rounds} rounds, got {task.round_index}; refusing it"
+            )
         if n < self.aggregator.secure_minimum():
             raise ProtocolError(
                 f"the server asked for a secure evaluation of {n} users, fewer than the "

@@ -207,6 +207,21 @@ def evaluation_counters(params: EvalParameters, ranks: dict[str, np.ndarray]) ->
     return out
 
 
+def evaluation_consistent(params: EvalParameters, sums: list[int], survivors: int) -> bool:
+    """Whether an evaluation round's sums can be its ``survivors`` users' fields: as many
+    users, at most one hit each, an NDCG of at most one a hit."""
+    if sums[0] != survivors:
+        return False
+    named = dict(zip(params.fields, sums, strict=True))
+    for name, total in named.items():
+        if name.endswith("hr@10") and not 0 <= total <= survivors:
+            return False
+        hits = named.get(name.removesuffix("ndcg@10") + "hr@10", 0)
+        if name.endswith("ndcg@10") and total > NDCG_SCALE * hits:
+            return False
+    return True
+
+
 def evaluation_metrics(params: EvalParameters, sums: list[int]) -> dict[str, float]:
     """The round's metrics from the fields' sums over the surviving users: ``eval_users``
     and each metric's mean over them."""

@@ -67,6 +67,7 @@ from securefed.flower.pipeline import (
     ReleaseLedger,
     RoundCounters,
     commit_before_unmask,
+    evaluation_consistent,
     evaluation_metrics,
     evaluation_parameters,
     finish_round,
@@ -415,7 +416,9 @@ class FederatedServer:
                 full = (r + 1) % config.resolved_full_eval_every() == 0 or r + 1 == config.rounds
                 record.update(self._evaluate(model, holders, owner, agg, r, full=full))
                 record["eval_seconds"] = time.perf_counter() - t1
-                if _is_better(record, best, _selection_keys(config)):
+                keys = _selection_keys(config)
+                # An aborted evaluation round has no metrics: nothing to select.
+                if keys[0] in record and _is_better(record, best, keys):
                     best = record
             train_seconds += t1 - t0
             metrics.append(record)
@@ -475,6 +478,10 @@ class FederatedServer:
         m = int(participants.shape[0])
         timeout = self.settings.stage_timeout
         started = time.perf_counter()
+        # Before an evaluation round the next round's keys ahead ride on its unmask (the
+        # nodes keep one round session); set for every round, aborted or not.
+        malicious = self.config.privacy.secagg_mode == "malicious"
+        self._announce_after_eval = evaluate_after and self.settings.eager_masking and not malicious
         aggregate = m >= agg.secure_minimum()
         if ahead is not None:  # drawn with the keys, during the last round's unmask
             params, seed = ahead.params, ahead.seed
@@ -529,7 +536,6 @@ class FederatedServer:
         # Keys ahead need eager masking (even after a fallback this round). Before an
         # evaluation round they ride on its unmask instead (the nodes keep one round session).
         ahead_next = eager and not evaluate_after
-        self._announce_after_eval = eager and evaluate_after
         if ahead is not None:
             server = ahead.server
         else:
@@ -833,7 +839,10 @@ class FederatedServer:
         n = self._n_users
         if n < agg.secure_minimum():
             return {"eval_aborted": agg.too_few(n)}
-        params = evaluation_parameters(agg, n, full=full)
+        try:
+            params = evaluation_parameters(agg, n, full=full)
+        except ConfigError as exc:  # no graph for n users at these settings
+            return {"eval_aborted": str(exc)}
         e = EVAL_ROUND_OFFSET + r
         seed = public_seed(agg, e)
         arrays, scalars = self._shared(model)
@@ -884,7 +893,11 @@ class FederatedServer:
             total = server.finish_unmask()
         except RoundAborted as exc:
             return {"eval_aborted": str(exc)}
-        return evaluation_metrics(params, params.counters.decode_sum(total))
+        sums = params.counters.decode_sum(total)
+        if not evaluation_consistent(params, sums, len(server.u3)):
+            # A client wrote something else than its fields (no one checks a masked input).
+            return {"eval_aborted": "the evaluation sums do not add up to its survivors"}
+        return evaluation_metrics(params, sums)
 
 
 def _node_of_sid(cohort: list[int], owner: list[int]) -> dict[int, int]:
