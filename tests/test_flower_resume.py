@@ -21,7 +21,12 @@ from securefed.errors import ConfigError, IntegrityError, PrivacyBudgetError, Pr
 from securefed.flower import models
 from securefed.flower.local import LocalTransport
 from securefed.flower.node import NodeRuntime, TrainTask
-from securefed.flower.pipeline import ReleaseLedger, public_seed, round_parameters
+from securefed.flower.pipeline import (
+    EVAL_ROUND_OFFSET,
+    ReleaseLedger,
+    public_seed,
+    round_parameters,
+)
 from securefed.flower.server import WORST_CASE_FILE, FederatedServer, ServerSettings
 from securefed.training import PrivacyConfig, RunFinished, TrainConfig, build_model
 
@@ -48,20 +53,26 @@ class _Crash(Exception):
 
 class CrashingTransport:
     """Forwards to ``inner`` until the server asks for ``stage`` of round ``round_index``:
-    then the server 'dies' (an exception out of ``run``) and the nodes live on."""
+    then the server 'dies' (an exception out of ``run``) and the nodes live on. Stage
+    ``evaluation-unmask``: the unmask of the secure evaluation round after that round."""
 
     def __init__(self, inner: LocalTransport, stage: str, round_index: int) -> None:
         self.inner, self.stage, self.round_index = inner, stage, round_index
-        self.current = -1  # the round of the last train message (evaluate carries none)
+        self.current = -1  # the round of the last train message
 
     def node_ids(self) -> list[int]:
         return self.inner.node_ids()
 
     def exchange(self, stage, messages, *, timeout):
+        rnd = int(next(iter(messages.values())).config.get("round", -1))
         if stage == "train":
-            self.current = int(next(iter(messages.values())).config["round"])
-        if stage == self.stage and self.current == self.round_index:
-            raise _Crash(f"{stage} of round {self.round_index}")
+            self.current = rnd
+        if self.stage == "evaluation-unmask":
+            crash = stage == "unmask" and rnd == EVAL_ROUND_OFFSET + self.round_index
+        else:
+            crash = stage == self.stage and self.current == self.round_index
+        if crash:
+            raise _Crash(f"{self.stage} of round {self.round_index}")
         return self.inner.exchange(stage, messages, timeout=timeout)
 
 
@@ -83,6 +94,8 @@ SIGMA = PrivacyConfig(secagg=True, noise_multiplier=1.0, replay=True)  # no epsi
     [
         ("fedrap", "train", False),  # before the round's release: nothing to count again
         ("fedrap", "evaluate", True),  # after the release (ledger written ahead of unmask)
+        # inside the secure evaluation round: the nodes hold its session when the server dies
+        ("fedrap", "evaluation-unmask", True),
         ("fedrecgel", "unmask", False),  # server Adam state comes back from the checkpoint
     ],
 )
@@ -104,7 +117,8 @@ def test_resumed_run_computes_the_uninterrupted_run(tmp_path, model, stage, long
 
     assert [m["round"] for m in res.metrics] == [1, 2, 3, 4]
     assert [m["round"] for m in runs.read_metrics(run_dir)] == [1, 2, 3, 4]
-    counted_twice = 1 if stage in ("unmask", "evaluate") else 0  # written ahead of unmask
+    # written ahead of unmask
+    counted_twice = 1 if stage in ("unmask", "evaluate", "evaluation-unmask") else 0
     for a, b in zip(ref.metrics, res.metrics, strict=True):
         for key in RESULT_KEYS:
             if key == "epsilon" and counted_twice and a["round"] > 2:
