@@ -47,6 +47,7 @@ __all__ = [
     "evaluate_splits",
     "hit_ratio",
     "ndcg",
+    "ndcg_gains",
     "rank_of_target",
 ]
 
@@ -146,13 +147,19 @@ def hit_ratio(ranks: torch.Tensor | np.ndarray, k: int) -> float:
     return float((r < k).double().mean())
 
 
-def ndcg(ranks: torch.Tensor | np.ndarray, k: int) -> float:
-    """Mean NDCG@k of 0-based target ranks (one relevant item: ``1 / log2(rank + 2)``)."""
+def ndcg_gains(ranks: torch.Tensor | np.ndarray, k: int) -> torch.Tensor:
+    """Each user's NDCG@k (float64) from its 0-based target rank: one relevant item, so
+    ``1 / log2(rank + 2)`` where ``rank < k``, else 0."""
     _check_k(k)
     r = _as_tensor(ranks).double()
-    if r.numel() == 0:
+    return torch.where(r < k, 1.0 / torch.log2(r + 2.0), torch.zeros_like(r))
+
+
+def ndcg(ranks: torch.Tensor | np.ndarray, k: int) -> float:
+    """Mean NDCG@k of 0-based target ranks (:func:`ndcg_gains`)."""
+    gains = ndcg_gains(ranks, k)
+    if gains.numel() == 0:
         raise ConfigError("cannot compute a metric over zero users")
-    gains = torch.where(r < k, 1.0 / torch.log2(r + 2.0), torch.zeros_like(r))
     return float(gains.mean())
 
 
@@ -313,8 +320,7 @@ def evaluate_splits(
         hr_ci = ndcg_ci = None
         if sample and full_r is not None:
             hr_ci = _mean_ci((full_r < k).double(), split.n_users)
-            gains = torch.where(full_r < k, 1.0 / torch.log2(full_r.double() + 2.0), 0.0)
-            ndcg_ci = _mean_ci(gains, split.n_users)
+            ndcg_ci = _mean_ci(ndcg_gains(full_r, k), split.n_users)
         out[w] = EvalResult(
             which=w,
             k=k,

@@ -334,7 +334,10 @@ def _selection_keys(config: TrainConfig) -> tuple[str, str]:
 def _is_better(record: dict[str, Any], best: dict[str, Any] | None, keys: tuple[str, str]) -> bool:
     """The selection rule: best validation HR@10, then NDCG@10 (sampled, or full ranking with
     ``select_on = "full"``); ties go to the later round. With ``select_on = "last"`` every
-    evaluated round is better than the ones before."""
+    evaluated round is better than the ones before. A line without the metrics (a round not
+    evaluated, or a Flower evaluation round that aborted) is never better."""
+    if keys[0] not in record:
+        return False
     if best is None or keys == LAST_ROUND:
         return True
     return tuple(record[k] for k in keys) >= tuple(best[k] for k in keys)
@@ -345,7 +348,7 @@ def _selected_round(metrics: list[dict[str, Any]], config: TrainConfig) -> dict[
     keys = _selection_keys(config)
     best = None
     for m in metrics:
-        if keys[0] in m and _is_better(m, best, keys):
+        if _is_better(m, best, keys):
             best = m
     return best
 

@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -79,6 +80,10 @@ def config_digest(config: TrainConfig) -> str:
 
 
 # ----------------------------------------------------------------------------- tasks
+
+
+#: A secure round's public parameters: a training round's or an evaluation round's.
+_Params = TypeVar("_Params", RoundParameters, EvalParameters)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -348,16 +353,23 @@ class NodeRuntime:
         return session, adverts
 
     def _parameters(self, task: TrainTask, m: int) -> RoundParameters:
+        return self._agreed(task, m, lambda: round_parameters(self.aggregator, m), "round")
+
+    def _agreed(
+        self, task: TrainTask | EvalTask, m: int, build: Callable[[], _Params], what: str
+    ) -> _Params:
+        """A secure ``what`` round's parameters for ``m`` clients, built here and refused
+        unless the server's fingerprint is theirs, or where ``m`` is below the minimum these
+        settings need (an honest server never asks: it aborts there before sending)."""
         if m < self.aggregator.secure_minimum():
-            # An honest server never asks (the round aborts there before anything is sent).
             raise ProtocolError(
-                f"the server asked for a secure round of {m} clients, fewer than the "
+                f"the server asked for a secure {what} of {m} clients, fewer than the "
                 f"{self.aggregator.secure_minimum()} these settings need; refusing it"
             )
-        params = round_parameters(self.aggregator, m)
+        params = build()
         if params.fingerprint() != task.fingerprint:
             raise ProtocolError(
-                "the server's round parameters differ from this node's "
+                f"the server's {what} parameters differ from this node's "
                 f"({task.fingerprint!r} != {params.fingerprint()!r}); are both on the same "
                 "securefed version and config?"
             )
@@ -495,18 +507,12 @@ class NodeRuntime:
                 f"an evaluation round's index must be {EVAL_ROUND_OFFSET} plus one of the run's "
                 f"{self.config.rounds} rounds, got {task.round_index}; refusing it"
             )
-        if n < self.aggregator.secure_minimum():
-            raise ProtocolError(
-                f"the server asked for a secure evaluation of {n} users, fewer than the "
-                f"{self.aggregator.secure_minimum()} these settings need; refusing it"
-            )
-        params = evaluation_parameters(self.aggregator, n, full=task.full)
-        if params.fingerprint() != task.fingerprint:
-            raise ProtocolError(
-                "the server's evaluation parameters differ from this node's "
-                f"({task.fingerprint!r} != {params.fingerprint()!r}); are both on the same "
-                "securefed version and config?"
-            )
+        params = self._agreed(
+            task,
+            n,
+            lambda: evaluation_parameters(self.aggregator, n, full=task.full),
+            "evaluation",
+        )
         models.load_global(self.config.model, self.model, arrays, scalars)
         res = evaluate_splits(self.model, self.split, k=10, full=task.full, per_user=True)
         own = self.users

@@ -55,6 +55,7 @@ from protocols.dp import PrivacyLedger
 from protocols.secagg import FixedPointCodec, LimbCodec, SecAggConfig
 from protocols.seeding import derive_seed, numpy_generator, torch_generator
 from securefed.errors import PrivacyBudgetError, ProtocolError
+from securefed.evaluation import ndcg_gains
 from securefed.federation.base import Aggregate, ClientUpdates
 
 if TYPE_CHECKING:
@@ -197,13 +198,11 @@ def evaluation_counters(params: EvalParameters, ranks: dict[str, np.ndarray]) ->
     out[:, 0] = 1
     for c, name in enumerate(params.fields[1:], start=1):
         which, metric = name.rsplit("_", 1)
-        r = np.asarray(ranks[which], dtype=np.float64)
-        hit = r < 10
+        r = np.asarray(ranks[which])
         if metric == "hr@10":
-            out[:, c] = hit
+            out[:, c] = r < 10
         else:
-            gain = np.where(hit, 1.0 / np.log2(r + 2.0), 0.0)
-            out[:, c] = np.rint(gain * NDCG_SCALE).astype(np.int64)
+            out[:, c] = np.rint(ndcg_gains(r, 10).numpy() * NDCG_SCALE).astype(np.int64)
     return out
 
 
@@ -216,8 +215,10 @@ def evaluation_consistent(params: EvalParameters, sums: list[int], survivors: in
     for name, total in named.items():
         if name.endswith("hr@10") and not 0 <= total <= survivors:
             return False
-        hits = named.get(name.removesuffix("ndcg@10") + "hr@10", 0)
-        if name.endswith("ndcg@10") and total > NDCG_SCALE * hits:
+        if (
+            name.endswith("ndcg@10")
+            and total > NDCG_SCALE * named[name.removesuffix("ndcg@10") + "hr@10"]
+        ):
             return False
     return True
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from protocols.secagg import RoundAborted, SecAggServer
@@ -204,7 +205,6 @@ class FederatedServer:
         # Keys ahead: the next round's cohort, parameters and advertised keys, collected with
         # this round's unmask replies (None: the next round advertises in its train reply).
         self._ahead: _KeysAhead | None = None
-        self._announce_after_eval = False  # the next round's keys ride on the evaluation
         self._cohort_spec: Any = None
         self._n_users = 0
 
@@ -416,9 +416,8 @@ class FederatedServer:
                 full = (r + 1) % config.resolved_full_eval_every() == 0 or r + 1 == config.rounds
                 record.update(self._evaluate(model, holders, owner, agg, r, full=full))
                 record["eval_seconds"] = time.perf_counter() - t1
-                keys = _selection_keys(config)
-                # An aborted evaluation round has no metrics: nothing to select.
-                if keys[0] in record and _is_better(record, best, keys):
+                # An aborted evaluation round has no metrics: _is_better skips it.
+                if _is_better(record, best, _selection_keys(config)):
                     best = record
             train_seconds += t1 - t0
             metrics.append(record)
@@ -478,10 +477,6 @@ class FederatedServer:
         m = int(participants.shape[0])
         timeout = self.settings.stage_timeout
         started = time.perf_counter()
-        # Before an evaluation round the next round's keys ahead ride on its unmask (the
-        # nodes keep one round session); set for every round, aborted or not.
-        malicious = self.config.privacy.secagg_mode == "malicious"
-        self._announce_after_eval = evaluate_after and self.settings.eager_masking and not malicious
         aggregate = m >= agg.secure_minimum()
         if ahead is not None:  # drawn with the keys, during the last round's unmask
             params, seed = ahead.params, ahead.seed
@@ -566,19 +561,7 @@ class FederatedServer:
         event = commit_before_unmask(agg, round_index=r, survivors=len(server.u3), participants=m)
         upcoming = self._upcoming(r, agg, owner) if ahead_next else None
         try:
-            replies = self._send(
-                "unmask",
-                r,
-                outbox,
-                node_of_sid,
-                timeout,
-                eager=eager,
-                extra=upcoming.announcement if upcoming is not None else None,
-            )
-            if upcoming is not None:
-                self._collect_ahead(upcoming, replies)
-            self._collect(server.receive_unmask_shares, replies, node_of_sid, transcript, "unmask")
-            total = server.finish_unmask()
+            total = self._unmask(server, outbox, r, node_of_sid, transcript, eager, upcoming)
         except RoundAborted as exc:
             if event is not None:
                 agg.withdraw(event)  # too few shares: nothing was unmasked or released
@@ -633,6 +616,37 @@ class FederatedServer:
         if server.config.malicious:
             outbox = self._consistency(server, outbox, r, node_of_sid, transcript)
         return outbox, eager
+
+    def _unmask(
+        self,
+        server: SecAggServer,
+        outbox: Mapping[int, bytes],
+        r: int,
+        node_of_sid: Mapping[int, int],
+        transcript: _Transcript,
+        eager: bool,
+        upcoming: _KeysAhead | None,
+    ) -> np.ndarray:
+        """A secure round's unmask stage: the requests out (announcing ``upcoming``, the next
+        round's keys ahead, whose advertisements come back with the shares), the survivors'
+        sum back.
+
+        Raises:
+            RoundAborted: too few unmasking shares came back.
+        """
+        replies = self._send(
+            "unmask",
+            r,
+            outbox,
+            node_of_sid,
+            self.settings.stage_timeout,
+            eager=eager,
+            extra=upcoming.announcement if upcoming is not None else None,
+        )
+        if upcoming is not None:
+            self._collect_ahead(upcoming, replies)
+        self._collect(server.receive_unmask_shares, replies, node_of_sid, transcript, "unmask")
+        return server.finish_unmask()
 
     def _share_eagerly(
         self,
@@ -872,25 +886,15 @@ class FederatedServer:
         )
         transcript = _Transcript(self.run_dir, e, enabled=self.settings.transcript)
         eager = self.settings.eager_masking and not malicious
-        # Keys ahead for the next training round, announced with this round's unmask.
-        upcoming = self._upcoming(r, agg, owner) if self._announce_after_eval else None
+        # Keys ahead for the next training round ride on this round's unmask (the training
+        # round before it announced none: the nodes keep one round session). They need
+        # eager masking, as there.
+        upcoming = self._upcoming(r, agg, owner) if eager else None
         try:
             outbox, eager = self._to_unmask(
                 server, replies, e, node_of_sid, transcript, ahead=False, eager=eager
             )
-            replies = self._send(
-                "unmask",
-                e,
-                outbox,
-                node_of_sid,
-                self.settings.stage_timeout,
-                eager=eager,
-                extra=upcoming.announcement if upcoming is not None else None,
-            )
-            if upcoming is not None:
-                self._collect_ahead(upcoming, replies)
-            self._collect(server.receive_unmask_shares, replies, node_of_sid, transcript, "unmask")
-            total = server.finish_unmask()
+            total = self._unmask(server, outbox, e, node_of_sid, transcript, eager, upcoming)
         except RoundAborted as exc:
             return {"eval_aborted": str(exc)}
         sums = params.counters.decode_sum(total)
