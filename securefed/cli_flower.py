@@ -14,7 +14,9 @@ Commands:
 * ``securefed flower app`` – write the Flower app directory to submit by hand with
   ``flwr run`` against a SuperLink on other machines (docs/deployment.md);
 * ``securefed flower enroll`` / ``directory`` – malicious-mode secure aggregation across
-  machines: a node's users' signing keys, and the operator's enrollment directory.
+  machines: a node's users' signing keys, and the operator's enrollment directory;
+* ``securefed flower yardsticks`` – where the data is: add random, MostPop and DP-MostPop to
+  a finished run's summary (the server, which holds no data, leaves them out).
 
 Each takes the run's settings from a securefed TOML config (``--config``, as ``securefed
 train --config``; optional: without one the defaults of ``securefed train`` apply) plus a few
@@ -350,6 +352,10 @@ def _check_before_flower(cfg: Any, nodes: int, run_dir: Path) -> None:
     refuse_foreign_files(run_dir)
     check_run_dir_writable(run_dir)
     split = load_split(cfg)
+    if cfg.privacy.interaction_dp:  # the nodes would refuse it at their first round
+        from protocols.dp.dpsgd import check_interaction_delta
+
+        check_interaction_delta(cfg.privacy.delta, n_interactions=split.n_train)
     if not 1 <= nodes <= split.n_users:
         raise ConfigError(
             f"--nodes must be between 1 and the {split.n_users} users of {split.name} (each "
@@ -460,6 +466,26 @@ def directory(
             merged.update(keys)
         write_directory(out_file, merged)
     out.print(f"wrote {out_file}: {len(merged)} users", highlight=False, soft_wrap=True)
+
+
+@flower_app.command()
+def yardsticks(
+    run_dir: Annotated[Path, typer.Argument(help="A finished Flower run's directory.")],
+    dataset: Annotated[
+        str | None,
+        typer.Option(help="The run's dataset where it lies here (default: as the run recorded)."),
+    ] = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Where the data is: add random, MostPop and DP-MostPop on the run's split to a finished
+    run's summary (its server holds no data and leaves them out), and print it."""
+    from securefed.training import add_yardsticks
+
+    with _user_errors():
+        summary = add_yardsticks(
+            run_dir, dataset=dataset, data_dir=None if data_dir is None else str(data_dir)
+        )
+    _show(summary, run_dir)
 
 
 @flower_app.command()

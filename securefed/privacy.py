@@ -1455,10 +1455,15 @@ def interaction_dpsgd(config: TrainConfig, split: Split) -> DPSGDConfig:
     ``steps = releases per round * rounds`` unamplified Gaussian steps per interaction (see
     :func:`interaction_steps_per_round`); delta must be below 1 / (training interactions).
     """
+    from securefed.data.manifest import PUBLIC_SOURCE
+
     p = config.privacy
     if p.privacy_unit != "interaction" or not p.dp:
         raise ConfigError("interaction-level DP-SGD needs --privacy-unit interaction and --epsilon")
-    check_interaction_delta(p.delta, n_interactions=int(split.n_train))
+    if split.report.source != PUBLIC_SOURCE:
+        # A Flower server's split holds no interaction (data.manifest.public_split): the
+        # nodes, which build on the data, check delta against the interactions' count.
+        check_interaction_delta(p.delta, n_interactions=int(split.n_train))
     default_clip = config.spec.example_clip
     clip = p.example_clip if p.example_clip is not None else float(default_clip or 1.0)
     if p.noise_multiplier is not None:

@@ -29,6 +29,9 @@ METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_FILE = "checkpoint.pt"
 SUMMARY_FILE = "summary.json"
 LEDGER_FILE = "privacy_ledger.json"
+#: What the run's data was: name, sizes and what loading did (a Flower server's: name and
+#: sizes only, until the operator's command adds the rest; training.add_yardsticks).
+DATA_FILE = "data.json"
 BEST_FILE = "best_model.pt"
 #: A finished run's released model: the shared parameters as the server holds them after the
 #: last round (no client's private state); written when the run completes.

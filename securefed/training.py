@@ -10,6 +10,8 @@ unless it replays (``PrivacyConfig.replay``; :mod:`securefed.privacy`).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import os
 import secrets
@@ -380,7 +382,13 @@ def _summary(
     aggregator: Aggregator,
     stopped: str | None,
     model: Any = None,
+    *,
+    held: bool = True,
 ) -> dict[str, Any]:
+    """A run's ``summary.json``. ``held``: whether ``split`` holds the data; a Flower
+    server's does not (:func:`securefed.data.manifest.public_split`), so its summary has no
+    training-interaction count and no yardsticks until the operator, who holds the data, adds
+    them (:func:`add_yardsticks`)."""
     evaluated = [m for m in metrics if "val_hr@10" in m]
     summary: dict[str, Any] = {
         "model": config.model,
@@ -392,7 +400,7 @@ def _summary(
         "seconds": round(seconds, 3),
         "users": split.n_users,
         "items": split.n_items,
-        "train_interactions": split.n_train,
+        "train_interactions": split.n_train if held else None,
         "synthetic": split.report.synthetic,
         "selection": (
             "the last evaluated round"
@@ -421,11 +429,73 @@ def _summary(
         summary["aborted_rounds"] = [int(m["round"]) for m in aborted]
         summary["aborted_reason"] = str(aborted[0]["aborted"])
     summary.update(_privacy_summary(aggregator))
-    summary.update(_baselines(config, split, summary))
+    if held:
+        summary.update(_baselines(config, split, summary))
+    else:
+        summary["yardsticks"] = NO_YARDSTICKS
     # What the model decided while it trained (Recommender.run_notes, optional).
     notes = getattr(model, "run_notes", None)
     if callable(notes) and (lines := list(notes())):
         summary["model_notes"] = [str(line) for line in lines]
+    return summary
+
+
+#: A summary written by a server that holds no data says why it has no yardsticks.
+NO_YARDSTICKS = (
+    "not computed: the server holds no data (random, MostPop and DP-MostPop need the "
+    "interactions); securefed flower local and simulate add them from the operator's copy "
+    "of the dataset; elsewhere run `securefed flower yardsticks RUN_DIR` where the data is"
+)
+
+
+def add_yardsticks(
+    run_dir: str | Path,
+    split: Split | None = None,
+    *,
+    dataset: str | None = None,
+    data_dir: str | None = None,
+) -> dict[str, Any]:
+    """Add random, MostPop and (DP runs) DP-MostPop on the run's split to the summary of a run
+    whose server held no data (a Flower run), with the verdict against them and the full
+    ``data.json``; returns the new summary. For whoever holds the dataset (the operator of a
+    local deployment): it reads the interactions the server never did.
+
+    Args:
+        run_dir: A finished run's directory.
+        split: The run's split (default: loaded from the run's recorded config, with
+            ``dataset`` and ``data_dir`` where they lie on this machine if given).
+
+    Raises:
+        ConfigError: ``run_dir`` has no summary or config, or ``split`` is not the run's
+            dataset (its sizes).
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / runs.SUMMARY_FILE
+    if not path.exists() or not (run_dir / runs.CONFIG_FILE).exists():
+        raise ConfigError(
+            f"{run_dir} holds no finished run (no {runs.SUMMARY_FILE} or no {runs.CONFIG_FILE})"
+        )
+    config = TrainConfig.from_dict(load_config_file(run_dir / runs.CONFIG_FILE))
+    try:
+        summary = json.loads(path.read_text())
+    except ValueError:
+        raise ConfigError(f"{path} is not a run summary (unreadable JSON)") from None
+    if split is None:
+        if dataset is not None:
+            config = dataclasses.replace(config, dataset=dataset)
+        if data_dir is not None:
+            config = dataclasses.replace(config, data_dir=data_dir)
+        split = load_split(config)
+    if (split.n_users, split.n_items) != (summary.get("users"), summary.get("items")):
+        raise ConfigError(
+            f"{run_dir} ran on {summary.get('users')} users x {summary.get('items')} items and "
+            f"this split has {split.n_users} x {split.n_items}: not the run's dataset"
+        )
+    summary.pop("yardsticks", None)
+    summary["train_interactions"] = split.n_train
+    summary.update(_baselines(config, split, summary))
+    runs.write_json(run_dir / runs.DATA_FILE, _data_record(split.report, split, config))
+    runs.write_json(path, summary)
     return summary
 
 
@@ -679,7 +749,7 @@ def _train(
         run_dir.mkdir(parents=True, exist_ok=True)
         runs.atomic_write_text(run_dir / runs.CONFIG_FILE, runs.dumps_toml(config.to_dict()))
         where.exists = True
-        runs.write_json(run_dir / "data.json", data)
+        runs.write_json(run_dir / runs.DATA_FILE, data)
         if attach is not None:
             attach(run_dir, resume=False)
     where.kept = start_round

@@ -28,6 +28,7 @@ installed ``securefed`` package on every machine.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -44,12 +45,14 @@ from typing import Any
 import securefed
 from protocols.cores import usable_cores
 from securefed import runs
-from securefed.errors import ConfigError, ProtocolError
+from securefed.errors import ConfigError, DataError, ProtocolError
 from securefed.flower import require_flwr
 from securefed.flower.certs import LocalCertificates, make_local_certificates, make_node_key
 from securefed.flower.server import FLOWER_FILE, check_config, read_flower_record
 from securefed.flower.supernode import DEFAULT_IDLE_POLL, MAX_IDLE_POLL
 from securefed.training import TrainConfig, check_resume
+
+logger = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 APP_NAME = "securefed-app"
@@ -272,14 +275,21 @@ def quiet_flower_deprecations() -> Iterator[None]:
 
 
 def _finished(run_dir: Path) -> dict[str, Any]:
-    import json
+    """The finished run's summary with its yardsticks: the server holds no data, so the
+    operator's command (which gave the nodes their dataset) adds random, MostPop and
+    DP-MostPop from its own copy (:func:`securefed.training.add_yardsticks`)."""
+    from securefed.training import add_yardsticks
 
     summary = run_dir / runs.SUMMARY_FILE
     if not summary.exists():
         raise ProtocolError(
             f"the Flower run ended without writing {summary}; see the logs in the work directory"
         )
-    return json.loads(summary.read_text())
+    try:
+        return add_yardsticks(run_dir)
+    except (ConfigError, DataError, OSError) as exc:  # the run itself finished: keep it
+        logger.warning("yardsticks not added to %s: %s", run_dir, exc)
+        return json.loads(summary.read_text())
 
 
 # ----------------------------------------------------------------------------- deployment

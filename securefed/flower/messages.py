@@ -11,7 +11,8 @@ misrouted message raises the same :class:`~securefed.errors.IntegrityError`.
 
 Stages of a round (``STAGES``)::
 
-    hello     server -> node: run token            node -> server: partition id and count
+    hello     server -> node: run token, config    node -> server: partition id and count,
+                                                   the dataset's name and sizes
     train     shared model, cohort, public seed    per-user ADVERTISE
     share     per-user KEYS                        per-user SHARES (+ eager MASKED_INPUT)
     masked    per-user FORWARD                     per-user MASKED_INPUT
@@ -62,8 +63,9 @@ from securefed.errors import ConfigError, IntegrityError, ProtocolError
 #: sized for each round's own cohort (the round fingerprint carries the share's scale).
 #: Version 7: each user's training counters ride in its masked input (pipeline.COUNTERS); the
 #: train reply has no metrics. Version 8: evaluation is a secure round over every user (no
-#: metrics in the clear).
-PROTOCOL = "securefed-flower/8"
+#: metrics in the clear). Version 9: the server holds no data; the hello carries the run's
+#: config and each node answers with its dataset's name and sizes (data.manifest).
+PROTOCOL = "securefed-flower/9"
 STAGES = ("hello", "train", "share", "masked", "consistency", "unmask", "evaluate")
 #: ``consistency`` runs in malicious mode only (the signed survivor set); ``unmask`` is last.
 SECAGG_STAGES = ("share", "masked", "consistency", "unmask")
@@ -190,7 +192,8 @@ def handle_node_message(
     pid = _node_int(node_config, "partition-id")
     nparts = _node_int(node_config, "num-partitions")
     if stage == "hello":
-        return Payload(config={"partition-id": pid, "num-partitions": nparts})
+        manifest = _manifest(payload, node_config)
+        return Payload(config={"partition-id": pid, "num-partitions": nparts, **manifest})
     token = str(payload.config.get("run-token", ""))
     if stage in SECAGG_STAGES:
         inbox = unpack_sids(payload.config)
@@ -226,6 +229,24 @@ def handle_node_message(
         if memory is not None:  # a failed step may leave the model half-updated: reload
             memory.runtime = memory.runtime_key = None
         raise
+
+
+def _manifest(payload: Payload, node_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The hello reply's description of the node's dataset (the run's config names it, and a
+    node with ``pin-config`` checks it against its own copy first): its name and sizes, all
+    the server learns of it (:mod:`securefed.data.manifest`)."""
+    from securefed.data.manifest import manifest_of
+    from securefed.flower.node import node_split
+    from securefed.training import TrainConfig
+
+    if "config" not in payload.config:
+        raise ProtocolError("hello without the run's config")
+    config = TrainConfig.from_dict(tomllib.loads(str(payload.config["config"])))
+    pinned = node_config.get("pin-config")
+    if pinned:
+        check_pinned(config, Path(str(pinned)))
+    token = str(payload.config.get("run-token", ""))
+    return manifest_of(node_split(config, token)).fields()
 
 
 def _session(token: str, state: MutableMapping[str, bytes], memory: NodeMemory | None) -> Any:
@@ -292,8 +313,20 @@ def _runtime(
 
 
 #: Settings outside ``[privacy]`` that size the noise and the accounting (the model's default
-#: cohort, the planned rounds, the cohort's rate or size), pinned with it.
-PINNED_SETTINGS = ("model", "rounds", "client_fraction", "clients_per_round")
+#: cohort, the planned rounds, the cohort's rate or size), pinned with it, and those naming
+#: the data the node reads (a server could otherwise have it load another file and report
+#: its sizes in the hello).
+PINNED_SETTINGS = (
+    "model",
+    "rounds",
+    "client_fraction",
+    "clients_per_round",
+    "dataset",
+    "data_dir",
+    "min_interactions",
+    "synthetic_users",
+    "synthetic_items",
+)
 
 
 def check_pinned(config: Any, path: Path) -> None:

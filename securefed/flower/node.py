@@ -35,7 +35,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
@@ -62,6 +62,9 @@ from securefed.flower.session import NodeSession
 from securefed.privacy import PrivateAggregator
 from securefed.training import TrainConfig, build_model, load_split, training_generator
 
+if TYPE_CHECKING:
+    from securefed.data.types import Split
+
 # ----------------------------------------------------------------------------- partitions
 
 
@@ -72,6 +75,30 @@ def partition_users(n_users: int, partition_id: int, num_partitions: int) -> tor
     if not isinstance(partition_id, int) or not 0 <= partition_id < num_partitions:
         raise ConfigError(f"partition-id must be in [0, {num_partitions}), got {partition_id!r}")
     return torch.arange(partition_id, n_users, num_partitions, dtype=torch.long)
+
+
+#: The last split this process loaded: ``(key, split)`` (:func:`node_split`).
+_SPLIT: tuple[tuple[Any, ...], Split] | None = None
+
+
+def node_split(config: TrainConfig, run_token: str) -> Split:
+    """The node's dataset, split as the run splits it (:func:`~securefed.training.load_split`),
+    loaded once per run and data settings in this process: a node reads it to report the
+    dataset's public sizes in its hello reply and again to build its runtime."""
+    global _SPLIT
+    key = (
+        run_token,
+        config.dataset,
+        config.data_dir,
+        config.resolved_min_interactions(),
+        config.seed,
+        config.synthetic_users,
+        config.synthetic_items,
+    )
+    cached = _SPLIT
+    if cached is None or cached[0] != key:
+        cached = _SPLIT = (key, load_split(config))
+    return cached[1]
 
 
 def config_digest(config: TrainConfig) -> str:
@@ -160,7 +187,7 @@ class NodeRuntime:
                 "could read its users' inputs in that mode)"
             )
         self.config = config
-        self.split = load_split(config)
+        self.split = node_split(config, run_token)
         self.users = partition_users(self.split.n_users, partition_id, num_partitions)
         self.partition_id = partition_id
         self.model = build_model(config, self.split)

@@ -1,7 +1,11 @@
 """The server side of a distributed run: cohort, SecAgg server stages, model step, ledger.
 
 :class:`FederatedServer` drives the rounds over any :class:`Transport` (Flower's ``Grid`` in
-the ``ServerApp``; a direct call in tests). A round reads top to bottom::
+the ``ServerApp``; a direct call in tests). It reads no data: at the hello the nodes tell it
+the dataset's name and sizes (:class:`~securefed.data.manifest.DataManifest`), and it builds
+its model, cohorts, noise and graphs on a split of that shape with no interaction in it; its
+summary has no yardsticks (the operator's command adds them:
+:func:`securefed.training.add_yardsticks`). A round reads top to bottom::
 
     sample cohort (as securefed.train: from the OS in a DP run, else from the seed)
       -> train:    nodes train their participants, clip, noise, encode, ADVERTISE
@@ -20,7 +24,8 @@ the ``ServerApp``; a direct call in tests). A round reads top to bottom::
       -> metrics line, checkpoint, ledger (the same run directory as securefed.train)
 
 The server only ever holds per-user wire messages: public keys, sealed share boxes, masked
-inputs, revealed shares. A user's input exists in the clear only on its node.
+inputs, revealed shares, and the dataset's name and sizes. A user's input and interactions
+exist in the clear only on its node.
 
 Dropouts are real: a node that does not answer a stage within ``stage_timeout`` seconds (or
 answers with an error) is silent for every user it holds, from that stage on, exactly as a
@@ -44,6 +49,7 @@ import torch
 
 from protocols.secagg import RoundAborted, SecAggServer
 from securefed import runs
+from securefed.data.manifest import DataManifest, public_split
 from securefed.errors import ConfigError, IntegrityError, PrivacyBudgetError, ProtocolError
 from securefed.federation.cohort import round_cohort
 from securefed.flower import enrollment, models
@@ -80,14 +86,12 @@ from securefed.privacy import PrivateAggregator
 from securefed.training import (
     RoundRecord,
     TrainConfig,
-    _data_record,
     _is_better,
     _selected_round,
     _selection_keys,
     _summary,
     build_aggregator,
     build_model,
-    load_split,
     restore_checkpoint,
 )
 
@@ -244,25 +248,56 @@ class FederatedServer:
     def _base(self) -> dict[str, Any]:
         return {"protocol": PROTOCOL, "run-token": self.run_token}
 
-    def _connect(self, n_users: int) -> dict[int, torch.Tensor]:
-        """Wait for the nodes, learn each one's partition; returns node -> its users."""
+    def _connect(self) -> tuple[dict[int, torch.Tensor], DataManifest]:
+        """Wait for the nodes, learn each one's partition and the dataset they hold (its name
+        and sizes: the server reads no data); returns node -> its users, and the dataset."""
         deadline = time.monotonic() + self.settings.connect_timeout
+        hello = {**self._base(), "config": self.config_toml}
+        errors: list[tuple[str, int, str]] = getattr(self.transport, "errors", [])
         while True:
             nodes = self.transport.node_ids()
+            seen = len(errors)
             replies = (
                 self.transport.exchange(
                     "hello",
-                    {n: Payload(config=self._base()) for n in nodes},
+                    {n: Payload(config=dict(hello)) for n in nodes},
                     timeout=self.settings.stage_timeout,
                 )
                 if nodes
                 else {}
             )
+            failed = [(n, why) for stage, n, why in errors[seen:] if why != "node offline"]
+            if failed:
+                # A node that answers the hello with an error (its pinned config refused the
+                # run, its dataset is missing or malformed) will answer it so again.
+                node, why = failed[0]
+                raise ConfigError(
+                    f"node {node} failed the hello: {why}; fix that node (its dataset, its "
+                    "pin-config) and start the run again"
+                )
             parts: dict[int, tuple[int, int]] = {}
+            held: dict[int, DataManifest] = {}
             for node, reply in replies.items():
                 parts[node] = (
                     int(reply.config["partition-id"]),
                     int(reply.config["num-partitions"]),
+                )
+                try:
+                    held[node] = DataManifest.from_fields(reply.config)
+                except ValueError:
+                    raise ProtocolError(
+                        f"node {node} did not say which dataset it holds; run the same "
+                        "securefed version on the server and the nodes"
+                    ) from None
+            if len(set(held.values())) > 1:
+                held_by = "; ".join(
+                    f"partition {parts[n][0]}: {m.describe()}" for n, m in sorted(held.items())
+                )
+                raise ConfigError(
+                    f"the nodes hold different datasets ({held_by}); each node reads the one "
+                    "the run's config names, so their copies differ (a relative path, "
+                    "SECUREFED_DATA_DIR, another file at the same path): give every node the "
+                    "same data"
                 )
             counts = {n for _, n in parts.values()}
             if len(counts) > 1:
@@ -290,7 +325,28 @@ class FederatedServer:
                 f"connected; resume it with {self._partitions} SuperNodes (num-partitions="
                 f"{self._partitions}), each with its own partition-id and state-dir"
             )
-        return {node: partition_users(n_users, p, nparts) for node, (p, _) in parts.items()}
+        manifest = next(iter(held.values()))
+        return {
+            node: partition_users(manifest.n_users, p, nparts) for node, (p, _) in parts.items()
+        }, manifest
+
+    def _check_recorded_data(self, manifest: DataManifest) -> None:
+        """A resumed run's nodes must hold the dataset the run started on (name and sizes as
+        its ``data.json`` recorded them)."""
+        try:
+            recorded = json.loads((self.run_dir / runs.DATA_FILE).read_text())
+            before = (recorded["name"], recorded["users"], recorded["items"])
+        except (OSError, ValueError, KeyError, TypeError):
+            raise ConfigError(
+                f"{self.run_dir / runs.DATA_FILE} is missing or unreadable: the run's dataset "
+                "cannot be checked against the nodes'; restore it from a backup"
+            ) from None
+        if before != (manifest.name, manifest.n_users, manifest.n_items):
+            name, users, items = before
+            raise ConfigError(
+                f"this run started on {name} ({users} users x {items} items) and the nodes "
+                f"hold {manifest.describe()}; resume it with the nodes on the run's dataset"
+            )
 
     # ------------------------------------------------------------------ the run
     def run(self) -> FederatedResult:
@@ -305,7 +361,13 @@ class FederatedServer:
                     "docs/deployment.md, 'Malicious server')"
                 )
             self._enrolled = enrollment.load_directory(self.settings.enrollment)
-        split = load_split(config)
+        # The server holds no data: the nodes say which dataset they hold (its name and
+        # sizes), and the model, cohorts, noise and graphs are built on a split of that shape
+        # with no interaction in it (docs/deployment.md, "Threat model").
+        holders, manifest = self._connect()
+        if self.resuming:
+            self._check_recorded_data(manifest)
+        split = public_split(manifest)
         resolve_for_data = config.spec.resolve_for_data
         if resolve_for_data is not None and not self.resuming:
             # Settled before the nodes receive the config; a resume keeps config.toml's.
@@ -322,7 +384,6 @@ class FederatedServer:
             raise ConfigError(
                 f"--clients-per-round {cohort_spec.size} exceeds the {split.n_users} users"
             )
-        holders = self._connect(split.n_users)
         owner = [-1] * split.n_users  # Flower node ids are 64-bit unsigned: a Python list
         for node, users in holders.items():
             for u in users.tolist():
@@ -340,7 +401,7 @@ class FederatedServer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             runs.atomic_write_text(self.run_dir / runs.CONFIG_FILE, self.config_toml)
             agg.attach(self.run_dir, resume=False)
-            runs.write_json(self.run_dir / "data.json", _data_record(split.report, split))
+            runs.write_json(self.run_dir / runs.DATA_FILE, manifest.record())
             runs.write_json(
                 self.run_dir / FLOWER_FILE,
                 {
@@ -429,7 +490,7 @@ class FederatedServer:
         seconds = time.perf_counter() - started
         if stopped is not None and metrics:
             self._checkpoint(model, agg, metrics[-1]["round"], seconds)
-        summary = _summary(config, split, metrics, seconds, agg, stopped, model)
+        summary = _summary(config, split, metrics, seconds, agg, stopped, model, held=False)
         summary["train_seconds"] = round(train_seconds, 3)
         summary["engine"] = "flower"
         if stopped is not None:  # no later round can be released: finished, not resumable

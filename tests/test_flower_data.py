@@ -1,0 +1,352 @@
+"""The Flower server holds no data: it learns the dataset's name and sizes from the nodes,
+builds everything on a split of that shape with no interaction in it, and leaves the
+yardsticks to whoever holds the data (securefed.training.add_yardsticks)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from securefed import runs
+from securefed.baselines import baseline_metrics
+from securefed.data.manifest import PUBLIC_SOURCE, DataManifest, manifest_of, public_split
+from securefed.errors import ConfigError, ProtocolError
+from securefed.flower import local as local_module
+from securefed.flower import models
+from securefed.flower import node as node_module
+from securefed.flower.local import LocalTransport
+from securefed.flower.server import FederatedServer, ServerSettings
+from securefed.training import (
+    NO_YARDSTICKS,
+    PrivacyConfig,
+    TrainConfig,
+    add_yardsticks,
+    build_aggregator,
+    build_model,
+    load_split,
+)
+
+
+def _cfg(**kw) -> TrainConfig:
+    base = dict(
+        model="fedrap",
+        synthetic_users=60,
+        synthetic_items=400,
+        rounds=2,
+        checkpoint_every=1,
+        privacy=PrivacyConfig(secagg=True, epsilon=8.0),
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, dict):
+        return set(a) == set(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    return a == b
+
+
+def test_public_split_has_the_shape_and_nothing_else():
+    split = load_split(_cfg())
+    manifest = manifest_of(split)
+    assert manifest == DataManifest(
+        name=split.name, n_users=split.n_users, n_items=split.n_items, synthetic=True
+    )
+    assert DataManifest.from_fields(manifest.fields()) == manifest
+    public = public_split(manifest)
+    assert (public.n_users, public.n_items) == (split.n_users, split.n_items)
+    assert public.n_train == 0 and public.history_items.size == 0
+    assert (public.val_items == -1).all() and public.test_negatives.shape == (split.n_users, 0)
+    assert public.report.source == PUBLIC_SOURCE and public.report.synthetic
+    for bad in (
+        {**manifest.fields(), "data-users": 0},
+        {**manifest.fields(), "data-items": "400"},
+        {**manifest.fields(), "data-synthetic": 1},
+        {k: v for k, v in manifest.fields().items() if k != "data-name"},
+    ):
+        with pytest.raises(ValueError):
+            DataManifest.from_fields(bad)
+
+
+_USER = PrivacyConfig(secagg=True, epsilon=2.0)
+_INTERACTION = PrivacyConfig(secagg=True, epsilon=8.0, privacy_unit="interaction", delta=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("model", "privacy"),
+    [
+        *((m, _USER) for m in ("fedrap", "fedrecgel", "fedals", "mostpop")),
+        ("fedrap", _INTERACTION),
+        ("fedrecgel", _INTERACTION),
+        ("fedals", PrivacyConfig(secagg=True)),
+    ],
+)
+def test_the_server_side_of_every_model_needs_only_the_sizes(model, privacy):
+    # What the server builds on the public split (shared parameters, its own step's state,
+    # the resolved config, the noise) is what it would build on the data; what it does with
+    # them in a round is pinned by the deployed-equals-in-process tests, whose servers all
+    # build on the public split.
+    cfg = _cfg(model=model, privacy=privacy)
+    split = load_split(cfg)
+    public = public_split(manifest_of(split))
+    resolve = cfg.spec.resolve_for_data
+    full_cfg = resolve(cfg, split)[0] if resolve else cfg
+    public_cfg = resolve(cfg, public)[0] if resolve else cfg
+    assert full_cfg.to_dict() == public_cfg.to_dict()
+    on_data, on_public = build_model(full_cfg, split), build_model(public_cfg, public)
+    arrays, scalars = models.global_payload(model, on_data)
+    arrays_p, scalars_p = models.global_payload(model, on_public)
+    assert set(arrays) == set(arrays_p) and scalars == scalars_p
+    assert all(np.array_equal(arrays[k], arrays_p[k]) for k in arrays)
+    assert _same(models.server_state(model, on_data), models.server_state(model, on_public))
+    agg, agg_p = (
+        build_aggregator(full_cfg, split, on_data),
+        build_aggregator(public_cfg, public, on_public),
+    )
+    if privacy.interaction_dp:
+        assert agg.dpsgd == agg_p.dpsgd and agg.dpsgd.noise_multiplier > 0
+    elif privacy.dp:
+        assert agg.noise_multiplier == agg_p.noise_multiplier > 0
+
+
+def test_the_nodes_check_interaction_delta_the_server_cannot():
+    # The server cannot count the interactions; the nodes, on the data, refuse a delta of
+    # 1 / interactions or more, and the public split is not mistaken for data.
+    cfg = _cfg(privacy=dataclasses.replace(_INTERACTION, delta=0.01))
+    split = load_split(cfg)
+    with pytest.raises(ConfigError, match="delta must be below 1/interactions"):
+        build_model(cfg, split)
+    assert build_model(cfg, public_split(manifest_of(split))).dpsgd is not None
+    empty = dataclasses.replace(public_split(manifest_of(split)), report=split.report)
+    with pytest.raises(ConfigError, match="n_interactions must be a positive integer"):
+        build_model(cfg, empty)
+
+
+def _csv(path, n_users: int, seed: int):
+    rng = np.random.default_rng(seed)
+    rows = sorted(
+        {(u, int(i)) for u in range(n_users) for i in rng.choice(400, size=12, replace=False)}
+    )
+    path.write_text("user,item\n" + "".join(f"{u},{i}\n" for u, i in rows))
+    return path
+
+
+def _data_only_on_nodes(monkeypatch, tmp_path):
+    """A dataset file that exists only while a node handles a message (anything else that
+    reads it, the server included, finds no file); returns the run's config and the list of
+    the nodes' loads."""
+    hidden = _csv(tmp_path / "hidden.csv", 60, seed=0)
+    path = tmp_path / "data.csv"
+    real_handle, real_load = local_module.handle_node_message, node_module.load_split
+    loads: list[str] = []
+
+    def on_node(*args, **kwargs):
+        shutil.copy(hidden, path)
+        try:
+            return real_handle(*args, **kwargs)
+        finally:
+            path.unlink()
+
+    def counted(config, *args, **kwargs):
+        loads.append(config.dataset)
+        return real_load(config, *args, **kwargs)
+
+    monkeypatch.setattr(local_module, "handle_node_message", on_node)
+    monkeypatch.setattr(node_module, "load_split", counted)
+    return _cfg(dataset=str(path)), loads, hidden
+
+
+def test_a_flower_run_never_reads_the_data_on_the_server(tmp_path, monkeypatch):
+    cfg, loads, hidden = _data_only_on_nodes(monkeypatch, tmp_path)
+    res = FederatedServer(
+        cfg, run_dir=tmp_path / "fl", transport=LocalTransport(3, state_dir=tmp_path / "n")
+    ).run()
+    assert [m["round"] for m in res.metrics] == [1, 2] and res.summary["test_hr@10"] > 0
+    assert loads == [cfg.dataset]  # the nodes of this process: one load per run
+    summary = res.summary
+    assert summary["yardsticks"] == NO_YARDSTICKS and summary["train_interactions"] is None
+    assert not [k for k in summary if k.startswith("baseline_")]
+    split = load_split(_cfg(dataset=str(hidden)))
+    data = json.loads((tmp_path / "fl" / runs.DATA_FILE).read_text())
+    assert data == {**manifest_of(split).record(), "name": "data"}  # name and sizes only
+
+    # The operator, who holds the data, adds the yardsticks: the in-process run's.
+    added = add_yardsticks(tmp_path / "fl", split)
+    assert "yardsticks" not in added and added["train_interactions"] == split.n_train
+    expected = baseline_metrics(split, seed=cfg.seed, epsilon=8.0, delta=cfg.privacy.delta)
+    for key in ("baseline_mostpop_test_hr@10", "baseline_dp_mostpop_test_full_hr@10"):
+        assert added[key] == expected[key]
+    assert json.loads((tmp_path / "fl" / runs.SUMMARY_FILE).read_text()) == added
+    data = json.loads((tmp_path / "fl" / runs.DATA_FILE).read_text())
+    assert data["train_interactions"] == split.n_train and data["source"] != PUBLIC_SOURCE
+    other = load_split(_cfg(synthetic_users=61))
+    with pytest.raises(ConfigError, match="not the run's dataset"):
+        add_yardsticks(tmp_path / "fl", other)
+
+
+def _tamper_hello(transport, change):
+    exchange = transport.exchange
+
+    def tamper(stage, messages, *, timeout):
+        replies = exchange(stage, messages, timeout=timeout)
+        if stage == "hello":
+            for node, reply in replies.items():
+                change(node, reply.config)
+        return replies
+
+    transport.exchange = tamper  # type: ignore[method-assign]
+
+
+def test_nodes_on_different_datasets_are_refused(tmp_path):
+    transport = LocalTransport(3, state_dir=tmp_path / "n")
+    first = min(transport.node_ids())
+
+    def other_size(node, config):
+        if node == first:
+            config["data-users"] += 1
+
+    _tamper_hello(transport, other_size)
+    server = FederatedServer(_cfg(), run_dir=tmp_path / "fl", transport=transport)
+    with pytest.raises(ConfigError, match="hold different datasets"):
+        server.run()
+    assert not (tmp_path / "fl").exists()  # refused before anything was written
+
+
+def test_a_node_that_does_not_say_its_dataset_is_refused(tmp_path):
+    transport = LocalTransport(2, state_dir=tmp_path / "n")
+    _tamper_hello(transport, lambda node, config: config.pop("data-items"))
+    server = FederatedServer(_cfg(), run_dir=tmp_path / "fl", transport=transport)
+    with pytest.raises(ProtocolError, match="which dataset"):
+        server.run()
+
+
+def test_a_resume_on_another_dataset_is_refused(tmp_path):
+    cfg = _cfg(rounds=3)
+    run_dir = tmp_path / "fl"
+    transport = LocalTransport(3, state_dir=tmp_path / "n")
+    server = FederatedServer(cfg, run_dir=run_dir, transport=transport)
+    server.run()
+    # The run as if it had stopped, its data.json saying it ran on one user more.
+    (run_dir / runs.SUMMARY_FILE).unlink()
+    data = json.loads((run_dir / runs.DATA_FILE).read_text())
+    runs.write_json(run_dir / runs.DATA_FILE, {**data, "users": data["users"] + 1})
+    resumed = FederatedServer.resume(run_dir, transport=LocalTransport(3, state_dir=tmp_path / "n"))
+    with pytest.raises(ConfigError, match="this run started on"):
+        resumed.run()
+
+
+def test_a_pinned_node_reads_only_the_operators_dataset(tmp_path, monkeypatch):
+    # The hello makes a node load the dataset the run's config names and report its sizes: a
+    # node holding the operator's copy of the config refuses another one before loading it
+    # (found in review: a named dataset is looked up in the config's data_dir first).
+    real_load, loads = node_module.load_split, []
+    monkeypatch.setattr(
+        node_module, "load_split", lambda config: loads.append(config) or real_load(config)
+    )
+    honest = _cfg()
+    pinned = tmp_path / "run.toml"
+    pinned.write_text(runs.dumps_toml(honest.to_dict()))
+    transport = LocalTransport(2, state_dir=tmp_path / "n")
+    for node_config in transport.node_configs.values():
+        node_config["pin-config"] = str(pinned)
+    for name, value in (
+        ("synthetic_users", 61),
+        ("dataset", "ml-100k"),
+        ("data_dir", str(tmp_path / "elsewhere")),
+    ):
+        server = FederatedServer(
+            _cfg(**{name: value}), run_dir=tmp_path / f"run-{name}", transport=transport
+        )
+        with pytest.raises(ProtocolError, match=f"pinned config .* {name} = "):
+            server.run()
+        assert not (tmp_path / f"run-{name}").exists() and not loads
+    res = FederatedServer(honest, run_dir=tmp_path / "ok", transport=transport).run()
+    assert len(res.metrics) == 2  # the operator's own run goes through
+
+
+def test_cli_yardsticks_where_the_data_is(tmp_path):
+    import typer
+    from typer.testing import CliRunner
+
+    from securefed.cli_flower import flower_app
+
+    root = typer.Typer()
+    root.add_typer(flower_app, name="flower")
+    runner = CliRunner()
+    there = _csv(tmp_path / "there.csv", 60, seed=0)
+    cfg = _cfg(dataset=str(there))
+    run_dir = tmp_path / "fl"
+    FederatedServer(
+        cfg, run_dir=run_dir, transport=LocalTransport(3, state_dir=tmp_path / "n")
+    ).run()
+    here = tmp_path / "here.csv"
+    there.rename(here)  # the data lies elsewhere on the machine that adds the yardsticks
+    res = runner.invoke(root, ["flower", "yardsticks", str(run_dir)])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+    other = _csv(tmp_path / "other.csv", 59, seed=1)
+    res = runner.invoke(root, ["flower", "yardsticks", str(run_dir), "--dataset", str(other)])
+    assert res.exit_code == 2 and "not the run's dataset" in res.output, res.output
+    assert "yardsticks" in json.loads((run_dir / runs.SUMMARY_FILE).read_text())  # untouched
+    res = runner.invoke(root, ["flower", "yardsticks", str(run_dir), "--dataset", str(here)])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((run_dir / runs.SUMMARY_FILE).read_text())
+    expected = baseline_metrics(
+        load_split(_cfg(dataset=str(here))), seed=cfg.seed, epsilon=8.0, delta=cfg.privacy.delta
+    )
+    assert summary["baseline_dp_mostpop_test_hr@10"] == expected["baseline_dp_mostpop_test_hr@10"]
+    assert "MostPop" in res.output and "yardsticks" not in summary
+    res = runner.invoke(root, ["flower", "yardsticks", str(tmp_path / "n")])
+    assert res.exit_code == 2 and "no finished run" in res.output, res.output
+
+
+class _GridLike(LocalTransport):
+    """A node's error is a silent dropout recorded in ``errors``, as over Flower's Grid."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.errors: list[tuple[str, int, str]] = []
+
+    def exchange(self, stage, messages, *, timeout):
+        replies = {}
+        for node, payload in messages.items():
+            try:
+                replies.update(super().exchange(stage, {node: payload}, timeout=timeout))
+            except Exception as exc:
+                self.errors.append((stage, node, f"{type(exc).__name__}: {exc}"[:200]))
+        return replies
+
+
+def test_a_node_that_fails_the_hello_is_named_not_waited_for(tmp_path):
+    # Found in review: over Flower a node's error is a dropout, and the server waited out
+    # connect_timeout for a partition that would never answer, then blamed its absence.
+    pinned = tmp_path / "run.toml"
+    pinned.write_text(runs.dumps_toml(_cfg().to_dict()))
+    transport = _GridLike(3, state_dir=tmp_path / "n")
+    transport.node_configs[101]["pin-config"] = str(pinned)
+    server = FederatedServer(
+        _cfg(rounds=3),
+        run_dir=tmp_path / "fl",
+        transport=transport,
+        settings=ServerSettings(connect_timeout=3.0),
+    )
+    with pytest.raises(ConfigError, match="node 101 failed the hello: ProtocolError: .*rounds"):
+        server.run()
+
+
+def test_an_interaction_level_dp_run_goes_through(tmp_path):
+    # Found in review: the server's public split has no interactions to check delta against,
+    # and every interaction-level run failed at its start; the nodes check it on the data.
+    cfg = _cfg(model="fedrecgel", rounds=1, privacy=_INTERACTION)
+    res = FederatedServer(
+        cfg, run_dir=tmp_path / "fl", transport=LocalTransport(2, state_dir=tmp_path / "n")
+    ).run()
+    first = res.metrics[0]
+    assert first["contributors"] == first["participants"] > 0
+    assert 0 < res.summary["epsilon"] <= 8.0 and res.summary["privacy_unit"] == "interaction"
