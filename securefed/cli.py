@@ -743,6 +743,19 @@ def account(
         f"{res['delta']:g} ({res['rounds']} rounds, sample rate {res['sample_rate']:g}, "
         f"{res['accountant']} accountant, {res['privacy_unit']}-level, {res['steps']} steps)"
     )
+    if res["privacy_unit"] == "user":
+        err.print(DISTRIBUTED_NOTE, highlight=False, soft_wrap=True)
+
+
+#: What ``securefed account`` computes for user-level DP, and what it does not.
+DISTRIBUTED_NOTE = (
+    "note: this is the central Gaussian of a run without --secagg (or with --noise central); "
+    "a --secagg run adds distributed discrete noise shares and calibrates its own, larger "
+    "noise multiplier from the model's dimension and each round's cohort (a few percent "
+    "larger with every client every round, several times larger with Poisson sampling): the "
+    "run prints it "
+    '(docs/privacy.md, "Distributed discrete Gaussian")'
+)
 
 
 def _whole_number(text: str, flag: str) -> int:

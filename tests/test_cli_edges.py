@@ -33,6 +33,20 @@ def test_account_with_a_trillion_rounds_answers_instead_of_running_out_of_memory
     assert "1000000000000 rounds" in res.output
 
 
+def test_account_says_a_secagg_run_calibrates_its_own_noise():
+    # `account` computes the central Gaussian; a --secagg run's distributed discrete noise
+    # needs a larger multiplier (several times larger with sampling), which it prints itself.
+    res = runner.invoke(app, ["account", "--epsilon", "2", "--client-fraction", "0.1"])
+    assert res.exit_code == 0 and "noise multiplier 2.26" in res.output, res.output
+    assert "a --secagg run" in res.output and "calibrates its own" in res.output
+    as_json = runner.invoke(app, ["account", "--epsilon", "2", "--json"])
+    assert as_json.exit_code == 0 and "--secagg" not in as_json.output
+    interaction = runner.invoke(
+        app, ["account", "--epsilon", "2", "--privacy-unit", "interaction", "--rounds", "5"]
+    )
+    assert interaction.exit_code == 0 and "--secagg" not in interaction.output
+
+
 @pytest.mark.parametrize("rounds", ["abc", "1.5", "0", "-3", "inf", "nan", "1e-3"])
 def test_account_rejects_rounds_that_are_not_positive_integers(rounds):
     res = runner.invoke(app, ["account", "--epsilon", "1", "--rounds", rounds])
