@@ -283,9 +283,12 @@ def _launch(
     local: bool,
     resume: bool,
 ) -> dict[str, Any]:
-    """Start the local deployment or the simulation and run it to its end."""
+    """Start the local deployment or the simulation and run it to its end, a line per round
+    as the server writes it."""
+    from securefed.cli import _RoundDisplay
     from securefed.flower.deploy import run_local_deployment, run_simulation
 
+    progress = _RoundDisplay(plain=True).round
     if not local:
         err.print(f"Flower simulation: {nodes} virtual SuperNodes, work directory {work}")
         return run_simulation(
@@ -295,6 +298,7 @@ def _launch(
             work_dir=work,
             stage_timeout=opts["stage_timeout"],
             resume=resume,
+            progress=progress,
         )
     insecure = bool(opts["insecure"])
     security = (
@@ -321,6 +325,7 @@ def _launch(
         insecure=insecure,
         isolation=opts["isolation"],
         resume=resume,
+        progress=progress,
     )
 
 

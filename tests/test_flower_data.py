@@ -350,3 +350,29 @@ def test_an_interaction_level_dp_run_goes_through(tmp_path):
     first = res.metrics[0]
     assert first["contributors"] == first["participants"] > 0
     assert 0 < res.summary["epsilon"] <= 8.0 and res.summary["privacy_unit"] == "interaction"
+
+
+def test_the_metrics_follower_shows_each_new_round_once(tmp_path):
+    # `flower local` and `simulate` print a line per round while the ServerApp (another
+    # process) writes them; a resumed run's kept rounds are not shown again.
+    from securefed.flower.deploy import MetricsFollower
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    runs.append_metrics(run_dir, {"round": 1, "loss": 0.5})  # kept by a resume
+    shown = []
+    follower = MetricsFollower(
+        run_dir, lambda rec: shown.append((rec.round, rec.rounds_planned)), rounds=3, poll=60
+    )
+    with follower:
+        follower.check()
+        assert shown == []
+        runs.append_metrics(run_dir, {"round": 2, "loss": 0.4})
+        with (run_dir / runs.METRICS_FILE).open("a") as fh:
+            fh.write('{"round": 3, "lo')  # still being written
+        follower.check()
+        assert shown == [(2, 3)]
+        (run_dir / runs.CONFIG_FILE).write_text("rounds = 4\n")  # the server's resolved config
+        with (run_dir / runs.METRICS_FILE).open("a") as fh:
+            fh.write('ss": 0.3}\n')
+    assert shown == [(2, 3), (3, 4)]  # the last poll when the follower stops

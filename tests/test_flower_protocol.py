@@ -498,6 +498,7 @@ def test_cli_deploy_commands_pass_their_options_and_report_errors_in_one_line(
 
     def fake(cfg, *, run_dir, nodes, work_dir, stage_timeout, **security):
         calls.append((cfg, nodes, stage_timeout))
+        assert callable(security.pop("progress"))  # a line per round as the server writes it
         insecure.append(security)
         raise ConfigError(f"stopped before deploying ({runner_name})")
 

@@ -35,9 +35,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import warnings
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ from securefed.flower import require_flwr
 from securefed.flower.certs import LocalCertificates, make_local_certificates, make_node_key
 from securefed.flower.server import FLOWER_FILE, check_config, read_flower_record
 from securefed.flower.supernode import DEFAULT_IDLE_POLL, MAX_IDLE_POLL
-from securefed.training import TrainConfig, check_resume
+from securefed.training import RoundRecord, TrainConfig, check_resume, load_config_file
 
 logger = logging.getLogger(__name__)
 
@@ -174,12 +175,14 @@ def run_simulation(
     cpus_per_node: float = 1.0,
     transcript: bool = False,
     resume: bool = False,
+    progress: Callable[[RoundRecord], None] | None = None,
 ) -> dict[str, Any]:
     """Run on Flower's simulation engine with ``nodes`` virtual SuperNodes; returns the summary.
 
     With ``resume`` the interrupted run in ``run_dir`` continues from its last checkpoint
     (``config`` must be its recorded one, :func:`check_resumable`; the nodes' state is
-    under ``work_dir`` as when it started).
+    under ``work_dir`` as when it started). ``progress`` gets each round's metrics line as
+    the server writes it (:class:`MetricsFollower`).
 
     Raises:
         ConfigError: Flower or Ray is not installed, or the config is not distributable.
@@ -221,7 +224,11 @@ def run_simulation(
     # processes; OpenBLAS's fork handler stops its thread pool, and a numpy call of the
     # ServerApp (the accountant's PRV, numpy dot) that is waiting on that pool then spins
     # forever (seen in CI: exec_blas with no BLAS threads left). One BLAS thread: no pool.
-    with quiet_flower_deprecations(), threadpool_limits(limits=1, user_api="blas"):
+    with (
+        quiet_flower_deprecations(),
+        threadpool_limits(limits=1, user_api="blas"),
+        _following(run_dir, progress, config.rounds),
+    ):
         flwr_run_simulation(
             server_app=server,
             client_app=client,
@@ -272,6 +279,89 @@ def quiet_flower_deprecations() -> Iterator[None]:
             os.environ.pop("PYTHONWARNINGS", None)
         else:
             os.environ["PYTHONWARNINGS"] = previous
+
+
+class MetricsFollower:
+    """Follows the metrics lines a Flower server appends to ``run_dir/metrics.jsonl`` while
+    the run goes on in another process or thread (the ServerApp): ``progress`` gets a
+    :class:`~securefed.training.RoundRecord` for each new line, from a background thread
+    polling every ``poll`` seconds and once more when the follower stops. The lines the file
+    holds when it starts (a resumed run's kept rounds) are not shown again; a line still
+    being written (no newline yet) waits for the next poll; ``rounds_planned`` is the run's
+    ``config.toml``'s (the server's resolved config) once it exists, else ``rounds``.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        progress: Callable[[RoundRecord], None],
+        *,
+        rounds: int | None = None,
+        poll: float = 0.5,
+    ) -> None:
+        self.path = Path(run_dir) / runs.METRICS_FILE
+        self.config_path = Path(run_dir) / runs.CONFIG_FILE
+        self.progress = progress
+        self.rounds = rounds
+        self.poll = poll
+        self._seen = set(self._lines())
+        self._planned: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="securefed-metrics", daemon=True)
+
+    def _lines(self) -> list[str]:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except OSError:
+            return []
+        return [line for line in text.split("\n")[:-1] if line.strip()]
+
+    def _rounds_planned(self) -> int | None:
+        if self._planned is None and self.config_path.exists():
+            try:
+                self._planned = int(load_config_file(self.config_path)["rounds"])
+            except (OSError, ValueError, KeyError, TypeError):
+                return self.rounds
+        return self._planned if self._planned is not None else self.rounds
+
+    def check(self) -> None:
+        """Hand every line not seen before to ``progress``, in file order."""
+        for line in self._lines():
+            if line in self._seen:
+                continue
+            self._seen.add(line)
+            try:
+                values = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(values, dict) and "round" in values:
+                self.progress(RoundRecord(values, rounds_planned=self._rounds_planned()))
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self.poll):
+            try:
+                self.check()
+            except Exception:  # a display must never stop the run it shows
+                logger.exception("following %s failed", self.path)
+                return
+
+    def __enter__(self) -> MetricsFollower:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        with contextlib.suppress(Exception):
+            self.check()
+
+
+def _following(
+    run_dir: Path, progress: Callable[[RoundRecord], None] | None, rounds: int
+) -> contextlib.AbstractContextManager[Any]:
+    if progress is None:
+        return contextlib.nullcontext()
+    return MetricsFollower(run_dir, progress, rounds=rounds)
 
 
 def _finished(run_dir: Path) -> dict[str, Any]:
@@ -669,8 +759,11 @@ def run_local_deployment(
     resume: bool = False,
     eager_masking: bool = True,
     keys_ahead: bool = True,
+    progress: Callable[[RoundRecord], None] | None = None,
 ) -> dict[str, Any]:
     """A whole run on a local deployment (see the module docstring); returns the summary.
+    ``progress`` gets each round's metrics line as the server writes it
+    (:class:`MetricsFollower`).
 
     ``insecure=True`` is for debugging only: no TLS and no SuperNode authentication.
     ``isolation`` and ``idle_poll`` are those of :func:`local_deployment`;
@@ -711,12 +804,14 @@ def run_local_deployment(
         isolation=isolation,
         idle_poll=idle_poll,
     ) as dep:
-        submit(dep, app, timeout=timeout)  # --stream follows the run to its end
+        with _following(run_dir, progress, config.rounds):
+            submit(dep, app, timeout=timeout)  # --stream follows the run to its end
         return _finished(run_dir)
 
 
 __all__ = [
     "LocalDeployment",
+    "MetricsFollower",
     "check_resumable",
     "local_deployment",
     "quiet_flower_deprecations",
