@@ -376,3 +376,39 @@ def test_the_metrics_follower_shows_each_new_round_once(tmp_path):
         with (run_dir / runs.METRICS_FILE).open("a") as fh:
             fh.write('ss": 0.3}\n')
     assert shown == [(2, 3), (3, 4)]  # the last poll when the follower stops
+
+
+@pytest.mark.slow
+def test_a_pinned_node_settles_the_population_rule_on_its_own_data(tmp_path):
+    # Found in review: the private fedals' population rule raises a large population's rounds
+    # from 3 to 4 when the run starts, and every pinned node refused the server's settled
+    # config (`securefed flower local` pins every node). The node now settles its own copy on
+    # its data and compares again; the server still gets no more than that copy allows.
+    def fedals(**params):
+        return TrainConfig.from_dict(
+            {
+                "model": "fedals",
+                "synthetic_users": 80,
+                "synthetic_items": 400,
+                "privacy": {"secagg": True, "epsilon": 8.0},
+                "fedals": params,
+            }
+        )
+
+    operator = fedals(population="large")
+    pinned = tmp_path / "run.toml"
+    pinned.write_text(runs.dumps_toml(operator.to_dict()))
+    transport = LocalTransport(2, state_dir=tmp_path / "n")
+    for node_config in transport.node_configs.values():
+        node_config["pin-config"] = str(pinned)
+    res = FederatedServer(operator, run_dir=tmp_path / "ok", transport=transport).run()
+    assert operator.rounds == 3 and len(res.metrics) == 4  # settled to the large mode's 4
+    more = dataclasses.replace(operator, rounds=5)
+    with pytest.raises(ProtocolError, match="rounds = 5 \\(pinned 4\\)"):
+        FederatedServer(more, run_dir=tmp_path / "more", transport=transport).run()
+    small = tmp_path / "small.toml"  # the operator's copy settles small on these 80 users
+    small.write_text(runs.dumps_toml(fedals().to_dict()))
+    for node_config in transport.node_configs.values():
+        node_config["pin-config"] = str(small)
+    with pytest.raises(ProtocolError, match="rounds = 4 \\(pinned 3\\)"):
+        FederatedServer(operator, run_dir=tmp_path / "large", transport=transport).run()

@@ -242,10 +242,10 @@ def _manifest(payload: Payload, node_config: Mapping[str, Any]) -> dict[str, Any
     if "config" not in payload.config:
         raise ProtocolError("hello without the run's config")
     config = TrainConfig.from_dict(tomllib.loads(str(payload.config["config"])))
+    token = str(payload.config.get("run-token", ""))
     pinned = node_config.get("pin-config")
     if pinned:
-        check_pinned(config, Path(str(pinned)))
-    token = str(payload.config.get("run-token", ""))
+        check_pinned(config, Path(str(pinned)), lambda: node_split(config, token))
     return manifest_of(node_split(config, token)).fields()
 
 
@@ -280,7 +280,7 @@ def _runtime(
 ) -> Any:
     """The node's :class:`~securefed.flower.node.NodeRuntime` for the message's run and
     config (the long-lived process's own, when it is that one)."""
-    from securefed.flower.node import NodeRuntime, config_digest
+    from securefed.flower.node import NodeRuntime, config_digest, node_split
     from securefed.training import TrainConfig
 
     if "config" not in payload.config:
@@ -298,7 +298,7 @@ def _runtime(
     if memory is not None and memory.runtime_key == key:
         return memory.runtime  # built for this very config and pin: checked then
     if pinned:
-        check_pinned(config, Path(str(pinned)))
+        check_pinned(config, Path(str(pinned)), lambda: node_split(config, token))
     runtime = NodeRuntime(
         config,
         run_token=str(payload.config["run-token"]),
@@ -312,24 +312,28 @@ def _runtime(
     return runtime
 
 
+#: The settings naming the data a node reads (a server could otherwise have it load another
+#: file and report its sizes in the hello), pinned.
+DATA_SETTINGS = ("dataset", "data_dir", "min_interactions", "synthetic_users", "synthetic_items")
 #: Settings outside ``[privacy]`` that size the noise and the accounting (the model's default
-#: cohort, the planned rounds, the cohort's rate or size), pinned with it, and those naming
-#: the data the node reads (a server could otherwise have it load another file and report
-#: its sizes in the hello).
-PINNED_SETTINGS = (
-    "model",
-    "rounds",
-    "client_fraction",
-    "clients_per_round",
-    "dataset",
-    "data_dir",
-    "min_interactions",
-    "synthetic_users",
-    "synthetic_items",
-)
+#: cohort, the planned rounds, the cohort's rate or size), pinned with it, and the data's.
+PINNED_SETTINGS = ("model", "rounds", "client_fraction", "clients_per_round", *DATA_SETTINGS)
 
 
-def check_pinned(config: Any, path: Path) -> None:
+def _differences(config: Any, pinned: Any) -> dict[str, str]:
+    """Setting -> ``"key = sent (pinned ours)"`` for every pinned setting that differs."""
+    mine, sent = dataclasses.asdict(pinned.privacy), dataclasses.asdict(config.privacy)
+    differ = {
+        k: f"{k} = {sent.get(k)!r} (pinned {v!r})" for k, v in mine.items() if sent.get(k) != v
+    }
+    for key in PINNED_SETTINGS:
+        ours, theirs = getattr(pinned, key), getattr(config, key)
+        if ours != theirs:
+            differ[key] = f"{key} = {theirs!r} (pinned {ours!r})"
+    return differ
+
+
+def check_pinned(config: Any, path: Path, split: Callable[[], Any] | None = None) -> None:
     """Refuse a run whose privacy settings differ from the node operator's own copy of the
     run's config (``--node-config 'pin-config="/path/run.toml"'``).
 
@@ -345,6 +349,13 @@ def check_pinned(config: Any, path: Path) -> None:
     :data:`PINNED_SETTINGS` are compared, resolved as a run resolves them (defaults for what
     the file leaves out, legacy keys translated).
 
+    A model may settle some of them from the data when a run starts (the private fedals'
+    population rule raises a large population's rounds from 3 to 4: ``resolve_for_data``),
+    and the server sends its settled config: where only such settings differ and the data
+    settings (:data:`DATA_SETTINGS`) agree, ``split`` (the node's data, loaded only then)
+    settles both configs as a run would, and they are compared again. A server cannot buy
+    more that way: the node settles the pinned copy on its own data.
+
     Raises:
         ProtocolError: a setting differs (named, with both values), or the file is unreadable.
     """
@@ -354,16 +365,17 @@ def check_pinned(config: Any, path: Path) -> None:
         pinned = TrainConfig.from_dict(load_config_file(path))
     except (OSError, ValueError) as exc:
         raise ProtocolError(f"cannot read this node's pinned config {path}: {exc}") from None
-    mine, sent = dataclasses.asdict(pinned.privacy), dataclasses.asdict(config.privacy)
-    differ = [f"{k} = {sent[k]!r} (pinned {v!r})" for k, v in mine.items() if sent.get(k) != v]
-    for key in PINNED_SETTINGS:
-        ours, theirs = getattr(pinned, key), getattr(config, key)
-        if ours != theirs:
-            differ.append(f"{key} = {theirs!r} (pinned {ours!r})")
+    differ = _differences(config, pinned)
+    resolve = pinned.spec.resolve_for_data
+    settle = split is not None and resolve is not None and config.model == pinned.model
+    if differ and settle and not set(differ) & set(DATA_SETTINGS):
+        assert split is not None and resolve is not None
+        data = split()
+        differ = _differences(resolve(config, data)[0], resolve(pinned, data)[0])
     if differ:
         raise ProtocolError(
             "the server's run differs from this node's pinned config "
-            f"{path}: {'; '.join(differ)}; refused"
+            f"{path}: {'; '.join(differ.values())}; refused"
         )
 
 
