@@ -744,16 +744,24 @@ def account(
         f"{res['accountant']} accountant, {res['privacy_unit']}-level, {res['steps']} steps)"
     )
     if res["privacy_unit"] == "user":
-        err.print(DISTRIBUTED_NOTE, highlight=False, soft_wrap=True)
+        note = DISTRIBUTED_NOTE if noise_multiplier is None else DISTRIBUTED_EPSILON_NOTE
+        err.print(note, highlight=False, soft_wrap=True)
 
 
-#: What ``securefed account`` computes for user-level DP, and what it does not.
+#: What ``securefed account --epsilon`` computes for user-level DP, and what it does not.
 DISTRIBUTED_NOTE = (
     "note: this is the central Gaussian of a run without --secagg (or with --noise central); "
     "a --secagg run adds distributed discrete noise shares and calibrates its own, larger "
-    "noise multiplier from the model's dimension and each round's cohort (a few percent "
-    "larger with every client every round, several times larger with Poisson sampling): the "
-    "run prints it "
+    "noise multiplier from the model's dimension and its largest cohort (a few percent "
+    "larger with every client every round, up to several times larger with Poisson sampling "
+    "at low epsilon over many rounds), which its summary prints "
+    '(docs/privacy.md, "Distributed discrete Gaussian")'
+)
+#: ... and ``securefed account --noise-multiplier``.
+DISTRIBUTED_EPSILON_NOTE = (
+    "note: this is the central Gaussian of a run without --secagg (or with --noise central); "
+    "a --secagg run with distributed discrete noise shares at this noise multiplier spends a "
+    "larger epsilon, which its summary prints "
     '(docs/privacy.md, "Distributed discrete Gaussian")'
 )
 

@@ -45,6 +45,8 @@ def test_account_says_a_secagg_run_calibrates_its_own_noise():
         app, ["account", "--epsilon", "2", "--privacy-unit", "interaction", "--rounds", "5"]
     )
     assert interaction.exit_code == 0 and "--secagg" not in interaction.output
+    given = runner.invoke(app, ["account", "--noise-multiplier", "2", "--rounds", "5"])
+    assert given.exit_code == 0 and "spends a larger epsilon" in given.output, given.output
 
 
 @pytest.mark.parametrize("rounds", ["abc", "1.5", "0", "-3", "inf", "nan", "1e-3"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -378,24 +379,88 @@ def test_the_metrics_follower_shows_each_new_round_once(tmp_path):
     assert shown == [(2, 3), (3, 4)]  # the last poll when the follower stops
 
 
+def test_the_metrics_follower_shows_an_aborted_round_and_goes_on(tmp_path):
+    # Found in review: an aborted round's loss is NaN, written null; the display's abs()
+    # raised on None, the follower's thread died and later rounds came only at the end.
+    from securefed.cli import _RoundDisplay
+    from securefed.flower.deploy import MetricsFollower
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    display, shown = _RoundDisplay(plain=True), []
+
+    def show(rec):
+        display.round(rec)  # an aborted round's line says so (its loss is NaN)
+        shown.append(rec.round)
+        if rec.round == 2:
+            raise RuntimeError("a display that fails once")
+
+    with MetricsFollower(run_dir, show, rounds=3, poll=0.01) as follower:
+        runs.append_metrics(run_dir, {"round": 1, "loss": float("nan"), "aborted": "too few"})
+        runs.append_metrics(run_dir, {"round": 2, "loss": 0.5})
+        deadline = time.monotonic() + 10
+        while len(shown) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        runs.append_metrics(run_dir, {"round": 3, "loss": 0.4})
+        while len(shown) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert shown == [1, 2, 3] and follower._thread.is_alive()  # shown while it runs
+
+
+def _fedals(**params):
+    return TrainConfig.from_dict(
+        {
+            "model": "fedals",
+            "synthetic_users": 80,
+            "synthetic_items": 400,
+            "privacy": {"secagg": True, "epsilon": 8.0},
+            "fedals": params,
+        }
+    )
+
+
+def test_the_pin_settles_only_the_operators_copy(tmp_path):
+    from securefed.flower.messages import check_pinned
+
+    split = load_split(_fedals())
+    loads = []
+
+    def data():
+        loads.append(1)
+        return split
+
+    def pin(cfg):
+        path = tmp_path / "run.toml"
+        path.write_text(runs.dumps_toml(cfg.to_dict()))
+        return path
+
+    settled = _fedals(population="large")
+    settled = settled.spec.resolve_for_data(settled, split)[0]
+    assert settled.rounds == 4
+    check_pinned(settled, pin(_fedals(population="large")), data)  # the copy settles to 4
+    check_pinned(settled, pin(_fedals(large_above=1.0)), data)  # the rule makes it large too
+    assert len(loads) == 2
+    with pytest.raises(ProtocolError, match="rounds = 4 \\(pinned 3\\)"):
+        check_pinned(settled, pin(_fedals()), data)  # the copy settles small: 3 rounds
+    # A server never has its own config settled: 3 rounds with the large population's setting
+    # against a copy pinned at 4 (settling both let it through, found in review).
+    fewer = dataclasses.replace(_fedals(population="large"), rounds=3)
+    with pytest.raises(ProtocolError, match="rounds = 3 \\(pinned 4\\)"):
+        check_pinned(fewer, pin(dataclasses.replace(_fedals(), rounds=4)), data)
+    loads.clear()
+    elsewhere = dataclasses.replace(settled, data_dir=str(tmp_path))
+    with pytest.raises(ProtocolError, match="data_dir = "):
+        check_pinned(elsewhere, pin(_fedals(population="large")), data)
+    assert not loads  # another data setting: refused before the node reads any data
+
+
 @pytest.mark.slow
 def test_a_pinned_node_settles_the_population_rule_on_its_own_data(tmp_path):
     # Found in review: the private fedals' population rule raises a large population's rounds
     # from 3 to 4 when the run starts, and every pinned node refused the server's settled
     # config (`securefed flower local` pins every node). The node now settles its own copy on
     # its data and compares again; the server still gets no more than that copy allows.
-    def fedals(**params):
-        return TrainConfig.from_dict(
-            {
-                "model": "fedals",
-                "synthetic_users": 80,
-                "synthetic_items": 400,
-                "privacy": {"secagg": True, "epsilon": 8.0},
-                "fedals": params,
-            }
-        )
-
-    operator = fedals(population="large")
+    operator = _fedals(population="large")
     pinned = tmp_path / "run.toml"
     pinned.write_text(runs.dumps_toml(operator.to_dict()))
     transport = LocalTransport(2, state_dir=tmp_path / "n")
@@ -407,7 +472,7 @@ def test_a_pinned_node_settles_the_population_rule_on_its_own_data(tmp_path):
     with pytest.raises(ProtocolError, match="rounds = 5 \\(pinned 4\\)"):
         FederatedServer(more, run_dir=tmp_path / "more", transport=transport).run()
     small = tmp_path / "small.toml"  # the operator's copy settles small on these 80 users
-    small.write_text(runs.dumps_toml(fedals().to_dict()))
+    small.write_text(runs.dumps_toml(_fedals().to_dict()))
     for node_config in transport.node_configs.values():
         node_config["pin-config"] = str(small)
     with pytest.raises(ProtocolError, match="rounds = 4 \\(pinned 3\\)"):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -334,16 +335,22 @@ class MetricsFollower:
                 values = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(values, dict) and "round" in values:
+            if not (isinstance(values, dict) and "round" in values):
+                continue
+            # A metrics line writes NaN (an aborted round's loss) as null: back to NaN, as
+            # runs.read_metrics reads it.
+            values = {k: math.nan if v is None else v for k, v in values.items()}
+            try:
                 self.progress(RoundRecord(values, rounds_planned=self._rounds_planned()))
+            except Exception:  # a display must never stop the run it shows, nor the next line
+                logger.exception("showing round %s of %s failed", values["round"], self.path)
 
     def _follow(self) -> None:
         while not self._stop.wait(self.poll):
             try:
                 self.check()
-            except Exception:  # a display must never stop the run it shows
+            except Exception:
                 logger.exception("following %s failed", self.path)
-                return
 
     def __enter__(self) -> MetricsFollower:
         self._thread.start()

@@ -353,8 +353,10 @@ def check_pinned(config: Any, path: Path, split: Callable[[], Any] | None = None
     population rule raises a large population's rounds from 3 to 4: ``resolve_for_data``),
     and the server sends its settled config: where only such settings differ and the data
     settings (:data:`DATA_SETTINGS`) agree, ``split`` (the node's data, loaded only then)
-    settles both configs as a run would, and they are compared again. A server cannot buy
-    more that way: the node settles the pinned copy on its own data.
+    settles the pinned copy as a run would, and the server's config as sent is compared with
+    it. The node settles only its operator's copy, on its own data: what the server sends is
+    compared, never settled (settling it let a server send 3 rounds with the large
+    population's setting against a copy pinned at 4, found in review).
 
     Raises:
         ProtocolError: a setting differs (named, with both values), or the file is unreadable.
@@ -370,8 +372,7 @@ def check_pinned(config: Any, path: Path, split: Callable[[], Any] | None = None
     settle = split is not None and resolve is not None and config.model == pinned.model
     if differ and settle and not set(differ) & set(DATA_SETTINGS):
         assert split is not None and resolve is not None
-        data = split()
-        differ = _differences(resolve(config, data)[0], resolve(pinned, data)[0])
+        differ = _differences(config, resolve(pinned, split())[0])
     if differ:
         raise ProtocolError(
             "the server's run differs from this node's pinned config "
