@@ -356,6 +356,14 @@ def train(
             help="A model hyperparameter as key=value (repeatable), e.g. --param alpha=3.",
         ),
     ] = None,
+    dry_run: Annotated[
+        bool | None,
+        typer.Option(
+            "--dry-run",
+            help="Load the data, settle the config and calibrate the noise, print the plan "
+            "(noise multiplier, cost estimate) and stop: nothing trained, nothing written.",
+        ),
+    ] = None,
 ) -> None:
     """Train a recommender (federated, a baseline, or a centralized reference) and write a
     run directory."""
@@ -464,12 +472,71 @@ def train(
             idle = _idle_privacy_flag(privacy, cfg)
             if idle is not None:
                 raise _fail(idle)
+        if dry_run:
+            _dry_run(cfg)
+            return
         target = resume if resume is not None else out_dir
         if target is not None:
             if resume is None:
                 refuse_foreign_files(Path(target))
             check_run_dir_writable(Path(target))  # one line, before any progress or data
         _run_with_progress(cfg, out_dir, resume, run_train)
+
+
+def _dry_run(cfg: Any) -> None:
+    """``securefed train --dry-run``: the plan of the run :func:`securefed.training.plan_run`
+    settles (data, the model's choices, cost estimate, noise), on stderr and stdout."""
+    from securefed.cli_costs import RunCosts
+    from securefed.costs import plural
+    from securefed.training import plan_run
+
+    costs = RunCosts(_stderr_line)
+    costs.check_before_load(cfg)
+    plan = plan_run(cfg, before_build=costs.before_build)
+    for line in (*data_summary(plan.data), *plan.notes, *costs.plan_lines(plan.model)):
+        _stderr_line(line)
+    out.print(privacy_plan_line(plan.privacy, plan.config.rounds), highlight=False, soft_wrap=True)
+    out.print(
+        f"dry run: {plan.config.model}, {plural(plan.config.rounds, 'round')} planned; nothing "
+        "trained, nothing written (drop --dry-run to train)",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _stderr_line(text: str) -> None:
+    err.print(text, highlight=False, soft_wrap=True, markup=False)
+
+
+def privacy_plan_line(privacy: dict[str, Any], rounds: int) -> str:
+    """One line on a planned run's noise (:attr:`securefed.training.RunPlan.privacy`)."""
+    from securefed.costs import plural
+
+    sigma = privacy.get("noise_multiplier")
+    if sigma is None:
+        return "privacy: no DP (no --epsilon or --noise-multiplier): the run releases exact sums"
+    target = privacy.get("target_epsilon")
+    what = (
+        f"epsilon {target:g} at delta {privacy['delta']:g}"
+        if target
+        else (f"delta {privacy['delta']:g}, epsilon as its ledger counts the releases")
+    )
+    line = (
+        f"privacy plan: {privacy['privacy_unit']}-level DP, {what} over "
+        f"{plural(rounds, 'round')}: noise multiplier {sigma:.4g} ({privacy['placement']} "
+        f"noise, {privacy['accountant']} accountant"
+    )
+    if privacy.get("clip") is not None:
+        line += f", clip {privacy['clip']:g}"
+    line += ")"
+    if privacy.get("prior_share"):
+        line += (
+            f"; the popularity prior: one count release at {privacy['prior_share']:g} of the "
+            f"budget, noise multiplier {privacy['prior_noise_multiplier']:.4g}"
+        )
+    if privacy.get("amplification"):
+        line += f"; amplification by sampling: {privacy['amplification']}"
+    return line
 
 
 def _check_secure_flag(secure: bool | None, replay: bool | None) -> None:
@@ -754,8 +821,8 @@ DISTRIBUTED_NOTE = (
     "a --secagg run adds distributed discrete noise shares and calibrates its own, larger "
     "noise multiplier from the model's dimension and its largest cohort (a few percent "
     "larger with every client every round, up to several times larger with Poisson sampling "
-    "at low epsilon over many rounds), which its summary prints "
-    '(docs/privacy.md, "Distributed discrete Gaussian")'
+    "at low epsilon over many rounds): `securefed train ... --dry-run` prints it without "
+    'training (docs/privacy.md, "Distributed discrete Gaussian")'
 )
 #: ... and ``securefed account --noise-multiplier``.
 DISTRIBUTED_EPSILON_NOTE = (

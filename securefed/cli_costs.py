@@ -86,6 +86,15 @@ class RunCosts:
         self.estimate = estimate
         return config
 
+    def plan_lines(self, model: Any) -> list[str]:
+        """The estimate's two lines for a run not started (``--dry-run``): disk from the
+        built model's real state; nothing recorded."""
+        if self.config is None or self.estimate is None:
+            return []
+        state = state_bytes_of(model.state_dict()) if model is not None else None
+        estimate = estimate_run(self.config, self.estimate.shape, speed=self.speed, state=state)
+        return [estimate.summary_line(), estimate.detail_line()]
+
     def start(self, start: RunStart) -> None:
         """Print the estimate (disk from the built model's real state) and record it."""
         if self.config is None or self.estimate is None:

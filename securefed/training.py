@@ -698,34 +698,16 @@ def _train(
     """The body of :func:`train` once the run directory is known; updates ``where``."""
     if split is None:
         split = load_split(config, download_progress=download_progress)
-    notes: tuple[str, ...] = ()
-    resolve_for_data = config.spec.resolve_for_data
-    if resume is None and resolve_for_data is not None:
-        # A resume keeps what config.toml records.
-        config, note = resolve_for_data(config, split)
-        notes = (note,) if note else ()
-        where.rounds = config.rounds
-    if split.null_positives is not None and not config.privacy.interaction_dp:
-        raise ConfigError(
-            "the split holds null examples (interaction canaries), which only DP-SGD "
-            "training (--privacy-unit interaction with --epsilon or --noise-multiplier) honours"
-        )
     federated = config.spec.federated
     if observer is not None and not federated:
         raise ConfigError(
             f"{config.model} is a centralized reference: it has no uploads to observe"
         )
-    if before_build is not None:
-        chosen = before_build(config, split)
-        if chosen is not None:
-            config = chosen
-    model = with_prior(config, split, build_model(config, split))
-    aggregator = build_aggregator(config, split, model)
+    config, notes, model, aggregator = _setup(
+        config, split, resume=resume is not None, before_build=before_build
+    )
+    where.rounds = config.rounds
     cohort = config.cohort(split.n_users)
-    if cohort.kind == "fixed" and cohort.size > split.n_users:
-        raise ConfigError(
-            f"--clients-per-round {cohort.size} exceeds the {split.n_users} users of the dataset"
-        )
 
     start_round = 0
     elapsed_before = 0.0
@@ -935,6 +917,91 @@ def _train(
         split=split,
         model=model,
         checkpoint_bytes=checkpoint_bytes,
+    )
+
+
+def _setup(
+    config: TrainConfig, split: Split, *, resume: bool, before_build: BuildFn | None
+) -> tuple[TrainConfig, tuple[str, ...], Recommender, Aggregator]:
+    """A run's config settled on its data (a resume keeps what ``config.toml`` records), what
+    the model settled (one line each), the built model and its aggregator (the noise
+    calibrated), before anything is written: :func:`train` and :func:`plan_run`."""
+    notes: tuple[str, ...] = ()
+    resolve_for_data = config.spec.resolve_for_data
+    if not resume and resolve_for_data is not None:
+        config, note = resolve_for_data(config, split)
+        notes = (note,) if note else ()
+    if split.null_positives is not None and not config.privacy.interaction_dp:
+        raise ConfigError(
+            "the split holds null examples (interaction canaries), which only DP-SGD "
+            "training (--privacy-unit interaction with --epsilon or --noise-multiplier) honours"
+        )
+    if before_build is not None:
+        chosen = before_build(config, split)
+        if chosen is not None:
+            config = chosen
+    model = with_prior(config, split, build_model(config, split))
+    aggregator = build_aggregator(config, split, model)
+    cohort = config.cohort(split.n_users)
+    if cohort.kind == "fixed" and cohort.size > split.n_users:
+        raise ConfigError(
+            f"--clients-per-round {cohort.size} exceeds the {split.n_users} users of the dataset"
+        )
+    return config, notes, model, aggregator
+
+
+#: What an aggregator's summary says about releases made, not about the plan.
+_SPENT = ("epsilon", "rounds", "released_rounds", "releases", "epsilon_unamplified")
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What :func:`train` would run for a config, settled on the data, with nothing trained
+    or written (``securefed train --dry-run``).
+
+    ``config`` is what the run would record in ``config.toml`` (the model's data-dependent
+    choices made), ``data`` its ``data.json`` record, ``notes`` what the model settled from
+    the data (one line each), ``privacy`` the aggregator's description of its noise before
+    any release (``noise_multiplier``, ``target_epsilon``, ``delta``, ``accountant``,
+    ``placement``, ``amplification``, ...; ``{"epsilon": None, ...}`` without DP) and
+    ``model`` the built recommender (to size its state; read only).
+    """
+
+    config: TrainConfig
+    data: dict[str, Any]
+    notes: tuple[str, ...]
+    privacy: dict[str, Any]
+    model: Recommender
+
+
+def plan_run(
+    config: TrainConfig | None = None,
+    *,
+    download_progress: Any = None,
+    before_build: BuildFn | None = None,
+) -> RunPlan:
+    """Load the data, settle the config, build the model and calibrate the noise as
+    :func:`train` would, and stop there: no round, no release, no file.
+
+    Raises:
+        ConfigError, DataError: as :func:`train` would before its first round.
+    """
+    config = config or TrainConfig()
+    if config.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was given but torch sees no GPU here; use --device cpu")
+    split = load_split(config, download_progress=download_progress)
+    config, notes, model, aggregator = _setup(
+        config, split, resume=False, before_build=before_build
+    )
+    privacy = _privacy_summary(aggregator)
+    if privacy.get("noise_multiplier") is not None:
+        privacy = {k: v for k, v in privacy.items() if k not in _SPENT}
+    return RunPlan(
+        config=config,
+        data=_data_record(split.report, split, config),
+        notes=notes,
+        privacy=privacy,
+        model=model,
     )
 
 
@@ -1181,6 +1248,8 @@ def _data_record(
 
 __all__ = [
     "MODELS",
+    "NO_YARDSTICKS",
+    "add_yardsticks",
     "check_run_dir_writable",
     "training_generator",
     "refuse_foreign_files",
@@ -1190,6 +1259,7 @@ __all__ = [
     "RoundView",
     "RunFinished",
     "RunInterrupted",
+    "RunPlan",
     "RunStart",
     "released_state",
     "public_state",
@@ -1200,5 +1270,6 @@ __all__ = [
     "build_model",
     "load_config_file",
     "load_split",
+    "plan_run",
     "train",
 ]
