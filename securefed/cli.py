@@ -472,14 +472,16 @@ def train(
             idle = _idle_privacy_flag(privacy, cfg)
             if idle is not None:
                 raise _fail(idle)
-        if dry_run:
-            _dry_run(cfg)
-            return
         target = resume if resume is not None else out_dir
         if target is not None:
             if resume is None:
                 refuse_foreign_files(Path(target))
+                if dry_run and (Path(target) / "config.toml").exists():
+                    raise _fail(f"{target} already holds a run; choose another --out")
             check_run_dir_writable(Path(target))  # one line, before any progress or data
+        if dry_run:
+            _dry_run(cfg)
+            return
         _run_with_progress(cfg, out_dir, resume, run_train)
 
 
@@ -492,13 +494,15 @@ def _dry_run(cfg: Any) -> None:
 
     costs = RunCosts(_stderr_line)
     costs.check_before_load(cfg)
-    plan = plan_run(cfg, before_build=costs.before_build)
+    display = _RoundDisplay(plain=True)
+    plan = plan_run(cfg, before_build=costs.before_build, download_progress=display.download)
     for line in (*data_summary(plan.data), *plan.notes, *costs.plan_lines(plan.model)):
         _stderr_line(line)
-    out.print(privacy_plan_line(plan.privacy, plan.config.rounds), highlight=False, soft_wrap=True)
+    for line in privacy_plan_lines(plan):
+        out.print(line, highlight=False, soft_wrap=True)
     out.print(
         f"dry run: {plan.config.model}, {plural(plan.config.rounds, 'round')} planned; nothing "
-        "trained, nothing written (drop --dry-run to train)",
+        "trained, no run directory written (drop --dry-run to train)",
         highlight=False,
         soft_wrap=True,
     )
@@ -508,22 +512,50 @@ def _stderr_line(text: str) -> None:
     err.print(text, highlight=False, soft_wrap=True, markup=False)
 
 
-def privacy_plan_line(privacy: dict[str, Any], rounds: int) -> str:
-    """One line on a planned run's noise (:attr:`securefed.training.RunPlan.privacy`)."""
+def privacy_plan_lines(plan: Any) -> list[str]:
+    """What a planned run's noise is (:class:`securefed.training.RunPlan`): the multiplier,
+    what it was calibrated for or what the given one spends, and the caveats the run's own
+    summary prints (noise placement, colluders, amplification, replay)."""
     from securefed.costs import plural
+    from securefed.privacy import account
 
+    config, privacy = plan.config, plan.privacy
     sigma = privacy.get("noise_multiplier")
+    if not config.spec.federated:
+        return ["privacy: none: a centralized reference, fitted on every interaction"]
     if sigma is None:
-        return "privacy: no DP (no --epsilon or --noise-multiplier): the run releases exact sums"
-    target = privacy.get("target_epsilon")
-    what = (
-        f"epsilon {target:g} at delta {privacy['delta']:g}"
-        if target
-        else (f"delta {privacy['delta']:g}, epsilon as its ledger counts the releases")
-    )
+        sums = "the cohort's sum of updates" if privacy.get("secagg") else "every update"
+        return [f"privacy: no DP (no --epsilon or --noise-multiplier): the server learns {sums}"]
+    rounds = plural(config.rounds, "round")
+    if privacy.get("releases_per_round"):
+        rounds += f" of {privacy['releases_per_round']} DP-SGD releases each"
+    delta, cap = privacy["delta"], privacy.get("target_epsilon")
+    if config.privacy.noise_multiplier is None:
+        what = f"epsilon {cap:g} at delta {delta:g} over {rounds}: noise multiplier {sigma:.4g}"
+    else:
+        what = f"noise multiplier {sigma:.4g} as given, over {rounds}, delta {delta:g}"
+        spent = None
+        if privacy["placement"] == "central" and privacy["privacy_unit"] == "user":
+            users = int(plan.data["users"])
+            spent = account(
+                noise_multiplier=sigma,
+                delta=delta,
+                rounds=config.rounds,
+                client_fraction=config.cohort(users).sample_rate(users) or 1.0,
+                accountant=privacy["accountant"],
+            )["epsilon"]
+            if privacy.get("prior_share"):
+                spent = None  # the prior's release adds to it (the ledger counts both)
+        if spent is not None:
+            what += f": epsilon {spent:.4g} if every round is released"
+        else:
+            what += ": epsilon as its ledger counts the releases"
+        if cap is not None:
+            what += f"; a round that would take it above the cap {cap:g} is not released"
+            if spent is not None and spent > cap:
+                what += " (the run stops early)"
     line = (
-        f"privacy plan: {privacy['privacy_unit']}-level DP, {what} over "
-        f"{plural(rounds, 'round')}: noise multiplier {sigma:.4g} ({privacy['placement']} "
+        f"privacy plan: {privacy['privacy_unit']}-level DP, {what} ({privacy['placement']} "
         f"noise, {privacy['accountant']} accountant"
     )
     if privacy.get("clip") is not None:
@@ -534,9 +566,19 @@ def privacy_plan_line(privacy: dict[str, Any], rounds: int) -> str:
             f"; the popularity prior: one count release at {privacy['prior_share']:g} of the "
             f"budget, noise multiplier {privacy['prior_noise_multiplier']:.4g}"
         )
+    lines = [line]
+    if privacy.get("placement_note"):
+        lines.append(f"noise placement: {privacy['placement_note']}")
+    if privacy.get("colluder_fraction") is not None:
+        lines.append(
+            "noise shares: counted against the server and up to "
+            f"{privacy['colluder_fraction']:.3g} of each round's clients colluding with it"
+        )
     if privacy.get("amplification"):
-        line += f"; amplification by sampling: {privacy['amplification']}"
-    return line
+        lines.append(f"amplification by sampling: {privacy['amplification']}")
+    if privacy.get("replay_warning"):
+        lines.append(str(privacy["replay_warning"]))
+    return lines
 
 
 def _check_secure_flag(secure: bool | None, replay: bool | None) -> None:

@@ -54,7 +54,7 @@ def test_cli_dry_run_writes_nothing_and_prints_the_plan(tmp_path):
     assert res.exit_code == 0, res.output
     assert "privacy plan: user-level DP, epsilon 2 at delta 1e-05" in res.output
     assert "noise multiplier" in res.output and "estimate:" in res.output
-    assert "nothing written" in res.output and not out.exists()
+    assert "no run directory written" in res.output and not out.exists()
     res = runner.invoke(app, [*args, "--dry-run"])
     assert res.exit_code == 0 and "privacy: no DP" in res.output, res.output
     res = runner.invoke(app, [*args, "--dry-run", "--clients-per-round", "301"])
@@ -62,3 +62,26 @@ def test_cli_dry_run_writes_nothing_and_prints_the_plan(tmp_path):
     assert not out.exists()
     res = runner.invoke(app, ["train", "--resume", str(tmp_path / "x"), "--dry-run"])
     assert res.exit_code == 2 and "--dry-run" in res.output, res.output
+
+
+def test_the_plan_says_what_the_run_summary_would(tmp_path):
+    # Found in review: an epsilon given beside a noise multiplier is a cap, not what the noise
+    # was calibrated for; the caveats the run's summary prints are the plan's too.
+    args = ["train", "--synthetic-users", "300", "--synthetic-items", "400", "--dry-run"]
+    res = runner.invoke(app, [*args, "--epsilon", "4.5", "--noise-multiplier", "1.5"])
+    assert res.exit_code == 0, res.output
+    assert "noise multiplier 1.5 as given" in res.output and "(the run stops early)" in res.output
+    ran = train(
+        _cfg(privacy=PrivacyConfig(epsilon=4.5, noise_multiplier=1.5)), out=tmp_path / "cap"
+    )
+    assert ran.summary["rounds"] < ran.summary["rounds_planned"]  # it did stop early
+    res = runner.invoke(
+        app, [*args, "--epsilon", "2", "--noise", "distributed", "--replay-from-seed"]
+    )
+    assert "noise placement: continuous Gaussian shares without secure aggregation" in res.output
+    assert "REPLAY RUN" in res.output
+    res = runner.invoke(app, [*args, "--model", "ials"])
+    assert res.exit_code == 0 and "a centralized reference" in res.output, res.output
+    run = tmp_path / "cap"
+    res = runner.invoke(app, [*args, "--out", str(run)])
+    assert res.exit_code == 2 and "already holds a run" in res.output, res.output
