@@ -242,12 +242,16 @@ def evaluate_splits(
     full: bool = True,
     per_user: bool = False,
     full_users: np.ndarray | None = None,
+    users: np.ndarray | None = None,
 ) -> dict[str, EvalResult]:
     """:func:`evaluate` for several held-out sets with one scoring pass over all items.
 
     Full ranking dominates the cost of evaluation (every user x every item); scoring once
     and ranking the validation and the test item against the same scores halves it. With
     ``full_users`` only those users are ranked in full (batches of ``batch_size`` of them).
+    With ``users`` (sorted, distinct) only those users are evaluated, sampled and in full,
+    and every result is over them (a Flower node's own users: the same ranks, row for row,
+    as theirs in an evaluation of every user).
     """
     for w in which:
         if w not in ("val", "test"):
@@ -261,22 +265,32 @@ def evaluate_splits(
         "test": torch.from_numpy(split.test_negatives),
     }
 
-    ranked = _full_users(full_users, split.n_users) if full else None
+    if users is not None and full_users is not None:
+        raise ConfigError("give users or full_users, not both")
+    subset = None if users is None else _full_users(users, split.n_users)
+    evaluated = split.n_users if subset is None else int(subset.numel())
+    ranked = (
+        (subset if subset is not None else _full_users(full_users, split.n_users)) if full else None
+    )
 
     # Ranks go into buffers allocated once: small tensors kept per batch between the batches'
     # large transient ones fence freed heap blocks off (the process keeps freed buffers below
     # 256 MiB in its heap, securefed.allocator), and the heap then grew by about 40 MB a batch
     # (4.8 GB peak RSS for one evaluation of Gowalla's 29,858 users x 40,981 places).
-    sampled_ranks = {w: torch.empty(split.n_users, dtype=torch.int64) for w in which}
+    sampled_ranks = {w: torch.empty(evaluated, dtype=torch.int64) for w in which}
     n_ranked = 0 if ranked is None else int(ranked.numel())
     full_ranks = {w: torch.empty(n_ranked, dtype=torch.int64) for w in which}
     with torch.no_grad():
-        for start in range(0, split.n_users, batch_size):
-            stop = min(start + batch_size, split.n_users)
-            users = torch.arange(start, stop, dtype=torch.int64)
+        for start in range(0, evaluated, batch_size):
+            stop = min(start + batch_size, evaluated)
+            rows = (
+                torch.arange(start, stop, dtype=torch.int64)
+                if subset is None
+                else subset[start:stop]
+            )
             for w in which:
-                candidates = torch.cat([held[w][start:stop, None], negs[w][start:stop]], dim=1)
-                scores = model.score(users, candidates)
+                candidates = torch.cat([held[w][rows, None], negs[w][rows]], dim=1)
+                scores = model.score(rows, candidates)
                 if tuple(scores.shape) != tuple(candidates.shape):
                     raise ValueError(
                         f"model.score returned shape {tuple(scores.shape)}, "
@@ -291,17 +305,17 @@ def evaluate_splits(
         order = _popularity_order(split) if block_scorer is not None and n_ranked else None
         for start in range(0, n_ranked, batch_size):
             assert ranked is not None
-            users = ranked[start : start + batch_size]
-            candidate = _candidate_mask(split, users, held)
-            stop = start + int(users.numel())
+            batch = ranked[start : start + batch_size]
+            candidate = _candidate_mask(split, batch, held)
+            stop = start + int(batch.numel())
             if block_scorer is not None and order is not None:  # ranked in item blocks
-                blocks = _block_ranks(model, block_scorer, users, candidate, held, which, order, k)
+                blocks = _block_ranks(model, block_scorer, batch, candidate, held, which, order, k)
                 for w in which:
                     full_ranks[w][start:stop] = blocks[w]
                 continue
-            b = int(users.numel())
+            b = int(batch.numel())
             row_ids = torch.arange(b)
-            all_scores = model.score_all(users)
+            all_scores = model.score_all(batch)
             if tuple(all_scores.shape) != (b, split.n_items):
                 raise ValueError(
                     f"model.score_all returned shape {tuple(all_scores.shape)}, "
@@ -309,7 +323,7 @@ def evaluate_splits(
                 )
             all_scores = all_scores.detach().cpu()
             for w in which:
-                target_scores = all_scores[row_ids, held[w][users]]
+                target_scores = all_scores[row_ids, held[w][batch]]
                 full_ranks[w][start:stop] = rank_of_target(target_scores, all_scores, candidate)
 
     sample = full_users is not None and ranked is not None and n_ranked < split.n_users
@@ -324,7 +338,7 @@ def evaluate_splits(
         out[w] = EvalResult(
             which=w,
             k=k,
-            n_users=split.n_users,
+            n_users=evaluated,
             hr=hit_ratio(ranks, k),
             ndcg=ndcg(ranks, k),
             full_hr=None if full_r is None else hit_ratio(full_r, k),
@@ -401,7 +415,7 @@ def _full_users(full_users: np.ndarray | None, n_users: int) -> torch.Tensor:
     """The users to rank in full, checked: every user, or sorted distinct valid indices."""
     if full_users is None:
         return torch.arange(n_users, dtype=torch.int64)
-    u = torch.as_tensor(np.asarray(full_users), dtype=torch.int64).reshape(-1)
+    u = torch.as_tensor(np.ascontiguousarray(full_users), dtype=torch.int64).reshape(-1)
     if u.numel() == 0:
         raise ConfigError("full_users must name at least one user")
     if int(u.min()) < 0 or int(u.max()) >= n_users or bool((u[1:] <= u[:-1]).any()):

@@ -164,6 +164,31 @@ def test_full_ranking_of_a_user_sample_equals_the_same_users_ranked_among_all(sp
             evaluate(_Model(table), split, which="test", full_users=bad)
 
 
+@pytest.mark.parametrize("block", [False, True])
+def test_evaluating_some_users_gives_their_rows_of_everyone_s(split: Split, block: bool) -> None:
+    """``users``: a Flower node evaluates its own users only; their sampled and full ranks
+    are their rows of an evaluation of every user (dense and item-block full ranking), and
+    the metrics are over them."""
+    from securefed.evaluation import evaluate_splits
+
+    gen = torch.Generator().manual_seed(4)
+    table = torch.rand((split.n_users, split.n_items), generator=gen)
+    lift = torch.arange(1, split.n_users, 3)
+    table[lift, torch.from_numpy(split.val_items)[lift]] += 0.9
+    model = _BlockModel(table) if block else _Model(table)
+    whole = evaluate_splits(model, split, per_user=True)
+    own = np.arange(2, split.n_users, 3)  # one node's partition of three
+    part = evaluate_splits(model, split, per_user=True, users=own, batch_size=4)
+    for which in ("val", "test"):
+        w, p = whole[which], part[which]
+        assert (p.ranks == w.ranks[own]).all() and (p.full_ranks == w.full_ranks[own]).all()
+        assert p.n_users == len(own) and p.hr == pytest.approx(float((w.ranks[own] < 10).mean()))
+    with pytest.raises(ConfigError, match="not both"):
+        evaluate_splits(model, split, users=own, full_users=own)
+    with pytest.raises(ConfigError, match="sorted, distinct"):
+        evaluate_splits(model, split, users=own[::-1])
+
+
 class _BlockModel(_Model):
     """The same table, also scored in item blocks (the early-exit full-ranking path)."""
 

@@ -541,15 +541,16 @@ class NodeRuntime:
             "evaluation",
         )
         models.load_global(self.config.model, self.model, arrays, scalars)
-        res = evaluate_splits(self.model, self.split, k=10, full=task.full, per_user=True)
         own = self.users
-        idx = own.numpy()
+        res = evaluate_splits(
+            self.model, self.split, k=10, full=task.full, per_user=True, users=own.numpy()
+        )
         ranks: dict[str, np.ndarray] = {}
-        for which, r in res.items():
+        for which, r in res.items():  # the node's own users only, in their order
             assert r.ranks is not None
-            ranks[which] = np.asarray(r.ranks)[idx]
+            ranks[which] = np.asarray(r.ranks)
             if r.full_ranks is not None:
-                ranks[f"{which}_full"] = np.asarray(r.full_ranks)[idx]
+                ranks[f"{which}_full"] = np.asarray(r.full_ranks)
         ring = params.counters.encode(evaluation_counters(params, ranks))
         everyone = torch.arange(n)  # a user's secagg id is its user id
         directory, identities = self._round_identities(params, everyone, own)
