@@ -88,6 +88,7 @@ def test_local_deployment_matches_in_process_and_server_sees_only_masked_inputs(
 
     cfg = _cfg()
     ref = train(cfg, out=tmp_path / "ref")
+    shown: list[int] = []
     summary = deploy.run_local_deployment(
         cfg,
         run_dir=tmp_path / "run",
@@ -96,8 +97,14 @@ def test_local_deployment_matches_in_process_and_server_sees_only_masked_inputs(
         stage_timeout=120,
         timeout=900,
         transcript=True,
+        progress=lambda rec: shown.append(rec.round),
     )
     assert summary["engine"] == "flower" and summary["rounds"] == 2
+    assert shown == [1, 2]  # a line per round while the ServerApp (another process) ran
+    # The server holds no data; the operator's deployment added the in-process yardsticks.
+    for key in ("baseline_mostpop_test_hr@10", "baseline_dp_mostpop_test_full_hr@10"):
+        assert summary[key] == ref.summary[key], key
+    assert summary["verdict"] == ref.summary["verdict"] and "yardsticks" not in summary
     got = runs.read_metrics(tmp_path / "run")
     for a, b in zip(ref.metrics, got, strict=True):
         assert a["contributors"] == b["contributors"] == 60
@@ -347,9 +354,17 @@ def test_simulation_engine_matches_in_process(tmp_path):
     pytest.importorskip("ray", reason="Flower's simulation engine needs Ray")
     cfg = _cfg()
     ref = train(cfg, out=tmp_path / "ref")
+    shown: list[int] = []
     summary = deploy.run_simulation(
-        cfg, run_dir=tmp_path / "run", nodes=3, work_dir=tmp_path / "work", stage_timeout=120
+        cfg,
+        run_dir=tmp_path / "run",
+        nodes=3,
+        work_dir=tmp_path / "work",
+        stage_timeout=120,
+        progress=lambda rec: shown.append(rec.round),
     )
+    assert shown == [1, 2] and "yardsticks" not in summary
+    assert summary["baseline_mostpop_test_hr@10"] == ref.summary["baseline_mostpop_test_hr@10"]
     for key in KEYS:
         assert summary[f"final_{key}"] == pytest.approx(
             ref.summary[f"final_{key}"], abs=_metric_tol(key)
