@@ -475,9 +475,7 @@ def train(
         target = resume if resume is not None else out_dir
         if target is not None:
             if resume is None:
-                refuse_foreign_files(Path(target))
-                if dry_run and (Path(target) / "config.toml").exists():
-                    raise _fail(f"{target} already holds a run; choose another --out")
+                refuse_foreign_files(Path(target))  # a run there too: "already holds a run"
             check_run_dir_writable(Path(target))  # one line, before any progress or data
         if dry_run:
             _dry_run(cfg)
@@ -492,12 +490,12 @@ def _dry_run(cfg: Any) -> None:
     from securefed.costs import plural
     from securefed.training import plan_run
 
-    costs = RunCosts(_stderr_line)
-    costs.check_before_load(cfg)
     display = _RoundDisplay(plain=True)
+    costs = RunCosts(display._line)
+    costs.check_before_load(cfg)
     plan = plan_run(cfg, before_build=costs.before_build, download_progress=display.download)
     for line in (*data_summary(plan.data), *plan.notes, *costs.plan_lines(plan.model)):
-        _stderr_line(line)
+        display._line(line)
     for line in privacy_plan_lines(plan):
         out.print(line, highlight=False, soft_wrap=True)
     out.print(
@@ -506,10 +504,6 @@ def _dry_run(cfg: Any) -> None:
         highlight=False,
         soft_wrap=True,
     )
-
-
-def _stderr_line(text: str) -> None:
-    err.print(text, highlight=False, soft_wrap=True, markup=False)
 
 
 def privacy_plan_lines(plan: Any) -> list[str]:

@@ -91,23 +91,27 @@ class RunCosts:
         built model's real state; nothing recorded."""
         if self.config is None or self.estimate is None:
             return []
-        state = state_bytes_of(model.state_dict()) if model is not None else None
-        estimate = estimate_run(self.config, self.estimate.shape, speed=self.speed, state=state)
+        estimate = self._with_state(model, start_round=0)
         return [estimate.summary_line(), estimate.detail_line()]
+
+    def _with_state(self, model: Any, *, start_round: int) -> CostEstimate:
+        """The estimate again, its disk from the built ``model``'s real state."""
+        assert self.config is not None and self.estimate is not None
+        state = state_bytes_of(model.state_dict()) if model is not None else None
+        return estimate_run(
+            self.config,
+            self.estimate.shape,
+            start_round=start_round,
+            speed=self.speed,
+            state=state,
+        )
 
     def start(self, start: RunStart) -> None:
         """Print the estimate (disk from the built model's real state) and record it."""
         if self.config is None or self.estimate is None:
             return
-        state = state_bytes_of(start.model.state_dict()) if start.model is not None else None
         self.start_round = start.start_round
-        self.estimate = estimate_run(
-            self.config,
-            self.estimate.shape,
-            start_round=start.start_round,
-            speed=self.speed,
-            state=state,
-        )
+        self.estimate = self._with_state(start.model, start_round=start.start_round)
         self.run_dir = start.run_dir
         self.line(self.estimate.summary_line())
         self.line(self.estimate.detail_line())

@@ -267,11 +267,11 @@ def evaluate_splits(
 
     if users is not None and full_users is not None:
         raise ConfigError("give users or full_users, not both")
-    subset = None if users is None else _full_users(users, split.n_users)
-    evaluated = split.n_users if subset is None else int(subset.numel())
-    ranked = (
-        (subset if subset is not None else _full_users(full_users, split.n_users)) if full else None
-    )
+    subset = _full_users(users, split.n_users)  # every user without ``users``
+    evaluated = int(subset.numel())
+    ranked = None
+    if full:
+        ranked = subset if users is not None else _full_users(full_users, split.n_users)
 
     # Ranks go into buffers allocated once: small tensors kept per batch between the batches'
     # large transient ones fence freed heap blocks off (the process keeps freed buffers below
@@ -283,11 +283,7 @@ def evaluate_splits(
     with torch.no_grad():
         for start in range(0, evaluated, batch_size):
             stop = min(start + batch_size, evaluated)
-            rows = (
-                torch.arange(start, stop, dtype=torch.int64)
-                if subset is None
-                else subset[start:stop]
-            )
+            rows = subset[start:stop]
             for w in which:
                 candidates = torch.cat([held[w][rows, None], negs[w][rows]], dim=1)
                 scores = model.score(rows, candidates)

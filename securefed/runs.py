@@ -138,6 +138,12 @@ def append_metrics(run_dir: Path, record: Mapping[str, Any]) -> None:
         os.fsync(fh.fileno())
 
 
+def nan_for_null(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A metrics line's record as the round held it: ``null`` (written for a number that was
+    not finite, :func:`_metrics_line`) back to NaN."""
+    return {k: math.nan if v is None else v for k, v in record.items()}
+
+
 def read_metrics(run_dir: Path, *, upto_round: int | None = None) -> list[dict[str, Any]]:
     """Metrics lines of a run (a torn last line from a crash is ignored); a ``null`` value
     (written for a number that was not finite, :func:`_metrics_line`) reads back as NaN, as
@@ -153,7 +159,7 @@ def read_metrics(run_dir: Path, *, upto_round: int | None = None) -> list[dict[s
             break
         if upto_round is not None and rec["round"] > upto_round:
             break
-        records.append({k: math.nan if v is None else v for k, v in rec.items()})
+        records.append(nan_for_null(rec))
     return records
 
 

@@ -610,13 +610,8 @@ def train(
     else:
         config = config or TrainConfig()
         run_dir = Path(out) if out is not None else default_run_dir(config)
-        if (run_dir / runs.CONFIG_FILE).exists() or (run_dir / runs.METRICS_FILE).exists():
-            raise ConfigError(
-                f"{run_dir} already holds a run; choose another --out or continue it "
-                f"with --resume {run_dir}"
-            )
-    if config.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError("--device cuda was given but torch sees no GPU here; use --device cpu")
+        _refuse_a_run_in(run_dir)
+    _check_device(config)
     check_run_dir_writable(run_dir)  # before the data loads: a bad --out fails in a second
 
     where = _Position(run_dir=run_dir, rounds=config.rounds, exists=resume is not None)
@@ -920,6 +915,20 @@ def _train(
     )
 
 
+def _refuse_a_run_in(run_dir: Path) -> None:
+    """A new run's directory must not hold a run already (its config or metrics)."""
+    if any((run_dir / name).exists() for name in (runs.CONFIG_FILE, runs.METRICS_FILE)):
+        raise ConfigError(
+            f"{run_dir} already holds a run; choose another --out or continue it "
+            f"with --resume {run_dir}"
+        )
+
+
+def _check_device(config: TrainConfig) -> None:
+    if config.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was given but torch sees no GPU here; use --device cpu")
+
+
 def _setup(
     config: TrainConfig, split: Split, *, resume: bool, before_build: BuildFn | None
 ) -> tuple[TrainConfig, tuple[str, ...], Recommender, Aggregator]:
@@ -987,8 +996,7 @@ def plan_run(
         ConfigError, DataError: as :func:`train` would before its first round.
     """
     config = config or TrainConfig()
-    if config.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError("--device cuda was given but torch sees no GPU here; use --device cpu")
+    _check_device(config)
     split = load_split(config, download_progress=download_progress)
     config, notes, model, aggregator = _setup(
         config, split, resume=False, before_build=before_build
@@ -1145,13 +1153,8 @@ def refuse_foreign_files(
     Raises:
         ConfigError: one line naming the folder and what to do.
     """
-    if kind == "run directory" and any(
-        (run_dir / name).exists() for name in (runs.CONFIG_FILE, runs.METRICS_FILE)
-    ):
-        raise ConfigError(
-            f"{run_dir} already holds a run; choose another --out or continue it "
-            f"with --resume {run_dir}"
-        )
+    if kind == "run directory":
+        _refuse_a_run_in(run_dir)
     if any((run_dir / name).exists() for name in continues):
         return
     if run_dir.is_dir() and next(run_dir.iterdir(), None) is not None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import signal
 import socket
@@ -337,9 +336,7 @@ class MetricsFollower:
                 continue
             if not (isinstance(values, dict) and "round" in values):
                 continue
-            # A metrics line writes NaN (an aborted round's loss) as null: back to NaN, as
-            # runs.read_metrics reads it.
-            values = {k: math.nan if v is None else v for k, v in values.items()}
+            values = runs.nan_for_null(values)  # an aborted round's loss is NaN, written null
             try:
                 self.progress(RoundRecord(values, rounds_planned=self._rounds_planned()))
             except Exception:  # a display must never stop the run it shows, nor the next line

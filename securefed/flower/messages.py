@@ -237,16 +237,22 @@ def _manifest(payload: Payload, node_config: Mapping[str, Any]) -> dict[str, Any
     the server learns of it (:mod:`securefed.data.manifest`)."""
     from securefed.data.manifest import manifest_of
     from securefed.flower.node import node_split
-    from securefed.training import TrainConfig
 
-    if "config" not in payload.config:
-        raise ProtocolError("hello without the run's config")
-    config = TrainConfig.from_dict(tomllib.loads(str(payload.config["config"])))
+    config = _run_config(payload, "hello")
     token = str(payload.config.get("run-token", ""))
     pinned = node_config.get("pin-config")
     if pinned:
         check_pinned(config, Path(str(pinned)), lambda: node_split(config, token))
     return manifest_of(node_split(config, token)).fields()
+
+
+def _run_config(payload: Payload, what: str) -> Any:
+    """The run's config a message carries (the server's, as sent)."""
+    from securefed.training import TrainConfig
+
+    if "config" not in payload.config:
+        raise ProtocolError(f"{what} without the run's config")
+    return TrainConfig.from_dict(tomllib.loads(str(payload.config["config"])))
 
 
 def _session(token: str, state: MutableMapping[str, bytes], memory: NodeMemory | None) -> Any:
@@ -281,11 +287,8 @@ def _runtime(
     """The node's :class:`~securefed.flower.node.NodeRuntime` for the message's run and
     config (the long-lived process's own, when it is that one)."""
     from securefed.flower.node import NodeRuntime, config_digest, node_split
-    from securefed.training import TrainConfig
 
-    if "config" not in payload.config:
-        raise ProtocolError("message without the run's config")
-    config = TrainConfig.from_dict(tomllib.loads(str(payload.config["config"])))
+    config = _run_config(payload, "message")
     state_dir = node_config.get("state-dir")
     if not state_dir:
         raise ConfigError(
@@ -369,9 +372,13 @@ def check_pinned(config: Any, path: Path, split: Callable[[], Any] | None = None
         raise ProtocolError(f"cannot read this node's pinned config {path}: {exc}") from None
     differ = _differences(config, pinned)
     resolve = pinned.spec.resolve_for_data
-    settle = split is not None and resolve is not None and config.model == pinned.model
-    if differ and settle and not set(differ) & set(DATA_SETTINGS):
-        assert split is not None and resolve is not None
+    if (
+        differ
+        and not set(differ) & set(DATA_SETTINGS)
+        and split is not None
+        and resolve is not None
+        and config.model == pinned.model
+    ):
         differ = _differences(config, resolve(pinned, split())[0])
     if differ:
         raise ProtocolError(

@@ -47,6 +47,7 @@ from securefed import runs
 from securefed.errors import ConfigError, IntegrityError, PrivacyBudgetError, ProtocolError
 from securefed.evaluation import evaluate_splits
 from securefed.flower import enrollment, models
+from securefed.flower.messages import DATA_SETTINGS
 from securefed.flower.pipeline import (
     EVAL_RING_BITS,
     EVAL_ROUND_OFFSET,
@@ -83,18 +84,12 @@ _SPLIT: tuple[tuple[Any, ...], Split] | None = None
 
 def node_split(config: TrainConfig, run_token: str) -> Split:
     """The node's dataset, split as the run splits it (:func:`~securefed.training.load_split`),
-    loaded once per run and data settings in this process: a node reads it to report the
-    dataset's public sizes in its hello reply and again to build its runtime."""
+    loaded once per run and data settings in this process (the seed and
+    :data:`~securefed.flower.messages.DATA_SETTINGS`: what ``load_split`` reads): a node reads
+    it to report the dataset's public sizes in its hello reply and again to build its
+    runtime."""
     global _SPLIT
-    key = (
-        run_token,
-        config.dataset,
-        config.data_dir,
-        config.resolved_min_interactions(),
-        config.seed,
-        config.synthetic_users,
-        config.synthetic_items,
-    )
+    key = (run_token, config.seed, *(getattr(config, k) for k in DATA_SETTINGS))
     cached = _SPLIT
     if cached is None or cached[0] != key:
         cached = _SPLIT = (key, load_split(config))
