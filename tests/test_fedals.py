@@ -1161,3 +1161,88 @@ def test_noise_limited_head_rule_reads_the_count_at_its_precision(small_split):
     assert m.head_share == pytest.approx(3 / big) and m.sparse_head
     assert int(m.head[: n - audit].sum()) == 3 and bool(m.head[n - audit :].all())
     assert torch.equal(m.head[: n - audit], m.prior[: n - audit] > z * std)
+
+
+def test_spectral_shrink_keeps_a_planted_spike_and_zeroes_the_bulk():
+    """A rank-one matrix theta u u^T under symmetric Gaussian noise of std s per entry: its
+    eigenvalue shows at theta + s^2 m / theta, which spectral_shrink maps back to theta times
+    the eigenvector's squared overlap 1 - s^2 m / theta^2; the noise's own eigenvalues (all
+    near or below the bulk edge 2 s sqrt(m)) go to (nearly) zero; without noise nothing
+    changes."""
+    from securefed.models.fedals import spectral_shrink
+
+    m, s = 400, 0.5
+    gen = torch.Generator().manual_seed(0)
+    u = torch.randn(m, generator=gen, dtype=torch.float64)
+    u /= u.norm()
+    theta = 3.0 * s * math.sqrt(m)
+    noise = torch.randn(m, m, generator=gen, dtype=torch.float64) * s
+    noise = torch.triu(noise, diagonal=1)
+    c = theta * torch.outer(u, u) + noise + noise.T
+    evals = torch.linalg.eigvalsh(c).flip(0)[:16]
+    assert float(evals[0]) == pytest.approx(theta + s**2 * m / theta, rel=0.03)
+    shrunk = spectral_shrink(evals, s, m)
+    assert float(shrunk[0]) == pytest.approx(theta * (1.0 - 1.0 / 9.0), rel=0.03)
+    assert float(shrunk[1:].max()) < 0.05 * float(shrunk[0])
+    assert int((shrunk[1:] > 0).sum()) <= 1  # at most an edge fluctuation survives
+    assert torch.equal(spectral_shrink(evals, 0.0, m), evals)
+
+
+def test_gram_shrink_drops_the_factors_inside_the_noise_bulk(small_split):
+    """With gram_shrink the head's factor columns whose eigenvalue lies inside the noise's
+    bulk are zero, the others scaled by the shrunk eigenvalues; the averaged releases' noise
+    std (what the edge reads) survives a checkpoint; without noise the factors are those of
+    the unshrunk mode."""
+    from securefed.models.fedals import spectral_shrink
+
+    big, dim, sigma = 12, 3, 2.0
+    plain, users = _gram_model(small_split, big, dim)
+    shrink = FedALS(
+        small_split,
+        dataclasses.replace(plain.config, gram_shrink=True),
+        generator=torch.Generator().manual_seed(0),
+    )
+    shrink.load_state_dict(plain.state_dict())
+    gen = torch.Generator().manual_seed(3)
+    for r in (1, 2):
+        up, _ = shrink.client_round(users, r, None)
+        total = up.weighted_sum(torch.ones(len(up)))
+        noisy = total + torch.randn(total.shape, generator=gen) * sigma
+        for model in (plain, shrink):
+            model.apply_aggregate(
+                Aggregate(total=noisy, contributors=len(up), denominator=len(up), noise_std=sigma),
+                r,
+            )
+    assert shrink.cooc_noise_std() == pytest.approx(sigma / math.sqrt(2))
+    evals, edge = shrink.cooc_spectrum()
+    assert edge == pytest.approx(2 * sigma / math.sqrt(2) * math.sqrt(big))
+    lam = spectral_shrink(evals[:dim].clamp_min(0), sigma / math.sqrt(2), big)
+    assert 0 < int((lam > 0).sum()) < dim  # the test needs a spike and a bulk
+    head = shrink.V[shrink.head].double()
+    plain_head = plain.V[plain.head].double()
+    for j in range(dim):
+        if lam[j] == 0:
+            assert float(head[:, j].abs().max()) == 0.0
+        else:  # the same eigenvector, rescaled by sqrt(shrunk / shrunk lead)
+            want = plain_head[:, j] * torch.sqrt(lam[j] / lam[0] * evals[0] / evals[j])
+            sign = 1.0 if float(head[:, j] @ want) >= 0 else -1.0
+            torch.testing.assert_close(head[:, j], sign * want, rtol=1e-4, atol=1e-5)
+    fresh = FedALS(small_split, shrink.config, generator=torch.Generator().manual_seed(9))
+    fresh.load_state_dict(shrink.state_dict())
+    assert fresh.cooc_noise_std() == shrink.cooc_noise_std()
+    fresh._set_gram_factors()
+    torch.testing.assert_close(fresh.V, shrink.V)
+    # Without noise there is no bulk: the same factors as without the option.
+    quiet = [
+        FedALS(small_split, c.config, generator=torch.Generator().manual_seed(0))
+        for c in (plain, shrink)
+    ]
+    for model in quiet:
+        model.load_state_dict(_gram_model(small_split, big, dim)[0].state_dict())
+        for r in (1, 2):
+            up, _ = model.client_round(users, r, None)
+            total = up.weighted_sum(torch.ones(len(up)))
+            model.apply_aggregate(
+                Aggregate(total=total, contributors=len(up), denominator=len(up)), r
+            )
+    torch.testing.assert_close(quiet[0].V, quiet[1].V)
