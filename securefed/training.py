@@ -71,8 +71,9 @@ class RunStart:
     for having fewer than ``min_interactions`` interactions, duplicate rows removed, ...).
     ``start_round`` is the number of rounds a resumed run keeps (0 for a new run).
     ``model`` is the built recommender (to size its state; read only).
-    ``notes`` are settings the model chose from the loaded data (one line each; a new run
-    only, ``config.toml`` records them).
+    ``notes`` are settings the model chose from the loaded data (``config.toml`` records
+    them) and, for a model run at a target epsilon without the private mode it has, what DP
+    alone has measured and the mode's flags (one line each; a new run only).
     """
 
     run_dir: Path
@@ -924,6 +925,22 @@ def _refuse_a_run_in(run_dir: Path) -> None:
         )
 
 
+def _private_mode_note(config: TrainConfig) -> str | None:
+    """Before a user-level run at a target epsilon of a model with a private mode it does not
+    use (FedRAP, FedRecGEL): what DP alone has measured and the flags of the mode (None where
+    the mode is used, would not apply or cannot: its prior's release needs central noise)."""
+    privacy, mode = config.privacy, config.spec.private_mode
+    if mode is None or privacy.epsilon is None or privacy.prior_share is not None:
+        return None
+    if privacy.privacy_unit != "user" or privacy.placement != "central":
+        return None
+    return (
+        f"{config.model} with DP alone has ended below DP-MostPop (a private popularity "
+        "count) at every epsilon measured (docs/privacy.md, \"The papers' models with DP and "
+        f'nothing else"); --private-mode ({mode.flags()}) adds a private count to its scores'
+    )
+
+
 def _check_device(config: TrainConfig) -> None:
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda was given but torch sees no GPU here; use --device cpu")
@@ -940,6 +957,8 @@ def _setup(
     if not resume and resolve_for_data is not None:
         config, note = resolve_for_data(config, split)
         notes = (note,) if note else ()
+    if not resume and (note := _private_mode_note(config)) is not None:
+        notes = (*notes, note)
     if split.null_positives is not None and not config.privacy.interaction_dp:
         raise ConfigError(
             "the split holds null examples (interaction canaries), which only DP-SGD "
@@ -969,8 +988,8 @@ class RunPlan:
     or written (``securefed train --dry-run``).
 
     ``config`` is what the run would record in ``config.toml`` (the model's data-dependent
-    choices made), ``data`` its ``data.json`` record, ``notes`` what the model settled from
-    the data (one line each), ``privacy`` the aggregator's description of its noise before
+    choices made), ``data`` its ``data.json`` record, ``notes`` what :class:`RunStart` would
+    say (one line each), ``privacy`` the aggregator's description of its noise before
     any release (``noise_multiplier``, ``target_epsilon``, ``delta``, ``accountant``,
     ``placement``, ``amplification``, ...; ``{"epsilon": None, ...}`` without DP) and
     ``model`` the built recommender (to size its state; read only).

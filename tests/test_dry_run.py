@@ -85,3 +85,29 @@ def test_the_plan_says_what_the_run_summary_would(tmp_path):
     run = tmp_path / "cap"
     res = runner.invoke(app, [*args, "--out", str(run)])
     assert res.exit_code == 2 and "already holds a run" in res.output, res.output
+
+
+def test_a_model_run_without_its_private_mode_is_told_before_it_starts(tmp_path, monkeypatch):
+    # FedRAP and FedRecGEL at a target epsilon without --private-mode: the plan (and the
+    # run's start) names what DP alone measured and the mode's flags; not with the mode's
+    # prior, not without a target epsilon, not with noise inside secure aggregation (the
+    # prior's release needs central noise), not for fedals (its mode needs no flag).
+    from securefed.models.registry import get_spec
+
+    monkeypatch.chdir(tmp_path)
+    eps = PrivacyConfig(epsilon=2.0)
+    flags = get_spec("fedrap").private_mode.flags()
+    for model in ("fedrap", "fedrecgel"):
+        notes = plan_run(_cfg(model=model, rounds=2)).notes
+        assert [n for n in notes if "below DP-MostPop" in n and flags in n], notes
+    quiet = [
+        _cfg(model="fedrap", rounds=2, privacy=PrivacyConfig(epsilon=2.0, prior_share=0.9)),
+        _cfg(model="fedrap", rounds=2, privacy=PrivacyConfig(noise_multiplier=1.0)),
+        _cfg(model="fedrap", rounds=2, privacy=PrivacyConfig(epsilon=2.0, secagg=True)),
+        _cfg(model="fedals", privacy=eps),
+    ]
+    for cfg in quiet:
+        assert not [n for n in plan_run(cfg).notes if "below DP-MostPop" in n], cfg
+    seen = []
+    train(_cfg(model="fedrap", rounds=1), out=tmp_path / "run", on_start=seen.append)
+    assert any("--private-mode" in n for n in seen[0].notes)
