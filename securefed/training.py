@@ -17,7 +17,7 @@ import os
 import secrets
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -184,6 +184,39 @@ BuildFn = Callable[[TrainConfig, Split], "TrainConfig | None"]
 
 #: A loss whose magnitude passes this many times the first round's is warned about (once).
 LOSS_GROWTH_WARNING = 1e6
+
+
+class LossWatch:
+    """A run's divergence warning: once, the first round whose training loss is more than
+    :data:`LOSS_GROWTH_WARNING` times the first trained round's in magnitude. The in-process
+    loop, the Flower server and :class:`securefed.flower.deploy.MetricsFollower` (which
+    shows a Flower run's rounds from its metrics lines) all warn through it.
+
+    ``kept`` are the metrics lines a resumed run keeps: their first finite loss is the
+    reference (a kept round past the threshold is not remembered: a resumed run may warn
+    again).
+    """
+
+    def __init__(self, kept: Iterable[dict[str, Any]] = ()) -> None:
+        self.first: float | None = next(
+            (abs(m["loss"]) for m in kept if math.isfinite(m.get("loss", math.nan))), None
+        )
+        self.warnings: list[str] = []
+
+    def see(self, round_no: int, loss: float, *, trained: bool = True) -> str | None:
+        """Round ``round_no`` (1-based) ended with ``loss`` (NaN where none was measured;
+        ``trained`` false where no client trained): the warning, the first time it fires."""
+        if self.first is None and math.isfinite(loss) and trained:
+            self.first = abs(loss)
+        if self.warnings or not self.first or not abs(loss) > LOSS_GROWTH_WARNING * self.first:
+            return None
+        warning = (
+            f"round {round_no}: the training loss {loss:.4g} is more than "
+            f"{LOSS_GROWTH_WARNING:g} times the first round's in magnitude; the model "
+            "is diverging (metrics of later rounds are unlikely to recover)"
+        )
+        self.warnings.append(warning)
+        return warning
 
 
 @dataclass(frozen=True)
@@ -747,10 +780,7 @@ def _train(
 
     stopped: str | None = None
     diverged_round: int | None = None
-    warnings: list[str] = []
-    first_loss = next(
-        (abs(m["loss"]) for m in metrics if math.isfinite(m.get("loss", math.nan))), None
-    )
+    watch = LossWatch(metrics)
     train_seconds = sum(m.get("train_seconds", 0.0) for m in metrics)
     best = _selected_round(metrics, config)
     selection_keys = _selection_keys(config)
@@ -840,16 +870,7 @@ def _train(
             metrics.append(record)
             runs.append_metrics(run_dir, record)
             where.running = None  # round r + 1 is complete: its metrics line is written
-            warning = None
-            if first_loss is None and math.isfinite(stats.loss) and stats.samples > 0:
-                first_loss = abs(stats.loss)
-            if not warnings and first_loss and abs(stats.loss) > LOSS_GROWTH_WARNING * first_loss:
-                warning = (
-                    f"round {r + 1}: the training loss {stats.loss:.4g} is more than "
-                    f"{LOSS_GROWTH_WARNING:g} times the first round's in magnitude; the model "
-                    "is diverging (metrics of later rounds are unlikely to recover)"
-                )
-                warnings.append(warning)
+            warning = watch.see(r + 1, stats.loss, trained=stats.samples > 0)
             if state is not None:
                 _checkpoint(
                     run_dir,
@@ -884,8 +905,8 @@ def _train(
     summary["train_seconds"] = round(train_seconds, 3)
     if diverged_round is not None:
         summary["diverged_round"] = diverged_round
-    if warnings:
-        summary["warnings"] = warnings
+    if watch.warnings:
+        summary["warnings"] = watch.warnings
     if budget_spent:
         summary["budget_spent"] = True
     resume_file = run_dir / runs.CHECKPOINT_FILE
@@ -928,11 +949,15 @@ def _refuse_a_run_in(run_dir: Path) -> None:
 def _private_mode_note(config: TrainConfig) -> str | None:
     """Before a user-level run at a target epsilon of a model with a private mode it does not
     use (FedRAP, FedRecGEL): what DP alone has measured and the flags of the mode (None where
-    the mode is used, would not apply or cannot: its prior's release needs central noise)."""
+    the mode is used or where ``--private-mode`` would be refused)."""
     privacy, mode = config.privacy, config.spec.private_mode
-    if mode is None or privacy.epsilon is None or privacy.prior_share is not None:
+    if mode is None or privacy.prior_share is not None:
         return None
-    if privacy.privacy_unit != "user" or privacy.placement != "central":
+    # Where --private-mode would be refused (cli._apply_private_mode): no target epsilon or
+    # a noise multiplier given, interaction-level DP, noise inside secure aggregation.
+    if privacy.epsilon is None or privacy.noise_multiplier is not None:
+        return None
+    if privacy.privacy_unit != "user" or (privacy.secagg and privacy.noise != "central"):
         return None
     return (
         f"{config.model} with DP alone has ended below DP-MostPop (a private popularity "
@@ -1269,6 +1294,7 @@ def _data_record(
 
 
 __all__ = [
+    "LossWatch",
     "MODELS",
     "NO_YARDSTICKS",
     "add_yardsticks",

@@ -124,3 +124,67 @@ def test_loss_growing_without_bound_is_warned_about_once(tmp_path, monkeypatch):
     # |loss| passes 1e6 x the first round's at round 3 (r = 2), and is warned about only then.
     assert warned == [3] and "round 3: the training loss" in seen[2].warning
     assert res.summary["warnings"] == [seen[2].warning] and "stopped" not in res.summary
+
+
+def _growing_loss(monkeypatch):
+    """FedRAP's round loss made to grow: |loss| passes 1e6 x the first round's at round 3
+    (in its local training step, which a node's own users' training goes through too)."""
+    original = FedRAP.train_plan
+
+    def train_plan(self, plan, r):
+        updates, stats = original(self, plan, r)
+        first = 0.5 if r == 0 else -0.5 * (LOSS_GROWTH_WARNING * 10) ** (r / 2)
+        return updates, RoundStats(loss=first, samples=stats.samples)
+
+    monkeypatch.setattr(FedRAP, "train_plan", train_plan)
+
+
+def test_a_flower_run_warns_about_a_growing_loss_as_the_in_process_run_does(tmp_path, monkeypatch):
+    # The server reads the round's loss off the secure sum; the same warning, once, in its
+    # progress and its summary.
+    from securefed.config import PrivacyConfig
+    from securefed.flower.local import LocalTransport
+    from securefed.flower.server import FederatedServer
+
+    _growing_loss(monkeypatch)
+    cfg = TrainConfig(**{**SMALL, "rounds": 4}, privacy=PrivacyConfig(secagg=True))
+    seen = []
+    server = FederatedServer(
+        cfg,
+        run_dir=tmp_path / "fl",
+        transport=LocalTransport(2, state_dir=tmp_path / "nodes"),
+        progress=seen.append,
+    )
+    res = server.run()
+    warned = [r.round for r in seen if r.warning]
+    assert warned == [3] and "round 3: the training loss" in seen[2].warning
+    assert res.summary["warnings"] == [seen[2].warning]
+
+
+def test_the_metrics_follower_warns_about_a_growing_loss_once(tmp_path):
+    # `flower local` / `simulate` show a Flower run's rounds from its metrics lines: the same
+    # warning as the run's own, its reference the first finite loss, a resume's kept lines
+    # included.
+    from securefed.flower.deploy import MetricsFollower
+    from securefed.training import LossWatch
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    runs.append_metrics(run_dir, {"round": 1, "loss": float("nan")})  # aborted: no loss
+    runs.append_metrics(run_dir, {"round": 2, "loss": 0.5})  # kept by a resume
+    shown = []
+    with MetricsFollower(run_dir, shown.append, rounds=6, poll=60) as follower:
+        for r, loss in [(3, 4e5), (4, float("nan")), (5, -6e5), (6, 1e9)]:
+            runs.append_metrics(run_dir, {"round": r, "loss": loss})
+        follower.check()
+    assert [(r.round, r.warning is not None) for r in shown] == [
+        (3, False),
+        (4, False),
+        (5, True),
+        (6, False),
+    ]
+    watch = LossWatch([{"round": 2, "loss": 0.5}])
+    assert watch.see(5, -6e5) == shown[2].warning and "round 5" in shown[2].warning
+    fresh = LossWatch()
+    assert fresh.see(1, 0.0, trained=False) is None and fresh.first is None
+    assert fresh.see(2, 1e9, trained=False) is None  # no trained round yet: no reference

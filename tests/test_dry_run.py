@@ -97,13 +97,26 @@ def test_a_model_run_without_its_private_mode_is_told_before_it_starts(tmp_path,
     monkeypatch.chdir(tmp_path)
     eps = PrivacyConfig(epsilon=2.0)
     flags = get_spec("fedrap").private_mode.flags()
-    for model in ("fedrap", "fedrecgel"):
-        notes = plan_run(_cfg(model=model, rounds=2)).notes
-        assert [n for n in notes if "below DP-MostPop" in n and flags in n], notes
+    told = [
+        _cfg(model="fedrap", rounds=2),
+        _cfg(model="fedrecgel", rounds=2),
+        # Where --private-mode is taken: noise placed "distributed" without secure
+        # aggregation, or central noise with it.
+        _cfg(model="fedrap", rounds=2, privacy=PrivacyConfig(epsilon=2.0, noise="distributed")),
+        _cfg(
+            model="fedrap",
+            rounds=2,
+            privacy=PrivacyConfig(epsilon=2.0, secagg=True, noise="central"),
+        ),
+    ]
+    for cfg in told:
+        notes = plan_run(cfg).notes
+        assert [n for n in notes if "below DP-MostPop" in n and flags in n], (cfg, notes)
     quiet = [
         _cfg(model="fedrap", rounds=2, privacy=PrivacyConfig(epsilon=2.0, prior_share=0.9)),
         _cfg(model="fedrap", rounds=2, privacy=PrivacyConfig(noise_multiplier=1.0)),
         _cfg(model="fedrap", rounds=2, privacy=PrivacyConfig(epsilon=2.0, secagg=True)),
+        _cfg(model="fedrap", rounds=2, privacy=PrivacyConfig(epsilon=2.0, noise_multiplier=5.0)),
         _cfg(model="fedals", privacy=eps),
     ]
     for cfg in quiet:

@@ -1232,6 +1232,18 @@ def test_gram_shrink_drops_the_factors_inside_the_noise_bulk(small_split):
     assert fresh.cooc_noise_std() == shrink.cooc_noise_std()
     fresh._set_gram_factors()
     torch.testing.assert_close(fresh.V, shrink.V)
+    # A state saved before the noise was kept restores (a Flower server's too: a fresh
+    # model's state has no such key to ask for); its noise is unknown, not zero.
+    from securefed.flower.models import load_server_state, server_state
+
+    old = server_state("fedals", shrink)
+    del old["cooc_noise_var"]
+    restored = FedALS(small_split, shrink.config, generator=gen)
+    assert "cooc_noise_var" not in restored.state_dict()
+    load_server_state("fedals", restored, old)
+    assert math.isnan(restored.cooc_noise_std()) and torch.equal(restored.V, shrink.V)
+    with pytest.raises(ConfigError, match="gram_shrink"):
+        dataclasses.replace(shrink.config, gram_shrink="False")
     # Without noise there is no bulk: the same factors as without the option.
     quiet = [
         FedALS(small_split, c.config, generator=torch.Generator().manual_seed(0))

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -51,7 +52,13 @@ from securefed.flower import require_flwr
 from securefed.flower.certs import LocalCertificates, make_local_certificates, make_node_key
 from securefed.flower.server import FLOWER_FILE, check_config, read_flower_record
 from securefed.flower.supernode import DEFAULT_IDLE_POLL, MAX_IDLE_POLL
-from securefed.training import RoundRecord, TrainConfig, check_resume, load_config_file
+from securefed.training import (
+    LossWatch,
+    RoundRecord,
+    TrainConfig,
+    check_resume,
+    load_config_file,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -304,7 +311,9 @@ class MetricsFollower:
         self.progress = progress
         self.rounds = rounds
         self.poll = poll
-        self._seen = set(self._lines())
+        kept = self._lines()
+        self._seen = set(kept)
+        self._watch = LossWatch(self._parsed(line) or {} for line in kept)
         self._planned: int | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, name="securefed-metrics", daemon=True)
@@ -315,6 +324,18 @@ class MetricsFollower:
         except OSError:
             return []
         return [line for line in text.split("\n")[:-1] if line.strip()]
+
+    @staticmethod
+    def _parsed(line: str) -> dict[str, Any] | None:
+        """A metrics line's values (an aborted round's null loss as NaN); None for a line
+        that is not one."""
+        try:
+            values = json.loads(line)
+        except ValueError:
+            return None
+        if not (isinstance(values, dict) and "round" in values):
+            return None
+        return runs.nan_for_null(values)
 
     def _rounds_planned(self) -> int | None:
         if self._planned is None and self.config_path.exists():
@@ -330,15 +351,15 @@ class MetricsFollower:
             if line in self._seen:
                 continue
             self._seen.add(line)
-            try:
-                values = json.loads(line)
-            except ValueError:
+            values = self._parsed(line)
+            if values is None:
                 continue
-            if not (isinstance(values, dict) and "round" in values):
-                continue
-            values = runs.nan_for_null(values)  # an aborted round's loss is NaN, written null
             try:
-                self.progress(RoundRecord(values, rounds_planned=self._rounds_planned()))
+                loss = values.get("loss", math.nan)
+                warning = self._watch.see(int(values["round"]), loss, trained=math.isfinite(loss))
+                self.progress(
+                    RoundRecord(values, rounds_planned=self._rounds_planned(), warning=warning)
+                )
             except Exception:  # a display must never stop the run it shows, nor the next line
                 logger.exception("showing round %s of %s failed", values["round"], self.path)
 

@@ -84,6 +84,7 @@ from securefed.flower.pipeline import (
 )
 from securefed.privacy import PrivateAggregator
 from securefed.training import (
+    LossWatch,
     RoundRecord,
     TrainConfig,
     _is_better,
@@ -421,6 +422,7 @@ class FederatedServer:
             # the releases its ledger holds; the nodes' own counts still bound every user.
             releases.ledger = agg.ledger
         best = _selected_round(metrics, config)
+        watch = LossWatch(metrics)
         stopped: str | None = None
         train_seconds = sum(float(m.get("train_seconds", 0.0)) for m in metrics)
         for r in range(start_round, config.rounds):
@@ -485,14 +487,18 @@ class FederatedServer:
             runs.append_metrics(self.run_dir, record)
             if (r + 1) % config.checkpoint_every == 0 or r + 1 == config.rounds:
                 self._checkpoint(model, agg, r + 1, time.perf_counter() - started)
+            trained = counters is not None and counters.trained > 0
+            warning = watch.see(r + 1, record["loss"], trained=trained)
             if self.progress is not None:
-                self.progress(RoundRecord(record))
+                self.progress(RoundRecord(record, warning=warning))
         seconds = time.perf_counter() - started
         if stopped is not None and metrics:
             self._checkpoint(model, agg, metrics[-1]["round"], seconds)
         summary = _summary(config, split, metrics, seconds, agg, stopped, model, held=False)
         summary["train_seconds"] = round(train_seconds, 3)
         summary["engine"] = "flower"
+        if watch.warnings:
+            summary["warnings"] = watch.warnings
         if stopped is not None:  # no later round can be released: finished, not resumable
             summary["budget_spent"] = True
         runs.write_json(self.run_dir / runs.SUMMARY_FILE, summary)

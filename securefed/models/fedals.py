@@ -286,6 +286,8 @@ class FedALSConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ConfigError(f"{name} must be true, false or unset, got {value!r}")
+        if not isinstance(self.gram_shrink, bool):
+            raise ConfigError(f"gram_shrink must be true or false, got {self.gram_shrink!r}")
         for name in ("head_z", "prior_weight", "gram_head_z"):
             if getattr(self, name) is None:
                 continue
@@ -877,7 +879,9 @@ class FedALS:
         # Private mode, co-occurrence rounds: the sum of their releases and how many.
         self._cooc_sum: torch.Tensor | None = None
         self._cooc_releases = 0
-        self._cooc_noise_var = 0.0  # the sum of the co-occurrence releases' noise variances
+        # The sum of the co-occurrence releases' noise variances (None: unknown, a state saved
+        # before it was kept).
+        self._cooc_noise_var: float | None = 0.0
         # Private mode: the share of the co-occurrence items whose count cleared the
         # noise-limited head rule's z when this server decided it (None: not decided here; a
         # diagnostic, not state: whether the rule fired is read off the head, sparse_head).
@@ -1284,7 +1288,8 @@ class FedALS:
         The other items keep none."""
         self._cooc_sum = cooc if self._cooc_sum is None else self._cooc_sum + cooc
         self._cooc_releases += 1
-        self._cooc_noise_var += noise_std**2
+        if self._cooc_noise_var is not None:
+            self._cooc_noise_var += noise_std**2
         self._set_gram_factors()
 
     def _cooc_matrix(self) -> torch.Tensor | None:
@@ -1302,17 +1307,22 @@ class FedALS:
         return c + c.T
 
     def cooc_noise_std(self) -> float:
-        """The noise std of each entry of the averaged co-occurrence releases (0 without
-        noise or before a co-occurrence round)."""
+        """The noise std of each entry of the averaged co-occurrence releases, as the
+        aggregates' ``noise_std`` gave it (a lower bound with noise shares inside secure
+        aggregation, sized for the fewest survivors); 0 without noise or before a
+        co-occurrence round, NaN for a model restored from a state saved before it was kept."""
         if self._cooc_releases == 0:
             return 0.0
+        if self._cooc_noise_var is None:
+            return math.nan
         return math.sqrt(self._cooc_noise_var) / self._cooc_releases
 
     def cooc_spectrum(self) -> tuple[torch.Tensor, float] | None:
         """The eigenvalues (descending) of the averaged co-occurrence releases and the edge
         of the noise's bulk, ``2 s sqrt(m)`` (``s`` :meth:`cooc_noise_std`, ``m`` the
         matrix's size): an eigenvalue below the edge is indistinguishable from noise alone
-        (:func:`spectral_shrink`). None before a co-occurrence round."""
+        (:func:`spectral_shrink`). None before a co-occurrence round or with fewer than two
+        items in the head."""
         c = self._cooc_matrix()
         if c is None:
             return None
@@ -1329,8 +1339,9 @@ class FedALS:
         d = min(self.config.factor_dim, used)
         top = torch.argsort(evals, descending=True, stable=True)[:d]
         lam = evals[top].clamp_min(0.0)
-        if self.config.gram_shrink and self._cooc_noise_var > 0:
-            lam = spectral_shrink(lam, self.cooc_noise_std(), used)
+        noise = self.cooc_noise_std()
+        if self.config.gram_shrink and noise > 0:
+            lam = spectral_shrink(lam, noise, used)
         lead = float(lam[0]) if d else 0.0
         v = torch.zeros(self.split.n_items, self.config.factor_dim, dtype=torch.float64)
         if lead > 0:
@@ -1454,7 +1465,14 @@ class FedALS:
             "count_only": self.count_only,
             "cooc_sum": None if self._cooc_sum is None else self._cooc_sum.clone(),
             "cooc_releases": self._cooc_releases,
-            "cooc_noise_var": self._cooc_noise_var,
+            # Only once something is released and while known: a fresh model's state then has
+            # no such key, so a Flower server's checkpoint from before it was kept (which
+            # lacks it) still restores (load_server_state asks for every key of that state).
+            **(
+                {"cooc_noise_var": self._cooc_noise_var}
+                if self._cooc_releases and self._cooc_noise_var is not None
+                else {}
+            ),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -1483,7 +1501,10 @@ class FedALS:
             raise ConfigError("state entry cooc_sum does not match this model's gram_items")
         self._cooc_sum = None if cooc is None else cooc.to(torch.float64).clone()
         self._cooc_releases = int(state.get("cooc_releases", 0))
-        self._cooc_noise_var = float(state.get("cooc_noise_var", 0.0))
+        noise_var = state.get("cooc_noise_var")
+        if noise_var is None and self._cooc_releases == 0:
+            noise_var = 0.0  # nothing released yet: nothing unknown
+        self._cooc_noise_var = None if noise_var is None else float(noise_var)
         self._eval_x = None
 
 
