@@ -380,7 +380,7 @@ class SweepEvent:
     cell as it is handed to a free worker, ``stage`` ``train``), ``"round"`` (a training or
     audit round finished; only when ``jobs == 1``), or ``"done"`` (a cell finished;
     ``seconds`` its own run time). Cells reused from an earlier sweep are counted in the
-    plan's ``done`` and get no event (``reused`` is never set). The ``"plan"`` event carries
+    plan's ``done`` and get no event of their own. The ``"plan"`` event carries
     the :class:`SweepEstimate` of the cells left to run.
     """
 
@@ -391,7 +391,6 @@ class SweepEvent:
     stage: str | None = None
     round: int | None = None
     rounds: int | None = None
-    reused: bool = False
     seconds: float = 0.0
     estimate: SweepEstimate | None = None
 
