@@ -569,7 +569,15 @@ def privacy_plan_lines(plan: Any) -> list[str]:
             f"{privacy['colluder_fraction']:.3g} of each round's clients colluding with it"
         )
     if privacy.get("amplification"):
-        lines.append(f"amplification by sampling: {privacy['amplification']}")
+        line = f"amplification by sampling: {privacy['amplification']}"
+        if privacy.get("epsilon_unamplified_planned") is not None:
+            line += (
+                f"; against that server: epsilon {privacy['epsilon_unamplified_planned']:.4g} "
+                "if every round is released"
+            )
+            if privacy.get("placement") == "distributed":
+                line += " (cohorts of the expected size, each at its fewest survivors)"
+        lines.append(line)
     if privacy.get("replay_warning"):
         lines.append(str(privacy["replay_warning"]))
     return lines

@@ -254,10 +254,20 @@ def _print_summary(result: Any) -> None:
             )
         else:
             sigma = f"noise multiplier {s.get('noise_multiplier'):.4g}"
+        head = f"epsilon {s['epsilon']:.4g} at delta {s['delta']:g}"
+        if s.get("epsilon_unamplified") is not None:
+            # Amplification by sampling holds only against those who do not learn the cohorts:
+            # the server that samples them gets the unamplified number, said in the same line
+            # (first where the noise is placed against it, inside secure aggregation).
+            amplified = f"epsilon {s['epsilon']:.4g} amplified by sampling"
+            server = f"epsilon {s['epsilon_unamplified']:.4g} against the server that samples"
+            if s.get("placement") == "distributed":
+                head = f"{server} the cohorts, {amplified} against others, at delta {s['delta']:g}"
+            else:
+                head = f"{amplified}, {server} the cohorts, at delta {s['delta']:g}"
         out.print(
-            f"privacy: epsilon {s['epsilon']:.4g} at delta {s['delta']:g} "
-            f"({s.get('privacy_unit')}-level, {s.get('accountant')} accountant, "
-            f"{sigma}, clip {s.get('clip'):g})"
+            f"privacy: {head} ({s.get('privacy_unit')}-level, {s.get('accountant')} "
+            f"accountant, {sigma}, clip {s.get('clip'):g})"
         )
     if s.get("placement_note") and s.get("epsilon") is not None:
         out.print(f"noise placement: {s['placement_note']}", highlight=False)

@@ -1349,6 +1349,27 @@ class PrivateAggregator:
         out["epsilon_unamplified"] = self._unamplified_epsilon()
         return out
 
+    def planned_epsilon_unamplified(self) -> float | None:
+        """Before any release: the epsilon of every planned round released, at sample rate 1
+        (each round's user-level event at the fewest survivors its noise shares are sized
+        for, a cohort of the expected size), with the prior's release: what the plan holds
+        against the server that samples the cohorts. None where no amplification is claimed
+        (no user-level DP, or every round at rate 1)."""
+        if self.dp is None or self.interaction is not None or self.sample_rate >= 1.0:
+            return None
+        m = max(1, round(self.expected_cohort))
+        events = [
+            dataclasses.replace(e, sample_rate=1.0)
+            for r in range(self.rounds)
+            for e in self.worst_round_events(r, m)
+        ]
+        if self.prior_noise_multiplier is not None:
+            sigma = self.prior_noise_multiplier
+            prior = CentralGaussian(clip=self.prior_clip, noise_multiplier=sigma)
+            events.insert(0, prior.event(0, sample_rate=1.0))  # released before round 1
+        eps = PrivacyLedger(events).epsilon(self.dp.delta, self.dp.accountant)
+        return float(eps) if math.isfinite(eps) else None
+
     def _unamplified_epsilon(self) -> float | None:
         cfg = self.dp if self.dp is not None else self.interaction
         if cfg is None or not self.ledger.events:

@@ -1016,7 +1016,9 @@ class RunPlan:
     choices made), ``data`` its ``data.json`` record, ``notes`` what :class:`RunStart` would
     say (one line each), ``privacy`` the aggregator's description of its noise before
     any release (``noise_multiplier``, ``target_epsilon``, ``delta``, ``accountant``,
-    ``placement``, ``amplification``, ...; ``{"epsilon": None, ...}`` without DP) and
+    ``placement``, ``amplification``, ``epsilon_unamplified_planned`` where amplification is
+    claimed: every round released, against the server that samples the cohorts, ...;
+    ``{"epsilon": None, ...}`` without DP) and
     ``model`` the built recommender (to size its state; read only).
     """
 
@@ -1048,6 +1050,9 @@ def plan_run(
     privacy = _privacy_summary(aggregator)
     if privacy.get("noise_multiplier") is not None:
         privacy = {k: v for k, v in privacy.items() if k not in _SPENT}
+        planned = getattr(aggregator, "planned_epsilon_unamplified", None)
+        if planned is not None and (against_server := planned()) is not None:
+            privacy["epsilon_unamplified_planned"] = against_server
     return RunPlan(
         config=config,
         data=_data_record(split.report, split, config),

@@ -318,3 +318,20 @@ def test_prv_answers_a_delta_below_its_resolution_with_the_rdp_bound() -> None:
     assert gaussian_epsilon(history, delta=1e-5, accountant="prv") < gaussian_epsilon(
         history, delta=1e-5, accountant="rdp"
     )
+
+
+def test_the_prv_guard_reads_a_bound_no_tighter_than_the_rdp_accountants():
+    # gaussian_epsilon decides whether to ask PRV from the RDP bound over the integer orders
+    # of Opacus's grid (fast at large sample rates); the decision equals the full grid's
+    # only if that bound is never below the full grid's: its orders must be a subset.
+    import itertools
+
+    from opacus.accountants import RDPAccountant
+
+    from protocols.dp import accounting
+
+    assert set(accounting._OPACUS_INTEGER_ORDERS) <= set(map(float, RDPAccountant.DEFAULT_ALPHAS))
+    for z, q, n in itertools.product([0.4, 0.8, 2.0, 10.0], [1.0, 0.5, 0.02], [1, 50]):
+        full = accounting.gaussian_epsilon([(z, q, n)], delta=1e-5, accountant="rdp")
+        quick = accounting._integer_rdp_bound([(z, q, n)], delta=1e-5)
+        assert quick >= full, (z, q, n)

@@ -3,8 +3,10 @@ settled on the data, with nothing trained or written."""
 
 from __future__ import annotations
 
+import json
 import tomllib
 
+import pytest
 from typer.testing import CliRunner
 
 from securefed import runs
@@ -124,3 +126,36 @@ def test_a_model_run_without_its_private_mode_is_told_before_it_starts(tmp_path,
     seen = []
     train(_cfg(model="fedrap", rounds=1), out=tmp_path / "run", on_start=seen.append)
     assert any("--private-mode" in n for n in seen[0].notes)
+
+
+def test_a_sampled_plan_and_summary_give_the_epsilon_against_the_server(tmp_path, monkeypatch):
+    # Amplification by sampling holds only against those who do not learn the cohorts: the
+    # plan gives what every round released costs against the server that samples them (the
+    # run's own epsilon_unamplified once all are released, central noise), and the summary's
+    # privacy line says both numbers, the server's first where the noise is placed against
+    # it (inside secure aggregation).
+    monkeypatch.chdir(tmp_path)
+    cfg = _cfg(
+        model="fedrap",
+        rounds=3,
+        client_fraction=0.5,
+        privacy=PrivacyConfig(epsilon=2.0, prior_share=0.5),
+    )
+    planned = plan_run(cfg).privacy["epsilon_unamplified_planned"]
+    res = train(cfg, out=tmp_path / "run")
+    assert res.summary["releases"] == 3 + 1  # the prior's release and every round
+    assert planned == pytest.approx(res.summary["epsilon_unamplified"], rel=1e-9)
+    assert planned > res.summary["epsilon"]
+    assert "epsilon_unamplified_planned" not in plan_run(_cfg(model="fedrap", rounds=3)).privacy
+    args = ["train", "--synthetic-users", "100", "--synthetic-items", "200", "--epsilon", "2"]
+    args += ["--client-fraction", "0.5"]
+    for extra, first in ([], "amplified"), (["--secagg"], "against the server"):
+        out = runner.invoke(app, [*args, *extra, "--out", str(tmp_path / f"cli{len(extra)}")])
+        assert out.exit_code == 0, out.output
+        line = " ".join(out.output.split("privacy: ", 1)[1].split())
+        assert line.index(first) < 20 and "against the server that samples the cohorts" in line
+        s = json.loads((tmp_path / f"cli{len(extra)}" / runs.SUMMARY_FILE).read_text())
+        for eps in (s["epsilon"], s["epsilon_unamplified"]):
+            assert f"epsilon {eps:.4g}" in line
+        dry = runner.invoke(app, [*args, *extra, "--dry-run"])
+        assert "against that server: epsilon" in " ".join(dry.output.split()), dry.output
