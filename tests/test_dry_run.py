@@ -159,3 +159,16 @@ def test_a_sampled_plan_and_summary_give_the_epsilon_against_the_server(tmp_path
             assert f"epsilon {eps:.4g}" in line
         dry = runner.invoke(app, [*args, *extra, "--dry-run"])
         assert "against that server: epsilon" in " ".join(dry.output.split()), dry.output
+
+
+def test_a_private_fedals_plan_says_what_another_number_of_rounds_changes(tmp_path, monkeypatch):
+    # The private mode was built for its default rounds (a count round and two co-occurrence
+    # rounds); a --rounds of the user's runs, and its note says what it changes.
+    monkeypatch.chdir(tmp_path)
+    eps = PrivacyConfig(epsilon=8.0)
+    default = " ".join(plan_run(_cfg(privacy=eps)).notes[0].split())
+    assert "built and measured" not in default and "no co-occurrence round" not in default
+    ten = " ".join(plan_run(_cfg(privacy=eps, rounds=10)).notes[0].split())
+    assert "10 rounds: the mode was built and measured at 3" in ten and "here 1/10" in ten
+    one = " ".join(plan_run(_cfg(privacy=eps, rounds=1)).notes[0].split())
+    assert "1 round: no co-occurrence round, the model is the count" in one

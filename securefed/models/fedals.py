@@ -591,6 +591,18 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
         if "rounds" in changes
         else ""
     )
+    designed = LARGE_ROUNDS if population == "large" else SPEC.rounds_for(config.privacy)
+    counting = rp.count_rounds or 0
+    if not rp.count_only and rp.gram_items and resolved.rounds != designed:
+        # A --rounds of the user's: the mode runs it, and says what it changes.
+        if resolved.rounds <= counting:
+            rounds_why += ": no co-occurrence round, the model is the count"
+        else:
+            rounds_why += (
+                f": the mode was built and measured at {designed}, where the count rounds "
+                f"hold {counting}/{designed} of the run's precision; here {counting}/"
+                f"{resolved.rounds}, the co-occurrence rounds the rest"
+            )
     note = (
         f"private fedals: {population} population ({why}{count_why}{gram_why}): {what}; "
         f'{plural(resolved.rounds, "round")}{rounds_why} (docs/privacy.md, "The population rule")'
@@ -1645,8 +1657,10 @@ SPEC = ModelSpec(
     unsupported_attacks={
         "imia": "fedals samples no negatives: every non-zero item row of an upload is a "
         "training positive, which the row-change attack already reads exactly",
-        "optimization": "fedals uploads x_u x_u^T: the user factor is read off the upload up "
-        "to its sign, no gradient matching needed (the gradient-ratio attack scores it)",
+        "optimization": "where a fedals upload carries the user factor (x_u x_u^T without DP "
+        "and in the private mode's ALS rounds) it is read off up to its sign, no gradient "
+        "matching needed (the gradient-ratio attack scores it); the private mode's count and "
+        "co-occurrence rounds upload no factor at all",
         "released": "not implemented for fedals yet",
     },
 )
