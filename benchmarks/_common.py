@@ -3,6 +3,23 @@
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
+
+#: The docs page the privacy benchmarks write their tables into.
+PRIVACY_DOC = Path(__file__).resolve().parents[1] / "docs" / "privacy.md"
+
+
+def write_between_markers(table: str, mark: str, doc: Path = PRIVACY_DOC) -> None:
+    """Put ``table`` between ``<!-- mark -->`` and ``<!-- /mark -->`` in ``doc`` (both
+    appended at the end where the page has neither)."""
+    text = doc.read_text()
+    start, end = f"<!-- {mark} -->", f"<!-- /{mark} -->"
+    block = f"{start}\n{table}\n{end}"
+    if start in text and end in text:
+        text = text[: text.index(start)] + block + text[text.index(end) + len(end) :]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    doc.write_text(text)
 
 
 def rounds_for(

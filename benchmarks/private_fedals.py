@@ -87,7 +87,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import mean_se  # benchmarks/ is the script's folder
+from _common import mean_se, write_between_markers  # benchmarks/ is the script's folder
 
 #: The private small mode before the co-occurrence rounds (2026-12-05): one ALS round after the
 #: count, prior weight 0.3, and the count-only rule at 300 users per unit of noise of one of
@@ -232,18 +232,6 @@ def _spectrum(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def _write(table: str, mark: str) -> None:
-    doc = Path(__file__).resolve().parents[1] / "docs" / "privacy.md"
-    text = doc.read_text()
-    start, end = f"<!-- {mark} -->", f"<!-- /{mark} -->"
-    block = f"{start}\n{table}\n{end}"
-    if start in text and end in text:
-        text = text[: text.index(start)] + block + text[text.index(end) + len(end) :]
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    doc.write_text(text)
-
-
 def _fmt(values: list[float]) -> str:
     import statistics
 
@@ -297,7 +285,7 @@ def main() -> None:
         table = _spectrum(args)
         print(table)
         if args.write:
-            _write(table, args.mark)
+            write_between_markers(table, args.mark)
         return
     if args.validation and args.mark == MARK:
         args.mark = MARK + "-val"  # never over the test table
@@ -422,7 +410,7 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     if args.write:
-        _write(table, args.mark)
+        write_between_markers(table, args.mark)
 
 
 if __name__ == "__main__":

@@ -195,15 +195,9 @@ def grid(args: argparse.Namespace) -> None:
     table = "\n".join(lines)
     print(table)
     if args.write:
-        doc = Path(__file__).resolve().parents[1] / "docs" / "privacy.md"
-        text = doc.read_text()
-        start, end = f"<!-- {args.mark} -->", f"<!-- /{args.mark} -->"
-        block = f"{start}\n{table}\n{end}"
-        if start in text and end in text:
-            text = text[: text.index(start)] + block + text[text.index(end) + len(end) :]
-        else:
-            text = text.rstrip() + "\n\n" + block + "\n"
-        doc.write_text(text)
+        from _common import write_between_markers
+
+        write_between_markers(table, args.mark)
 
 
 def main() -> None:

@@ -46,6 +46,7 @@ from securefed.cli_common import (
     out,
     parse_params,
     refuse_flags_with_resume,
+    ring_noise,
 )
 
 if TYPE_CHECKING:
@@ -570,13 +571,18 @@ def privacy_plan_lines(plan: Any) -> list[str]:
         )
     if privacy.get("amplification"):
         line = f"amplification by sampling: {privacy['amplification']}"
-        if privacy.get("epsilon_unamplified_planned") is not None:
+        planned = privacy.get("epsilon_unamplified_planned")
+        if planned is not None and ring_noise(privacy):
             line += (
-                f"; against that server: epsilon {privacy['epsilon_unamplified_planned']:.4g} "
-                "if every round is released"
+                f"; against the server that samples them: epsilon about {planned:.4g} if "
+                "every round is released (cohorts of the expected size, each at its fewest "
+                "survivors)"
             )
-            if privacy.get("placement") == "distributed":
-                line += " (cohorts of the expected size, each at its fewest survivors)"
+        elif planned is not None:
+            line += (
+                f"; against an observer who learns the cohorts: epsilon {planned:.4g} if every "
+                "round is released"
+            )
         lines.append(line)
     if privacy.get("replay_warning"):
         lines.append(str(privacy["replay_warning"]))

@@ -245,6 +245,11 @@ def _print_summary(result: Any) -> None:
             last = s.get("final_test_full_hr@10" if full else "final_test_hr@10")
             if last is not None and s["selected_round"] != s["rounds"]:
                 text += f"; the last round ({s['rounds']}) has test {metric} {last:.4f}"
+            if s.get("epsilon") is not None:
+                text += (
+                    "; a choice made on the clear validation data, outside the epsilon "
+                    "(docs/privacy.md, 'What the printed epsilon covers')"
+                )
         out.print(text)
     if s.get("epsilon") is not None:
         if s.get("noise_multipliers"):  # a resumed run's releases used more than one
@@ -256,15 +261,22 @@ def _print_summary(result: Any) -> None:
             sigma = f"noise multiplier {s.get('noise_multiplier'):.4g}"
         head = f"epsilon {s['epsilon']:.4g} at delta {s['delta']:g}"
         if s.get("epsilon_unamplified") is not None:
-            # Amplification by sampling holds only against those who do not learn the cohorts:
-            # the server that samples them gets the unamplified number, said in the same line
-            # (first where the noise is placed against it, inside secure aggregation).
+            # Amplification by sampling holds only against those who do not learn the cohorts;
+            # whoever does gets the unamplified number, said in the same line. With noise
+            # shares inside secure aggregation that is the server that samples them (first);
+            # with central noise the server is trusted and sees the sums, so an observer.
             amplified = f"epsilon {s['epsilon']:.4g} amplified by sampling"
-            server = f"epsilon {s['epsilon_unamplified']:.4g} against the server that samples"
-            if s.get("placement") == "distributed":
-                head = f"{server} the cohorts, {amplified} against others, at delta {s['delta']:g}"
+            unamplified = f"epsilon {s['epsilon_unamplified']:.4g}"
+            if ring_noise(s):
+                head = (
+                    f"{unamplified} against the server that samples the cohorts, {amplified} "
+                    f"against others, at delta {s['delta']:g}"
+                )
             else:
-                head = f"{amplified}, {server} the cohorts, at delta {s['delta']:g}"
+                head = (
+                    f"{amplified}, {unamplified} against an observer who learns the cohorts, "
+                    f"at delta {s['delta']:g}"
+                )
         out.print(
             f"privacy: {head} ({s.get('privacy_unit')}-level, {s.get('accountant')} "
             f"accountant, {sigma}, clip {s.get('clip'):g})"
@@ -283,10 +295,7 @@ def _print_summary(result: Any) -> None:
             highlight=False,
         )
     if s.get("amplification") and s.get("epsilon") is not None:
-        line = f"amplification by sampling: {s['amplification']}"
-        if s.get("epsilon_unamplified") is not None:
-            line += f" (epsilon_unamplified {s['epsilon_unamplified']:.4g})"
-        out.print(line, highlight=False)
+        out.print(f"amplification by sampling: {s['amplification']}", highlight=False)
     if s.get("replay_warning"):
         err.print(f"[bold red]{s['replay_warning']}[/]", highlight=False)
     elif s.get("randomness") == "os":
@@ -307,6 +316,16 @@ def _print_summary(result: Any) -> None:
             soft_wrap=True,
         )
     out.print(f"run directory: {result.run_dir}")
+
+
+def ring_noise(privacy: dict[str, Any]) -> bool:
+    """Whether a run's (or a plan's) summary has user-level noise drawn as shares inside
+    secure aggregation: the one placement whose guarantee holds against the server."""
+    return bool(
+        privacy.get("secagg")
+        and privacy.get("placement") == "distributed"
+        and privacy.get("privacy_unit") == "user"
+    )
 
 
 def private_mode_hint(summary: dict[str, Any]) -> str | None:

@@ -1318,8 +1318,10 @@ class PrivateAggregator:
         claimed: only for Poisson cohorts (user level), and for a replay run only with a
         label, since its cohorts are as public as its seed. ``epsilon_unamplified`` is the
         same ledger at sample rate 1: what the guarantee is against anyone who knows the
-        cohorts (the server that samples them; anyone with the seed of a replay run also
-        knows the noise, against whom nothing holds).
+        cohorts but not the noise (the server that samples them only where the noise is
+        drawn as shares inside secure aggregation: with central noise it is trusted and sees
+        the sums; anyone with the seed of a replay run also knows the noise, against whom
+        nothing holds).
         """
         out: dict[str, Any] = {"randomness": "replay" if self.replay else "os"}
         if self.replay:
@@ -1343,8 +1345,7 @@ class PrivateAggregator:
             out["amplification"] = (
                 f"claimed: Poisson cohorts at rate {q} drawn from OS randomness; it holds "
                 "against observers who do not learn the cohorts or their sizes (the run's "
-                "metrics record them), not against the server that samples them "
-                "(epsilon_unamplified)"
+                "metrics record them); against one who does, epsilon_unamplified"
             )
         out["epsilon_unamplified"] = self._unamplified_epsilon()
         return out
@@ -1352,17 +1353,24 @@ class PrivateAggregator:
     def planned_epsilon_unamplified(self) -> float | None:
         """Before any release: the epsilon of every planned round released, at sample rate 1
         (each round's user-level event at the fewest survivors its noise shares are sized
-        for, a cohort of the expected size), with the prior's release: what the plan holds
-        against the server that samples the cohorts. None where no amplification is claimed
-        (no user-level DP, or every round at rate 1)."""
+        for, a cohort of the expected size: not a bound, a larger cohort's discrete noise
+        costs a little more), with the prior's release: what the plan holds against whoever
+        learns the cohorts (with noise shares inside secure aggregation, the server that
+        samples them). None where no amplification is claimed (no user-level DP, or every
+        round at rate 1) or where a cohort of the expected size cannot hold the noise shares."""
         if self.dp is None or self.interaction is not None or self.sample_rate >= 1.0:
             return None
         m = max(1, round(self.expected_cohort))
-        events = [
-            dataclasses.replace(e, sample_rate=1.0)
-            for r in range(self.rounds)
-            for e in self.worst_round_events(r, m)
-        ]
+        try:
+            events = [
+                dataclasses.replace(e, sample_rate=1.0)
+                for r in range(self.rounds)
+                for e in self.worst_round_events(r, m)
+            ]
+        except ConfigError:
+            # A cohort of the expected size is too small for the noise shares (its rounds
+            # would abort and release nothing): no number to plan.
+            return None
         if self.prior_noise_multiplier is not None:
             sigma = self.prior_noise_multiplier
             prior = CentralGaussian(clip=self.prior_clip, noise_multiplier=sigma)

@@ -1017,7 +1017,7 @@ class RunPlan:
     say (one line each), ``privacy`` the aggregator's description of its noise before
     any release (``noise_multiplier``, ``target_epsilon``, ``delta``, ``accountant``,
     ``placement``, ``amplification``, ``epsilon_unamplified_planned`` where amplification is
-    claimed: every round released, against the server that samples the cohorts, ...;
+    claimed: every round released, against whoever learns the cohorts, ...;
     ``{"epsilon": None, ...}`` without DP) and
     ``model`` the built recommender (to size its state; read only).
     """

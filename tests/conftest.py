@@ -9,6 +9,18 @@ import pytest
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
+@pytest.fixture(autouse=True)
+def _fresh_calibration():
+    """Every test calibrates from scratch: ``calibrate_noise_multiplier`` remembers its
+    answers, and a test that patches the accountant must neither leave its answer behind
+    nor read another test's (found in review)."""
+    from protocols.dp.accounting import _calibrated
+
+    _calibrated.cache_clear()
+    yield
+    _calibrated.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """The reference data folder beside the project (skips when it is absent)."""

@@ -130,7 +130,7 @@ def test_a_model_run_without_its_private_mode_is_told_before_it_starts(tmp_path,
 
 def test_a_sampled_plan_and_summary_give_the_epsilon_against_the_server(tmp_path, monkeypatch):
     # Amplification by sampling holds only against those who do not learn the cohorts: the
-    # plan gives what every round released costs against the server that samples them (the
+    # plan gives what every round released costs against whoever learns them (the
     # run's own epsilon_unamplified once all are released, central noise), and the summary's
     # privacy line says both numbers, the server's first where the noise is placed against
     # it (inside secure aggregation).
@@ -149,16 +149,29 @@ def test_a_sampled_plan_and_summary_give_the_epsilon_against_the_server(tmp_path
     assert "epsilon_unamplified_planned" not in plan_run(_cfg(model="fedrap", rounds=3)).privacy
     args = ["train", "--synthetic-users", "100", "--synthetic-items", "200", "--epsilon", "2"]
     args += ["--client-fraction", "0.5"]
-    for extra, first in ([], "amplified"), (["--secagg"], "against the server"):
+    cases = [
+        ([], "amplified", "against an observer who learns the cohorts"),
+        (["--secagg"], "against the server", "against the server that samples the cohorts"),
+    ]
+    for extra, first, whom in cases:
         out = runner.invoke(app, [*args, *extra, "--out", str(tmp_path / f"cli{len(extra)}")])
         assert out.exit_code == 0, out.output
         line = " ".join(out.output.split("privacy: ", 1)[1].split())
-        assert line.index(first) < 20 and "against the server that samples the cohorts" in line
+        assert line.index(first) < 20 and whom in line.split("(")[0], line
         s = json.loads((tmp_path / f"cli{len(extra)}" / runs.SUMMARY_FILE).read_text())
         for eps in (s["epsilon"], s["epsilon_unamplified"]):
             assert f"epsilon {eps:.4g}" in line
-        dry = runner.invoke(app, [*args, *extra, "--dry-run"])
-        assert "against that server: epsilon" in " ".join(dry.output.split()), dry.output
+        dry = " ".join(runner.invoke(app, [*args, *extra, "--dry-run"]).output.split())
+        assert f"{whom.replace(' the cohorts', ' them') if extra else whom}: epsilon" in dry, dry
+    # Central noise: the server is trusted (it sees the sums), so no line calls the number
+    # the server's.
+    assert "against the server" not in " ".join(
+        runner.invoke(app, [*args, "--out", str(tmp_path / "again")]).output.split()
+    )
+    # A cohort of the expected size too small for the noise shares (its rounds would abort,
+    # as the run's would): the plan stands without the number (found in review).
+    tiny = _cfg(client_fraction=0.02, privacy=PrivacyConfig(epsilon=2.0, secagg=True))
+    assert "epsilon_unamplified_planned" not in plan_run(tiny).privacy
 
 
 def test_a_private_fedals_plan_says_what_another_number_of_rounds_changes(tmp_path, monkeypatch):

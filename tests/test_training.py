@@ -333,3 +333,13 @@ def test_select_on_from_the_command_line(tmp_path):
     assert last.exit_code == 0, last.output
     assert "reported round 2 (the last evaluated round: no choice)" in " ".join(last.output.split())
     assert not (tmp_path / "b").exists()
+    # Under DP a round chosen on validation is a use of the clear data the epsilon does not
+    # cover: the line says so (not without DP, not for the last round).
+    assert "outside the epsilon" not in res.output + last.output
+    dp = runner.invoke(
+        app,
+        [*args, "--model", "fedrap", "--epsilon", "8", "--out", str(tmp_path / "dp")],
+    )
+    assert dp.exit_code == 0, dp.output
+    said = " ".join(dp.output.split())
+    assert "(best validation HR@10)" in said and "outside the epsilon" in said
