@@ -232,8 +232,9 @@ def _print_summary(result: Any) -> None:
         err.print(hint)
     if s.get("baseline_dp_mostpop_test_hr@10") is not None:
         out.print(
-            "DP-MostPop: one count release at the same epsilon, a reference not charged to "
-            "this run's budget"
+            "DP-MostPop: one count release at the same epsilon, drawn from the run's seed (the "
+            "same draw in every run of this split and seed), a reference not charged to this "
+            "run's budget"
         )
     if "selected_round" in s:
         if s.get("select_on") == "last":
