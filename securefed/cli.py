@@ -126,18 +126,8 @@ def _apply_private_mode(raw: dict[str, Any]) -> None:
             "--private-mode"
         )
     privacy = dict(raw.get("privacy", {}))
-    if privacy.get("epsilon") is None or privacy.get("noise_multiplier") is not None:
-        raise _fail(
-            "--private-mode spends a target --epsilon (a share of it on a private popularity "
-            "count); give --epsilon and no --noise-multiplier"
-        )
-    if privacy.get("privacy_unit", "user") != "user":
-        raise _fail("--private-mode is a user-level mode; use --privacy-unit user")
-    if privacy.get("secagg") and privacy.get("noise") != "central":
-        raise _fail(
-            "--private-mode releases its popularity count with central noise; with --secagg "
-            "give --noise central, or drop --private-mode"
-        )
+    if (refused := mode.refusal(privacy)) is not None:
+        raise _fail(refused)
     fields, privacy_fields = mode.config_fields()
     filled = 0
     for key, value in fields.items():

@@ -1362,11 +1362,7 @@ class PrivateAggregator:
             return None
         m = max(1, round(self.expected_cohort))
         try:
-            events = [
-                dataclasses.replace(e, sample_rate=1.0)
-                for r in range(self.rounds)
-                for e in self.worst_round_events(r, m)
-            ]
+            events = [e for r in range(self.rounds) for e in self.worst_round_events(r, m)]
         except ConfigError:
             # A cohort of the expected size is too small for the noise shares (its rounds
             # would abort and release nothing): no number to plan.
@@ -1375,16 +1371,13 @@ class PrivateAggregator:
             sigma = self.prior_noise_multiplier
             prior = CentralGaussian(clip=self.prior_clip, noise_multiplier=sigma)
             events.insert(0, prior.event(0, sample_rate=1.0))  # released before round 1
-        eps = PrivacyLedger(events).epsilon(self.dp.delta, self.dp.accountant)
-        return float(eps) if math.isfinite(eps) else None
+        return _unamplified(events, self.dp)
 
     def _unamplified_epsilon(self) -> float | None:
         cfg = self.dp if self.dp is not None else self.interaction
         if cfg is None or not self.ledger.events:
             return None
-        flat = PrivacyLedger(dataclasses.replace(e, sample_rate=1.0) for e in self.ledger.events)
-        eps = flat.epsilon(cfg.delta, cfg.accountant)
-        return float(eps) if math.isfinite(eps) else None
+        return _unamplified(self.ledger.events, cfg)
 
     def ledger_dicts(self) -> dict[str, Any]:
         return ledger_record(self.ledger, summary=self.summary())
@@ -1399,6 +1392,13 @@ class PrivateAggregator:
                 self._interaction_epsilon = self.ledger.epsilon(
                     self.interaction.delta, self.interaction.accountant
                 )
+
+
+def _unamplified(events: Iterable[Any], budget: DPConfig) -> float | None:
+    """The epsilon of ``events`` all at sample rate 1 (None where it is not finite)."""
+    flat = PrivacyLedger(dataclasses.replace(e, sample_rate=1.0) for e in events)
+    eps = flat.epsilon(budget.delta, budget.accountant)
+    return float(eps) if math.isfinite(eps) else None
 
 
 def ledger_with(

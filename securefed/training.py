@@ -953,11 +953,7 @@ def _private_mode_note(config: TrainConfig) -> str | None:
     privacy, mode = config.privacy, config.spec.private_mode
     if mode is None or privacy.prior_share is not None:
         return None
-    # Where --private-mode would be refused (cli._apply_private_mode): no target epsilon or
-    # a noise multiplier given, interaction-level DP, noise inside secure aggregation.
-    if privacy.epsilon is None or privacy.noise_multiplier is not None:
-        return None
-    if privacy.privacy_unit != "user" or (privacy.secagg and privacy.noise != "central"):
+    if mode.refusal(dataclasses.asdict(privacy)) is not None:
         return None
     return (
         f"{config.model} with DP alone has ended below DP-MostPop (a private popularity "

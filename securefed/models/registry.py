@@ -141,6 +141,25 @@ class PrivateMode:
             {"prior_share": self.prior_share},
         )
 
+    @staticmethod
+    def refusal(privacy: Mapping[str, Any]) -> str | None:
+        """Why a run with these ``[privacy]`` settings cannot take a private mode (one line
+        naming the flags to change), or None where it can: ``securefed train --private-mode``
+        refuses with it, and a run that could take the mode is told so before it starts."""
+        if privacy.get("epsilon") is None or privacy.get("noise_multiplier") is not None:
+            return (
+                "--private-mode spends a target --epsilon (a share of it on a private "
+                "popularity count); give --epsilon and no --noise-multiplier"
+            )
+        if privacy.get("privacy_unit", "user") != "user":
+            return "--private-mode is a user-level mode; use --privacy-unit user"
+        if privacy.get("secagg") and privacy.get("noise") != "central":
+            return (
+                "--private-mode releases its popularity count with central noise; with "
+                "--secagg give --noise central, or drop --private-mode"
+            )
+        return None
+
     def flags(self) -> str:
         """The ``securefed train`` flags of the mode."""
         return (
