@@ -90,7 +90,12 @@ def _private_mode(model: str) -> tuple[dict, dict]:
 
 
 PRIVATE_KEYS = ("test_hr@10", "test_full_hr@10")
-PRIVATE_MARK = ("<!-- privacy-utility-private:start -->", "<!-- privacy-utility-private:end -->")
+PRIVATE_MARK = "privacy-utility-private"
+
+
+def _marks(name: str) -> tuple[str, str]:
+    """The ``<!-- name:start -->`` / ``<!-- name:end -->`` markers of a table in the docs."""
+    return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
 
 
 def _poisson_rate(rates: float | list[float] | None) -> float | None:
@@ -163,6 +168,7 @@ def private_modes(args: argparse.Namespace) -> None:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     tally = [0, 0]
+    clearly_below: list[str] = []  # below by more than two standard errors
     started = time.time()
     selections: dict[str, set[str]] = {m: set() for m in models}  # each model's reported round
     for dataset in datasets:
@@ -192,10 +198,12 @@ def private_modes(args: argparse.Namespace) -> None:
                     label += f" ({len(runs)} of {seeds} seeds)"
                 diffs = [paired_difference(runs, k) for k in PRIVATE_KEYS]
                 verdicts = []
-                for mean, _ in diffs:
+                for key, (mean, se) in zip(("sampled", "full"), diffs, strict=True):
                     tally[1] += 1
                     tally[0] += mean >= 0
                     verdicts.append("yes" if mean >= 0 else "**NO**")
+                    if mean < 0 and mean + 2 * se < 0:
+                        clearly_below.append(f"{Path(dataset).stem} {eps:g} {label} {key}")
                 lines.append(
                     f"| {Path(dataset).stem} | {eps:g} | {label} | "
                     f"{mean_sd([c['test_hr@10'] for c in runs])} | "
@@ -210,11 +218,20 @@ def private_modes(args: argparse.Namespace) -> None:
         f"python benchmarks/privacy_utility.py --private-modes --datasets {args.datasets} "
         f"--models {args.models} --epsilons {args.epsilons} --seeds {seeds} --out {args.out}"
         f"{'' if args.data_dir == DATA_DIR else ' --data-dir ' + args.data_dir}"
-        f"{' --only-finished' if args.only_finished else ''} --write"
+        f"{' --only-finished' if args.only_finished else ''}"
+        f"{'' if args.mark == PRIVATE_MARK else ' --mark ' + args.mark} --write"
     )
+    if len(clearly_below) == 0:
+        separated = "none of them below it by more than two standard errors"
+    else:
+        separated = (
+            f"{len(clearly_below)} below it by more than two standard errors ("
+            + "; ".join(clearly_below)
+            + ")"
+        )
     head = (
         f"Written by `{command}` ({time.strftime('%Y-%m-%d')}): {tally[0]} of {tally[1]} "
-        "comparisons at or above DP-MostPop. Each model's private mode as a user gets it: "
+        f"comparisons at or above DP-MostPop, {separated}. Each model's private mode as a user gets it: "
         "fedals with user-level DP alone (its private mode, the population rule's choice), "
         + "; ".join(f"{m} with `{mode.flags()}`" for m, mode in modes.items() if mode)
         + ". User-level DP, delta 1e-5, PRV, noise and cohorts from OS randomness (no replay); "
@@ -235,7 +252,7 @@ def private_modes(args: argparse.Namespace) -> None:
     if args.write:
         path = ROOT / "docs" / "privacy.md"
         text = path.read_text()
-        start, end = PRIVATE_MARK
+        start, end = _marks(args.mark)
         if start not in text or end not in text:
             raise SystemExit(f"docs/privacy.md has no {start} ... {end} markers to write between")
         before, rest = text.split(start, 1)
@@ -255,6 +272,12 @@ def main() -> None:
     )
     ap.add_argument("--datasets", default="ml-100k,filmtrust", help="--private-modes: datasets")
     ap.add_argument("--out", default="/tmp/securefed-privacy-utility")
+    ap.add_argument(
+        "--mark",
+        default=PRIVATE_MARK,
+        help="--private-modes --write: the docs/privacy.md markers to write between "
+        f"(<!-- NAME:start --> ... <!-- NAME:end -->; default {PRIVATE_MARK})",
+    )
     ap.add_argument(
         "--rounds",
         default="100",
