@@ -248,6 +248,13 @@ class PrivacyConfig:
         return self.noise or ("distributed" if self.secagg else "central")
 
     @property
+    def user_accountant(self) -> Literal["prv", "rdp"]:
+        """The accountant of user-level DP: ``--accountant``, else RDP for distributed noise
+        (its guarantee is an RDP bound) and PRV for central noise. The aggregator accounts
+        with it and the private prior's scores read their noise level with it."""
+        return self.accountant or ("rdp" if self.placement == "distributed" else "prv")
+
+    @property
     def ring_noise(self) -> bool:
         """Whether user-level DP noise is drawn as distributed discrete-Gaussian shares inside
         the secure-aggregation ring (each client rounds its whole vector first)."""

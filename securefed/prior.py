@@ -354,7 +354,7 @@ def with_prior(config: TrainConfig, split: Split, model: Recommender) -> Recomme
         epsilon=float(p.epsilon),  # type: ignore[arg-type]
         delta=p.delta,
         share=float(p.prior_share),
-        accountant=p.accountant or "prv",
+        accountant=p.user_accountant,  # the aggregator's (RDP for distributed noise)
     ) * math.sqrt(p.prior_items)
     return cast("Recommender", PriorScored(model, prior))
 

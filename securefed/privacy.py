@@ -431,7 +431,7 @@ class PrivateAggregator:
             )
         elif p.dp:
             # Distributed noise is accounted with RDP (protocols.dp.DPConfig requires it).
-            accountant = p.accountant or ("rdp" if placement == "distributed" else "prv")
+            accountant = p.user_accountant
             self.dp = DPConfig(
                 epsilon=p.epsilon,
                 delta=p.delta,
@@ -1462,6 +1462,21 @@ def read_ledger_file(path: Path) -> PrivacyLedger:
             "(a Flower node: a new --state-dir)"
         )
     return ledger
+
+
+def recorded_randomness(path: Path) -> tuple[int, str | None]:
+    """How many releases a run's ledger file records and where their noise and cohorts came
+    from (its head's ``randomness``: ``"os"`` or ``"replay"``; None where the file is
+    missing, unreadable or has no such head, which :func:`read_ledger_file` then judges)."""
+    try:
+        raw = json.loads(Path(path).read_text())
+        events = raw["events"]
+        summary = raw.get("summary") or {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return 0, None
+    kind = summary.get("randomness") if isinstance(summary, dict) else None
+    count = len(events) if isinstance(events, list) else 0
+    return count, kind if kind in ("os", "replay") else None
 
 
 def interaction_steps_per_round(config: TrainConfig) -> int:

@@ -39,7 +39,7 @@ from securefed.federation.aggregation import Aggregator, PlainAggregator
 from securefed.federation.base import Recommender
 from securefed.federation.cohort import round_cohort
 from securefed.models.registry import model_names
-from securefed.prior import ensure_released, with_prior
+from securefed.prior import PRIOR_FILE, ensure_released, with_prior
 
 #: Every registered model name (``securefed.models.registry``).
 MODELS: tuple[str, ...] = model_names()
@@ -937,12 +937,35 @@ def _train(
     )
 
 
+#: Files a run reads back when they exist (a checkpoint, its ledger, its released prior, the
+#: selected round's model) or writes as its record: a new run into a folder holding any of
+#: them would continue or mix with what it finds (a stray ``popularity_prior.pt`` was used as
+#: a released prior without a ledger event, found in review).
+RUN_FILES = (
+    runs.CONFIG_FILE,
+    runs.METRICS_FILE,
+    runs.CHECKPOINT_FILE,
+    runs.LEDGER_FILE,
+    runs.BEST_FILE,
+    runs.MODEL_FILE,
+    runs.SUMMARY_FILE,
+    PRIOR_FILE,
+)
+
+
 def _refuse_a_run_in(run_dir: Path) -> None:
-    """A new run's directory must not hold a run already (its config or metrics)."""
-    if any((run_dir / name).exists() for name in (runs.CONFIG_FILE, runs.METRICS_FILE)):
+    """A new run's directory must not hold a run already, nor any file a run reads back
+    (:data:`RUN_FILES`)."""
+    found = [name for name in RUN_FILES if (run_dir / name).exists()]
+    if runs.CONFIG_FILE in found or runs.METRICS_FILE in found:
         raise ConfigError(
             f"{run_dir} already holds a run; choose another --out or continue it "
             f"with --resume {run_dir}"
+        )
+    if found:
+        raise ConfigError(
+            f"{run_dir} holds {found[0]}, a file a run would read back as its own; a new run "
+            "needs a folder without one: choose another --out or move the file away"
         )
 
 
@@ -1117,7 +1140,32 @@ def check_resume(run_dir: Path) -> TrainConfig:
             "checkpoint (its clients' private state), so it cannot continue with more rounds; "
             "start a new run, with --keep-private-state if you mean to extend it later"
         )
+    _check_randomness_kept(run_dir, config)
     return config
+
+
+def _check_randomness_kept(run_dir: Path, config: TrainConfig) -> None:
+    """A resumed DP run keeps the source of its releases' noise and cohorts: the summary's
+    ``randomness`` (and the amplification it claims) describes every release of the ledger,
+    so a replay run's ``config.toml`` edited to ``replay = false`` would print OS randomness
+    for releases its seed regenerates (found in review), and the reverse would label OS
+    releases as replayed."""
+    from securefed.privacy import recorded_randomness
+
+    count, was = recorded_randomness(run_dir / runs.LEDGER_FILE)
+    if not count or was is None or not config.privacy.dp:
+        return
+    now = "replay" if config.privacy.replay else "os"
+    if now == was:
+        return
+    source = {"replay": "the seed (replay)", "os": "the OS"}
+    raise ConfigError(
+        f"{run_dir}'s {count} release(s) so far drew their noise and cohorts from "
+        f"{source[was]}, and its {runs.CONFIG_FILE} now asks for {source[now]}; one run's "
+        "releases keep one source (what its summary claims covers all of them): set "
+        f"replay = {'true' if was == 'replay' else 'false'} under [privacy] in "
+        f"{run_dir / runs.CONFIG_FILE} again, or start a new run"
+    )
 
 
 def released_state(model: Recommender) -> dict[str, Any]:

@@ -169,6 +169,38 @@ def test_prior_scales_and_the_models_that_use_them(small_split):
     assert scales == {"fedrap": ("noise", 0.3), "fedrecgel": ("noise", 0.3)}
 
 
+@pytest.mark.parametrize("noise", ["central", "distributed"])
+def test_the_scores_read_the_prior_noise_the_aggregator_releases(small_split, noise):
+    """The prior's scores divide the counts by the noise std the aggregator releases them
+    with: with distributed noise (accounted with RDP) the scores used the PRV sigma instead
+    (found in review)."""
+    from securefed.prior import with_prior
+
+    privacy = PrivacyConfig(epsilon=2.0, prior_share=0.9, noise=noise)
+    cfg = TrainConfig(model="fedrap", rounds=3, privacy=privacy)
+    wrapped = with_prior(cfg, small_split, object())
+    agg = PrivateAggregator(cfg, small_split, dim=small_split.n_items * 4)
+    assert agg.dp is not None and agg.dp.accountant == ("rdp" if noise == "distributed" else "prv")
+    assert wrapped.prior.noise_std == pytest.approx(
+        agg.prior_noise_multiplier * math.sqrt(privacy.prior_items), rel=1e-9
+    )
+
+
+def test_a_new_run_refuses_a_folder_holding_a_prior_file(tmp_path):
+    """A stray ``popularity_prior.pt`` in a new run's folder was loaded as the run's released
+    prior with no ledger event (found in review): the folder is refused, untouched."""
+    run = tmp_path / "r"
+    run.mkdir()
+    stray = run / "popularity_prior.pt"
+    torch.save({"counts": torch.arange(200.0), "released": True}, stray)
+    before = stray.read_bytes()
+    cfg = TrainConfig(model="fedrap", params=FAST_RAP, rounds=1, privacy=_dp(), **SMALL)
+    with pytest.raises(ConfigError, match="holds popularity_prior.pt, a file a run would read"):
+        train(cfg, out=run)
+    assert [p.name for p in run.iterdir()] == ["popularity_prior.pt"]
+    assert stray.read_bytes() == before
+
+
 def test_scores_are_model_scores_plus_weight_times_the_prior(small_split):
     model = FedRAP(small_split, FedRAPConfig(dim=4), generator=torch.Generator().manual_seed(0))
     prior = PopularityPrior(small_split.n_items, weight=0.7, max_items=20)

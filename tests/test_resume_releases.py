@@ -21,7 +21,7 @@ import pytest
 
 from protocols.dp import PrivacyEvent, PrivacyLedger
 from securefed import runs
-from securefed.errors import IntegrityError
+from securefed.errors import ConfigError, IntegrityError
 from securefed.privacy import PrivateAggregator
 from securefed.training import PrivacyConfig, TrainConfig, train
 
@@ -236,3 +236,35 @@ def test_resume_refuses_a_ledger_file_that_lost_events(tmp_path):
     after = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     before.pop(runs.LEDGER_FILE)
     assert after == before  # nothing half-written
+
+
+@pytest.mark.parametrize("replay", [True, False], ids=["replay-then-os", "os-then-replay"])
+def test_resume_refuses_to_change_where_the_noise_comes_from(tmp_path, replay):
+    """A replay run's config.toml edited to ``replay = false`` before a resume printed OS
+    randomness (and claimed amplification) for releases its seed regenerates (found in
+    review); the reverse labels OS releases replayed. Either way the resume is refused before
+    anything is written, and resumes once the setting is back."""
+    cfg = TrainConfig(rounds=3, privacy=PrivacyConfig(noise_multiplier=2.0, replay=replay), **SMALL)
+    run = tmp_path / "r"
+
+    def stop_at_2(record):
+        if record.round == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(cfg, out=run, progress=stop_at_2)
+    assert _ledger(run)["summary"]["randomness"] == ("replay" if replay else "os")
+    config = run / runs.CONFIG_FILE
+    text = config.read_text()
+    flipped = text.replace(f"replay = {str(replay).lower()}", f"replay = {str(not replay).lower()}")
+    assert flipped != text
+    config.write_text(flipped)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    with pytest.raises(ConfigError, match="release\\(s\\) so far drew their noise") as err:
+        train(resume=run)
+    assert f"replay = {str(replay).lower()} under [privacy]" in str(err.value)
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    config.write_text(text)
+    resumed = train(resume=run)
+    assert resumed.summary["randomness"] == ("replay" if replay else "os")
+    assert resumed.summary["rounds"] == 3
