@@ -11,6 +11,7 @@ bug.
 from __future__ import annotations
 
 import math
+import re
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -781,6 +782,10 @@ def data_summary(data: dict[str, Any]) -> list[str]:
             dropped += f": {data['dropped_interactions']:,} interactions"
         dropped += ")"
     lines.append(f"      {dropped}, {data['duplicate_rows']:,} duplicate rows removed")
+    # What loading noticed beyond those counts (ids read as strings, users without
+    # demographics); the counts' own notes are the line above.
+    counted = re.compile(r"^[\d,]+ (duplicate|user\(s\) with fewer)")
+    lines.extend(f"      {n}" for n in data.get("notes", []) if not counted.match(str(n)))
     return lines
 
 

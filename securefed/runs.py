@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 import torch
 
 from securefed import paging
-from securefed.errors import IntegrityError
+from securefed.errors import ConfigError, IntegrityError
 
 CONFIG_FILE = "config.toml"
 METRICS_FILE = "metrics.jsonl"
@@ -36,6 +36,70 @@ BEST_FILE = "best_model.pt"
 #: A finished run's released model: the shared parameters as the server holds them after the
 #: last round (no client's private state); written when the run completes.
 MODEL_FILE = "model.pt"
+
+
+#: Held (``flock``) by the process that trains a run directory, removed when it ends.
+LOCK_FILE = ".securefed-lock"
+
+
+class RunLock:
+    """An exclusive lock on a run directory for the process that trains it.
+
+    Two processes training one directory (a ``--resume`` started while the run still went
+    on) each wrote their own ledger over the other's: 14 releases, 13 events (found in a
+    walkthrough). ``flock`` on :data:`LOCK_FILE`: the kernel releases it when the process
+    ends, ``kill -9`` included, so a crashed run never leaves a stale lock; the file is
+    removed on :meth:`release`. Where ``fcntl`` does not exist (not POSIX) there is no lock.
+    """
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    @classmethod
+    def acquire(cls, run_dir: Path) -> RunLock | None:
+        """Lock ``run_dir`` (which must exist).
+
+        Raises:
+            ConfigError: another process holds the lock (one line: which, and what to do).
+        """
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX
+            return None
+        path = Path(run_dir) / LOCK_FILE
+        for _ in range(5):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = os.read(fd, 32).decode(errors="replace").strip()
+                os.close(fd)
+                who = f"process {holder}" if holder.isdigit() else "another process"
+                raise ConfigError(
+                    f"{run_dir} is being trained by {who} now; wait for it to end (or stop "
+                    f"it), then continue it with --resume {run_dir}"
+                ) from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())
+                return cls(path, fd)
+            os.close(fd)  # its holder removed the file as this process locked it: again
+        raise ConfigError(f"{run_dir} is being trained by another process now; try again")
+
+    def release(self) -> None:
+        """Remove the lock file and unlock (idempotent)."""
+        if self._fd is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)  # still held: no other process has it
+        finally:
+            os.close(self._fd)
+            self._fd = None
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -251,6 +315,11 @@ def load_state(path: str | Path) -> dict[str, Any] | None:
     path = Path(path)
     if not path.exists():
         return None
+    if path.is_dir():  # not a damaged file: no advice to restore or delete it
+        raise ConfigError(
+            f"{path} is a folder; load_state reads a file of one (e.g. {path / MODEL_FILE} "
+            f"or {path / CHECKPOINT_FILE})"
+        )
     if path.stat().st_size == 0:
         raise _unreadable(path, "the file is empty")
     try:

@@ -110,6 +110,28 @@ def test_csv_and_parquet_tables(tmp_path: Path) -> None:
     assert np.array_equal(again.timestamps, data.timestamps)
 
 
+def test_a_table_with_string_ids_loads_each_distinct_string_as_one_id(tmp_path: Path) -> None:
+    """Real logs name users and items by UUIDs or SKUs: a column that is not all numbers is
+    read as strings (refused before 2026-12-07: 'user ids must be integer ids'), and the load
+    report says so; a column of numbers stays integers."""
+    rows = [("u-7f3a", "sku-1"), ("u-7f3a", "sku-2"), (" u-7f3a ", "sku-3"), ("42", "sku-1")]
+    rows += [("42", "sku-2"), ("42", "9"), ("u-0b1c", "9"), ("u-0b1c", "sku-2"), ("u-0b1c", "7")]
+    path = _write(tmp_path / "log.csv", "user,item\n" + "".join(f"{u},{i}\n" for u, i in rows))
+    data = load_table(path)
+    assert data.n_users == 3 and data.n_items == 5
+    assert sorted(data.user_ids.tolist()) == ["42", "u-0b1c", "u-7f3a"]
+    assert sorted(data.item_ids.tolist()) == ["7", "9", "sku-1", "sku-2", "sku-3"]
+    assert np.array_equal(np.bincount(data.users), [3, 3, 3])
+    notes = " ".join(data.report.notes)
+    assert "user ids read as strings (line 2: 'u-7f3a' is not a number)" in notes
+    assert "item ids read as strings (line 2: 'sku-1' is not a number)" in notes
+    numbers = _write(
+        tmp_path / "n.csv", "user,item\n" + "".join(f"{u},{i}\n" for u in (1, 2) for i in (3, 4, 5))
+    )
+    plain = load_table(numbers)
+    assert plain.user_ids.dtype == np.int64 and not plain.report.notes
+
+
 @pytest.mark.parametrize(
     ("filename", "text", "loader", "message"),
     [
@@ -124,7 +146,11 @@ def test_csv_and_parquet_tables(tmp_path: Path) -> None:
         ("ratings.dat", "1,2,3,4\n", load_ml1m, "1 column"),
         ("t.csv", "a,b\n1,2\n", load_table, "no column\\(s\\) user, item"),
         ("t.csv", "user,item\n", load_table, "no rows"),
-        ("t.csv", "user,item\n1,2\n1,zz\n", load_table, "line 3: item id 'zz'"),
+        ("t.csv", "user;item\n1;2\n", load_table, "looks separated by ';': securefed reads .csv"),
+        ("t.tsv", "user,item\n1,2\n", load_table, "looks separated by ',': securefed reads"),
+        ("t.csv", "user,item\n1,2\n1,2.5\n", load_table, "line 3: item id '2.5' is not an int"),
+        ("t.csv", "user,item\n1,2\n1, \n", load_table, "line 3: the item id is missing"),
+        ("t.csv", "user,item\nu1,2\n,3\n", load_table, "line 3: the user id is missing"),
         ("t.parquet", "not parquet", load_table, "not a readable Parquet"),
     ],
 )

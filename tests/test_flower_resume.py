@@ -266,6 +266,9 @@ def test_a_finished_run_or_a_foreign_directory_is_not_resumed(tmp_path):
     cfg = _cfg(rounds=2)
     nodes = LocalTransport(3, state_dir=tmp_path / "nodes")
     _run(cfg, tmp_path, "done", nodes)
+    released = runs.load_state(tmp_path / "done" / runs.MODEL_FILE)  # as in-process runs
+    assert released is not None and released["round"] == 2 and released["model"] == "fedrap"
+    assert "C" in released["state"]  # FedRAP's global item view, the shared parameters
     with pytest.raises(RunFinished):
         FederatedServer.resume(tmp_path / "done", transport=nodes)
     with pytest.raises(ConfigError, match="does not exist"):
@@ -277,6 +280,37 @@ def test_a_finished_run_or_a_foreign_directory_is_not_resumed(tmp_path):
     (tmp_path / "done" / runs.SUMMARY_FILE).unlink()
     with pytest.raises(ConfigError, match="flower.json"):
         FederatedServer.resume(tmp_path / "done", transport=nodes)
+
+
+def test_a_flower_run_is_trained_by_one_server_at_a_time(tmp_path):
+    """A server resuming a run directory another process holds is refused before it reads
+    or writes anything there (two servers would each write their own ledger over the
+    other's); the running server holds its directory, and gives it back when it stops."""
+    cfg = _cfg()
+    nodes = LocalTransport(3, state_dir=tmp_path / "n")
+    run_dir = tmp_path / "run"
+    with pytest.raises(_Crash):
+        _run(cfg, tmp_path, "run", CrashingTransport(nodes, "train", 2))
+    assert not (run_dir / runs.LOCK_FILE).exists()
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    held = runs.RunLock.acquire(run_dir)
+    try:
+        with pytest.raises(ConfigError, match="is being trained by process"):
+            FederatedServer.resume(run_dir, transport=nodes).run()
+    finally:
+        held.release()
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
+    seen = []
+
+    def progress(record):
+        if not seen:
+            with pytest.raises(ConfigError, match="is being trained by"):
+                runs.RunLock.acquire(run_dir)
+            seen.append(record)
+
+    res = FederatedServer.resume(run_dir, transport=nodes, progress=progress).run()
+    assert seen and res.metrics[-1]["round"] >= 3
+    assert not (run_dir / runs.LOCK_FILE).exists()
 
 
 def test_resume_refuses_another_number_of_partitions(tmp_path):

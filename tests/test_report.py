@@ -853,3 +853,34 @@ def test_a_missing_report_dependency_is_refused_before_any_cell_trains(tmp_path,
     with pytest.raises(ConfigError, match="pyarrow \\(for results.parquet\\).*pip install pyarrow"):
         report_mod.run_report(cfg, out=tmp_path / "r")
     assert not (tmp_path / "r").exists()
+
+
+def test_report_from_runs_of_other_splits_or_one_seed_twice_is_refused(tmp_path):
+    """``--from`` averages each setting over its runs: a train run and an audit's run (which
+    adds canary users) of one seed were read as two seeds on two user sets (found in a
+    walkthrough). Runs of one split, one per seed, are reported; the rest is one line."""
+    from securefed.errors import DataError
+    from securefed.report import collect_results
+    from securefed.training import TrainConfig, train
+
+    def run(name, **kw):
+        cfg = TrainConfig(model="mostpop", **{"synthetic_users": 60, "synthetic_items": 300, **kw})
+        return train(cfg, out=tmp_path / name).run_dir
+
+    s0, s1, wide = run("s0", seed=0), run("s1", seed=1), run("wide", seed=2, synthetic_users=70)
+    assert sorted(collect_results([s0, s1])["seed"]) == [0, 1]
+    shutil.copytree(s0, tmp_path / "s0-again")
+    with pytest.raises(DataError, match="are both mostpop none at epsilon inf, seed 0"):
+        collect_results([s0, tmp_path / "s0-again"])
+    with pytest.raises(DataError, match="different user sets \\(60 and 70 users of synthetic"):
+        collect_results([s0, wide])
+    rows = [f"{u},{(u * 7 + j) % 200},{u * 100 + j}" for u in range(30) for j in range(12)]
+    (tmp_path / "log.csv").write_text("user,item,timestamp\n" + "\n".join(rows) + "\n")
+    other = train(
+        TrainConfig(model="mostpop", dataset=str(tmp_path / "log.csv")), out=tmp_path / "o"
+    )
+    with pytest.raises(DataError, match="the runs are of 2 datasets"):
+        collect_results([s0, other.run_dir])
+    result = _invoke("--from", str(s0), str(wide), "--out", str(tmp_path / "page"))
+    assert result.exit_code == 2 and "different user sets" in result.output
+    assert not (tmp_path / "page").exists()

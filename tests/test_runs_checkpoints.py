@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from securefed import runs
-from securefed.errors import IntegrityError, SecureFedError
+from securefed.errors import ConfigError, IntegrityError, SecureFedError
 
 MARKER = "marker.txt"
 
@@ -73,6 +73,9 @@ def test_round_trip_keeps_tensors_and_plain_values(tmp_path):
     }
     assert got["model"]["C"].shape == (6, 3)
     assert runs.load_state(tmp_path / "missing.pt") is None
+    with pytest.raises(ConfigError, match="is a folder; load_state reads a file of one") as err:
+        runs.load_state(tmp_path)  # a run directory, not a corrupt file to delete
+    assert "delete" not in str(err.value)
 
 
 @pytest.mark.parametrize("legacy", [False, True], ids=["torch-zip", "raw-pickle"])

@@ -178,6 +178,32 @@ def _integer_column(values: pd.Series, *, path: Path, column: str, offset: int =
     return arr.astype(np.int64)
 
 
+def _table_ids(
+    values: pd.Series, *, path: Path, column: str, offset: int
+) -> tuple[np.ndarray, str | None]:
+    """Ids of a user's own table: integers where every value is a number (as
+    :func:`_integer_column`: ``005`` and ``5`` are one id, ``2.5`` is refused), else strings
+    (UUIDs, SKUs: each distinct string, spaces around it stripped, is one id), with a note
+    naming the first value that is not a number. A missing or empty id is one DataError."""
+    missing = values.isna().to_numpy().copy()
+    if not missing.any() and pd.api.types.is_numeric_dtype(values.dtype):
+        return _integer_column(values, path=path, column=column, offset=offset), None
+    text = values.astype(str).str.strip()
+    missing |= (text == "").to_numpy()
+    if missing.any():
+        row = int(np.nonzero(missing)[0][0])
+        raise DataError(f"{path} line {row + offset}: the {column} is missing")
+    numeric = pd.to_numeric(text, errors="coerce").notna().to_numpy()
+    if numeric.all():
+        return _integer_column(text, path=path, column=column, offset=offset), None
+    row = int(np.nonzero(~numeric)[0][0])
+    note = (
+        f"{column}s read as strings (line {row + offset}: {text.iloc[row]!r} is not a "
+        f"number): each distinct string is one {column.split()[0]}"
+    )
+    return text.to_numpy(dtype=str), note
+
+
 def _id_range_error(path: Path, line: int, column: str, value: object) -> str:
     return (
         f"{path} line {line}: {column} '{value}' is out of range; {column}s must be integers "
@@ -520,8 +546,9 @@ def _is_datetime(value: object) -> bool:
 def load_table(path: str | Path, *, min_interactions: int = 3) -> Interactions:
     """Load a CSV or Parquet table with columns ``user``, ``item`` [, ``rating``, ``timestamp``].
 
-    Column names are matched case-insensitively; other columns are ignored. Ids must be
-    integers. ``timestamp`` may be numeric (seconds) or ISO 8601 date-time strings.
+    Column names are matched case-insensitively; other columns are ignored. Ids are integers
+    where a column holds numbers only, else strings (each distinct string one id; a note
+    says so). ``timestamp`` may be numeric (seconds) or ISO 8601 date-time strings.
 
     Args:
         path: A ``.csv`` / ``.tsv`` or ``.parquet`` / ``.pq`` file.
@@ -530,6 +557,7 @@ def load_table(path: str | Path, *, min_interactions: int = 3) -> Interactions:
     path = Path(path)
     suffix = path.suffix.lower()
     hint = "a table with a header row naming the columns user, item[, rating, timestamp]"
+    sep: str | None = None  # a CSV's separator
     if suffix in (".parquet", ".pq"):
         if not path.is_file():
             raise DataError(f"interaction table not found: {path}")
@@ -562,6 +590,12 @@ def load_table(path: str | Path, *, min_interactions: int = 3) -> Interactions:
     missing = [c for c in ("user", "item") if c not in columns]
     if missing:
         found = ", ".join(str(c) for c in frame.columns) or "none"
+        other = next((s for s in (";", "|", "\t", ",", " ") if s in found and s != sep), None)
+        if sep is not None and len(frame.columns) == 1 and other is not None:
+            hint += (
+                f"; the header looks separated by {other!r}: securefed reads .csv files "
+                "separated by commas and .tsv files by tabs"
+            )
         raise DataError(
             f"{path} has no column(s) {', '.join(missing)} (found: {found}); expected {hint}"
         )
@@ -571,12 +605,19 @@ def load_table(path: str | Path, *, min_interactions: int = 3) -> Interactions:
     timestamps = None
     if "timestamp" in columns:
         timestamps = _timestamp_column(frame[columns["timestamp"]], path=path, offset=offset)
+    users, user_note = _table_ids(
+        frame[columns["user"]], path=path, column="user id", offset=offset
+    )
+    items, item_note = _table_ids(
+        frame[columns["item"]], path=path, column="item id", offset=offset
+    )
     return _build(
         name=path.stem,
         source=path,
-        users=_integer_column(frame[columns["user"]], path=path, column="user id", offset=offset),
-        items=_integer_column(frame[columns["item"]], path=path, column="item id", offset=offset),
+        users=users,
+        items=items,
         timestamps=timestamps,
         user_table=None,
         min_interactions=min_interactions,
+        notes=tuple(n for n in (user_note, item_note) if n),
     )

@@ -93,6 +93,7 @@ from securefed.training import (
     _summary,
     build_aggregator,
     build_model,
+    released_state,
     restore_checkpoint,
 )
 
@@ -212,6 +213,7 @@ class FederatedServer:
         self._ahead: _KeysAhead | None = None
         self._cohort_spec: Any = None
         self._n_users = 0
+        self._lock: runs.RunLock | None = None  # held by run()
 
     @classmethod
     def resume(
@@ -351,7 +353,22 @@ class FederatedServer:
 
     # ------------------------------------------------------------------ the run
     def run(self) -> FederatedResult:
-        """Train ``config.rounds`` rounds and write the run directory."""
+        """Train ``config.rounds`` rounds and write the run directory, which this process
+        holds while it does (:class:`securefed.runs.RunLock`; a resumed run's from the start,
+        a new run's once it exists).
+
+        Raises:
+            ConfigError: another process trains the run directory now.
+        """
+        self._lock = runs.RunLock.acquire(self.run_dir) if self.resuming else None
+        try:
+            return self._run()
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+
+    def _run(self) -> FederatedResult:
         started = time.perf_counter()
         config = self.config
         if config.privacy.secagg_mode == "malicious":
@@ -400,6 +417,9 @@ class FederatedServer:
             )
         else:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._lock = runs.RunLock.acquire(self.run_dir)
+            if (self.run_dir / runs.CONFIG_FILE).exists():  # written beside this one since
+                raise ConfigError(f"{self.run_dir} already holds a run; choose another one")
             runs.atomic_write_text(self.run_dir / runs.CONFIG_FILE, self.config_toml)
             agg.attach(self.run_dir, resume=False)
             runs.write_json(self.run_dir / runs.DATA_FILE, manifest.record())
@@ -501,6 +521,18 @@ class FederatedServer:
             summary["warnings"] = watch.warnings
         if stopped is not None:  # no later round can be released: finished, not resumable
             summary["budget_spent"] = True
+        if metrics and (stopped is not None or metrics[-1]["round"] == config.rounds):
+            # The released model, as an in-process run writes it (before the summary: a run
+            # with a summary has its model). The server's checkpoint stays: it holds no
+            # user's private state (that stays on the nodes).
+            runs.save_state(
+                self.run_dir / runs.MODEL_FILE,
+                {
+                    "round": metrics[-1]["round"],
+                    "model": config.model,
+                    "state": released_state(model),
+                },
+            )
         runs.write_json(self.run_dir / runs.SUMMARY_FILE, summary)
         return FederatedResult(run_dir=self.run_dir, summary=summary, metrics=metrics)
 
