@@ -1141,31 +1141,27 @@ def collect_results(dirs: Iterable[str | Path], notes: list[str] | None = None) 
     frame = frame.sort_values(["_r", "model", "epsilon", "_d", "seed"], kind="stable")
     frame = frame.drop(columns=["_d", "_r"])
     frame = frame.drop_duplicates(subset=["run_dir"]).reset_index(drop=True)
-    _refuse_mixed(frame)
+    _refuse_mixed(frame, notes)
     return frame
 
 
-def _refuse_mixed(frame: Any) -> None:
-    """A report averages each (model, defense, epsilon) over its seeds, so its runs must share
-    one split and hold one run per setting and seed: a train run and an audit's run of the
+def _refuse_mixed(frame: Any, notes: list[str] | None = None) -> None:
+    """A report averages each (model, defense, epsilon) over its seeds, so its runs must be of
+    one dataset and hold one run per setting and seed: a train run and an audit's run of the
     same seed were read as two seeds, on 300 and 364 users (the audit adds its canaries),
-    beside two different MostPop rows (found in a walkthrough).
+    beside two different MostPop rows (found in a walkthrough). Runs of one dataset on
+    different user sets (cells of a report from before the one min-interactions filter) get
+    a note in ``notes``.
 
     Raises:
-        DataError: runs of several datasets or user sets, or two runs of one setting and seed.
+        DataError: runs of several datasets, or two runs of one setting and seed.
     """
-    datasets = sorted({str(d) for d in frame["dataset"]})
+    names = {str(d): Path(str(d)).name for d in frame["dataset"]}  # log.csv == /abs/log.csv
+    datasets = sorted(set(names.values()))
     if len(datasets) > 1:
         raise DataError(
             f"the runs are of {len(datasets)} datasets ({', '.join(datasets)}): a report "
             "compares runs on one split; build one report per dataset"
-        )
-    users = sorted({int(u) for u in frame["users"] if int(u) >= 0})
-    if len(users) > 1:
-        raise DataError(
-            f"the runs hold different user sets ({' and '.join(map(str, users))} users of "
-            f"{datasets[0]}; an audit's run adds its canary users): a report compares runs on "
-            "one split; report them separately"
         )
     keys = ["model", "defense", "epsilon", "seed"]
     twice = frame[frame.duplicated(subset=keys, keep=False)]
@@ -1177,6 +1173,15 @@ def _refuse_mixed(frame: Any) -> None:
             f"{_eps_label(float(first['epsilon']))}, seed {int(first['seed'])}: a report "
             "averages a setting over its seeds, one run each; pass one of them"
         )
+    users = sorted({int(u) for u in frame["users"] if int(u) >= 0})
+    if len(users) > 1 and notes is not None:
+        note = (
+            f"The runs hold different user sets ({', '.join(map(str, users))} users of "
+            f"{datasets[0]}: other loading settings, or an audit's canary users): rows of "
+            "different user sets are not on one split."
+        )
+        if note not in notes:
+            notes.append(note)
 
 
 def build_report(

@@ -57,11 +57,14 @@ class RunLock:
         self._fd: int | None = fd
 
     @classmethod
-    def acquire(cls, run_dir: Path) -> RunLock | None:
-        """Lock ``run_dir`` (which must exist).
+    def acquire(cls, run_dir: Path, *, new: bool = False) -> RunLock | None:
+        """Lock ``run_dir`` (which must exist). ``new``: for a new run (the message then
+        asks for another folder rather than a resume). None where the file system has no
+        ``flock`` (the run goes on unlocked, as before locks existed).
 
         Raises:
-            ConfigError: another process holds the lock (one line: which, and what to do).
+            ConfigError: another process holds the lock, or the lock file cannot be made
+                (one line: which, and what to do).
         """
         try:
             import fcntl
@@ -69,17 +72,32 @@ class RunLock:
             return None
         path = Path(run_dir) / LOCK_FILE
         for _ in range(5):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            existed = path.exists()
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot open {path} to lock the run directory ({exc.strerror}); check the "
+                    "folder's permissions, or remove that file if no run uses the folder"
+                ) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
+            except BlockingIOError:  # EWOULDBLOCK: held by another open file
                 holder = os.read(fd, 32).decode(errors="replace").strip()
                 os.close(fd)
                 who = f"process {holder}" if holder.isdigit() else "another process"
-                raise ConfigError(
-                    f"{run_dir} is being trained by {who} now; wait for it to end (or stop "
-                    f"it), then continue it with --resume {run_dir}"
-                ) from None
+                then = (
+                    "choose another --out"
+                    if new
+                    else "wait for it to end (or stop it), then continue it with "
+                    f"--resume {run_dir}"
+                )
+                raise ConfigError(f"{run_dir} is being trained by {who} now; {then}") from None
+            except OSError:  # no flock on this file system (some network mounts): unlocked
+                os.close(fd)
+                if not existed:
+                    path.unlink(missing_ok=True)
+                return None
             try:
                 same = os.fstat(fd).st_ino == os.stat(path).st_ino
             except FileNotFoundError:

@@ -640,9 +640,19 @@ def train(
     """
     keep_large_buffers()
     started = time.perf_counter()
+    lock: runs.RunLock | None = None
     if resume is not None:
         run_dir = Path(resume)
-        config = check_resume(run_dir)
+        check_resume(run_dir)  # one line for a directory that is not a run, before the lock
+        # Locked before anything is read for training, and checked again under the lock: a
+        # run that finished between the two checks is then seen as finished.
+        lock = runs.RunLock.acquire(run_dir)
+        try:
+            config = check_resume(run_dir)
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
     else:
         config = config or TrainConfig()
         run_dir = Path(out) if out is not None else default_run_dir(config)
@@ -650,9 +660,7 @@ def train(
     _check_device(config)
     check_run_dir_writable(run_dir)  # before the data loads: a bad --out fails in a second
 
-    # A resumed run's directory is locked before anything in it is read for training; a new
-    # run's once it exists (_train).
-    lock = runs.RunLock.acquire(run_dir) if resume is not None else None
+    # A new run's directory is locked once it exists (_train).
     where = _Position(run_dir=run_dir, rounds=config.rounds, exists=resume is not None, lock=lock)
     try:
         return _train(
@@ -755,8 +763,9 @@ def _train(
     # resumed run continues that file, which counts the rounds released after the checkpoint
     # (they are released again, and counted again: docs/privacy.md, "Resume").
     attach = getattr(aggregator, "attach", None)
+    fingerprint = split_fingerprint(split)
     if resume is not None:
-        _check_same_data(run_dir, data)
+        _check_same_data(run_dir, data, fingerprint)
 
         def restore_model(ckpt: dict[str, Any]) -> None:
             # A corrupt best model is refused now, not after the resumed rounds have run.
@@ -768,11 +777,13 @@ def _train(
         )
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
-        where.lock = runs.RunLock.acquire(run_dir)
+        where.lock = runs.RunLock.acquire(run_dir, new=True)
         _refuse_a_run_in(run_dir)  # again: a run started beside this one may have written it
         runs.atomic_write_text(run_dir / runs.CONFIG_FILE, runs.dumps_toml(config.to_dict()))
         where.exists = True
-        runs.write_json(run_dir / runs.DATA_FILE, data)
+        # The fingerprint stays while the run can resume (docs/privacy.md: an exact function
+        # of the clear data); a finished run rewrites data.json without it.
+        runs.write_json(run_dir / runs.DATA_FILE, {**data, "fingerprint": fingerprint})
         if attach is not None:
             attach(run_dir, resume=False)
     where.kept = start_round
@@ -936,6 +947,7 @@ def _train(
     # stays the run directory's only copy of the model (issue 18, "Disk").
     (run_dir / runs.BEST_FILE).unlink(missing_ok=True)
     if complete and not config.keep_private_state:
+        runs.write_json(run_dir / runs.DATA_FILE, data)  # no fingerprint: nothing resumes
         # Resuming was its one use, and a finished run is never resumed: what stays is what a
         # user reads, and no client's private state (issue 18, "Disk").
         resume_file.unlink(missing_ok=True)
@@ -1346,7 +1358,7 @@ def split_fingerprint(split: Split) -> str:
 DATA_SIZES = ("users", "items", "interactions", "train_interactions")
 
 
-def _check_same_data(run_dir: Path, data: dict[str, Any]) -> None:
+def _check_same_data(run_dir: Path, data: dict[str, Any], fingerprint: str) -> None:
     """A resumed run must train on the data it started with: a file changed in between (its
     rows' order in time, say) gives another split, whose held-out items earlier rounds may
     have trained on (a walkthrough resumed such a run to test HR@10 0.98; with another item
@@ -1363,7 +1375,7 @@ def _check_same_data(run_dir: Path, data: dict[str, Any]) -> None:
     if not isinstance(recorded, dict):
         return
     if "fingerprint" in recorded:
-        same = recorded["fingerprint"] == data["fingerprint"]
+        same = recorded["fingerprint"] == fingerprint
     else:
         same = all(recorded.get(k, data[k]) == data[k] for k in DATA_SIZES)
     if same:
@@ -1395,7 +1407,6 @@ def _data_record(
         "dropped_interactions": report.dropped_interactions,
         "synthetic": report.synthetic,
         "notes": list(report.notes),
-        "fingerprint": split_fingerprint(split),
     }
     if config is not None:
         record["min_interactions"] = config.resolved_min_interactions()

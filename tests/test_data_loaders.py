@@ -123,8 +123,9 @@ def test_a_table_with_string_ids_loads_each_distinct_string_as_one_id(tmp_path: 
     assert sorted(data.item_ids.tolist()) == ["7", "9", "sku-1", "sku-2", "sku-3"]
     assert np.array_equal(np.bincount(data.users), [3, 3, 3])
     notes = " ".join(data.report.notes)
-    assert "user ids read as strings (line 2: 'u-7f3a' is not a number)" in notes
-    assert "item ids read as strings (line 2: 'sku-1' is not a number)" in notes
+    assert "user ids read as strings (line 2 is not a number)" in notes
+    assert "item ids read as strings (line 2 is not a number)" in notes
+    assert "u-7f3a" not in notes  # an id may be an e-mail address: the note names the line
     numbers = _write(
         tmp_path / "n.csv", "user,item\n" + "".join(f"{u},{i}\n" for u in (1, 2) for i in (3, 4, 5))
     )
@@ -151,6 +152,13 @@ def test_a_table_with_string_ids_loads_each_distinct_string_as_one_id(tmp_path: 
         ("t.csv", "user,item\n1,2\n1,2.5\n", load_table, "line 3: item id '2.5' is not an int"),
         ("t.csv", "user,item\n1,2\n1, \n", load_table, "line 3: the item id is missing"),
         ("t.csv", "user,item\nu1,2\n,3\n", load_table, "line 3: the user id is missing"),
+        (
+            "t.csv",
+            "user,item\n1,2\nNA,3\n",
+            load_table,
+            "line 3: the user id is missing \\('NA'\\)",
+        ),
+        ("t.csv", "user,item\n1,2\n1,null\n", load_table, "line 3: the item id is missing"),
         ("t.parquet", "not parquet", load_table, "not a readable Parquet"),
     ],
 )

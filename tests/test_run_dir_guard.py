@@ -45,8 +45,10 @@ def test_a_resume_while_another_process_trains_is_refused_and_changes_nothing(tm
     held = runs.RunLock.acquire(run)  # as another process training it would hold it
     try:
         before = _files(run)
-        with pytest.raises(ConfigError, match=r"is being trained by process \d+ now"):
+        with pytest.raises(ConfigError, match=r"is being trained by process \d+ now; wait"):
             train(resume=run)
+        with pytest.raises(ConfigError, match="is being trained by .* now; choose another --out"):
+            runs.RunLock.acquire(run, new=True)
         assert _files(run) == before
     finally:
         held.release()
@@ -125,10 +127,25 @@ def test_a_run_written_before_the_fingerprint_is_compared_by_its_sizes(tmp_path)
     recorded = json.loads((run / runs.DATA_FILE).read_text())
     del recorded["fingerprint"]
     runs.write_json(run / runs.DATA_FILE, recorded)
-    _table(data, [(u, i, 10**6 - t) for u, i, t in rows])  # sizes unchanged: not seen
     _table(data, [r for r in rows if r[0] != 0])  # a user fewer: seen
     with pytest.raises(ConfigError, match="users 30 -> 29"):
         train(resume=run)
+    _table(data, [(u, i, 10**6 - t) for u, i, t in rows])  # the same sizes: not seen
+    assert train(resume=run).summary["rounds"] == 3
+
+
+def test_a_finished_run_keeps_no_fingerprint_of_its_data(tmp_path):
+    """The fingerprint is an exact function of the clear data: data.json holds it only
+    while the run can resume (with --keep-private-state, as long as the checkpoint)."""
+    data = _table(tmp_path / "log.csv", _rows())
+    cfg = TrainConfig(model="fedals", dataset=str(data), rounds=2)
+    done = train(cfg, out=tmp_path / "done").run_dir
+    assert "fingerprint" not in json.loads((done / runs.DATA_FILE).read_text())
+    kept = train(
+        TrainConfig(model="fedals", dataset=str(data), rounds=2, keep_private_state=True),
+        out=tmp_path / "kept",
+    ).run_dir
+    assert len(json.loads((kept / runs.DATA_FILE).read_text())["fingerprint"]) == 64
 
 
 def test_the_fingerprint_follows_the_split(tmp_path):
@@ -142,3 +159,22 @@ def test_the_fingerprint_follows_the_split(tmp_path):
     )
     assert split_fingerprint(a) == split_fingerprint(b)  # the file's row order is not data
     assert split_fingerprint(a) != split_fingerprint(c)
+
+
+def test_a_file_system_without_flock_trains_unlocked_and_leaves_no_file(tmp_path, monkeypatch):
+    """Only 'held by another' is a refusal: where flock itself fails (ENOLCK on some network
+    mounts) the run goes on unlocked, as before locks, and leaves no hidden file that would
+    make a retry's folder 'hold other files' (found in review)."""
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    assert runs.RunLock.acquire(tmp_path) is None
+    assert not (tmp_path / runs.LOCK_FILE).exists()
+    run = tmp_path / "r"
+    cfg = TrainConfig(rounds=1, **SMALL)
+    assert train(cfg, out=run).summary["rounds"] == 1
+    assert runs.LOCK_FILE not in {p.name for p in run.iterdir()}

@@ -178,30 +178,42 @@ def _integer_column(values: pd.Series, *, path: Path, column: str, offset: int =
     return arr.astype(np.int64)
 
 
+#: Words a table may hold for "no value": an id spelled so is missing, not a user or item.
+MISSING_WORDS = frozenset({"", "na", "n/a", "nan", "null", "none", "<na>"})
+
+
 def _table_ids(
     values: pd.Series, *, path: Path, column: str, offset: int
-) -> tuple[np.ndarray, str | None]:
+) -> tuple[np.ndarray, np.ndarray | None, str | None]:
     """Ids of a user's own table: integers where every value is a number (as
     :func:`_integer_column`: ``005`` and ``5`` are one id, ``2.5`` is refused), else strings
-    (UUIDs, SKUs: each distinct string, spaces around it stripped, is one id), with a note
-    naming the first value that is not a number. A missing or empty id is one DataError."""
+    (UUIDs, SKUs: each distinct string, spaces around it stripped, is one id). Returns the
+    ids (int64: the numbers, or the string's rank among the distinct strings), the distinct
+    strings in that order (None for numbers) and a note saying the column was read as
+    strings (naming the line, not the value: an id may be an e-mail address). A missing id
+    (empty, ``NA``, ``null``, ...) is one DataError."""
     missing = values.isna().to_numpy().copy()
     if not missing.any() and pd.api.types.is_numeric_dtype(values.dtype):
-        return _integer_column(values, path=path, column=column, offset=offset), None
+        return _integer_column(values, path=path, column=column, offset=offset), None, None
     text = values.astype(str).str.strip()
-    missing |= (text == "").to_numpy()
+    missing |= text.str.lower().isin(MISSING_WORDS).to_numpy()
     if missing.any():
         row = int(np.nonzero(missing)[0][0])
-        raise DataError(f"{path} line {row + offset}: the {column} is missing")
+        raise DataError(
+            f"{path} line {row + offset}: the {column} is missing ({str(values.iloc[row])!r})"
+        )
     numeric = pd.to_numeric(text, errors="coerce").notna().to_numpy()
     if numeric.all():
-        return _integer_column(text, path=path, column=column, offset=offset), None
+        return _integer_column(text, path=path, column=column, offset=offset), None, None
     row = int(np.nonzero(~numeric)[0][0])
     note = (
-        f"{column}s read as strings (line {row + offset}: {text.iloc[row]!r} is not a "
-        f"number): each distinct string is one {column.split()[0]}"
+        f"{column}s read as strings (line {row + offset} is not a number): each distinct "
+        f"string is one {column.split()[0]}"
     )
-    return text.to_numpy(dtype=str), note
+    # Codes, not a fixed-width string array: a log of UUIDs would take ~7x the memory the
+    # load's check allows for (found in review).
+    codes, labels = pd.factorize(text, sort=True)
+    return codes.astype(np.int64), np.asarray(labels, dtype=object), note
 
 
 def _id_range_error(path: Path, line: int, column: str, value: object) -> str:
@@ -605,13 +617,13 @@ def load_table(path: str | Path, *, min_interactions: int = 3) -> Interactions:
     timestamps = None
     if "timestamp" in columns:
         timestamps = _timestamp_column(frame[columns["timestamp"]], path=path, offset=offset)
-    users, user_note = _table_ids(
+    users, user_labels, user_note = _table_ids(
         frame[columns["user"]], path=path, column="user id", offset=offset
     )
-    items, item_note = _table_ids(
+    items, item_labels, item_note = _table_ids(
         frame[columns["item"]], path=path, column="item id", offset=offset
     )
-    return _build(
+    data = _build(
         name=path.stem,
         source=path,
         users=users,
@@ -620,4 +632,11 @@ def load_table(path: str | Path, *, min_interactions: int = 3) -> Interactions:
         user_table=None,
         min_interactions=min_interactions,
         notes=tuple(n for n in (user_note, item_note) if n),
+    )
+    if user_labels is None and item_labels is None:
+        return data
+    return dataclasses.replace(  # the original ids: user_ids[dense] == the file's string
+        data,
+        user_ids=data.user_ids if user_labels is None else user_labels[data.user_ids],
+        item_ids=data.item_ids if item_labels is None else item_labels[data.item_ids],
     )

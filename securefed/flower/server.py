@@ -362,6 +362,10 @@ class FederatedServer:
         """
         self._lock = runs.RunLock.acquire(self.run_dir) if self.resuming else None
         try:
+            if self.resuming:  # again, under the lock: the run may have finished since
+                from securefed.training import check_resume
+
+                check_resume(self.run_dir)
             return self._run()
         finally:
             if self._lock is not None:
@@ -417,7 +421,7 @@ class FederatedServer:
             )
         else:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._lock = runs.RunLock.acquire(self.run_dir)
+            self._lock = runs.RunLock.acquire(self.run_dir, new=True)
             if (self.run_dir / runs.CONFIG_FILE).exists():  # written beside this one since
                 raise ConfigError(f"{self.run_dir} already holds a run; choose another one")
             runs.atomic_write_text(self.run_dir / runs.CONFIG_FILE, self.config_toml)
