@@ -133,6 +133,21 @@ def test_a_table_with_string_ids_loads_each_distinct_string_as_one_id(tmp_path: 
     assert plain.user_ids.dtype == np.int64 and not plain.report.notes
 
 
+def test_string_ids_too_big_for_the_memory_left_are_refused_in_one_line(tmp_path, monkeypatch):
+    from securefed import costs
+
+    path = _write(
+        tmp_path / "log.csv",
+        "user,item\n" + "".join(f"u{u},{i}\n" for u in range(4) for i in range(5)),
+    )
+    left = iter([10**9, 20 * 250 - 1])  # the read fits; its string ids one byte short
+    monkeypatch.setattr(costs, "available_memory", lambda: next(left))
+    with pytest.raises(costs.InsufficientMemory, match="string ids \\(20 rows\\) need about"):
+        load_table(path)
+    monkeypatch.setattr(costs, "available_memory", lambda: 10**9)
+    assert load_table(path).n_users == 4
+
+
 @pytest.mark.parametrize(
     ("filename", "text", "loader", "message"),
     [
