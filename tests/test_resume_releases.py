@@ -51,6 +51,16 @@ def releases(monkeypatch):
     return made
 
 
+def _stop_after(round_no: int):
+    """A progress callback that stops the run (raises Stop) once ``round_no`` is reported."""
+
+    def progress(record):
+        if record.round == round_no:
+            raise Stop
+
+    return progress
+
+
 def _ledger(run_dir) -> dict:
     return json.loads((run_dir / runs.LEDGER_FILE).read_text())
 
@@ -246,13 +256,8 @@ def test_resume_refuses_to_change_where_the_noise_comes_from(tmp_path, replay):
     anything is written, and resumes once the setting is back."""
     cfg = TrainConfig(rounds=3, privacy=PrivacyConfig(noise_multiplier=2.0, replay=replay), **SMALL)
     run = tmp_path / "r"
-
-    def stop_at_2(record):
-        if record.round == 2:
-            raise Stop
-
     with pytest.raises(Stop):
-        train(cfg, out=run, progress=stop_at_2)
+        train(cfg, out=run, progress=_stop_after(2))
     assert _ledger(run)["summary"]["randomness"] == ("replay" if replay else "os")
     config = run / runs.CONFIG_FILE
     text = config.read_text()

@@ -92,14 +92,20 @@ def _rows(n_users=30, n_items=160, per_user=12):
     ]
 
 
-@pytest.mark.parametrize("change", ["reversed-time", "fewer-items"])
-def test_a_resume_on_changed_data_is_refused_and_changes_nothing(tmp_path, change):
-    rows = _rows()
+def _stopped_csv_run(tmp_path: Path, rows) -> tuple[Path, Path]:
+    """(data file, run directory) of a 3-round fedals run on ``rows`` stopped after round 2."""
     data = _table(tmp_path / "log.csv", rows)
     run = tmp_path / "r"
     cfg = TrainConfig(model="fedals", dataset=str(data), rounds=3, checkpoint_every=1)
     with pytest.raises(Stop):
         train(cfg, out=run, progress=_stop_at(2))
+    return data, run
+
+
+@pytest.mark.parametrize("change", ["reversed-time", "fewer-items"])
+def test_a_resume_on_changed_data_is_refused_and_changes_nothing(tmp_path, change):
+    rows = _rows()
+    data, run = _stopped_csv_run(tmp_path, rows)
     recorded = json.loads((run / runs.DATA_FILE).read_text())
     assert len(recorded["fingerprint"]) == 64
     if change == "reversed-time":  # same rows and sizes, another order in time
@@ -119,11 +125,7 @@ def test_a_resume_on_changed_data_is_refused_and_changes_nothing(tmp_path, chang
 
 def test_a_run_written_before_the_fingerprint_is_compared_by_its_sizes(tmp_path):
     rows = _rows()
-    data = _table(tmp_path / "log.csv", rows)
-    run = tmp_path / "r"
-    cfg = TrainConfig(model="fedals", dataset=str(data), rounds=3, checkpoint_every=1)
-    with pytest.raises(Stop):
-        train(cfg, out=run, progress=_stop_at(2))
+    data, run = _stopped_csv_run(tmp_path, rows)
     recorded = json.loads((run / runs.DATA_FILE).read_text())
     del recorded["fingerprint"]
     runs.write_json(run / runs.DATA_FILE, recorded)
