@@ -121,14 +121,16 @@ def test_loss_growing_without_bound_is_warned_about_once(tmp_path, monkeypatch):
     seen = []
     res = train(TrainConfig(**SMALL), out=tmp_path / "run", progress=seen.append)
     warned = [r.round for r in seen if r.warning]
-    # |loss| passes 1e6 x the first round's at round 3 (r = 2), and is warned about only then.
+    # |loss| passes LOSS_GROWTH_WARNING x the first round's at round 3 (r = 2), and is
+    # warned about only then.
     assert warned == [3] and "round 3: the training loss" in seen[2].warning
     assert res.summary["warnings"] == [seen[2].warning] and "stopped" not in res.summary
 
 
 def _growing_loss(monkeypatch):
-    """FedRAP's round loss made to grow: |loss| passes 1e6 x the first round's at round 3
-    (in its local training step, which a node's own users' training goes through too)."""
+    """FedRAP's round loss made to grow: |loss| passes LOSS_GROWTH_WARNING x the first
+    round's at round 3 (in its local training step, which a node's own users' training goes
+    through too)."""
     original = FedRAP.train_plan
 
     def train_plan(self, plan, r):
@@ -174,7 +176,8 @@ def test_the_metrics_follower_warns_about_a_growing_loss_once(tmp_path):
     runs.append_metrics(run_dir, {"round": 2, "loss": 0.5})  # kept by a resume
     shown = []
     with MetricsFollower(run_dir, shown.append, rounds=6, poll=60) as follower:
-        for r, loss in [(3, 4e5), (4, float("nan")), (5, -6e5), (6, 1e9)]:
+        big = LOSS_GROWTH_WARNING  # the threshold is big x the reference 0.5
+        for r, loss in [(3, 0.4 * big), (4, float("nan")), (5, -0.6 * big), (6, 1e3 * big)]:
             runs.append_metrics(run_dir, {"round": r, "loss": loss})
         follower.check()
     assert [(r.round, r.warning is not None) for r in shown] == [
@@ -184,7 +187,7 @@ def test_the_metrics_follower_warns_about_a_growing_loss_once(tmp_path):
         (6, False),
     ]
     watch = LossWatch([{"round": 2, "loss": 0.5}])
-    assert watch.see(5, -6e5) == shown[2].warning and "round 5" in shown[2].warning
+    assert watch.see(5, -0.6 * big) == shown[2].warning and "round 5" in shown[2].warning
     fresh = LossWatch()
     assert fresh.see(1, 0.0, trained=False) is None and fresh.first is None
     assert fresh.see(2, 1e9, trained=False) is None  # no trained round yet: no reference
