@@ -156,3 +156,17 @@ def test_pinned_digests_match_the_reference_files() -> None:
                 pytest.skip(f"reference data not found at {SHARED}")
             digest = hashlib.sha256(path.read_bytes()).hexdigest()
             assert registry.DATASETS[name].sha256[filename] == digest
+
+
+def test_a_csv_table_named_txt_loads_as_a_table(tmp_path: Path) -> None:
+    """A ``.txt`` file whose first line names ``user`` and ``item`` is a table, not
+    FilmTrust's headerless ``ratings.txt`` (it was sent to the FilmTrust reader: '1 column(s)
+    per line, expected 3', found in a walkthrough); a headerless one still goes there."""
+    rows = "".join(f"{u},{i},{u * 10 + i}\n" for u in range(4) for i in range(110))
+    table = tmp_path / "export.txt"
+    table.write_text("User,Item,timestamp\n" + rows)
+    data = load_dataset(str(table))
+    assert (data.n_users, data.n_items) == (4, 110)
+    plain = tmp_path / "ratings.txt"
+    plain.write_text("".join(f"{u} {i} 3\n" for u in range(4) for i in range(5)))
+    assert load_dataset(str(plain)).n_users == 4

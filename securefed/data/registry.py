@@ -232,6 +232,8 @@ def _load_path(path: Path, min_interactions: int) -> Interactions:
     if suffix == ".data":
         return load_ml100k(path, min_interactions=min_interactions)
     if suffix == ".txt":
+        if _names_user_and_item(path):  # a CSV table named .txt (found in a walkthrough)
+            return load_table(path, min_interactions=min_interactions)
         return load_filmtrust(path, min_interactions=min_interactions)
     # Unknown extension: sniff the first line.
     try:
@@ -246,6 +248,18 @@ def _load_path(path: Path, min_interactions: int) -> Interactions:
     if b"," in first:
         return load_table(path, min_interactions=min_interactions)
     return load_filmtrust(path, min_interactions=min_interactions)
+
+
+def _names_user_and_item(path: Path) -> bool:
+    """Whether the file's first line is a comma-separated header naming ``user`` and
+    ``item`` (a table for :func:`load_table`, not FilmTrust's headerless ``ratings.txt``)."""
+    try:
+        with path.open("rb") as fh:
+            first = fh.readline(1 << 16).decode("utf-8", errors="replace")
+    except OSError:
+        return False  # the loader says what is wrong
+    names = {c.strip().strip('"').lower() for c in first.split(",")}
+    return {"user", "item"} <= names
 
 
 def load_dataset(
