@@ -11,7 +11,6 @@ bug.
 from __future__ import annotations
 
 import math
-import re
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -784,8 +783,9 @@ def data_summary(data: dict[str, Any]) -> list[str]:
     lines.append(f"      {dropped}, {data['duplicate_rows']:,} duplicate rows removed")
     # What loading noticed beyond those counts (ids read as strings, users without
     # demographics); the counts' own notes are the line above.
-    counted = re.compile(r"^[\d,]+ (duplicate|user\(s\) with fewer)")
-    lines.extend(f"      {n}" for n in data.get("notes", []) if not counted.match(str(n)))
+    from securefed.data.loaders import COUNT_NOTE
+
+    lines.extend(f"      {n}" for n in data.get("notes", []) if not COUNT_NOTE.match(str(n)))
     return lines
 
 

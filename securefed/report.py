@@ -1156,8 +1156,7 @@ def _refuse_mixed(frame: Any, notes: list[str] | None = None) -> None:
     Raises:
         DataError: runs of several datasets, or two runs of one setting and seed.
     """
-    names = {str(d): Path(str(d)).name for d in frame["dataset"]}  # log.csv == /abs/log.csv
-    datasets = sorted(set(names.values()))
+    datasets = sorted({Path(str(d)).name for d in frame["dataset"]})  # log.csv == /abs/log.csv
     if len(datasets) > 1:
         raise DataError(
             f"the runs are of {len(datasets)} datasets ({', '.join(datasets)}): a report "

@@ -944,10 +944,7 @@ def _train(
         budget_spent or (stopped is None and metrics[-1]["round"] == config.rounds)
     )
     if complete:  # before the summary: a run with a summary has its released model
-        runs.save_state(
-            run_dir / runs.MODEL_FILE,
-            {"round": metrics[-1]["round"], "model": config.model, "state": released_state(model)},
-        )
+        save_released_model(run_dir, config, model, metrics[-1]["round"])
     runs.write_json(run_dir / runs.SUMMARY_FILE, summary)
     # The best model's one use, full metrics for the selected round, is spent: the checkpoint
     # stays the run directory's only copy of the model (issue 18, "Disk").
@@ -1198,6 +1195,17 @@ def _check_randomness_kept(run_dir: Path, config: TrainConfig) -> None:
     )
 
 
+def save_released_model(
+    run_dir: Path, config: TrainConfig, model: Recommender, round_no: int
+) -> None:
+    """Write a finished run's ``model.pt`` (:func:`released_state` after ``round_no``
+    rounds): in-process runs and the Flower server alike."""
+    runs.save_state(
+        run_dir / runs.MODEL_FILE,
+        {"round": round_no, "model": config.model, "state": released_state(model)},
+    )
+
+
 def released_state(model: Recommender) -> dict[str, Any]:
     """What a finished run keeps of its model (``model.pt``): the shared parameters as the
     server holds them (:meth:`global_parameters`; copies on the CPU), no client's private
@@ -1377,7 +1385,7 @@ def _check_same_data(run_dir: Path, data: dict[str, Any], fingerprint: str) -> N
     try:
         recorded = json.loads((run_dir / runs.DATA_FILE).read_text())
     except (OSError, ValueError):
-        return  # nothing to compare with (a Flower server's run keeps sizes only)
+        return  # missing or unreadable: nothing to compare with
     if not isinstance(recorded, dict):
         return
     if "fingerprint" in recorded:

@@ -65,6 +65,16 @@ def test_data_summary_lines():
         "data: ml-100k: 943 users, 1,682 items, 100,000 interactions kept",
         "      0 users dropped (fewer than 5 interactions), 18,586 duplicate rows removed",
     ]
+    # The loader's notes follow, except those repeating the counts above (their wording is
+    # securefed.data.loaders.COUNT_NOTE's).
+    data["notes"] = [
+        "18,586 duplicate (user, item) row(s) removed, kept the latest timestamp",
+        "12 user(s) with fewer than 5 interactions dropped (30 interactions)",
+        "user ids read as strings (line 2 is not a number): each distinct string is one user",
+    ]
+    assert data_summary(data)[2:] == [
+        "      user ids read as strings (line 2 is not a number): each distinct string is one user"
+    ]
 
 
 def test_redirected_output_gets_one_plain_line_per_round_with_epsilon(tmp_path):

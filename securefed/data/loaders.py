@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import re
 from pathlib import Path
 
 import numpy as np
@@ -202,6 +203,12 @@ def _check_string_ids_fit(path: Path, rows: int) -> None:
             f"memory to read and {costs.format_bytes(available)} is available here; map the ids "
             "to integers first, load a smaller extract, or run where more memory is free"
         )
+
+
+#: The load notes that repeat a count of the report (``duplicate_rows``, ``dropped_users``):
+#: :func:`_build`'s and :func:`filter_min_interactions`'s wording, which a printer of the
+#: counts leaves out (``securefed.cli.data_summary``).
+COUNT_NOTE = re.compile(r"^[\d,]+ (duplicate \(user, item\)|user\(s\) with fewer than)")
 
 
 #: Words a table may hold for "no value": an id spelled so is missing, not a user or item.

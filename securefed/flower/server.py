@@ -93,8 +93,8 @@ from securefed.training import (
     _summary,
     build_aggregator,
     build_model,
-    released_state,
     restore_checkpoint,
+    save_released_model,
 )
 
 TRANSCRIPT_FILE = "flower_transcript.jsonl"
@@ -196,9 +196,8 @@ class FederatedServer:
             recorded = read_flower_record(self.run_dir)
             self.run_token = str(recorded["run_token"])
             self._partitions = len(recorded["nodes"])
-        elif (self.run_dir / runs.CONFIG_FILE).exists():
-            raise ConfigError(f"{self.run_dir} already holds a run; choose another run directory")
         else:
+            self._refuse_a_run_in()
             self.run_token = secrets.token_hex(8)
         self.transport = transport
         self.settings = settings or ServerSettings()
@@ -214,6 +213,10 @@ class FederatedServer:
         self._cohort_spec: Any = None
         self._n_users = 0
         self._lock: runs.RunLock | None = None  # held by run()
+
+    def _refuse_a_run_in(self) -> None:
+        if (self.run_dir / runs.CONFIG_FILE).exists():
+            raise ConfigError(f"{self.run_dir} already holds a run; choose another run directory")
 
     @classmethod
     def resume(
@@ -422,8 +425,7 @@ class FederatedServer:
         else:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._lock = runs.RunLock.acquire(self.run_dir, new=True)
-            if (self.run_dir / runs.CONFIG_FILE).exists():  # written beside this one since
-                raise ConfigError(f"{self.run_dir} already holds a run; choose another one")
+            self._refuse_a_run_in()  # again: a server started beside this one may have written it
             runs.atomic_write_text(self.run_dir / runs.CONFIG_FILE, self.config_toml)
             agg.attach(self.run_dir, resume=False)
             runs.write_json(self.run_dir / runs.DATA_FILE, manifest.record())
@@ -529,14 +531,7 @@ class FederatedServer:
             # The released model, as an in-process run writes it (before the summary: a run
             # with a summary has its model). The server's checkpoint stays: it holds no
             # user's private state (that stays on the nodes).
-            runs.save_state(
-                self.run_dir / runs.MODEL_FILE,
-                {
-                    "round": metrics[-1]["round"],
-                    "model": config.model,
-                    "state": released_state(model),
-                },
-            )
+            save_released_model(self.run_dir, config, model, metrics[-1]["round"])
         runs.write_json(self.run_dir / runs.SUMMARY_FILE, summary)
         return FederatedResult(run_dir=self.run_dir, summary=summary, metrics=metrics)
 
