@@ -174,6 +174,9 @@ def test_string_ids_too_big_for_the_memory_left_are_refused_in_one_line(tmp_path
             "line 3: the user id is missing \\('NA'\\)",
         ),
         ("t.csv", "user,item\n1,2\n1,null\n", load_table, "line 3: the item id is missing"),
+        ("t.csv", "user,item,User\n1,2,3\n", load_table, "names the column\\(s\\) user more"),
+        ("t.csv", "user,item,item\n1,2,3\n", load_table, "names the column\\(s\\) item more"),
+        ("t.tsv", "user\titem\trating\tRating \n1\t2\t3\t4\n", load_table, "\\(s\\) rating more"),
         ("t.parquet", "not parquet", load_table, "not a readable Parquet"),
     ],
 )
@@ -222,3 +225,14 @@ def test_a_table_that_cannot_be_opened_is_still_one_data_error(tmp_path):
     folder.mkdir()
     with pytest.raises(DataError, match="cannot read interaction table file"):
         load_table(folder)
+
+
+def test_a_column_securefed_ignores_may_repeat(tmp_path: Path) -> None:
+    # Only the columns securefed reads must be unique; "rating.1" without "rating" is a name.
+    path = _write(
+        tmp_path / "t.csv",
+        "user,item,note,note,rating.1\n"
+        + "".join(f"{u},{i},a,b,c\n" for u in range(2) for i in range(3)),
+    )
+    data = load_table(path)
+    assert (data.n_users, data.n_items) == (2, 3)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -589,6 +590,29 @@ def _is_datetime(value: object) -> bool:
     return True
 
 
+TABLE_COLUMNS = ("user", "item", "rating", "timestamp")
+
+
+def _refuse_repeated_columns(path: Path, names: Iterable[object], hint: str) -> None:
+    """Refuse a header naming a column securefed reads twice (``user,User``, ``item,item``).
+
+    Which of the two would be read is an accident of the parser; pandas renames a repeated
+    CSV name ``x`` to ``x.1``, so that suffix counts as the name it repeats.
+    """
+    lowered = [str(n).strip().lower() for n in names]
+    present = set(lowered)
+    base = [
+        m.group(1) if (m := re.fullmatch(r"(.+)\.\d+", n)) and m.group(1) in present else n
+        for n in lowered
+    ]
+    repeated = [c for c in TABLE_COLUMNS if base.count(c) > 1]
+    if repeated:
+        raise DataError(
+            f"{path} names the column(s) {', '.join(repeated)} more than once in its header; "
+            f"keep one of each; expected {hint}"
+        )
+
+
 def load_table(path: str | Path, *, min_interactions: int = 3) -> Interactions:
     """Load a CSV or Parquet table with columns ``user``, ``item`` [, ``rating``, ``timestamp``].
 
@@ -633,6 +657,7 @@ def load_table(path: str | Path, *, min_interactions: int = 3) -> Interactions:
             raise DataError(f"{path} is not a valid table ({first}); expected {hint}") from None
         offset = 2  # line numbers in messages: header is line 1
     columns = {str(c).strip().lower(): c for c in frame.columns}
+    _refuse_repeated_columns(path, frame.columns, hint)
     missing = [c for c in ("user", "item") if c not in columns]
     if missing:
         found = ", ".join(str(c) for c in frame.columns) or "none"
