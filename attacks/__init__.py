@@ -2,7 +2,8 @@
 
 Reads only what an observer sees (per-client uploads, per-round aggregates, released models)
 under an explicit :class:`~attacks.threat.ThreatModel` and scores attacks; the public entry
-point is :func:`securefed.audit.audit`. Each attack module names the paper it implements.
+point is :func:`attacks.audit.audit`, and :mod:`attacks.registry` is where an attack is
+added. Each attack module names the paper it implements.
 """
 
 from attacks.canaries import Canaries, clopper_pearson_bound, one_run_bound, plant_canaries

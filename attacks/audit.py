@@ -38,9 +38,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from attacks.registry import attack_names, get_attack, per_client_attacks, recorder_groups
 from attacks.results import (
-    _PER_CLIENT,
-    ATTACKS,
     RELEASE_NOTE,
     RELEASED_FILE,
     AttackResult,
@@ -64,7 +63,6 @@ if TYPE_CHECKING:
     from securefed.data.types import Split
 
 __all__ = [
-    "ATTACKS",
     "AttackResult",
     "AuditConfig",
     "AuditResult",
@@ -101,12 +99,6 @@ _SCORE_S_PER_ENTRY = 2.5e-7
 #: The membership metrics' passes over a whole ``[users, items]`` score matrix and its labels,
 #: per entry: 3.5 ns (FedRAP's IMIA on Gowalla, 29,858 x 40,981, 300 users observed).
 _METRIC_S_PER_ENTRY = 3.5e-9
-#: The released-model attack, in (estimated) full-ranking evaluations of the model per
-#: iteration (``AuditConfig.released_iterations``): 1.36 (FedRAP) and 0.93 (FedRecGEL).
-_RELEASED_EVALS_PER_ITERATION = 1.4
-#: The optimization attack (gradient matching), in (estimated) full-ranking evaluations per
-#: target user (``AuditConfig.target_users``): 0.16 measured for FedRecGEL.
-_OPTIMIZATION_EVALS_PER_TARGET = 0.3
 #: Starting the command, loading the split and writing the audit (6-7 s measured).
 _AUDIT_START_S = 6.0
 #: ``audit.json`` and the canary arrays, about (14 kB measured).
@@ -149,9 +141,13 @@ class AuditSetup:
 
 
 def _score_matrices(attacks: Sequence[str] | set[str]) -> int:
-    """How many of ``attacks`` keep a ``[users, items]`` float32 score matrix (all but
-    ``attribute``)."""
-    return sum(1 for a in attacks if a != "attribute")
+    """How many ``[users, items]`` float32 score matrices ``attacks`` keep."""
+    return sum(get_attack(a).score_matrices for a in attacks)
+
+
+def _label_matrices(attacks: Sequence[str] | set[str]) -> int:
+    """How many ``[users, items]`` boolean label matrices ``attacks`` keep (one is shared)."""
+    return 1 + sum(get_attack(a).label_matrices for a in attacks)
 
 
 def _default_attacks(train_cfg: TrainConfig) -> tuple[list[str], int]:
@@ -164,8 +160,9 @@ def _default_attacks(train_cfg: TrainConfig) -> tuple[list[str], int]:
 def kept_bytes_bound(train_cfg: TrainConfig, users: int, items: int) -> int:
     """Disk an audit of ``train_cfg`` with every attack keeps (``scores.npz``, ``audit.json``).
 
-    Every chosen attack but ``attribute`` keeps one ``[users, items]`` float32 score matrix,
-    beside one boolean membership-label matrix (two with ``released``); the recording is
+    Every chosen attack keeps its ``[users, items]`` float32 score matrices
+    (:attr:`AttackSpec.score_matrices`: one, none for ``attribute``) beside the boolean
+    membership-label matrices (one, two with ``released``); the recording is
     removed after scoring. Compressed at :data:`SCORES_COMPRESSION_BOUND`, the largest ratio
     measured, so this is a bound rather than a prediction (fedals's audits compress 5x
     better).
@@ -176,8 +173,7 @@ def kept_bytes_bound(train_cfg: TrainConfig, users: int, items: int) -> int:
         items: Items of the split.
     """
     chosen, matrices = _default_attacks(train_cfg)
-    label_matrices = 1 + ("released" in chosen)
-    raw = (4 * matrices + label_matrices) * users * items
+    raw = (4 * matrices + _label_matrices(chosen)) * users * items
     return int(raw * SCORES_COMPRESSION_BOUND) + _AUDIT_SMALL_BYTES
 
 
@@ -234,25 +230,24 @@ def estimate_audit_seconds(
         + _METRIC_S_PER_ENTRY * matrices * max(real, 1) * items
     )
     cfg = AuditConfig()  # the defaults the report's audits run with
-    evals = 0.0
-    if "released" in chosen:
-        evals += _RELEASED_EVALS_PER_ITERATION * cfg.released_iterations
-    if "optimization" in chosen:
-        evals += _OPTIMIZATION_EVALS_PER_TARGET * cfg.target_users
+    evals = sum(
+        spec.full_evals(cfg) for spec in map(get_attack, chosen) if spec.full_evals is not None
+    )
     return AUDIT_COST_FACTOR * replay + speed * (fixed + _AUDIT_START_S) + evals * full_eval_seconds
 
 
 def audit_memory_bytes(attacks: Sequence[str], users: int, items: int, *, upload: bool) -> int:
     """Memory an audit's ``[users, items]`` arrays take beside its replay training: the
     recorder's tables (:func:`attacks.recorder.recorder_tables`), then at scoring one float32
-    score matrix per membership attack (all but ``attribute``, kept for ``scores.npz``), the
-    boolean membership labels (twice with ``released``) and two bytes of candidate masks.
+    score matrix per membership attack (:attr:`AttackSpec.score_matrices`, kept for
+    ``scores.npz``), the boolean membership labels (:attr:`AttackSpec.label_matrices`) and
+    two bytes of candidate masks.
     """
     from attacks.recorder import recorder_bytes
 
     chosen = set(attacks)
     matrices = _score_matrices(chosen)
-    per_entry = 4 * matrices + 1 + ("released" in chosen) + 2 if matrices else 0
+    per_entry = 4 * matrices + _label_matrices(chosen) + 2 if matrices else 0
     return recorder_bytes(chosen, users, items, upload=upload) + per_entry * users * items
 
 
@@ -271,7 +266,7 @@ def _check_audit_memory(
         InsufficientMemory: one line with the estimate, what is available and the chosen
             attacks that would fit (or that none would).
     """
-    from attacks.recorder import UPLOAD_ATTACKS, recorder_bytes, recorder_tables
+    from attacks.recorder import recorder_bytes, recorder_tables
     from securefed.costs import (
         InsufficientMemory,
         RunShape,
@@ -300,7 +295,7 @@ def _check_audit_memory(
 
     # The attacks that fit: the upload attacks (one shared set of tables) as one unit, every
     # other attack alone; cheapest units first.
-    sharing = {a for a in chosen if a in UPLOAD_ATTACKS - {"imia"}}
+    sharing = {a for a in chosen if "upload" in get_attack(a).reads}
     units = ([sharing] if sharing else []) + [{a} for a in chosen if a not in sharing]
     keep: set[str] = set()
     for unit in sorted(units, key=need):
@@ -330,29 +325,35 @@ def _resolve_attacks(cfg: AuditConfig, train_cfg: TrainConfig) -> tuple[list[str
         )
     secagg = train_cfg.privacy.secagg
     unsupported = dict(spec.unsupported_attacks)
+    names = attack_names()
+    for a in names:
+        written_for = get_attack(a).models
+        if written_for is not None and spec.name not in written_for:
+            unsupported.setdefault(
+                a, f"the {a} attack is written for {', '.join(written_for)} only"
+            )
     if spec.observer is None:
-        for a in _PER_CLIENT:
+        for a in per_client_attacks():
             unsupported.setdefault(a, f"{spec.name}'s uploads have no per-item rows")
     skipped: dict[str, str] = {}
     if cfg.attacks == ("all",):
-        chosen = list(ATTACKS)
-        if secagg:
-            for a in _PER_CLIENT:
+        chosen = list(names)
+        per_client = per_client_attacks()
+        for a in names:  # report order, so the skipped lines read the same in every run
+            if secagg and a in per_client:
                 skipped[a] = "secure aggregation: no per-client upload is visible"
-            chosen = [a for a in chosen if a not in _PER_CLIENT]
-        for a, why in unsupported.items():
-            if a in chosen:
-                chosen.remove(a)
-                skipped[a] = why
-        return chosen, skipped
+            elif a in unsupported:
+                skipped[a] = unsupported[a]
+        return [a for a in chosen if a not in skipped], skipped
     chosen = list(cfg.attacks)
     if secagg:
-        bad = [a for a in chosen if a in _PER_CLIENT]
+        bad = [a for a in chosen if a in per_client_attacks()]
         if bad:
             raise ConfigError(
                 f"attack {bad[0]!r} needs per-client uploads, but secure aggregation is on: the "
                 "server sees only per-round sums, so per-client attacks have no input; use "
-                "--attacks union,differencing or a run without --secagg"
+                f"--attacks {','.join(a for a in names if a not in per_client_attacks())} or "
+                "a run without --secagg"
             )
     for a in chosen:
         if a in unsupported:
@@ -523,7 +524,7 @@ def _audit(
         cohort = train_cfg.cohort(split.n_users)
         params = privacy_parameters(train_cfg, split)
         channel = None
-        if any(a in _PER_CLIENT for a in chosen):
+        if any(a in per_client_attacks() for a in chosen):
             channel = upload_channel(
                 train_cfg,
                 split,
@@ -573,7 +574,7 @@ def _audit(
         for name in (runs.CHECKPOINT_FILE, runs.MODEL_FILE):
             (train_out / name).unlink(missing_ok=True)
         summary = result.summary
-        if "released" in chosen:
+        if "release" in recorder_groups(chosen):
             recorder.write_torch(RELEASED_FILE, public_state(result.model))
         bytes_recorded = recorder.bytes_written
         acc = {k: v for k, v in vars(recorder.acc).items() if isinstance(v, np.ndarray)}
@@ -680,11 +681,9 @@ def _aggregate_note(train_cfg: TrainConfig, noise_std: float) -> str:
 
 
 def _skipped(name: str, why: str) -> AttackResult:
-    from attacks.threat import ThreatModel
-
     return AttackResult(
         name=name,
-        threat_model=ThreatModel.UPLOAD_OBSERVER.value,
+        threat_model=get_attack(name).threat.value,
         metrics={},
         ci95={},
         baseline={},

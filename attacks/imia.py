@@ -345,6 +345,11 @@ class _FedRecGELShadow(_Shadow):
         return up
 
 
+#: The models IMIA has a shadow client for; a model not here gets IMIA skipped (``--attacks
+#: all``) or refused (named), like an attack its spec lists as unsupported.
+SHADOWS: dict[str, Any] = {"fedrap": _FedRAPShadow, "fedrecgel": _FedRecGELShadow}
+
+
 def make_shadow(
     model: str,
     split: Any,
@@ -355,15 +360,9 @@ def make_shadow(
     generator: torch.Generator,
 ) -> Any:
     """The shadow clients of ``users`` for one round (fresh private parts drawn now)."""
-    if model == "fedrap":
-        return _FedRAPShadow(
-            split, train_config.params, global_before, round_index, users, generator
-        )
-    if model == "fedrecgel":
-        return _FedRecGELShadow(
-            split, train_config.params, global_before, round_index, users, generator
-        )
-    raise ConfigError(f"IMIA supports fedrap and fedrecgel, got model {model!r}")
+    if model not in SHADOWS:
+        raise ConfigError(f"IMIA supports {', '.join(SHADOWS)}, got model {model!r}")
+    return SHADOWS[model](split, train_config.params, global_before, round_index, users, generator)
 
 
 def _per_client(x: torch.Tensor, client: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -27,6 +27,7 @@ import torch
 
 from attacks.canaries import Canaries
 from attacks.imia import IMIAObservation, imia_scores, make_shadow
+from attacks.registry import recorder_groups
 from attacks.rows import item_rows, row_stats, touched_mask
 from attacks.threat import UploadChannel
 from protocols.dp import clip_scales
@@ -35,12 +36,11 @@ from securefed.federation.aggregation import null_out
 from securefed.models.registry import get_spec
 
 __all__ = [
-    "AGGREGATE_ATTACKS",
     "RECORDING_VERSION",
     "RECORDER_TABLES",
-    "UPLOAD_ATTACKS",
     "AttackRecorder",
     "RecordPlan",
+    "recorded_groups",
     "recorder_bytes",
     "recorder_tables",
 ]
@@ -54,36 +54,31 @@ __all__ = [
 #: null: :func:`attacks.canaries.plant_canaries`), later the same day.
 RECORDING_VERSION = 3
 
-#: Attacks that need the per-client uploads (the upload observer).
-UPLOAD_ATTACKS = frozenset(
-    {"row-change", "intersection", "gradient-ratio", "optimization", "attribute", "imia"}
-)
-#: Attacks on per-round sums (the aggregate observer).
-AGGREGATE_ATTACKS = frozenset({"union", "differencing"})
-#: Attacks on the released global model (the release observer).
-RELEASE_ATTACKS = frozenset({"released"})
-
-
-#: The ``[users, items]`` float32 tables the recorder keeps, by the attacks that read them
-#: (``upload``: every upload attack but IMIA). A table no chosen attack reads is not held.
+#: The ``[users, items]`` float32 tables the recorder keeps, by what the attacks read
+#: (:attr:`attacks.registry.AttackSpec.reads`). A table no chosen attack reads is not held.
 RECORDER_TABLES: dict[str, tuple[str, ...]] = {
     "upload": ("first_change", "first_label", "change_sum", "touched_count", "label_sum"),
     "differencing": ("diff_change", "diff_label"),
     "union": ("union_sum",),
     "imia": ("imia_score",),
 }
+#: What only an observer of the per-client uploads can record.
+_UPLOAD_GROUPS = frozenset({"upload", "imia", "targets"})
 
 
 def recorder_tables(attacks: frozenset[str] | set[str], *, upload: bool) -> tuple[str, ...]:
     """The ``[users, items]`` tables a recorder of ``attacks`` holds (``upload``: the run's
     uploads are observable, i.e. an upload channel exists)."""
-    groups = []
-    if upload and attacks & (UPLOAD_ATTACKS - {"imia"}):
-        groups.append("upload")
-    groups += [g for g in ("differencing", "union") if g in attacks]
-    if upload and "imia" in attacks:
-        groups.append("imia")
-    return tuple(t for g in groups for t in RECORDER_TABLES[g])
+    groups = recorded_groups(attacks, upload=upload)
+    order = ("upload", "differencing", "union", "imia")
+    return tuple(t for g in order if g in groups for t in RECORDER_TABLES[g])
+
+
+def recorded_groups(attacks: frozenset[str] | set[str], *, upload: bool) -> frozenset[str]:
+    """What a recorder of ``attacks`` keeps (:data:`attacks.registry.RecorderGroup`): what
+    they read, less what needs the uploads where none is observable."""
+    groups = recorder_groups(attacks)
+    return groups if upload else groups - _UPLOAD_GROUPS
 
 
 def recorder_bytes(
@@ -162,6 +157,7 @@ class AttackRecorder:
         u, i = plan.n_users, plan.n_items
         m = plan.canaries.size if plan.canaries is not None else 0
         f32 = np.float32
+        self._groups = recorded_groups(plan.attacks, upload=plan.upload is not None)
         held = set(recorder_tables(plan.attacks, upload=plan.upload is not None))
 
         def table(name: str, fill: float) -> np.ndarray:
@@ -225,12 +221,12 @@ class AttackRecorder:
             self._upload_round(r, view, updates, clients, norms)
         if len(updates) and self._wants_imia:
             self._imia_round(r, view, updates, clients, norms)
-        if len(updates) and "differencing" in plan.attacks and r == 0:
+        if len(updates) and "differencing" in self._groups and r == 0:
             self._differencing(view, updates, clients, norms)
-        if len(updates) and "union" in plan.attacks and r == 0:
+        if len(updates) and "union" in self._groups and r == 0:
             self._union_by_cohort(view, updates, clients, norms)
         if view.aggregate is not None and len(updates):
-            if "union" in plan.attacks:
+            if "union" in self._groups:
                 record["aggregate_change"] = self._union_round(view, clients).astype(np.float32)
             if plan.canaries is not None:
                 record["canary_score"] = self._canary_round(view, updates, clients, norms)
@@ -330,7 +326,7 @@ class AttackRecorder:
                 acc.cos_embedding[fu] = torch.nn.functional.cosine_similarity(
                     rec_emb, truth_emb, dim=1
                 ).numpy()
-                if "optimization" in plan.attacks and targets_left > 0:
+                if "targets" in self._groups and targets_left > 0:
                     pick = np.nonzero(first)[0][:targets_left]
                     for j in pick:
                         u = int(un[j])

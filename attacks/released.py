@@ -162,6 +162,11 @@ class _FedRecGELFit:
         return 0.5 * self.ridge * (params[0].square().sum() + params[1].square().sum())
 
 
+#: The models the released-model attack can fit users of; a model not here gets the attack
+#: skipped (``--attacks all``) or refused (named), like an attack its spec lists as unsupported.
+FITS: dict[str, type] = {"fedrap": _FedRAPFit, "fedrecgel": _FedRecGELFit}
+
+
 def _reference_model(model: str, train_config: Any, split: Any, gen: torch.Generator) -> Any:
     """The recipe's initial global model, drawn by the attacker (not the run's own draw)."""
     from securefed.models.registry import get_spec
@@ -242,10 +247,9 @@ def released_scores(
         known interaction; calibrated = raw minus the same fit's logit on the reference model,
         centred per user.
     """
-    fits: dict[str, Any] = {"fedrap": _FedRAPFit, "fedrecgel": _FedRecGELFit}
-    if model not in fits:
-        raise ConfigError(f"the released-model attack supports {', '.join(fits)}, got {model!r}")
-    make: Any = fits[model]
+    if model not in FITS:
+        raise ConfigError(f"the released-model attack supports {', '.join(FITS)}, got {model!r}")
+    make: Any = FITS[model]
     sub = train_config.params
     k = sub.num_negatives
     ku, ki = known_items(split, n_real, n_users)

@@ -12,7 +12,10 @@ import torch
 
 from attacks.attribute import attribute_inference
 from attacks.canaries import Canaries, clopper_pearson_bound, one_run_bound
+from attacks.imia import SHADOWS
 from attacks.metrics import binary_metrics, membership_report
+from attacks.registry import AttackSpec, RecorderGroup, ScoreContext, attack_names, get_attack
+from attacks.released import FITS
 from attacks.results import RELEASE_NOTE, RELEASED_FILE, AttackResult, AuditConfig
 from attacks.rows import observer_hooks
 from attacks.threat import ThreatModel
@@ -24,8 +27,10 @@ if TYPE_CHECKING:
 
 __all__ = ["score_attacks", "membership_labels"]
 
-_UP = ThreatModel.UPLOAD_OBSERVER.value
-_AGG = ThreatModel.AGGREGATE_OBSERVER.value
+_UPT = ThreatModel.UPLOAD_OBSERVER
+_AGGT = ThreatModel.AGGREGATE_OBSERVER
+_UP = _UPT.value
+_AGG = _AGGT.value
 _REL = ThreatModel.RELEASE_OBSERVER.value
 _OBSERVES = {_UP: "upload", _AGG: "aggregate", _REL: "release"}
 
@@ -89,138 +94,28 @@ def score_attacks(
     acc = {k: v if k == "canary_score" else v[:n_real_users] for k, v in acc.items() if v.ndim >= 1}
     labels = membership_labels(split, n_real)[:n_real_users]
     arrays: dict[str, np.ndarray] = {"labels": labels}
+    ctx = ScoreContext(
+        acc=acc,
+        labels=labels,
+        rng=rng,
+        arrays=arrays,
+        record_dir=record_dir,
+        split=split,
+        n_real=n_real,
+        n_real_users=n_real_users,
+        targets=targets,
+        union_by_k=union_by_k,
+        train_cfg=train_cfg,
+        cfg=cfg,
+    )
     results: list[AttackResult] = []
-    nb = cfg.bootstrap
-    observed = acc["observed"]
-    lap_start, lap_first = time.perf_counter(), 0
-
-    def lap() -> None:
-        """Charge the time since the last lap to the results added since (split evenly)."""
-        nonlocal lap_start, lap_first
-        now = time.perf_counter()
-        share = (now - lap_start) / max(1, len(results) - lap_first)
-        for i in range(lap_first, len(results)):
-            results[i] = dataclasses.replace(results[i], seconds=share)
-        lap_start, lap_first = now, len(results)
-
-    def membership(name: str, scores: np.ndarray, threat: str, note: str, **extra: Any) -> None:
-        metrics, ci, base = membership_report(scores, labels, rng=rng, n_boot=nb)
-        metrics.update(extra)
-        arrays[name] = np.asarray(scores, dtype=np.float32)  # no copy when already float32
-        results.append(AttackResult(name, threat, metrics, ci, base, note))
-
-    if "row-change" in chosen:
-        membership(
-            "row-change",
-            acc["first_change"],
-            _UP,
-            "one upload (each user's first round): changed item rows are its positives and "
-            "that round's negatives",
-        )
-    lap()
-    if "intersection" in chosen:
-        frac = _per_round(acc["touched_count"], observed)
-        mean_change = _per_round(acc["change_sum"], observed)
-        tie = mean_change / (np.nanmax(mean_change) + 1e-30) * 1e-3
-        membership(
-            "intersection",
-            frac + tie,
-            _UP,
-            "fraction of a user's observed rounds in which the row changed (positives every "
-            "round, negatives resampled); ties broken by the mean row change",
-            rounds_observed_mean=float(observed[observed > 0].mean())
-            if (observed > 0).any()
-            else 0.0,
-        )
-    lap()
-    if "gradient-ratio" in chosen:
-        cos, cos_ci = _mean_ci(acc["cos_embedding"], rng, nb)
-        dcos, dcos_ci = _mean_ci(acc["cos_direction"], rng, nb)
-        all_rounds = binary_metrics(
-            _per_round(acc["label_sum"], observed)[np.isfinite(acc["first_label"])],
-            labels[np.isfinite(acc["first_label"])],
-        )
-        metrics, ci, base = membership_report(acc["first_label"], labels, rng=rng, n_boot=nb)
-        metrics.update(
-            {
-                "embedding_cosine": cos,
-                "direction_cosine": dcos,
-                "membership_auc_all_rounds": all_rounds.auc,
-                "membership_tpr@1%fpr_all_rounds": all_rounds.tpr_at_1,
-            }
-        )
-        ci.update({"embedding_cosine": cos_ci, "direction_cosine": dcos_ci})
-        base["embedding_cosine"] = 0.0
-        arrays["gradient-ratio"] = acc["first_label"].astype(np.float32)
-        results.append(
-            AttackResult(
-                "gradient-ratio",
-                _UP,
-                metrics,
-                ci,
-                base,
-                "inversion from one upload (each user's first that carries its private "
-                "direction; a fedals count round carries none): recovered items (signed "
-                "projections) and the recovered private embedding (FedRAP: scorer w_u; "
-                "FedRecGEL: GMF p_u; fedals: x_u); the truth is read from the model only to "
-                "score",
-            )
-        )
-    lap()
-    if "optimization" in chosen:
-        results.append(_optimization(targets, record_dir, labels, n_real, rng, nb, arrays))
-    lap()
-    if "attribute" in chosen:
-        feats = _per_round(acc["label_sum"], observed)
-        for attr in ("gender", "age_bucket"):
-            if attr not in split.attributes:
-                continue
-            metrics, ci, base = attribute_inference(
-                feats,
-                np.asarray(split.attributes[attr])[:n_real_users],
-                rng=rng,
-                known_fraction=cfg.known_fraction,
-            )
-            results.append(
-                AttackResult(
-                    f"attribute-{attr}",
-                    _UP,
-                    metrics,
-                    ci,
-                    base,
-                    f"logistic regression on the per-item profile recovered from the uploads, "
-                    f"{cfg.known_fraction:.0%} of users' {attr} known to the attacker",
-                )
-            )
-    lap()
-    if "imia" in chosen:
-        results.append(_imia(acc, labels, rng, nb, arrays))
-    lap()
-    if "union" in chosen:
-        scores = _per_round(acc["union_sum"], acc["union_obs"])
-        membership(
-            "union",
-            scores,
-            _AGG,
-            "row statistic of each round's aggregate, scored for every participant: the union "
-            "of the cohort's changed rows; by_cohort_size simulates sums of k round-0 uploads",
-            by_cohort_size={str(k): v for k, v in sorted(union_by_k.items())},
-        )
-    lap()
-    if "differencing" in chosen:
-        membership(
-            "differencing",
-            acc["diff_change"],
-            _AGG,
-            "two sums differing by one client (round 0): their difference is that client's "
-            "clipped upload plus two draws of the sum's noise; row-change test on it",
-        )
-    lap()
-    if "released" in chosen:
-        results.append(
-            _released(record_dir, split, n_real, n_real_users, train_cfg, cfg, rng, nb, arrays)
-        )
-    lap()
+    for name in attack_names():  # report order
+        if name not in chosen:
+            continue
+        started = time.perf_counter()
+        scored = get_attack(name).score(ctx)
+        share = (time.perf_counter() - started) / max(1, len(scored))
+        results += [dataclasses.replace(r, seconds=share) for r in scored]
     audit_block = None
     if canaries is not None:
         audit_block = _audit(
@@ -236,6 +131,123 @@ def score_attacks(
         dataclasses.replace(r, observes=views.get(_OBSERVES[r.threat_model], "")) for r in results
     ]
     return results, arrays, audit_block
+
+
+def _row_change(ctx: ScoreContext) -> list[AttackResult]:
+    note = (
+        "one upload (each user's first round): changed item rows are its positives and that "
+        "round's negatives"
+    )
+    return [ctx.membership("row-change", ctx.acc["first_change"], _UPT, note)]
+
+
+def _intersection(ctx: ScoreContext) -> list[AttackResult]:
+    acc, observed = ctx.acc, ctx.acc["observed"]
+    frac = _per_round(acc["touched_count"], observed)
+    mean_change = _per_round(acc["change_sum"], observed)
+    tie = mean_change / (np.nanmax(mean_change) + 1e-30) * 1e-3
+    return [
+        ctx.membership(
+            "intersection",
+            frac + tie,
+            _UPT,
+            "fraction of a user's observed rounds in which the row changed (positives every "
+            "round, negatives resampled); ties broken by the mean row change",
+            rounds_observed_mean=float(observed[observed > 0].mean())
+            if (observed > 0).any()
+            else 0.0,
+        )
+    ]
+
+
+def _gradient_ratio(ctx: ScoreContext) -> list[AttackResult]:
+    acc, labels, rng, nb = ctx.acc, ctx.labels, ctx.rng, ctx.n_boot
+    observed = acc["observed"]
+    cos, cos_ci = _mean_ci(acc["cos_embedding"], rng, nb)
+    dcos, dcos_ci = _mean_ci(acc["cos_direction"], rng, nb)
+    all_rounds = binary_metrics(
+        _per_round(acc["label_sum"], observed)[np.isfinite(acc["first_label"])],
+        labels[np.isfinite(acc["first_label"])],
+    )
+    metrics, ci, base = membership_report(acc["first_label"], labels, rng=rng, n_boot=nb)
+    metrics.update(
+        {
+            "embedding_cosine": cos,
+            "direction_cosine": dcos,
+            "membership_auc_all_rounds": all_rounds.auc,
+            "membership_tpr@1%fpr_all_rounds": all_rounds.tpr_at_1,
+        }
+    )
+    ci.update({"embedding_cosine": cos_ci, "direction_cosine": dcos_ci})
+    base["embedding_cosine"] = 0.0
+    ctx.arrays["gradient-ratio"] = acc["first_label"].astype(np.float32)
+    return [
+        AttackResult(
+            "gradient-ratio",
+            _UP,
+            metrics,
+            ci,
+            base,
+            "inversion from one upload (each user's first that carries its private "
+            "direction; a fedals count round carries none): recovered items (signed "
+            "projections) and the recovered private embedding (FedRAP: scorer w_u; "
+            "FedRecGEL: GMF p_u; fedals: x_u); the truth is read from the model only to "
+            "score",
+        )
+    ]
+
+
+def _attribute(ctx: ScoreContext) -> list[AttackResult]:
+    feats = _per_round(ctx.acc["label_sum"], ctx.acc["observed"])
+    known = ctx.cfg.known_fraction
+    out = []
+    for attr in ("gender", "age_bucket"):
+        if attr not in ctx.split.attributes:
+            continue
+        metrics, ci, base = attribute_inference(
+            feats,
+            np.asarray(ctx.split.attributes[attr])[: ctx.n_real_users],
+            rng=ctx.rng,
+            known_fraction=known,
+        )
+        out.append(
+            AttackResult(
+                f"attribute-{attr}",
+                _UP,
+                metrics,
+                ci,
+                base,
+                f"logistic regression on the per-item profile recovered from the uploads, "
+                f"{known:.0%} of users' {attr} known to the attacker",
+            )
+        )
+    return out
+
+
+def _union(ctx: ScoreContext) -> list[AttackResult]:
+    scores = _per_round(ctx.acc["union_sum"], ctx.acc["union_obs"])
+    return [
+        ctx.membership(
+            "union",
+            scores,
+            _AGGT,
+            "row statistic of each round's aggregate, scored for every participant: the union "
+            "of the cohort's changed rows; by_cohort_size simulates sums of k round-0 uploads",
+            by_cohort_size={str(k): v for k, v in sorted(ctx.union_by_k.items())},
+        )
+    ]
+
+
+def _differencing(ctx: ScoreContext) -> list[AttackResult]:
+    return [
+        ctx.membership(
+            "differencing",
+            ctx.acc["diff_change"],
+            _AGGT,
+            "two sums differing by one client (round 0): their difference is that client's "
+            "clipped upload plus two draws of the sum's noise; row-change test on it",
+        )
+    ]
 
 
 def _imia(
@@ -389,6 +401,77 @@ def _optimization(
         base,
         f"gradient matching with L-BFGS on {len(targets)} target uploads (first round of each)",
     )
+
+
+def _score_imia(ctx: ScoreContext) -> list[AttackResult]:
+    return [_imia(ctx.acc, ctx.labels, ctx.rng, ctx.n_boot, ctx.arrays)]
+
+
+def _score_optimization(ctx: ScoreContext) -> list[AttackResult]:
+    return [
+        _optimization(
+            ctx.targets, ctx.record_dir, ctx.labels, ctx.n_real, ctx.rng, ctx.n_boot, ctx.arrays
+        )
+    ]
+
+
+def _score_released(ctx: ScoreContext) -> list[AttackResult]:
+    return [
+        _released(
+            ctx.record_dir,
+            ctx.split,
+            ctx.n_real,
+            ctx.n_real_users,
+            ctx.train_cfg,
+            ctx.cfg,
+            ctx.rng,
+            ctx.n_boot,
+            ctx.arrays,
+        )
+    ]
+
+
+_UPLOAD: tuple[RecorderGroup, ...] = ("upload",)
+#: The released-model attack, in (estimated) full-ranking evaluations of the model per
+#: iteration (``AuditConfig.released_iterations``): 1.36 (FedRAP) and 0.93 (FedRecGEL).
+_RELEASED_EVALS_PER_ITERATION = 1.4
+#: The optimization attack (gradient matching), in (estimated) full-ranking evaluations per
+#: target user (``AuditConfig.target_users``): 0.16 measured for FedRecGEL.
+_OPTIMIZATION_EVALS_PER_TARGET = 0.3
+#: The built-in attacks (:mod:`attacks.registry` names this module for each).
+SPECS: dict[str, AttackSpec] = {
+    s.name: s
+    for s in (
+        AttackSpec(name="row-change", threat=_UPT, score=_row_change, reads=_UPLOAD),
+        AttackSpec(name="intersection", threat=_UPT, score=_intersection, reads=_UPLOAD),
+        AttackSpec(name="gradient-ratio", threat=_UPT, score=_gradient_ratio, reads=_UPLOAD),
+        AttackSpec(
+            name="optimization",
+            threat=_UPT,
+            score=_score_optimization,
+            reads=("upload", "targets"),
+            full_evals=lambda cfg: _OPTIMIZATION_EVALS_PER_TARGET * cfg.target_users,
+        ),
+        # A classifier over users: no [users, items] score matrix.
+        AttackSpec(
+            name="attribute", threat=_UPT, score=_attribute, reads=_UPLOAD, score_matrices=0
+        ),
+        AttackSpec(
+            name="imia", threat=_UPT, score=_score_imia, reads=("imia",), models=tuple(SHADOWS)
+        ),
+        AttackSpec(name="union", threat=_AGGT, score=_union, reads=("union",)),
+        AttackSpec(name="differencing", threat=_AGGT, score=_differencing, reads=("differencing",)),
+        AttackSpec(
+            name="released",
+            threat=ThreatModel.RELEASE_OBSERVER,
+            score=_score_released,
+            reads=("release",),
+            models=tuple(FITS),
+            label_matrices=1,
+            full_evals=lambda cfg: _RELEASED_EVALS_PER_ITERATION * cfg.released_iterations,
+        ),
+    )
+}
 
 
 def canary_significance(cfg: AuditConfig, *, prior: bool) -> float:

@@ -10,26 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from attacks.registry import attack_names
 from securefed.config import TrainConfig
 from securefed.errors import ConfigError
 
-__all__ = ["ATTACKS", "RELEASE_NOTE", "RELEASED_FILE", "AttackResult", "AuditConfig"]
+__all__ = ["RELEASE_NOTE", "RELEASED_FILE", "AttackResult", "AuditConfig"]
 
-#: Every attack name, in report order.
-ATTACKS: tuple[str, ...] = (
-    "row-change",
-    "intersection",
-    "gradient-ratio",
-    "optimization",
-    "attribute",
-    "imia",
-    "union",
-    "differencing",
-    "released",
-)
-_PER_CLIENT = frozenset(
-    {"row-change", "intersection", "gradient-ratio", "optimization", "attribute", "imia"}
-)
 #: The released global model, saved under the recording for the release-observer attack.
 RELEASED_FILE = "released.pt"
 RELEASE_NOTE = "the global model released after the last round, and each target's interactions"
@@ -41,8 +27,9 @@ class AuditConfig:
 
     Attributes:
         train: The run to attack (ignored with ``run``, which brings its own config).
-        attacks: Attack names (see :data:`ATTACKS`) or ``("all",)``: every attack the threat
-            models allow (per-client attacks are skipped under secure aggregation).
+        attacks: Attack names (:func:`attacks.registry.attack_names`) or ``("all",)``: every
+            attack the threat models and the model allow (per-client attacks are skipped
+            under secure aggregation, model-specific ones for other models).
         run: A run directory to load instead of training: reuses the statistics an earlier
             audit recorded there, else re-simulates it from its ``config.toml``.
         canaries: Canary clients of the DP audit (default 256); 0 disables the audit.
@@ -79,10 +66,11 @@ class AuditConfig:
         object.__setattr__(self, "attacks", names)
         if not names:
             raise ConfigError("attacks must name at least one attack, or 'all'")
-        unknown = [a for a in names if a != "all" and a not in ATTACKS]
+        known = attack_names()
+        unknown = [a for a in names if a != "all" and a not in known]
         if unknown:
             raise ConfigError(
-                f"unknown attack {unknown[0]!r}; choose 'all' or from {', '.join(ATTACKS)}"
+                f"unknown attack {unknown[0]!r}; choose 'all' or from {', '.join(known)}"
             )
         if "all" in names and len(names) > 1:
             raise ConfigError("give either 'all' or a list of attacks, not both")

@@ -850,7 +850,12 @@ def estimate_run(
         full_evaluations=fulls,
         setup_seconds=setup_s * speed,
         seconds=(seconds_train + seconds_eval) * speed,
-        basis=f"rough: machine probe x{speed:.1f}, updated after round 1",
+        basis=(
+            f"rough: machine probe x{speed:.1f}, updated after round 1"
+            if formula
+            else f"no cost formula for {config.model} in securefed/costs.py: a popularity "
+            "count's, updated after round 1"
+        ),
         speed=speed,
         notes=tuple(notes),
     )

@@ -801,3 +801,38 @@ def test_a_node_refuses_a_secure_round_below_the_minimum(tmp_path):
     with pytest.raises(ProtocolError, match="secure round of 9 clients, fewer than the 10"):
         runtime.train(task, arrays, scalars)
     assert len(runtime.releases.ledger) == 0  # nothing charged
+
+
+def test_a_model_a_node_cannot_replay_is_refused_before_the_run(monkeypatch):
+    """Found in a walkthrough: a fourth model without plan_round / train_subset ran on Flower,
+    every node's worker failed, every round was aborted and the run exited 0 with the
+    untrained model's metrics. A run that replays (no DP, or --replay-from-seed) is refused."""
+    import dataclasses
+    import sys
+    import types
+
+    from securefed.flower.server import check_config
+    from securefed.models import registry
+    from securefed.models.mostpop import MostPop
+
+    class NoReplay(MostPop):
+        plan_round = None  # what a model written for in-process training only lacks
+
+    module = types.ModuleType("_noreplay_model")
+    module.SPEC = dataclasses.replace(registry.get_spec("mostpop"), name="noreplay", build=NoReplay)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "_noreplay_model", module)
+    monkeypatch.setitem(registry._MODULES, "noreplay", "_noreplay_model")
+    monkeypatch.setattr(registry, "_CACHE", dict(registry._CACHE))  # restored afterwards
+    assert registry.get_spec("mostpop").replays_on_nodes
+    assert not registry.get_spec("noreplay").replays_on_nodes
+    small = {"synthetic_users": 60, "synthetic_items": 400}
+    for privacy, how in (
+        (PrivacyConfig(secagg=True), "without DP"),
+        (PrivacyConfig(secagg=True, epsilon=2.0, replay=True), "with --replay-from-seed"),
+    ):
+        with pytest.raises(ConfigError, match=f"model noreplay cannot run on Flower {how}"):
+            check_config(TrainConfig(model="noreplay", privacy=privacy, **small))
+    # A DP run from OS randomness trains each node's users with client_round: any model.
+    check_config(
+        TrainConfig(model="noreplay", privacy=PrivacyConfig(secagg=True, epsilon=2.0), **small)
+    )

@@ -91,3 +91,24 @@ def test_unsupported_defenses_are_refused_by_the_config():
 
     with pytest.raises(ConfigError, match="no interaction-level DP-SGD"):
         TrainConfig(model="fedals", privacy=PrivacyConfig(epsilon=1.0, privacy_unit="interaction"))
+
+
+def test_a_model_without_a_cost_formula_says_so_in_its_estimate(monkeypatch, small_split):
+    """Found in a walkthrough: a fourth model's estimate read 'time 0.00 s' with nothing
+    printed to say that no formula covers it (the note went to estimate.json only)."""
+    import sys
+    import types
+
+    from securefed.costs import RunShape, estimate_run
+    from securefed.models import registry
+
+    module = types.ModuleType("_fourth_model_costs")
+    module.SPEC = dataclasses.replace(get_spec("fedrap"), name="fourth")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "_fourth_model_costs", module)
+    monkeypatch.setitem(registry._MODULES, "fourth", "_fourth_model_costs")
+    monkeypatch.setattr(registry, "_CACHE", dict(registry._CACHE))
+    shape = RunShape.of(small_split)
+    line = estimate_run(TrainConfig(model="fourth", rounds=2), shape).summary_line()
+    assert "no cost formula for fourth in securefed/costs.py" in line
+    known = estimate_run(TrainConfig(model="fedrap", rounds=2), shape).summary_line()
+    assert "no cost formula" not in known and "machine probe" in known

@@ -1104,6 +1104,13 @@ def check_config(config: TrainConfig) -> None:
             "OS; --replay-from-seed (the in-process plan replayed on every node) is not "
             "supported there: drop it"
         )
+    if not p.os_randomness and not config.spec.replays_on_nodes:
+        raise ConfigError(
+            f"model {config.model} cannot run on Flower "
+            f"{'with --replay-from-seed' if p.dp else 'without DP'}: a node then replays the "
+            "in-process round with the model's plan_round and train_subset methods, which it "
+            "does not have (docs/models.md, 'Adding a model')"
+        )
     if config.eval_users is not None:
         raise ConfigError(
             "eval_users (full ranking of a user sample) is not supported on Flower yet: each "

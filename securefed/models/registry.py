@@ -261,6 +261,14 @@ class ModelSpec:
         return self.role != "centralized"
 
     @property
+    def replays_on_nodes(self) -> bool:
+        """Whether a Flower node can replay the in-process round: the model class has
+        ``plan_round`` (the whole cohort's plan from the round's generator) and
+        ``train_subset`` (the node's rows of it); a run without DP, or with
+        ``--replay-from-seed``, needs both on Flower."""
+        return all(callable(getattr(self.build, m, None)) for m in ("plan_round", "train_subset"))
+
+    @property
     def user_dp(self) -> bool:
         return self.dp_clip is not None
 

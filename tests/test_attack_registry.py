@@ -1,0 +1,130 @@
+"""The attack seam: a new attack is one module plus one line in ``attacks.registry._MODULES``.
+
+Found in a walkthrough (2026-12-07): an attack reading the recorded uploads needed edits in
+three other files (the name list, the recorder's upload set, a branch in the scorer), and a
+fourth model crashed the default audit because IMIA and the released-model attack picked
+their code by model name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from attacks import registry
+from attacks.audit import AuditConfig, _resolve_attacks, audit
+from attacks.registry import AttackSpec, ScoreContext, get_attack
+from attacks.threat import ThreatModel
+from securefed.errors import ConfigError
+from securefed.models import registry as models
+from securefed.training import PrivacyConfig, TrainConfig
+
+SMALL = {"synthetic_users": 60, "synthetic_items": 400, "eval_every": 100, "checkpoint_every": 100}
+BUILT_IN = (
+    "row-change",
+    "intersection",
+    "gradient-ratio",
+    "optimization",
+    "attribute",
+    "imia",
+    "union",
+    "differencing",
+    "released",
+)
+
+
+def _mean_change(ctx: ScoreContext) -> list:
+    """A new membership attack on what the recorder keeps for ``upload``: here the row-change
+    attack's statistic (each user's first upload's row changes) under a new name, so that
+    it must score exactly as row-change does."""
+    scores = ctx.acc["first_change"]
+    return [ctx.membership("mean-change", scores, ThreatModel.UPLOAD_OBSERVER, "first change")]
+
+
+@pytest.fixture
+def mean_change(monkeypatch):
+    """Register ``mean-change`` the way a user adds an attack: a module defining ``SPEC``
+    and its line in ``_MODULES``; nothing else is edited."""
+    module = types.ModuleType("_mean_change_attack")
+    module.SPEC = AttackSpec(  # type: ignore[attr-defined]
+        name="mean-change",
+        threat=ThreatModel.UPLOAD_OBSERVER,
+        score=_mean_change,
+        reads=("upload",),
+    )
+    monkeypatch.setitem(sys.modules, "_mean_change_attack", module)
+    monkeypatch.setitem(registry._MODULES, "mean-change", "_mean_change_attack")
+    monkeypatch.setattr(registry, "_CACHE", dict(registry._CACHE))
+
+
+def test_the_built_in_attacks_in_report_order() -> None:
+    assert registry.attack_names() == BUILT_IN
+    for name in BUILT_IN:
+        spec = get_attack(name)
+        assert spec.name == name
+        assert spec.per_client == (spec.threat is ThreatModel.UPLOAD_OBSERVER)
+    assert registry.per_client_attacks() == set(BUILT_IN[:6])
+    with pytest.raises(ConfigError, match="unknown attack 'nope'"):
+        get_attack("nope")
+
+
+def test_a_new_attack_is_one_module_and_one_registry_line(tmp_path, mean_change) -> None:
+    cfg = TrainConfig(model="fedrap", rounds=1, **SMALL)
+    res = audit(
+        AuditConfig(train=cfg, attacks=("row-change", "mean-change"), canaries=0, bootstrap=20),
+        out=tmp_path / "named",
+    )
+    by_name = {a.name: a for a in res.attacks}
+    new = by_name["mean-change"]
+    assert new.threat_model == "upload-observer" and "upload" in new.observes
+    assert new.metrics["auc"] == pytest.approx(by_name["row-change"].metrics["auc"], abs=1e-6)
+    assert np.load(res.out_dir / "scores.npz")["mean-change"].shape == (60, 400)
+    # With every attack it is scored too, after the built-in ones (its registry line's place).
+    everything = audit(AuditConfig(train=cfg, canaries=0, bootstrap=20), out=tmp_path / "all")
+    scored = [a for a in everything.attacks if not a.note.startswith("skipped")]
+    assert scored[-1].name == "mean-change" and "auc" in scored[-1].metrics
+
+
+def test_a_new_per_client_attack_is_skipped_under_secure_aggregation(mean_change) -> None:
+    cfg = TrainConfig(model="fedrap", rounds=2, privacy=PrivacyConfig(secagg=True), **SMALL)
+    chosen, skipped = _resolve_attacks(AuditConfig(), cfg)
+    assert "mean-change" not in chosen and "secure aggregation" in skipped["mean-change"]
+    assert list(skipped) == [a for a in registry.attack_names() if a in skipped]  # stable order
+    with pytest.raises(ConfigError, match="'mean-change' needs per-client uploads"):
+        _resolve_attacks(AuditConfig(attacks=("mean-change",)), cfg)
+
+
+def test_attacks_written_for_named_models_skip_a_new_model(monkeypatch) -> None:
+    """A fourth model whose spec says nothing about IMIA or the released-model attack: the
+    default audit skips both with the reason (it raised 'IMIA supports fedrap and fedrecgel'),
+    and naming one is refused before anything trains."""
+    module = types.ModuleType("_fourth_model")
+    module.SPEC = dataclasses.replace(models.get_spec("fedrap"), name="fourth")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "_fourth_model", module)
+    monkeypatch.setitem(models._MODULES, "fourth", "_fourth_model")
+    monkeypatch.setattr(models, "_CACHE", dict(models._CACHE))
+    cfg = TrainConfig(model="fourth", rounds=1, **SMALL)
+    chosen, skipped = _resolve_attacks(AuditConfig(), cfg)
+    for name in ("imia", "released"):
+        assert name not in chosen
+        assert "written for fedrap, fedrecgel only" in skipped[name]
+    assert "row-change" in chosen  # the observer hooks it shares with FedRAP still apply
+    with pytest.raises(ConfigError, match="'imia' does not apply to fourth"):
+        _resolve_attacks(AuditConfig(attacks=("imia",)), cfg)
+    # FedRAP itself keeps both.
+    chosen, _ = _resolve_attacks(AuditConfig(), dataclasses.replace(cfg, model="fedrap"))
+    assert {"imia", "released"} <= set(chosen)
+
+
+def test_a_skipped_attack_names_its_own_threat_model(tmp_path) -> None:
+    """Every skipped attack was labelled upload-observer ('released (upload-observer):
+    skipped'); the released-model attack's observer is the release observer."""
+    cfg = TrainConfig(model="mostpop", rounds=1, **SMALL)
+    res = audit(AuditConfig(train=cfg, canaries=0, bootstrap=20), out=tmp_path)
+    skipped = {a.name: a for a in res.attacks if a.note.startswith("skipped")}
+    assert skipped["released"].threat_model == "release-observer"
+    assert skipped["imia"].threat_model == "upload-observer"
