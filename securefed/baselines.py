@@ -156,6 +156,16 @@ def baseline_metrics(
     return out
 
 
+def _less(value: float, ref: float) -> str:
+    """``"value < ref"`` with the fewest decimals from 4 that tell them apart (``0.0064 <
+    0.0064`` read as a tie)."""
+    for digits in range(4, 10):
+        a, b = f"{value:.{digits}f}", f"{ref:.{digits}f}"
+        if a != b:
+            return f"{a} < {b}"
+    return f"{value!r} < {ref!r}"
+
+
 def verdict(summary: dict[str, Any]) -> list[str]:
     """Sentences saying where the run stands against its baselines (empty when above all)."""
     lines: list[str] = []
@@ -172,9 +182,9 @@ def verdict(summary: dict[str, Any]) -> list[str]:
         ref_full = summary.get(f"baseline_{name}_test_full_hr@10")
         if ref is None:
             continue
-        below = [f"sampled HR@10 {hr:.4f} < {ref:.4f}"] if hr < ref else []
+        below = [f"sampled HR@10 {_less(hr, ref)}"] if hr < ref else []
         if full is not None and ref_full is not None and full < ref_full:
-            below.append(f"full HR@10 {full:.4f} < {ref_full:.4f}")
+            below.append(f"full HR@10 {_less(full, ref_full)}")
         if below:
             lines.append(f"BELOW {label}: " + ", ".join(below))
     return lines

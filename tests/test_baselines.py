@@ -313,3 +313,21 @@ def test_under_user_level_dp_a_cohort_is_poisson_or_everyone(tmp_path):
     assert TrainConfig(model="mostpop", clients_per_round=20).cohort(60).kind == "fixed"
     interaction = PrivacyConfig(epsilon=2.0, privacy_unit="interaction")
     assert TrainConfig(model="fedrecgel", privacy=interaction).cohort(943).kind == "fixed"
+
+
+def test_a_below_verdict_never_prints_two_equal_numbers() -> None:
+    """Found in a walkthrough: 'BELOW random scores: full HR@10 0.0064 < 0.0064'."""
+    from securefed.baselines import verdict
+
+    summary = {
+        "test_hr@10": 0.5,
+        "test_full_hr@10": 0.00636,
+        "baseline_random_test_hr@10": 0.1,
+        "baseline_random_test_full_hr@10": 0.00644,
+        "baseline_mostpop_test_hr@10": 0.51234,
+        "baseline_mostpop_test_full_hr@10": 0.001,
+    }
+    assert verdict(summary) == [
+        "BELOW random scores: full HR@10 0.00636 < 0.00644",
+        "BELOW MostPop (an item count): sampled HR@10 0.5000 < 0.5123",
+    ]
