@@ -1,8 +1,11 @@
 """securefed: privacy-hardened federated recommendation.
 
-The public API: :func:`train` (and :class:`TrainConfig`, :class:`PrivacyConfig`), the data
-layer in :mod:`securefed.data`, the models in :mod:`securefed.models` and evaluation in
-:mod:`securefed.evaluation`. The CLI (``securefed ...``) is a thin layer over these.
+The public API: :func:`train` (and :class:`TrainConfig`, :class:`PrivacyConfig`,
+:func:`with_private_mode`), :func:`run_report` (and :class:`ReportConfig`), the data layer in
+:mod:`securefed.data`, the models in :mod:`securefed.models` and evaluation in
+:mod:`securefed.evaluation`; the audit is :func:`attacks.audit.audit` (the ``attacks``
+package builds on this one, not the other way round). The CLI (``securefed ...``) is a thin
+layer over these.
 
 Everything but the errors is imported on first use (PEP 562), so ``import securefed`` and
 ``securefed --help`` do not wait for torch.
@@ -24,10 +27,11 @@ from securefed.errors import (
 )
 
 if TYPE_CHECKING:
-    from securefed.config import PrivacyConfig, TrainConfig
+    from securefed.config import PrivacyConfig, TrainConfig, with_private_mode
     from securefed.models.fedrap import FedRAPConfig
     from securefed.models.fedrecgel import FedRecGELConfig
     from securefed.models.registry import get_spec, model_names
+    from securefed.report import ReportConfig, run_report
     from securefed.training import TrainResult, train
 
 __version__ = "0.1.0"
@@ -37,11 +41,14 @@ _LAZY = {
     "FedRAPConfig": "securefed.models.fedrap",
     "FedRecGELConfig": "securefed.models.fedrecgel",
     "PrivacyConfig": "securefed.config",
+    "ReportConfig": "securefed.report",
     "TrainConfig": "securefed.config",
     "TrainResult": "securefed.training",
     "get_spec": "securefed.models.registry",
     "model_names": "securefed.models.registry",
+    "run_report": "securefed.report",
     "train": "securefed.training",
+    "with_private_mode": "securefed.config",
 }
 
 
@@ -72,10 +79,13 @@ __all__ = [
     "PrivacyBudgetError",
     "PrivacyConfig",
     "ProtocolError",
+    "ReportConfig",
     "SecureFedError",
     "TrainConfig",
     "TrainResult",
     "get_spec",
     "model_names",
+    "run_report",
     "train",
+    "with_private_mode",
 ]

@@ -106,48 +106,6 @@ def _absolute_if_path(dataset: str | None) -> str | None:
     return str(Path(dataset).resolve())
 
 
-def _apply_private_mode(raw: dict[str, Any]) -> None:
-    """``--private-mode``: the model's :class:`~securefed.models.registry.PrivateMode` fields
-    into ``raw`` wherever neither a flag nor the config file set them (refused, one line, for a
-    model without one or a run it does not fit)."""
-    from securefed.models.registry import DEFAULT_MODEL, get_spec, model_names
-
-    name = str(raw.get("model", DEFAULT_MODEL))
-    mode = get_spec(name).private_mode
-    if mode is None:
-        if name == "fedals":
-            raise _fail(
-                "fedals's private mode needs no flag: it is on for every user-level run with "
-                "--epsilon; drop --private-mode"
-            )
-        with_mode = [n for n in model_names() if get_spec(n).private_mode is not None]
-        raise _fail(
-            f"--private-mode: {name} has none (models with one: {', '.join(with_mode)}); drop "
-            "--private-mode"
-        )
-    privacy = dict(raw.get("privacy", {}))
-    if (refused := mode.refusal(privacy)) is not None:
-        raise _fail(refused)
-    fields, privacy_fields = mode.config_fields()
-    filled = 0
-    for key, value in fields.items():
-        if key == "client_fraction" and raw.get("clients_per_round") is not None:
-            continue  # a cohort size given: it sets the cohort
-        if raw.get(key) is None:
-            raw[key] = value
-            filled += 1
-    for key, value in privacy_fields.items():
-        if privacy.get(key) is None:
-            privacy[key] = value
-            filled += 1
-    if not filled:
-        raise _fail(
-            "--private-mode would change nothing: its rounds, cohort and prior share are all "
-            "given; drop --private-mode"
-        )
-    raw["privacy"] = privacy
-
-
 def _idle_privacy_flag(given: dict[str, Any], cfg: TrainConfig) -> str | None:
     """Why a privacy flag the user typed would change nothing in ``cfg`` (None when each one
     does): a flag that would change nothing is refused rather than ignored (README)."""
@@ -361,7 +319,12 @@ def train(
     flags_given = [k for k, v in locals().items() if v is not None and k != "resume"]
     import dataclasses
 
-    from securefed.config import TrainConfig, load_config_file, refuse_legacy_secure
+    from securefed.config import (
+        TrainConfig,
+        load_config_file,
+        refuse_legacy_secure,
+        with_private_mode,
+    )
     from securefed.models.registry import DEFAULT_MODEL, get_spec, params_from_flags
     from securefed.training import (
         RunFinished,
@@ -451,7 +414,7 @@ def train(
             if privacy:
                 raw["privacy"] = {**dict(raw.get("privacy", {})), **privacy}
             if private_mode:
-                _apply_private_mode(raw)
+                raw = with_private_mode(raw)
             if model_flags:
                 name = str(raw.get("model", DEFAULT_MODEL))
                 spec = get_spec(name)

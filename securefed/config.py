@@ -585,4 +585,55 @@ __all__ = [
     "legacy_privacy_keys",
     "refuse_legacy_secure",
     "load_config_file",
+    "with_private_mode",
 ]
+
+
+def with_private_mode(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """``raw`` (a :meth:`TrainConfig.from_dict` mapping, as ``config.toml`` holds it) with its
+    model's private mode (:class:`~securefed.models.registry.PrivateMode`: rounds, Poisson
+    cohort rate and prior share) wherever ``raw`` does not set them; ``securefed train
+    --private-mode`` is this over the flags and the config file.
+
+    Raises:
+        ConfigError: One line: the model has no such mode (a model whose private mode is on
+            with every user-level ``epsilon`` needs none), the run cannot take it (no target
+            epsilon, interaction-level DP, distributed noise), or it would change nothing.
+    """
+    out = dict(raw)
+    name = str(out.get("model", DEFAULT_MODEL))
+    spec = get_spec(name)
+    mode = spec.private_mode
+    if mode is None:
+        if "private" in {f.name for f in dataclasses.fields(spec.params)}:
+            raise ConfigError(
+                f"{name}'s private mode needs no flag: it is on for every user-level run with "
+                "--epsilon; drop --private-mode"
+            )
+        with_mode = [n for n in model_names() if get_spec(n).private_mode is not None]
+        raise ConfigError(
+            f"--private-mode: {name} has none (models with one: {', '.join(with_mode)}); drop "
+            "--private-mode"
+        )
+    privacy = dict(out.get("privacy", {}))
+    if (refused := mode.refusal(privacy)) is not None:
+        raise ConfigError(refused)
+    fields, privacy_fields = mode.config_fields()
+    filled = 0
+    for key, value in fields.items():
+        if key == "client_fraction" and out.get("clients_per_round") is not None:
+            continue  # a cohort size given: it sets the cohort
+        if out.get(key) is None:
+            out[key] = value
+            filled += 1
+    for key, value in privacy_fields.items():
+        if privacy.get(key) is None:
+            privacy[key] = value
+            filled += 1
+    if not filled:
+        raise ConfigError(
+            "--private-mode would change nothing: its rounds, cohort and prior share are all "
+            "given; drop --private-mode"
+        )
+    out["privacy"] = privacy
+    return out

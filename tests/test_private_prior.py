@@ -12,7 +12,6 @@ import tomllib
 
 import pytest
 import torch
-import typer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -545,26 +544,28 @@ def test_the_hinted_flags_train(tmp_path, noise):
 
 
 def test_private_mode_is_the_flags_it_stands_for_and_a_given_flag_wins():
-    """--private-mode sets the registry's private-mode fields (the flags it stands for)
-    wherever a flag or the config file did not; a given one keeps its value (a cohort size
-    keeps the fraction out, for the accounting's own refusal)."""
-    from securefed.cli import _apply_private_mode
+    """--private-mode (the library's with_private_mode) sets the registry's private-mode
+    fields (the flags it stands for) wherever a flag or the config file did not; a given one
+    keeps its value (a cohort size keeps the fraction out, for the accounting's own refusal);
+    the mapping it is given is not changed."""
+    from securefed import ConfigError, with_private_mode
     from securefed.config import TrainConfig
     from securefed.models.registry import get_spec
 
     mode = get_spec("fedrap").private_mode
     raw = {"model": "fedrap", "privacy": {"epsilon": 2.0}}
-    _apply_private_mode(raw)
+    out = with_private_mode(raw)
+    assert raw == {"model": "fedrap", "privacy": {"epsilon": 2.0}}
     fields, privacy_fields = mode.config_fields()
-    assert raw == {"model": "fedrap", **fields, "privacy": {"epsilon": 2.0, **privacy_fields}}
-    cfg = TrainConfig.from_dict(raw)
+    assert out == {"model": "fedrap", **fields, "privacy": {"epsilon": 2.0, **privacy_fields}}
+    cfg = TrainConfig.from_dict(out)
     assert (cfg.rounds, cfg.client_fraction, cfg.privacy.prior_share) == (10, 0.1, 0.9)
     given = {"model": "fedrap", "rounds": 2, "privacy": {"epsilon": 2.0, "prior_share": 0.5}}
-    _apply_private_mode(given)
+    given = with_private_mode(given)
     assert given["rounds"] == 2 and given["privacy"]["prior_share"] == 0.5
     assert given["client_fraction"] == 0.1
     cohort = {"model": "fedrap", "clients_per_round": 30, "privacy": {"epsilon": 2.0}}
-    _apply_private_mode(cohort)
+    cohort = with_private_mode(cohort)
     assert "client_fraction" not in cohort and cohort["rounds"] == 10
     every = {
         "model": "fedrap",
@@ -572,8 +573,8 @@ def test_private_mode_is_the_flags_it_stands_for_and_a_given_flag_wins():
         "client_fraction": 0.2,
         "privacy": {"epsilon": 2.0, "prior_share": 0.5},
     }
-    with pytest.raises(typer.Exit):
-        _apply_private_mode(every)
+    with pytest.raises(ConfigError, match="would change nothing"):
+        with_private_mode(every)
 
 
 @pytest.mark.parametrize(
