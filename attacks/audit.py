@@ -52,10 +52,12 @@ from securefed.training import (
     TrainConfig,
     build_model,
     check_run_dir_writable,
+    default_run_dir,
     load_config_file,
     load_split,
     public_state,
     refuse_foreign_files,
+    stamped_dir,
     train,
 )
 
@@ -381,7 +383,7 @@ def _replay_config(config: TrainConfig) -> TrainConfig:
 def audit(
     config: AuditConfig | TrainConfig | None = None,
     *,
-    out: str | Path,
+    out: str | Path | None = None,
     progress: Any = None,
     before_train: Callable[[TrainConfig, Split, AuditSetup], None] | None = None,
 ) -> AuditResult:
@@ -394,7 +396,9 @@ def audit(
 
     Args:
         config: An :class:`AuditConfig`, or a :class:`TrainConfig` to audit with every attack.
-        out: Output directory (created; must not hold another audit).
+        out: Output directory (created; must not hold another audit); default a new
+            ``audits/<UTC time>-<model>-<dataset>`` (``audits/<time>-of-<run>`` with
+            :attr:`AuditConfig.run`), as ``securefed audit`` writes without ``--out``.
         progress: Passed to :func:`securefed.train` (called after every round).
         before_train: Called with the replay's config, split (canaries planted) and
             :class:`AuditSetup` (the attacks that will run, their arrays' bytes) before
@@ -413,7 +417,7 @@ def audit(
         DataError: The dataset or a recorded file is missing or malformed.
     """
     cfg = config if isinstance(config, AuditConfig) else AuditConfig(train=config or TrainConfig())
-    out_dir = Path(out)
+    out_dir = Path(out) if out is not None else default_audit_dir(cfg)
     created = not out_dir.exists()
     try:
         return _audit(cfg, out_dir, progress, before_train)
@@ -423,6 +427,15 @@ def audit(
             shutil.rmtree(scratch, ignore_errors=True)
         if created and out_dir.is_dir() and not any(out_dir.iterdir()):
             out_dir.rmdir()  # refused before writing anything: leave nothing behind
+
+
+def default_audit_dir(cfg: AuditConfig) -> Path:
+    """A fresh ``audits/<UTC time>-<model>-<dataset>`` for an audit that trains, or
+    ``audits/<UTC time>-of-<run>`` for one of :attr:`AuditConfig.run` (a path that does not
+    exist yet), as ``train`` writes ``runs/<...>``."""
+    if cfg.run is None:
+        return default_run_dir(cfg.train, "audits")
+    return stamped_dir("audits", f"of-{Path(cfg.run).resolve().name}")
 
 
 def _audit(

@@ -186,13 +186,9 @@ def audit(
             keep_recording=keep_recording,
         )
         if out_dir is None:  # a fresh directory per audit, as train's runs/<...>
-            from securefed.training import default_run_dir, stamped_dir
+            from attacks.audit import default_audit_dir
 
-            out_dir = (
-                default_run_dir(train_cfg, "audits")
-                if run is None
-                else stamped_dir("audits", f"of-{run.resolve().name}")
-            )
+            out_dir = default_audit_dir(cfg)
         before_train, progress = _announce()
         if err.is_terminal:
             with err.status("training and recording what each observer sees ..."):

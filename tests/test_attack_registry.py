@@ -128,3 +128,12 @@ def test_a_skipped_attack_names_its_own_threat_model(tmp_path) -> None:
     skipped = {a.name: a for a in res.attacks if a.note.startswith("skipped")}
     assert skipped["released"].threat_model == "release-observer"
     assert skipped["imia"].threat_model == "upload-observer"
+
+
+def test_the_api_audit_writes_where_the_cli_would_without_out(tmp_path, monkeypatch) -> None:
+    """audit() required out=, which `securefed audit` does not (found using the API)."""
+    monkeypatch.chdir(tmp_path)
+    cfg = TrainConfig(model="mostpop", rounds=1, **SMALL)
+    res = audit(AuditConfig(train=cfg, attacks=("row-change",), canaries=0, bootstrap=20))
+    assert res.out_dir.parent.resolve() == (tmp_path / "audits").resolve()
+    assert res.out_dir.name.endswith("-mostpop-synthetic") and (res.out_dir / "audit.json").exists()
