@@ -836,3 +836,22 @@ def test_a_model_a_node_cannot_replay_is_refused_before_the_run(monkeypatch):
     check_config(
         TrainConfig(model="noreplay", privacy=PrivacyConfig(secagg=True, epsilon=2.0), **small)
     )
+
+
+def test_a_flower_run_checkpoints_every_round_unless_told_otherwise(tmp_path):
+    """Found in a walkthrough: a 4-round `flower local` run stopped after round 2 had no
+    checkpoint (every 10 rounds), resumed from round 0, spent its budget on re-running the
+    counted rounds and released a 1-round model. Flower runs checkpoint every round unless
+    the config or a flag sets a cadence."""
+    from securefed.cli_flower import _config
+    from securefed.flower.server import FLOWER_CHECKPOINT_EVERY, with_flower_defaults
+
+    assert FLOWER_CHECKPOINT_EVERY == 1
+    kw = dict(model=None, rounds=4, seed=None, epsilon=8.0, synthetic_users=60, synthetic_items=400)
+    assert _config(None, **kw).checkpoint_every == 1
+    toml = tmp_path / "run.toml"
+    toml.write_text("checkpoint_every = 3\n")
+    assert _config(toml, **kw).checkpoint_every == 3
+    assert with_flower_defaults({"checkpoint_every": 5})["checkpoint_every"] == 5
+    assert TrainConfig.from_dict(with_flower_defaults({})).checkpoint_every == 1
+    assert TrainConfig().checkpoint_every == 10  # in-process runs keep theirs

@@ -1080,6 +1080,23 @@ def read_flower_record(run_dir: Path) -> dict[str, Any]:
 WORST_CASE_FILE = "worst_case_ledger.json"
 
 
+#: The checkpoint cadence of a Flower run whose settings do not give one: every round. A
+#: node's snapshot of a checkpoint round is a hard link to the state file it writes after
+#: every local training anyway, and the server's checkpoint is the shared model and its
+#: step's state, so a stopped run re-runs (and counts again) at most the round in progress;
+#: at the in-process default of 10 a 4-round run stopped after round 2 resumed from round 0,
+#: spent its budget on the re-runs and released a 1-round model (found in a walkthrough).
+FLOWER_CHECKPOINT_EVERY = 1
+
+
+def with_flower_defaults(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A config mapping (``config.toml``'s form) with the Flower defaults where it sets
+    nothing: :data:`FLOWER_CHECKPOINT_EVERY`."""
+    out = dict(raw)
+    out.setdefault("checkpoint_every", FLOWER_CHECKPOINT_EVERY)
+    return out
+
+
 def check_config(config: TrainConfig) -> None:
     """A distributed run must use secure aggregation and real (not simulated) dropouts."""
     p = config.privacy
