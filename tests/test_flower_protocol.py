@@ -855,3 +855,39 @@ def test_a_flower_run_checkpoints_every_round_unless_told_otherwise(tmp_path):
     assert with_flower_defaults({"checkpoint_every": 5})["checkpoint_every"] == 5
     assert TrainConfig.from_dict(with_flower_defaults({})).checkpoint_every == 1
     assert TrainConfig().checkpoint_every == 10  # in-process runs keep theirs
+
+
+def test_a_worker_started_with_sigint_ignored_still_stops_with_its_supernode(tmp_path):
+    """Found in a walkthrough: a worker started in the background by a script (SIGINT
+    inherited as ignored) outlived its killed SuperNode, holding the node's round secrets:
+    Flower's parent monitor stops it with SIGINT."""
+    import subprocess
+    import sys
+    import textwrap
+
+    parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    script = textwrap.dedent(
+        f"""
+        import signal, time
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a background job of a script
+        from securefed.flower.worker import stop_with
+        stop_with({parent.pid})
+        print("watching", flush=True)
+        try:
+            for _ in range(200):  # a worker wakes at least every poll (0.1 s) to ask for tasks
+                time.sleep(0.1)
+            print("outlived its parent")
+        except KeyboardInterrupt:
+            print("stopped with its parent")
+        """
+    )
+    worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout.readline().strip() == "watching"
+        parent.kill()
+        parent.wait()  # reaped: its pid is gone, as a SuperNode's is once its launcher reaps it
+        out, _ = worker.communicate(timeout=60)
+    finally:
+        parent.kill()
+        worker.kill()
+    assert out.strip() == "stopped with its parent"

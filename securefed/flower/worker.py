@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -320,6 +321,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def stop_with(parent_pid: int) -> None:
+    """Raise KeyboardInterrupt in this process's main thread once ``parent_pid`` (its
+    SuperNode) is gone: Flower's parent monitor sends SIGINT, which a process started in the
+    background by a non-interactive shell inherits as ignored, so SIGINT's handler is put
+    back (and unblocked) first (found in a walkthrough: seven workers outlived their killed SuperNodes for
+    minutes, holding their nodes' round secrets)."""
+    from flwr.supercore.app_utils import start_parent_process_monitor
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # nor blocked by its launcher
+    start_parent_process_monitor(parent_pid)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--runtime-api-address", required=True, help="The SuperNode's HOST:PORT.")
@@ -339,9 +353,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not every poll of the SuperNode
     if args.parent_pid is not None:
-        from flwr.supercore.app_utils import start_parent_process_monitor
-
-        start_parent_process_monitor(args.parent_pid)  # SIGINT here when the SuperNode exits
+        stop_with(args.parent_pid)
     _wait_listening(args.runtime_api_address, args.parent_pid)
     import securefed
     import securefed.flower.apps
