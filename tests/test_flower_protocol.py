@@ -891,3 +891,16 @@ def test_a_worker_started_with_sigint_ignored_still_stops_with_its_supernode(tmp
         parent.kill()
         worker.kill()
     assert out.strip() == "stopped with its parent"
+
+
+@pytest.mark.parametrize("value", ["0.2s", "10", "0", "nan"])
+def test_a_bad_idle_poll_is_one_line_not_a_traceback(value, capsys):
+    """Found in a walkthrough: `--idle-poll 0.2s` and `--idle-poll 10` were ValueError
+    tracebacks from securefed's SuperNode wrapper."""
+    from securefed.flower.supernode import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--idle-poll", value, "--insecure"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.startswith("error: --idle-poll takes seconds in (0, 3]") and "Traceback" not in err

@@ -29,6 +29,7 @@ give up on a large upload within a minute.
 from __future__ import annotations
 
 import inspect
+import math
 import sys
 import time
 import types
@@ -112,7 +113,18 @@ def main(argv: list[str] | None = None) -> None:
     cap = DEFAULT_IDLE_POLL
     if "--idle-poll" in args:
         i = args.index("--idle-poll")
-        cap = float(args[i + 1])
+        value = args[i + 1] if i + 1 < len(args) else ""
+        try:
+            cap = float(value)
+        except ValueError:
+            cap = math.nan
+        if not 0 < cap <= MAX_IDLE_POLL:  # a user's mistake: one line, exit 2
+            print(
+                f"error: --idle-poll takes seconds in (0, {MAX_IDLE_POLL:g}], as a number "
+                f"(e.g. 0.2), got {value!r}",
+                file=sys.stderr,
+            )
+            raise SystemExit(2)
         del args[i : i + 2]
     cap_idle_poll(cap)
     from flwr.supernode import start_client_internal
