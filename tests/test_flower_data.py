@@ -477,3 +477,38 @@ def test_a_pinned_node_settles_the_population_rule_on_its_own_data(tmp_path):
         node_config["pin-config"] = str(small)
     with pytest.raises(ProtocolError, match="rounds = 4 \\(pinned 3\\)"):
         FederatedServer(operator, run_dir=tmp_path / "large", transport=transport).run()
+
+
+def test_a_node_given_data_sha256_refuses_another_file(tmp_path):
+    """Found in a deployment walkthrough: two nodes holding different CSVs of the same name and
+    sizes (a relative path) trained one run unnoticed: the server compares names and sizes
+    only. A node given the operator's `sha256sum` (`data-sha256`, never sent to the server)
+    refuses another file in its hello, named at once."""
+    import hashlib
+
+    from securefed.flower.messages import check_data_sha256
+
+    rows = "user,item\n" + "".join(
+        f"{u},{(u * 7 + k * 13) % 200}\n" for u in range(30) for k in range(6)
+    )
+    mine, other = tmp_path / "mine.csv", tmp_path / "other.csv"
+    mine.write_text(rows)
+    other.write_text(rows.replace("0,0\n", "0,199\n", 1))
+    digest = hashlib.sha256(mine.read_bytes()).hexdigest()
+    check_data_sha256(str(mine), digest)
+    check_data_sha256(str(mine), digest.upper() + "\n")
+    with pytest.raises(ProtocolError, match="holds another file than the operator's"):
+        check_data_sha256(str(other), digest)
+    with pytest.raises(ProtocolError, match="built in"):
+        check_data_sha256("synthetic", digest)
+    cfg = _cfg(dataset=str(other), rounds=1, min_interactions=3)
+    transport = _GridLike(3, state_dir=tmp_path / "n")
+    transport.node_configs[101]["data-sha256"] = digest
+    server = FederatedServer(
+        cfg,
+        run_dir=tmp_path / "fl",
+        transport=transport,
+        settings=ServerSettings(connect_timeout=3.0),
+    )
+    with pytest.raises(ConfigError, match="node 101 failed the hello: ProtocolError: this node's"):
+        server.run()

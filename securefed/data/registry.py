@@ -262,6 +262,31 @@ def _names_user_and_item(path: Path) -> bool:
     return {"user", "item"} <= names
 
 
+def dataset_sha256(name_or_path: str) -> str | None:
+    """SHA-256 of the interaction file a dataset path names (``sha256sum`` of it), of a
+    folder's files (their names and contents, sorted), or None for ``synthetic`` and the
+    known datasets (verified by their publishers' checksums when fetched).
+
+    Raises:
+        DataError: The path does not exist or cannot be read.
+    """
+    if name_or_path == "synthetic" or name_or_path in DATASETS:
+        return None
+    path = Path(name_or_path).expanduser()
+    try:
+        if path.is_file():
+            return _digest_file(path, "sha256")
+        if path.is_dir():
+            h = hashlib.sha256()
+            for f in sorted(p for p in path.rglob("*") if p.is_file()):
+                h.update(f.relative_to(path).as_posix().encode() + b"\0")
+                h.update(bytes.fromhex(_digest_file(f, "sha256")))
+            return h.hexdigest()
+    except OSError as exc:
+        raise DataError(f"cannot read {path} ({exc.strerror or exc})") from None
+    raise DataError(f"no such file or folder: {path}")
+
+
 def load_dataset(
     name_or_path: str,
     *,

@@ -243,7 +243,37 @@ def _manifest(payload: Payload, node_config: Mapping[str, Any]) -> dict[str, Any
     pinned = node_config.get("pin-config")
     if pinned:
         check_pinned(config, Path(str(pinned)), lambda: node_split(config, token))
+    expected = node_config.get("data-sha256")
+    if expected:
+        check_data_sha256(config.dataset, str(expected))
     return manifest_of(node_split(config, token)).fields()
+
+
+def check_data_sha256(dataset: str, expected: str) -> None:
+    """Refuse a run on a dataset file whose SHA-256 is not the one the node operator gave
+    (``--node-config 'data-sha256="<sha256sum of the file>"'``): the server compares the
+    nodes' dataset names and sizes only (it reads no data, and a digest of the data is an
+    exact function of it), so two nodes holding different files of the same name and sizes
+    (a relative path, another file at that path) would train one model on different data
+    unnoticed (found in a deployment walkthrough). The digest stays on the node.
+
+    Raises:
+        ProtocolError: The file's digest differs, or the dataset is a built-in name.
+    """
+    from securefed.data.registry import dataset_sha256
+
+    found = dataset_sha256(dataset)
+    if found is None:
+        raise ProtocolError(
+            f"data-sha256 checks a dataset file, and this run's dataset is {dataset!r} (built "
+            "in: its files are checked against their publishers' checksums); drop data-sha256"
+        )
+    if found != expected.strip().lower():
+        raise ProtocolError(
+            f"this node's dataset {dataset} has SHA-256 {found[:16]}..., not the "
+            f"{expected.strip()[:16]}... its node-config's data-sha256 gives: it holds "
+            "another file than the operator's; give this node the operator's copy"
+        )
 
 
 def _run_config(payload: Payload, what: str) -> Any:

@@ -325,8 +325,8 @@ def stop_with(parent_pid: int) -> None:
     """Raise KeyboardInterrupt in this process's main thread once ``parent_pid`` (its
     SuperNode) is gone: Flower's parent monitor sends SIGINT, which a process started in the
     background by a non-interactive shell inherits as ignored, so SIGINT's handler is put
-    back (and unblocked) first (found in a walkthrough: seven workers outlived their killed SuperNodes for
-    minutes, holding their nodes' round secrets)."""
+    back (and unblocked) first (found in a walkthrough: seven workers outlived their killed
+    SuperNodes for minutes, holding their nodes' round secrets)."""
     from flwr.supercore.app_utils import start_parent_process_monitor
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
