@@ -461,6 +461,8 @@ def _summary(
         for key in (*SAMPLE_CI_METRICS, "full_eval_users"):  # full ranking of a user sample
             if key in best:
                 summary[key] = best[key]
+        if "eval_users" in best:  # a Flower evaluation round: the users whose nodes stayed
+            summary["evaluated_users"] = int(best["eval_users"])
         last = evaluated[-1]
         for key in SUMMARY_METRICS:
             summary[f"final_{key}"] = last.get(key)
@@ -564,6 +566,15 @@ def _baselines(config: TrainConfig, split: Split, summary: dict[str, Any]) -> di
         if value is not None and ref:
             out[f"lift_over_mostpop_{key}"] = value / ref
     out["verdict"] = verdict({**summary, **out})
+    evaluated = summary.get("evaluated_users")
+    if evaluated is not None and evaluated < split.n_users:
+        # Found in a deployment walkthrough: a node's dropout left the model's test metrics on
+        # 134 of 200 users while the yardsticks covered all 200, and a BELOW line was printed.
+        out["verdict"] = [
+            f"NOT COMPARED with the yardsticks: the selected round's test metrics cover "
+            f"{evaluated} of {split.n_users} users (the others' nodes dropped out of its "
+            f"evaluation round) and the yardsticks all {split.n_users}"
+        ]
     return out
 
 

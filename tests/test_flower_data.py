@@ -190,6 +190,20 @@ def test_a_flower_run_never_reads_the_data_on_the_server(tmp_path, monkeypatch):
     other = load_split(_cfg(synthetic_users=61))
     with pytest.raises(ConfigError, match="not the run's dataset"):
         add_yardsticks(tmp_path / "fl", other)
+    assert added["evaluated_users"] == split.n_users  # every node stayed to the end
+    assert not any(line.startswith("NOT COMPARED") for line in added["verdict"])
+
+    # A node that dropped out of the selected round's evaluation: the model's test metrics
+    # are over fewer users than the yardsticks, and no BELOW line may compare them (found in
+    # a deployment walkthrough: 134 of 200 users against all 200, "BELOW DP-MostPop").
+    path = tmp_path / "fl" / runs.SUMMARY_FILE
+    path.write_text(json.dumps({**added, "evaluated_users": split.n_users - 20, "test_hr@10": 0}))
+    partial = add_yardsticks(tmp_path / "fl", split)
+    assert partial["verdict"] == [
+        f"NOT COMPARED with the yardsticks: the selected round's test metrics cover "
+        f"{split.n_users - 20} of {split.n_users} users (the others' nodes dropped out of its "
+        f"evaluation round) and the yardsticks all {split.n_users}"
+    ]
 
 
 def _tamper_hello(transport, change):
