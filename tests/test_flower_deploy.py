@@ -437,3 +437,77 @@ def test_stopping_a_deployment_leaves_no_process_of_its_groups(tmp_path):
             os.killpg(leader.pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             os.kill(straggler, signal.SIGKILL)
+
+
+def test_the_guard_stops_a_deployment_whose_command_was_killed(tmp_path):
+    """Found in a deployment walkthrough: `kill -9` of `securefed flower local` left the
+    SuperLink, its ServerApp, the SuperNodes and their workers running (in sessions of their
+    own); they finished the run without yardsticks and stayed up. The guard, in a session of
+    its own, stops every recorded group (and what it started) once the command is gone."""
+    import sys
+
+    from securefed.flower import guard
+
+    command = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    pid_file = tmp_path / "straggler.pid"
+    inner = f'trap "" TERM; echo $$ > {pid_file}; sleep 300'
+    script = f"setsid sh -c '{inner}' & sleep 300"
+    leader = deploy._spawn(["sh", "-c", script], tmp_path / "log", dict(os.environ))
+    record = tmp_path / guard.GUARD_FILE
+    record.write_text("")
+    deadline = time.monotonic() + 10
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    straggler = int(pid_file.read_text())
+    guard.record_process(record, leader.pid)
+    watcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "securefed.flower.guard",
+            "--parent",
+            str(command.pid),
+            "--parent-start",
+            str(guard._start_time(command.pid)),
+            "--record",
+            str(record),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        time.sleep(1.5)
+        assert watcher.poll() is None and leader.poll() is None  # the command lives: nothing
+        command.kill()
+        command.wait()
+        out, _ = watcher.communicate(timeout=30)
+        assert "stopping 1 process group(s)" in out and not record.exists()
+        deadline = time.monotonic() + 10
+        while deploy._group_members(leader.pid) or guard._start_time(straggler) is not None:
+            assert time.monotonic() < deadline, f"{straggler} or a group member survived"
+            time.sleep(0.05)
+    finally:
+        for pid in (leader.pid,):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(straggler, signal.SIGKILL)
+        command.kill()
+        watcher.kill()
+
+
+def test_a_deployment_stopped_normally_stops_its_guard(tmp_path):
+    from securefed.flower import guard
+
+    (tmp_path / "logs").mkdir()
+    leader = deploy._spawn(["sleep", "300"], tmp_path / "log", dict(os.environ))
+    dep = deploy.LocalDeployment(tmp_path, port=0)
+    dep.guard = guard.start_guard(tmp_path, dict(os.environ))
+    assert dep.guard is not None
+    dep.superlink = dep.track(leader)
+    assert (tmp_path / guard.GUARD_FILE).read_text().startswith(f"{leader.pid} ")
+    dep.stop()
+    assert dep.guard.poll() is not None and leader.poll() is not None
+    assert not (tmp_path / guard.GUARD_FILE).exists()

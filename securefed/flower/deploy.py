@@ -50,6 +50,14 @@ from securefed import runs
 from securefed.errors import ConfigError, DataError, ProtocolError
 from securefed.flower import require_flwr
 from securefed.flower.certs import LocalCertificates, make_local_certificates, make_node_key
+from securefed.flower.guard import (
+    GUARD_FILE,
+    _descendants,
+    _group_members,
+    _start_time,
+    record_process,
+    start_guard,
+)
 from securefed.flower.server import FLOWER_FILE, check_config, read_flower_record
 from securefed.flower.supernode import DEFAULT_IDLE_POLL, MAX_IDLE_POLL
 from securefed.training import (
@@ -430,6 +438,14 @@ class LocalDeployment:
     env: dict[str, str] = field(default_factory=dict)
     tls: bool = True  # every connection to the SuperLink is TLS (the run's own CA)
     authenticated: bool = True  # the SuperLink accepts registered SuperNode keys only
+    # Stops the processes below if this process dies without stopping them (guard.py).
+    guard: subprocess.Popen | None = None
+
+    def track(self, proc: subprocess.Popen) -> subprocess.Popen:
+        """Record ``proc`` (a process group leader) for the guard; returns it."""
+        if self.guard is not None:
+            record_process(self.work_dir / GUARD_FILE, proc.pid)
+        return proc
 
     def node_state_dir(self, partition: int) -> Path:
         return node_state_dir(self.work_dir, partition)
@@ -468,6 +484,13 @@ class LocalDeployment:
             if _start_time(pid) == start:  # the same process, not a reused pid
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
+        if self.guard is not None:  # its record gone, it exits within a period
+            (self.work_dir / GUARD_FILE).unlink(missing_ok=True)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.guard.wait(timeout=5)
+            if self.guard.poll() is None:
+                self.guard.kill()
+                self.guard.wait(timeout=5)
 
 
 def _kill(proc: subprocess.Popen, sig: int) -> None:
@@ -475,48 +498,6 @@ def _kill(proc: subprocess.Popen, sig: int) -> None:
     children may outlive the leader)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
-
-
-def _proc_stat(pid: int) -> list[str] | None:
-    """The fields of ``/proc/<pid>/stat`` after the command name (None if unreadable)."""
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _start_time(pid: int) -> str | None:
-    fields = _proc_stat(pid)
-    return fields[19] if fields is not None and fields[0] != "Z" else None
-
-
-def _descendants(roots: list[int]) -> dict[int, str]:
-    """Every live descendant of ``roots`` (by parent pid, from ``/proc``) with its start time;
-    empty where ``/proc`` is missing."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        fields = _proc_stat(int(entry.name))
-        if fields is not None:
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-    out: dict[int, str] = {}
-    todo = list(roots)
-    while todo:
-        for child in children.get(todo.pop(), []):
-            start = _start_time(child)
-            if start is not None and child not in out:
-                out[child] = start
-                todo.append(child)
-    return out
-
-
-def _group_members(pgid: int) -> list[int]:
-    """Live processes of the process group ``pgid`` (from ``/proc``; empty elsewhere)."""
-    members = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        fields = _proc_stat(int(entry.name))
-        if fields is not None and int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
 
 
 def _spawn(cmd: Sequence[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
@@ -601,6 +582,7 @@ def local_deployment(
     dep = LocalDeployment(work, free_port(), env=env, tls=not insecure, authenticated=not insecure)
     certs = None if insecure else make_local_certificates(work / "tls")
     try:
+        dep.guard = start_guard(work, env)
         if certs is None:
             security = ["--insecure"]
         else:
@@ -613,18 +595,20 @@ def local_deployment(
                 str(certs.server_key),
                 "--enable-supernode-auth",
             ]
-        dep.superlink = _spawn(
-            [
-                _bin("flower-superlink"),
-                *security,
-                "--disable-runtime-dependency-installation",
-                "--host",
-                LOOPBACK,
-                "--port",
-                str(dep.port),
-            ],
-            work / "logs" / "superlink.log",
-            env,
+        dep.superlink = dep.track(
+            _spawn(
+                [
+                    _bin("flower-superlink"),
+                    *security,
+                    "--disable-runtime-dependency-installation",
+                    "--host",
+                    LOOPBACK,
+                    "--port",
+                    str(dep.port),
+                ],
+                work / "logs" / "superlink.log",
+                env,
+            )
         )
         _wait_port(dep.port, dep.superlink, "SuperLink")
         _write_connection(work / "flwr-home", dep.port, certs)
@@ -675,7 +659,7 @@ def local_deployment(
                 work / "logs" / f"supernode-{p}.log",
                 env,
             )
-            dep.supernodes.append(node)
+            dep.supernodes.append(dep.track(node))
             worker = None
             if isolation == "process":
                 worker = _spawn(
@@ -693,7 +677,7 @@ def local_deployment(
                     work / "logs" / f"worker-{p}.log",
                     env,
                 )
-            dep.workers.append(worker)
+            dep.workers.append(worker if worker is None else dep.track(worker))
         yield dep
     finally:
         dep.stop()
