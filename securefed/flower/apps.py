@@ -252,8 +252,15 @@ class GridTransport:
             node = int(reply.metadata.src_node_id)
             if reply.has_error():
                 # The node failed (crashed ClientApp, lost SuperNode): a dropout.
-                self.errors.append((stage, node, str(reply.error.reason)[:200]))
-                logger.warning("node %s failed at stage %s: %s", node, stage, reply.error.code)
+                reason = str(reply.error.reason)
+                self.errors.append((stage, node, reason[:1000]))
+                logger.warning(
+                    "node %s failed at stage %s (Flower error code %s): %s",
+                    node,
+                    stage,
+                    reply.error.code,
+                    reason.strip().splitlines()[-1][:500] if reason.strip() else "no reason given",
+                )
                 continue
             if node not in messages:
                 continue
