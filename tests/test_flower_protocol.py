@@ -904,3 +904,54 @@ def test_a_bad_idle_poll_is_one_line_not_a_traceback(value, capsys):
     err = capsys.readouterr().err
     assert exit_info.value.code == 2
     assert err.startswith("error: --idle-poll takes seconds in (0, 3]") and "Traceback" not in err
+
+
+def test_the_server_app_logs_each_round_and_why_a_run_stopped(tmp_path):
+    """Found in a deployment walkthrough: `flwr run --stream` showed no round, and a run
+    stopped by the nodes' budget ended as Flower's 'completed' with its reason only in
+    summary.json."""
+    import logging
+
+    from flwr.common.logger import FLOWER_LOGGER
+
+    from securefed.flower.apps import log_outcome, log_round
+    from securefed.training import RoundRecord
+
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(f"{record.levelname} {record.getMessage()}")
+
+    handler = Keep()
+    FLOWER_LOGGER.addHandler(handler)
+    try:
+        log_round(
+            RoundRecord(
+                {"round": 2, "loss": 0.5, "contributors": 120, "participants": 134,
+                 "epsilon": 3.21, "val_hr@10": 0.3},
+                warning="the loss grew",
+            )
+        )  # fmt: skip
+        log_round(RoundRecord({"round": 3, "loss": float("nan"), "participants": 5,
+                               "contributors": 0, "aborted": "too few users"}))  # fmt: skip
+        log_outcome(
+            {
+                "rounds": 3,
+                "rounds_planned": 4,
+                "epsilon": 7.7,
+                "stopped": "refused beyond the budget",
+            },
+            tmp_path,
+        )
+    finally:
+        FLOWER_LOGGER.removeHandler(handler)
+    assert seen[:3] == [
+        "INFO securefed: round 2, loss 0.5, 120 of 134 users summed, epsilon 3.210, "
+        "validation HR@10 0.3000",
+        "WARNING securefed: the loss grew",
+        "INFO securefed: round 3, 0 of 5 users summed, aborted: too few users",
+    ]
+    assert seen[3].startswith("INFO securefed: 3 of 4 rounds, epsilon 7.700; results in ")
+    assert "securefed flower yardsticks" in seen[3]
+    assert seen[4] == "WARNING securefed: stopped early: refused beyond the budget"

@@ -25,10 +25,11 @@ recorded), ``eager-masking`` (bool, default true: masked inputs travel with the 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
@@ -45,6 +46,9 @@ from securefed.flower.messages import (
     pack_sids,
     unpack_sids,
 )
+
+if TYPE_CHECKING:
+    from securefed.training import RoundRecord
 
 logger = logging.getLogger(__name__)
 
@@ -223,6 +227,49 @@ def from_content(content: RecordDict) -> Payload:
 # ----------------------------------------------------------------------------- server
 
 
+def log_round(rec: RoundRecord) -> None:
+    """One line per round in the ServerApp's log (what `flwr run --stream` and `flwr log`
+    show; `securefed flower local` prints its own from metrics.jsonl)."""
+    from flwr.common.logger import log
+
+    r = rec.values
+    parts = [f"round {r['round']}"]
+    if isinstance(r.get("loss"), float) and math.isfinite(r["loss"]):
+        parts.append(f"loss {r['loss']:.4g}")
+    parts.append(f"{r.get('contributors', 0)} of {r.get('participants', 0)} users summed")
+    if r.get("epsilon") is not None:
+        parts.append(f"epsilon {r['epsilon']:.3f}")
+    if r.get("val_hr@10") is not None:
+        parts.append(f"validation HR@10 {r['val_hr@10']:.4f}")
+    for key in ("aborted", "eval_aborted"):
+        if r.get(key):
+            parts.append(f"{key.replace('_', ' ')}: {r[key]}")
+    log(logging.INFO, "securefed: %s", ", ".join(parts))
+    if rec.warning:
+        log(logging.WARNING, "securefed: %s", rec.warning)
+
+
+def log_outcome(summary: Mapping[str, Any], run_dir: Path) -> None:
+    """The run's outcome in the ServerApp's log: a run stopped by the budget (the nodes'
+    or the server's) ended as 'completed' for Flower, its reason only in summary.json (found
+    in a deployment walkthrough)."""
+    from flwr.common.logger import log
+
+    done = f"securefed: {summary.get('rounds')} of {summary.get('rounds_planned')} rounds"
+    if summary.get("epsilon") is not None:
+        done += f", epsilon {summary['epsilon']:.3f}"
+    log(
+        logging.INFO,
+        "%s; results in %s, beside random, MostPop and DP-MostPop once whoever holds the data "
+        "runs: securefed flower yardsticks %s --dataset <the data>",
+        done,
+        run_dir,
+        run_dir,
+    )
+    if summary.get("stopped"):
+        log(logging.WARNING, "securefed: stopped early: %s", summary["stopped"])
+
+
 class GridTransport:
     """:class:`~securefed.flower.server.Transport` over a Flower ``Grid``."""
 
@@ -337,7 +384,8 @@ def make_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
             server = FederatedServer(
                 config, run_dir=run_dir, transport=GridTransport(grid), settings=settings
             )
-        server.run()
+        server.progress = log_round
+        log_outcome(server.run().summary, run_dir)
 
     return app
 
