@@ -222,6 +222,10 @@ def _deploy(opts: dict[str, Any], *, local: bool) -> None:
         from securefed.flower import require_flwr
 
         require_flwr()  # before any folder is made (it used to leave app/ and securefed.toml)
+        if local:  # a bad --isolation before the deployment's banner and folders
+            from securefed.flower.deploy import _check_scheduling
+
+            _check_scheduling(opts["isolation"], None)
         if resume is not None:
             given = [k for k in ("config", "out_dir", *_OVERRIDES) if opts[k] is not None]
             refuse_flags_with_resume(given, {"out_dir": "out"})

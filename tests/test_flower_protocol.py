@@ -543,6 +543,12 @@ def test_cli_deploy_commands_pass_their_options_and_report_errors_in_one_line(
     assert "WARNING: --insecure is for debugging only: no TLS and no SuperNode" in text
     res = CliRunner().invoke(root, [*args, "--isolation", "subprocess"])
     assert res.exit_code == 2 and insecure[-1]["isolation"] == "subprocess"
+    # A bad --isolation is refused before the deployment's banner (found in a walkthrough).
+    calls = len(insecure)
+    res = CliRunner().invoke(root, [*args, "--isolation", "foo"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and "isolation must be one of process, subprocess" in text
+    assert "logs in" not in text and len(insecure) == calls
 
 
 def test_flower_init_writes_a_config_the_deploy_commands_take(tmp_path, monkeypatch):
@@ -562,7 +568,10 @@ def test_flower_init_writes_a_config_the_deploy_commands_take(tmp_path, monkeypa
     assert f"--config {path}" in res.output.replace("\n", "")
     cfg = TrainConfig.from_dict(load_config_file(path))
     assert cfg.model == "fedrap" and cfg.privacy.secagg
-    assert cfg == TrainConfig(model="fedrap", privacy=PrivacyConfig(secagg=True))
+    # A Flower config checkpoints every round (with_flower_defaults).
+    assert cfg == TrainConfig(
+        model="fedrap", checkpoint_every=1, privacy=PrivacyConfig(secagg=True)
+    )
     before = path.read_bytes()
     again = CliRunner().invoke(root, ["flower", "init", str(path)])
     assert again.exit_code == 2 and "exists" in again.output
