@@ -349,13 +349,14 @@ def _resolve_attacks(cfg: AuditConfig, train_cfg: TrainConfig) -> tuple[list[str
         return [a for a in chosen if a not in skipped], skipped
     chosen = list(cfg.attacks)
     if secagg:
-        bad = [a for a in chosen if a in per_client_attacks()]
+        per_client = per_client_attacks()
+        bad = [a for a in chosen if a in per_client]
         if bad:
+            usable = [a for a in names if a not in per_client and a not in unsupported]
             raise ConfigError(
                 f"attack {bad[0]!r} needs per-client uploads, but secure aggregation is on: the "
                 "server sees only per-round sums, so per-client attacks have no input; use "
-                f"--attacks {','.join(a for a in names if a not in per_client_attacks())} or "
-                "a run without --secagg"
+                f"--attacks {','.join(usable)} or a run without --secagg"
             )
     for a in chosen:
         if a in unsupported:

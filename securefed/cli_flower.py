@@ -80,7 +80,6 @@ def _config(
     data_dir: Path | None = None,
 ) -> Any:
     from securefed.config import refuse_legacy_secure
-    from securefed.flower.server import with_flower_defaults
     from securefed.training import TrainConfig, load_config_file
 
     raw: dict[str, Any] = load_config_file(config) if config is not None else {}
@@ -101,7 +100,7 @@ def _config(
     if epsilon is not None:
         privacy["epsilon"] = epsilon
     raw["privacy"] = privacy
-    return TrainConfig.from_dict(with_flower_defaults(raw))
+    return TrainConfig.from_dict(raw)
 
 
 def _dirs(config: Any, out_dir: Path | None, work_dir: Path | None) -> tuple[Path, Path]:

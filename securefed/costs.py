@@ -815,7 +815,7 @@ def estimate_run(
     speed = machine_speed() if speed is None else speed
     evals = _count(start_round, config.rounds, config.eval_every)
     fulls = _count_full(start_round, config.rounds, config.eval_every, config)
-    ckpts = _count(start_round, config.rounds, config.checkpoint_every)
+    ckpts = _count(start_round, config.rounds, config.resolved_checkpoint_every())
     checkpoint = sum(written.values()) + CHECKPOINT_OVERHEAD
     best = checkpoint if config.resolved_full_eval_every() > config.eval_every else 0
     metrics_bytes = 1024 * rounds

@@ -137,3 +137,12 @@ def test_the_api_audit_writes_where_the_cli_would_without_out(tmp_path, monkeypa
     res = audit(AuditConfig(train=cfg, attacks=("row-change",), canaries=0, bootstrap=20))
     assert res.out_dir.parent.resolve() == (tmp_path / "audits").resolve()
     assert res.out_dir.name.endswith("-mostpop-synthetic") and (res.out_dir / "audit.json").exists()
+
+
+def test_the_secure_aggregation_hint_names_only_attacks_the_model_takes() -> None:
+    """Found in review: the hint offered --attacks union,differencing,released for fedals,
+    whose spec refuses the released-model attack."""
+    cfg = TrainConfig(model="fedals", rounds=1, privacy=PrivacyConfig(secagg=True), **SMALL)
+    with pytest.raises(ConfigError, match="use --attacks union,differencing or a run") as info:
+        _resolve_attacks(AuditConfig(attacks=("row-change",)), cfg)
+    assert "released" not in str(info.value)

@@ -199,6 +199,8 @@ def test_a_flower_run_never_reads_the_data_on_the_server(tmp_path, monkeypatch):
     path = tmp_path / "fl" / runs.SUMMARY_FILE
     path.write_text(json.dumps({**added, "evaluated_users": split.n_users - 20, "test_hr@10": 0}))
     partial = add_yardsticks(tmp_path / "fl", split)
+    assert "lift_over_mostpop_test_full_hr@10" in added
+    assert not [k for k in partial if k.startswith("lift_over_mostpop_")]
     assert partial["verdict"] == [
         f"NOT COMPARED with the yardsticks: the selected round's test metrics cover "
         f"{split.n_users - 20} of {split.n_users} users (the others' nodes dropped out of its "
@@ -511,8 +513,11 @@ def test_a_node_given_data_sha256_refuses_another_file(tmp_path):
     digest = hashlib.sha256(mine.read_bytes()).hexdigest()
     check_data_sha256(str(mine), digest)
     check_data_sha256(str(mine), digest.upper() + "\n")
-    with pytest.raises(ProtocolError, match="holds another file than the operator's"):
+    with pytest.raises(ProtocolError, match="holds another file than the operator's") as info:
         check_data_sha256(str(other), digest)
+    # The reason reaches the server: no digest in it, not even a prefix (found in review).
+    other_digest = hashlib.sha256(other.read_bytes()).hexdigest()
+    assert other_digest[:8] not in str(info.value) and digest[:8] not in str(info.value)
     with pytest.raises(ProtocolError, match="built in"):
         check_data_sha256("synthetic", digest)
     cfg = _cfg(dataset=str(other), rounds=1, min_interactions=3)

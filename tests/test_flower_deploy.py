@@ -453,7 +453,7 @@ def test_the_guard_stops_a_deployment_whose_command_was_killed(tmp_path):
     inner = f'trap "" TERM; echo $$ > {pid_file}; sleep 300'
     script = f"setsid sh -c '{inner}' & sleep 300"
     leader = deploy._spawn(["sh", "-c", script], tmp_path / "log", dict(os.environ))
-    record = tmp_path / guard.GUARD_FILE
+    record = tmp_path / guard.GUARD_FILE.format(pid=command.pid)
     record.write_text("")
     deadline = time.monotonic() + 10
     while not pid_file.exists() or not pid_file.read_text().strip():
@@ -504,10 +504,12 @@ def test_a_deployment_stopped_normally_stops_its_guard(tmp_path):
     (tmp_path / "logs").mkdir()
     leader = deploy._spawn(["sleep", "300"], tmp_path / "log", dict(os.environ))
     dep = deploy.LocalDeployment(tmp_path, port=0)
-    dep.guard = guard.start_guard(tmp_path, dict(os.environ))
-    assert dep.guard is not None
+    started = guard.start_guard(tmp_path, dict(os.environ))
+    assert started is not None
+    dep.guard, dep.guard_record = started
+    assert dep.guard_record == tmp_path / f"deployment-{os.getpid()}.pids"  # one per command
     dep.superlink = dep.track(leader)
-    assert (tmp_path / guard.GUARD_FILE).read_text().startswith(f"{leader.pid} ")
+    assert dep.guard_record.read_text().startswith(f"{leader.pid} ")
     dep.stop()
     assert dep.guard.poll() is not None and leader.poll() is not None
-    assert not (tmp_path / guard.GUARD_FILE).exists()
+    assert not dep.guard_record.exists()

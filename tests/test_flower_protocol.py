@@ -568,10 +568,7 @@ def test_flower_init_writes_a_config_the_deploy_commands_take(tmp_path, monkeypa
     assert f"--config {path}" in res.output.replace("\n", "")
     cfg = TrainConfig.from_dict(load_config_file(path))
     assert cfg.model == "fedrap" and cfg.privacy.secagg
-    # A Flower config checkpoints every round (with_flower_defaults).
-    assert cfg == TrainConfig(
-        model="fedrap", checkpoint_every=1, privacy=PrivacyConfig(secagg=True)
-    )
+    assert cfg == TrainConfig(model="fedrap", privacy=PrivacyConfig(secagg=True))
     before = path.read_bytes()
     again = CliRunner().invoke(root, ["flower", "init", str(path)])
     assert again.exit_code == 2 and "exists" in again.output
@@ -847,23 +844,48 @@ def test_a_model_a_node_cannot_replay_is_refused_before_the_run(monkeypatch):
     )
 
 
-def test_a_flower_run_checkpoints_every_round_unless_told_otherwise(tmp_path):
+def test_a_flower_run_checkpoints_every_round_unless_told_otherwise(tmp_path, monkeypatch):
     """Found in a walkthrough: a 4-round `flower local` run stopped after round 2 had no
     checkpoint (every 10 rounds), resumed from round 0, spent its budget on re-running the
-    counted rounds and released a 1-round model. Flower runs checkpoint every round unless
-    the config or a flag sets a cadence."""
-    from securefed.cli_flower import _config
-    from securefed.flower.server import FLOWER_CHECKPOINT_EVERY, with_flower_defaults
+    counted rounds and released a 1-round model. A Flower run checkpoints every round unless
+    its config gives a cadence (the Python API's TrainConfig too: found in review, a default
+    written into the file at 10 was no longer 'not given'); in process the default stays 10."""
+    from securefed.config import DEFAULT_CHECKPOINT_EVERY, FLOWER_CHECKPOINT_EVERY
 
-    assert FLOWER_CHECKPOINT_EVERY == 1
-    kw = dict(model=None, rounds=4, seed=None, epsilon=8.0, synthetic_users=60, synthetic_items=400)
-    assert _config(None, **kw).checkpoint_every == 1
-    toml = tmp_path / "run.toml"
-    toml.write_text("checkpoint_every = 3\n")
-    assert _config(toml, **kw).checkpoint_every == 3
-    assert with_flower_defaults({"checkpoint_every": 5})["checkpoint_every"] == 5
-    assert TrainConfig.from_dict(with_flower_defaults({})).checkpoint_every == 1
-    assert TrainConfig().checkpoint_every == 10  # in-process runs keep theirs
+    assert (DEFAULT_CHECKPOINT_EVERY, FLOWER_CHECKPOINT_EVERY) == (10, 1)
+    unset = TrainConfig(rounds=4)
+    assert unset.checkpoint_every is None and "checkpoint_every" not in runs.dumps_toml(
+        unset.to_dict()
+    )
+    assert unset.resolved_checkpoint_every() == 10
+    assert unset.resolved_checkpoint_every(flower=True) == 1
+    given = TrainConfig(rounds=4, checkpoint_every=3)
+    assert given.resolved_checkpoint_every() == given.resolved_checkpoint_every(flower=True) == 3
+    with pytest.raises(ConfigError, match="checkpoint every must be a positive integer"):
+        TrainConfig(checkpoint_every=0)
+
+    saved: list[int] = []
+    real = runs.save_checkpoint
+
+    def counted(run_dir, state):
+        saved.append(int(state["round"]))
+        return real(run_dir, state)
+
+    monkeypatch.setattr(runs, "save_checkpoint", counted)
+    cfg = TrainConfig(
+        model="fedrap",
+        rounds=3,
+        synthetic_users=60,
+        synthetic_items=400,
+        privacy=PrivacyConfig(secagg=True),
+    )
+    FederatedServer(
+        cfg, run_dir=tmp_path / "fl", transport=LocalTransport(2, state_dir=tmp_path / "n")
+    ).run()
+    assert saved == [1, 2, 3]
+    # Each node keeps its snapshots of the two newest checkpoint rounds it trained past.
+    snaps = sorted(p.name.split(".at-")[1] for p in (tmp_path / "n").rglob("partition-0.at-*.pt"))
+    assert snaps == ["1.pt", "2.pt"]
 
 
 def test_a_worker_started_with_sigint_ignored_still_stops_with_its_supernode(tmp_path):

@@ -582,6 +582,7 @@ def test_private_mode_is_the_flags_it_stands_for_and_a_given_flag_wins():
     [
         (["--model", "fedals", "--epsilon", "2"], "fedals's private mode needs no flag"),
         (["--model", "mostpop", "--epsilon", "2"], "mostpop has none (models with one: "),
+        (["--model", "ials"], "ials has none (models with one: "),  # fedals's settings, found
         (["--model", "fedrap"], "give --epsilon and no --noise-multiplier"),
         (["--model", "fedrap", "--noise-multiplier", "1"], "give --epsilon and no --noise"),
         (

@@ -355,11 +355,7 @@ def make_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         from securefed.config import refuse_legacy_secure
-        from securefed.flower.server import (
-            FederatedServer,
-            ServerSettings,
-            with_flower_defaults,
-        )
+        from securefed.flower.server import FederatedServer, ServerSettings
         from securefed.training import TrainConfig, load_config_file
 
         _shorten_reply_backoff()
@@ -380,7 +376,7 @@ def make_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
         else:
             raw = load_config_file(str(cfg["config-file"]))
             refuse_legacy_secure(raw, str(cfg["config-file"]))
-            config = TrainConfig.from_dict(with_flower_defaults(raw))
+            config = TrainConfig.from_dict(raw)
             server = FederatedServer(
                 config, run_dir=run_dir, transport=GridTransport(grid), settings=settings
             )

@@ -51,7 +51,6 @@ from securefed.errors import ConfigError, DataError, ProtocolError
 from securefed.flower import require_flwr
 from securefed.flower.certs import LocalCertificates, make_local_certificates, make_node_key
 from securefed.flower.guard import (
-    GUARD_FILE,
     _descendants,
     _group_members,
     _start_time,
@@ -438,13 +437,15 @@ class LocalDeployment:
     env: dict[str, str] = field(default_factory=dict)
     tls: bool = True  # every connection to the SuperLink is TLS (the run's own CA)
     authenticated: bool = True  # the SuperLink accepts registered SuperNode keys only
-    # Stops the processes below if this process dies without stopping them (guard.py).
+    # Stops the processes below if this process dies without stopping them (guard.py), and
+    # the file it reads them from.
     guard: subprocess.Popen | None = None
+    guard_record: Path | None = None
 
     def track(self, proc: subprocess.Popen) -> subprocess.Popen:
         """Record ``proc`` (a process group leader) for the guard; returns it."""
-        if self.guard is not None:
-            record_process(self.work_dir / GUARD_FILE, proc.pid)
+        if self.guard_record is not None:
+            record_process(self.guard_record, proc.pid)
         return proc
 
     def node_state_dir(self, partition: int) -> Path:
@@ -484,8 +485,9 @@ class LocalDeployment:
             if _start_time(pid) == start:  # the same process, not a reused pid
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
-        if self.guard is not None:  # its record gone, it exits within a period
-            (self.work_dir / GUARD_FILE).unlink(missing_ok=True)
+        if self.guard_record is not None:  # its record gone, the guard exits within a period
+            self.guard_record.unlink(missing_ok=True)
+        if self.guard is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.guard.wait(timeout=5)
             if self.guard.poll() is None:
@@ -582,7 +584,9 @@ def local_deployment(
     dep = LocalDeployment(work, free_port(), env=env, tls=not insecure, authenticated=not insecure)
     certs = None if insecure else make_local_certificates(work / "tls")
     try:
-        dep.guard = start_guard(work, env)
+        guard = start_guard(work, env)
+        if guard is not None:
+            dep.guard, dep.guard_record = guard
         if certs is None:
             security = ["--insecure"]
         else:

@@ -22,8 +22,11 @@ import sys
 import time
 from pathlib import Path
 
-#: The deployment's process record in its work directory: one ``<pid> <start time>`` a line.
-GUARD_FILE = "deployment.pids"
+#: The deployment's process record in its work directory, one per command (``{pid}``: its
+#: pid), so that a guard still stopping a killed command's deployment never removes the record
+#: of a deployment resumed meanwhile in the same directory (found in review): one
+#: ``<pid> <start time>`` a line.
+GUARD_FILE = "deployment-{pid}.pids"
 #: How often the guard looks at the command (s).
 GUARD_PERIOD = 0.5
 
@@ -78,33 +81,34 @@ def record_process(path: Path, pid: int) -> None:
             fh.write(f"{pid} {start}\n")
 
 
-def start_guard(work_dir: Path, env: dict[str, str]) -> subprocess.Popen | None:
-    """Start the guard of a deployment whose processes :func:`record_process` records in
-    ``work_dir / GUARD_FILE`` (None where ``/proc`` is missing: it could not tell a live
-    command from a reused pid)."""
+def start_guard(work_dir: Path, env: dict[str, str]) -> tuple[subprocess.Popen, Path] | None:
+    """Start the guard of a deployment whose processes :func:`record_process` records in the
+    returned file (``work_dir`` / :data:`GUARD_FILE`); None where ``/proc`` is missing (it
+    could not tell a live command from a reused pid)."""
     me = _start_time(os.getpid())
     if me is None:
         return None
-    path = work_dir / GUARD_FILE
+    path = work_dir / GUARD_FILE.format(pid=os.getpid())
     path.write_text("")
-    log = (work_dir / "logs" / "guard.log").open("ab")
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "securefed.flower.guard",
-            "--parent",
-            str(os.getpid()),
-            "--parent-start",
-            me,
-            "--record",
-            str(path),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-    )
+    with (work_dir / "logs" / "guard.log").open("ab") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "securefed.flower.guard",
+                "--parent",
+                str(os.getpid()),
+                "--parent-start",
+                me,
+                "--record",
+                str(path),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    return proc, path
 
 
 def _recorded(path: Path) -> dict[int, str]:
@@ -133,6 +137,8 @@ def stop_recorded(leaders: dict[int, str], grace: float = 5.0) -> None:
         if _group_members(pid):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
+    # (a group number reused within the grace would be signalled: pids are not reused that
+    # fast on Linux, which allocates them in order up to pid_max before wrapping)
     for pid, start in started.items():
         if _start_time(pid) == start:  # the same process, not a reused pid
             with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -46,6 +46,7 @@ message, as live objects in a :class:`NodeMemory` (the long-lived ClientApp proc
 from __future__ import annotations
 
 import dataclasses
+import logging
 import tomllib
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
@@ -55,6 +56,8 @@ from typing import Any
 import numpy as np
 
 from securefed.errors import ConfigError, IntegrityError, ProtocolError
+
+logger = logging.getLogger(__name__)
 
 #: Version 2: large per-user messages travel as one array (apps.to_content). Version 3: the
 #: SecAgg wire format of version 2 (masked inputs packed to the ring's bits). Version 4: eager
@@ -255,7 +258,8 @@ def check_data_sha256(dataset: str, expected: str) -> None:
     nodes' dataset names and sizes only (it reads no data, and a digest of the data is an
     exact function of it), so two nodes holding different files of the same name and sizes
     (a relative path, another file at that path) would train one model on different data
-    unnoticed (found in a deployment walkthrough). The digest stays on the node.
+    unnoticed (found in a deployment walkthrough). The digest stays on the node: the error,
+    which reaches the server, does not carry it.
 
     Raises:
         ProtocolError: The file's digest differs, or the dataset is a built-in name.
@@ -269,10 +273,13 @@ def check_data_sha256(dataset: str, expected: str) -> None:
             "in: its files are checked against their publishers' checksums); drop data-sha256"
         )
     if found != expected.strip().lower():
+        # The reason travels to the server (Flower sends a ClientApp's error text): no digest
+        # in it, not even a prefix (found in review); the node's own log has the digest.
+        logger.warning("dataset %s: SHA-256 %s, data-sha256 %s", dataset, found, expected)
         raise ProtocolError(
-            f"this node's dataset {dataset} has SHA-256 {found[:16]}..., not the "
-            f"{expected.strip()[:16]}... its node-config's data-sha256 gives: it holds "
-            "another file than the operator's; give this node the operator's copy"
+            f"this node's dataset {dataset} is not the file its node-config's data-sha256 "
+            "names (its SHA-256 differs): it holds another file than the operator's; give "
+            "this node the operator's copy (the node's log has both digests)"
         )
 
 

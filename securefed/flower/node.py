@@ -268,7 +268,7 @@ class NodeRuntime:
         (nothing trained in between): keep it for a resume to ``R``; drop all but the two
         newest snapshots (the server may die before writing its checkpoint of ``R``, and
         resume from the one before)."""
-        every = self.config.checkpoint_every
+        every = self.config.resolved_checkpoint_every(flower=True)
         boundary = (round_index // every) * every
         if boundary < self.trained_rounds:
             return

@@ -451,6 +451,7 @@ class FederatedServer:
         watch = LossWatch(metrics)
         stopped: str | None = None
         train_seconds = sum(float(m.get("train_seconds", 0.0)) for m in metrics)
+        every = config.resolved_checkpoint_every(flower=True)  # the nodes snapshot the same
         for r in range(start_round, config.rounds):
             t0 = time.perf_counter()
             try:  # client-side DP (interaction unit) is accounted before anyone trains
@@ -511,7 +512,7 @@ class FederatedServer:
             train_seconds += t1 - t0
             metrics.append(record)
             runs.append_metrics(self.run_dir, record)
-            if (r + 1) % config.checkpoint_every == 0 or r + 1 == config.rounds:
+            if (r + 1) % every == 0 or r + 1 == config.rounds:
                 self._checkpoint(model, agg, r + 1, time.perf_counter() - started)
             trained = counters is not None and counters.trained > 0
             warning = watch.see(r + 1, record["loss"], trained=trained)
@@ -1078,23 +1079,6 @@ def read_flower_record(run_dir: Path) -> dict[str, Any]:
 #: The server's count of the most each round it asked for can have cost a user
 #: (:class:`~securefed.flower.pipeline.ReleaseLedger`), beside the run's privacy ledger.
 WORST_CASE_FILE = "worst_case_ledger.json"
-
-
-#: The checkpoint cadence of a Flower run whose settings do not give one: every round. A
-#: node's snapshot of a checkpoint round is a hard link to the state file it writes after
-#: every local training anyway, and the server's checkpoint is the shared model and its
-#: step's state, so a stopped run re-runs (and counts again) at most the round in progress;
-#: at the in-process default of 10 a 4-round run stopped after round 2 resumed from round 0,
-#: spent its budget on the re-runs and released a 1-round model (found in a walkthrough).
-FLOWER_CHECKPOINT_EVERY = 1
-
-
-def with_flower_defaults(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """A config mapping (``config.toml``'s form) with the Flower defaults where it sets
-    nothing: :data:`FLOWER_CHECKPOINT_EVERY`."""
-    out = dict(raw)
-    out.setdefault("checkpoint_every", FLOWER_CHECKPOINT_EVERY)
-    return out
 
 
 def check_config(config: TrainConfig) -> None:
