@@ -165,7 +165,10 @@ def train(
         Path | None,
         typer.Option(help="Continue an interrupted run directory (a finished one: says so)."),
     ] = None,
-    checkpoint_every: Annotated[int | None, typer.Option(help="Checkpoint every N rounds.")] = None,
+    checkpoint_every: Annotated[
+        int | None,
+        typer.Option(help="Checkpoint every N rounds (default 10; a Flower run: every round)."),
+    ] = None,
     keep_private_state: Annotated[
         bool | None,
         typer.Option(
