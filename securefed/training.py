@@ -145,7 +145,10 @@ class RunFinished(ConfigError):
     """
 
     def __init__(self, run_dir: Path, summary: dict[str, Any]) -> None:
-        kept = (run_dir / runs.CHECKPOINT_FILE).exists()
+        # A finished Flower run keeps the server's checkpoint, which holds no user's private
+        # state (that is on the nodes): not a run kept to be extended (found in a walkthrough:
+        # it was told it "kept its private state").
+        kept = (run_dir / runs.CHECKPOINT_FILE).exists() and summary.get("engine") != "flower"
         recorded = load_config_file(run_dir / runs.CONFIG_FILE) if kept else {}
         target = recorded.get("privacy", {}).get("epsilon") is not None
         if kept and summary.get("budget_spent"):

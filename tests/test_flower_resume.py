@@ -477,4 +477,5 @@ def test_cli_resume_takes_the_recorded_run_and_refuses_new_settings(tmp_path, mo
     _run(_cfg(rounds=2), tmp_path, "done", LocalTransport(3, state_dir=tmp_path / "n2"))
     res = CliRunner().invoke(root, ["flower", command, "--resume", str(tmp_path / "done")])
     assert res.exit_code == 0 and "nothing to resume" in " ".join(res.output.split())
+    assert "kept its private state" not in " ".join(res.output.split())  # found in a walkthrough
     assert len(calls) == 1
