@@ -521,11 +521,24 @@ def _audit(
     summary: dict[str, Any]
     if reuse:
         assert run_dir is not None
-        missing = [a for a in chosen if a not in meta["attacks"]]
-        if missing:
+        # What the recording holds is what its attacks read (AttackSpec.reads): any attack
+        # reading only that is scored from it, a new one too (found in a walkthrough: a new
+        # attack reading the same upload tables was refused by name).
+        known = set(attack_names())
+        have = recorder_groups(a for a in meta["attacks"] if a in known)
+
+        def recorded(a: str) -> bool:
+            return a in meta["attacks"] or set(get_attack(a).reads) <= have
+
+        missing = [a for a in chosen if not recorded(a)]
+        if missing and cfg.attacks == ("all",):
+            for a in missing:
+                skipped[a] = f"not recorded in {run_dir} (audit the run again to record it)"
+            chosen = [a for a in chosen if recorded(a)]
+        elif missing:
             raise ConfigError(
-                f"{run_dir} recorded statistics for {', '.join(meta['attacks'])}, not "
-                f"{', '.join(missing)}; audit it again without those attacks"
+                f"{run_dir} recorded statistics for {', '.join(meta['attacks'])}, not what "
+                f"{', '.join(missing)} read; audit it again without those attacks"
             )
         acc = load_accumulators(run_dir / "audit" / _ACC)
         union_by_k = {int(k): v for k, v in meta.get("union_by_k", {}).items()}

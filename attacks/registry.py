@@ -64,8 +64,12 @@ class ScoreContext:
     """What an attack's scorer reads after the run (real users only, canaries removed).
 
     Attributes:
-        acc: The recorder's accumulators by name (``[users]`` or ``[users, items]``).
-        labels: ``[users, items]`` membership labels (1 training, 0 held-out, NaN neither).
+        acc: The recorder's accumulators by name (docs/attacks.md, "Adding an attack"):
+            ``[users, items]`` tables, only those the chosen attacks' ``reads`` record (asking
+            for another is a KeyError naming the ``reads`` entry that records it), and
+            ``[users]`` arrays.
+        labels: ``[users, items]`` boolean membership labels: True for a user's training
+            items, False for every other item.
         rng: The audit's bootstrap generator.
         arrays: Score arrays written to ``scores.npz``; a scorer adds its own under its name.
         record_dir: Where the recorder wrote its per-round files.
@@ -116,7 +120,8 @@ class AttackSpec:
     Attributes:
         name: Its name (``--attacks``).
         threat: Who observes what it reads; an upload observer's attack is per client.
-        score: ``ScoreContext -> results`` (one result, or one per attribute, etc.).
+        score: ``ScoreContext -> list[AttackResult]`` (usually one; one per attribute for
+            the attribute attack); a single result is taken as a list of one.
         reads: What the recorder keeps for it (:data:`RecorderGroup`).
         score_matrices: ``[users, items]`` float32 score matrices it keeps (memory check).
         models: The models it is written for (a shadow client, a fit of a user); None: any
@@ -128,7 +133,7 @@ class AttackSpec:
 
     name: str
     threat: ThreatModel
-    score: Callable[[ScoreContext], list[AttackResult]]
+    score: Callable[[ScoreContext], list[AttackResult] | AttackResult]
     reads: tuple[RecorderGroup, ...] = ()
     score_matrices: int = 1
     models: tuple[str, ...] | None = None

@@ -63,6 +63,24 @@ def _mean_ci(
     return float(v.mean()), [float(lo), float(hi)]
 
 
+class _Recorded(dict[str, np.ndarray]):
+    """The recorder's accumulators for the scorers: a ``[users, items]`` table the audit did
+    not record is absent, and asking for it says which ``AttackSpec.reads`` records it (an
+    attack that forgot to declare it scored empty tables as 'nothing to score', found in a
+    walkthrough)."""
+
+    def __missing__(self, key: str) -> np.ndarray:
+        from attacks.recorder import RECORDER_TABLES
+
+        group = next((g for g, tables in RECORDER_TABLES.items() if key in tables), None)
+        if group is None:
+            raise KeyError(f"the recorder keeps no statistic {key!r}")
+        raise KeyError(
+            f"{key!r} is not recorded in this audit: the recorder keeps it for attacks whose "
+            f"AttackSpec.reads includes {group!r}"
+        )
+
+
 def score_attacks(
     *,
     chosen: list[str],
@@ -89,9 +107,14 @@ def score_attacks(
         ``(results, score arrays for scores.npz, audit block or None)``.
     """
 
+    # The canary audit's bootstrap stream (each attack draws its own below).
     rng = numpy_generator(train_cfg.seed, "audit-bootstrap")
     # Real users only: canary clients (appended after them) are the audit's, not the data's.
-    acc = {k: v if k == "canary_score" else v[:n_real_users] for k, v in acc.items() if v.ndim >= 1}
+    acc = _Recorded(
+        (k, v if k == "canary_score" else v[:n_real_users])
+        for k, v in acc.items()
+        if v.ndim >= 1 and not (v.ndim == 2 and v.size == 0)  # a table no chosen attack reads
+    )
     labels = membership_labels(split, n_real)[:n_real_users]
     arrays: dict[str, np.ndarray] = {"labels": labels}
     ctx = ScoreContext(
@@ -113,7 +136,12 @@ def score_attacks(
         if name not in chosen:
             continue
         started = time.perf_counter()
-        scored = get_attack(name).score(ctx)
+        # Each attack's own bootstrap stream: its intervals do not depend on which other
+        # attacks ran before it (found in a walkthrough: the same AUC, two intervals).
+        own = dataclasses.replace(ctx, rng=numpy_generator(train_cfg.seed, "audit-bootstrap", name))
+        scored = get_attack(name).score(own)
+        if isinstance(scored, AttackResult):  # one result given as itself
+            scored = [scored]
         share = (time.perf_counter() - started) / max(1, len(scored))
         results += [dataclasses.replace(r, seconds=share) for r in scored]
     audit_block = None

@@ -93,6 +93,22 @@ def test_cli_end_to_end(tmp_path) -> None:
         app, ["--run", str(out / "run"), "--attacks", "differencing", "--out", str(again / "x")]
     )
     assert res.exit_code == 2 and "recorded statistics for" in res.output
+    # An attack not recorded by name that reads only what was recorded (the upload tables)
+    # is scored from it (found in a walkthrough adding an attack); with every attack, the
+    # ones whose statistics were not recorded are skipped, with the reason.
+    res = runner.invoke(
+        app, ["--run", str(out / "run"), "--attacks", "gradient-ratio", "--out", str(again / "g")]
+    )
+    assert res.exit_code == 0, res.output
+    [gradient] = json.loads((again / "g" / "audit.json").read_text())["attacks"]
+    assert gradient["name"] == "gradient-ratio" and 0 <= gradient["metrics"]["auc"] <= 1
+    res = runner.invoke(app, ["--run", str(out / "run"), "--out", str(again / "all")])
+    assert res.exit_code == 0, res.output
+    every = {
+        a["name"]: a for a in json.loads((again / "all" / "audit.json").read_text())["attacks"]
+    }
+    assert every["differencing"]["note"].startswith("skipped: not recorded in")
+    assert "auc" in every["row-change"]["metrics"] and "auc" in every["gradient-ratio"]["metrics"]
     # A recording made by other statistic code is not rescored as if it were this one's.
     meta_path = out / "run" / "audit" / "audit_meta.json"
     meta = json.loads(meta_path.read_text())
