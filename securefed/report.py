@@ -1142,7 +1142,29 @@ def collect_results(dirs: Iterable[str | Path], notes: list[str] | None = None) 
     frame = frame.drop(columns=["_d", "_r"])
     frame = frame.drop_duplicates(subset=["run_dir"]).reset_index(drop=True)
     _refuse_mixed(frame, notes)
-    return frame
+    return frame[_in_attack_order(list(frame.columns))]
+
+
+def _in_attack_order(columns: list[str]) -> list[str]:
+    """``columns`` with the attack columns (``<attack>:...``) after the others, in the attack
+    registry's order (a result named ``<attack>-<part>``, the attribute attack's per attribute,
+    with its attack), each attack's columns in their order: they came in the order the rows
+    first held them (a secure-aggregation cell's aggregate attacks before the per-client ones;
+    found in a walkthrough)."""
+    from attacks.registry import attack_names
+
+    names = attack_names()
+
+    def rank(column: str) -> int:
+        result = column.split(":", 1)[0]
+        for i, name in enumerate(names):
+            if result == name or result.startswith(f"{name}-"):
+                return i
+        return len(names)  # an attack no longer registered: last
+
+    attack = [c for c in columns if ":" in c]
+    others = [c for c in columns if ":" not in c]
+    return others + sorted(attack, key=rank)  # stable: each attack's own order kept
 
 
 def _refuse_mixed(frame: Any, notes: list[str] | None = None) -> None:

@@ -885,3 +885,25 @@ def test_report_from_runs_of_other_splits_or_one_seed_twice_is_refused(tmp_path)
     result = _invoke("--from", str(s0), str(tmp_path / "s0-again"), "--out", str(tmp_path / "page"))
     assert result.exit_code == 2 and "are both mostpop none" in result.output
     assert not (tmp_path / "page").exists()
+
+
+def test_results_attack_columns_follow_the_attack_registry() -> None:
+    """Found in a walkthrough: results.csv's attack columns (and the attack plot's panels)
+    came in the order the rows first held them, a secure-aggregation cell's aggregate attacks
+    before the per-client ones and a new attack before IMIA; now the registry's order."""
+    from securefed.report import _in_attack_order
+
+    columns = ["model", "union:auc", "union:auc:lo", "seed", "released:auc", "row-change:auc"]
+    columns += ["attribute-gender:auc", "gone:auc", "intersection:f1", "verdict"]
+    assert _in_attack_order(columns) == [
+        "model",
+        "seed",
+        "verdict",
+        "row-change:auc",
+        "intersection:f1",
+        "attribute-gender:auc",
+        "union:auc",
+        "union:auc:lo",
+        "released:auc",
+        "gone:auc",
+    ]
