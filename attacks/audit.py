@@ -551,7 +551,7 @@ def _audit(
         cohort = train_cfg.cohort(split.n_users)
         params = privacy_parameters(train_cfg, split)
         channel = None
-        if any(a in per_client_attacks() for a in chosen):
+        if per_client_attacks() & set(chosen):
             channel = upload_channel(
                 train_cfg,
                 split,

@@ -70,8 +70,7 @@ def recorder_tables(attacks: frozenset[str] | set[str], *, upload: bool) -> tupl
     """The ``[users, items]`` tables a recorder of ``attacks`` holds (``upload``: the run's
     uploads are observable, i.e. an upload channel exists)."""
     groups = recorded_groups(attacks, upload=upload)
-    order = ("upload", "differencing", "union", "imia")
-    return tuple(t for g in order if g in groups for t in RECORDER_TABLES[g])
+    return tuple(t for g, tables in RECORDER_TABLES.items() if g in groups for t in tables)
 
 
 def recorded_groups(attacks: frozenset[str] | set[str], *, upload: bool) -> frozenset[str]:
@@ -187,8 +186,8 @@ class AttackRecorder:
         # Private state before each round, for scoring only (see the module docstring).
         self._private = plan.initial_private.clone()
         # The upload attacks' rounds run exactly when their tables are held.
-        self._wants_upload = set(RECORDER_TABLES["upload"]) <= held
-        self._wants_imia = "imia_score" in held
+        self._wants_upload = "upload" in self._groups
+        self._wants_imia = "imia" in self._groups
         self._absent: dict[int, torch.Tensor] = {}
         # Canaries seen in an earlier round (FedRAP flips the sign of their own-row push).
         self._canary_seen: torch.Tensor | None = None

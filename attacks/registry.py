@@ -70,7 +70,7 @@ class ScoreContext:
             ``[users]`` arrays.
         labels: ``[users, items]`` boolean membership labels: True for a user's training
             items, False for every other item.
-        rng: The audit's bootstrap generator.
+        rng: This attack's own bootstrap generator (from the run's seed and its name).
         arrays: Score arrays written to ``scores.npz``; a scorer adds its own under its name.
         record_dir: Where the recorder wrote its per-round files.
         split: The run's split.

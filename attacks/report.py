@@ -27,12 +27,11 @@ if TYPE_CHECKING:
 
 __all__ = ["score_attacks", "membership_labels"]
 
-_UPT = ThreatModel.UPLOAD_OBSERVER
-_AGGT = ThreatModel.AGGREGATE_OBSERVER
-_UP = _UPT.value
-_AGG = _AGGT.value
-_REL = ThreatModel.RELEASE_OBSERVER.value
-_OBSERVES = {_UP: "upload", _AGG: "aggregate", _REL: "release"}
+# ThreatModel is a StrEnum: each member is its string too (AttackResult.threat_model).
+_UP = ThreatModel.UPLOAD_OBSERVER
+_AGG = ThreatModel.AGGREGATE_OBSERVER
+_REL = ThreatModel.RELEASE_OBSERVER
+_OBSERVES: dict[str, str] = {_UP: "upload", _AGG: "aggregate", _REL: "release"}
 
 
 def membership_labels(split: Split, n_real: int) -> np.ndarray:
@@ -166,7 +165,7 @@ def _row_change(ctx: ScoreContext) -> list[AttackResult]:
         "one upload (each user's first round): changed item rows are its positives and that "
         "round's negatives"
     )
-    return [ctx.membership("row-change", ctx.acc["first_change"], _UPT, note)]
+    return [ctx.membership("row-change", ctx.acc["first_change"], _UP, note)]
 
 
 def _intersection(ctx: ScoreContext) -> list[AttackResult]:
@@ -178,7 +177,7 @@ def _intersection(ctx: ScoreContext) -> list[AttackResult]:
         ctx.membership(
             "intersection",
             frac + tie,
-            _UPT,
+            _UP,
             "fraction of a user's observed rounds in which the row changed (positives every "
             "round, negatives resampled); ties broken by the mean row change",
             rounds_observed_mean=float(observed[observed > 0].mean())
@@ -258,7 +257,7 @@ def _union(ctx: ScoreContext) -> list[AttackResult]:
         ctx.membership(
             "union",
             scores,
-            _AGGT,
+            _AGG,
             "row statistic of each round's aggregate, scored for every participant: the union "
             "of the cohort's changed rows; by_cohort_size simulates sums of k round-0 uploads",
             by_cohort_size={str(k): v for k, v in sorted(ctx.union_by_k.items())},
@@ -271,24 +270,18 @@ def _differencing(ctx: ScoreContext) -> list[AttackResult]:
         ctx.membership(
             "differencing",
             ctx.acc["diff_change"],
-            _AGGT,
+            _AGG,
             "two sums differing by one client (round 0): their difference is that client's "
             "clipped upload plus two draws of the sum's noise; row-change test on it",
         )
     ]
 
 
-def _imia(
-    acc: dict[str, np.ndarray],
-    labels: np.ndarray,
-    rng: np.random.Generator,
-    nb: int,
-    arrays: dict[str, np.ndarray],
-) -> AttackResult:
+def _imia(ctx: ScoreContext) -> list[AttackResult]:
     """IMIA scores over every catalogue item of the attacked users: its shadow score on the
     rows the upload touched, below every touched row elsewhere (an untouched row is never a
     training positive)."""
-
+    acc, labels, rng, nb = ctx.acc, ctx.labels, ctx.rng, ctx.n_boot
     raw = acc["imia_score"]  # NaN outside the attacked users' touched rows
     attacked = np.nonzero(acc["imia_round"] >= 0)[0]
     # Built from the attacked users' rows only: no [users, items] temporaries beside the
@@ -316,17 +309,19 @@ def _imia(
     )
     ci["touched_auc"] = within_ci["auc"]
     base["touched_auc"] = 0.5
-    arrays["imia"] = scores
-    return AttackResult(
-        "imia",
-        _UP,
-        metrics,
-        ci,
-        base,
-        "shadow training (Yuan et al. WWW 2023) on each user's first observed upload: fresh "
-        "private part, guessed labels refined by the distance between the shadow's and the real "
-        "item-row updates; touched_* = among the rows the upload changed",
-    )
+    ctx.arrays["imia"] = scores
+    return [
+        AttackResult(
+            "imia",
+            _UP,
+            metrics,
+            ci,
+            base,
+            "shadow training (Yuan et al. WWW 2023) on each user's first observed upload: "
+            "fresh private part, guessed labels refined by the distance between the shadow's "
+            "and the real item-row updates; touched_* = among the rows the upload changed",
+        )
+    ]
 
 
 def _participated(record_dir: Path, n_users: int) -> np.ndarray:
@@ -338,20 +333,13 @@ def _participated(record_dir: Path, n_users: int) -> np.ndarray:
     return seen
 
 
-def _released(
-    record_dir: Path,
-    split: Split,
-    n_real: int,
-    n_real_users: int,
-    train_cfg: TrainConfig,
-    cfg: AuditConfig,
-    rng: np.random.Generator,
-    nb: int,
-    arrays: dict[str, np.ndarray],
-) -> AttackResult:
+def _released(ctx: ScoreContext) -> list[AttackResult]:
     from attacks.released import released_labels, released_scores
     from protocols.seeding import torch_generator
     from securefed.errors import DataError
+
+    record_dir, split, train_cfg = ctx.record_dir, ctx.split, ctx.train_cfg
+    n_real, n_real_users = ctx.n_real, ctx.n_real_users
 
     path = record_dir / RELEASED_FILE
     if not path.exists():
@@ -367,9 +355,9 @@ def _released(
         n_real=n_real,
         n_users=n_real_users,
         generator=torch_generator(train_cfg.seed, "audit-released"),
-        iterations=cfg.released_iterations,
+        iterations=ctx.cfg.released_iterations,
     )
-    metrics, ci, base = membership_report(calibrated, labels, rng=rng, n_boot=nb)
+    metrics, ci, base = membership_report(calibrated, labels, rng=ctx.rng, n_boot=ctx.n_boot)
     uncal = binary_metrics(raw, labels)
     metrics.update(
         {
@@ -379,40 +367,36 @@ def _released(
             **info,
         }
     )
-    arrays["released"] = calibrated
-    arrays["released_labels"] = labels
-    return AttackResult(
-        "released",
-        _REL,
-        metrics,
-        ci,
-        base,
-        "fresh private part fitted to all of a user's known interactions against the frozen "
-        "released model, logit minus the item's mean logit over reference users; members = "
-        "training positives of participating users, non-members = held-out validation/test "
-        "items and the items of users who never took part",
-    )
+    ctx.arrays["released"] = calibrated
+    ctx.arrays["released_labels"] = labels
+    return [
+        AttackResult(
+            "released",
+            _REL,
+            metrics,
+            ci,
+            base,
+            "fresh private part fitted to all of a user's known interactions against the "
+            "frozen released model, logit minus the item's mean logit over reference users; "
+            "members = training positives of participating users, non-members = held-out "
+            "validation/test items and the items of users who never took part",
+        )
+    ]
 
 
-def _optimization(
-    targets: list[int],
-    record_dir: Path,
-    labels: np.ndarray,
-    n_real: int,
-    rng: np.random.Generator,
-    nb: int,
-    arrays: dict[str, np.ndarray],
-) -> AttackResult:
+def _optimization(ctx: ScoreContext) -> list[AttackResult]:
     from attacks.inversion import invert_fedrecgel
+
+    targets, labels, rng, nb = ctx.targets, ctx.labels, ctx.rng, ctx.n_boot
 
     scores = np.full(labels.shape, np.nan, dtype=np.float32)
     cos = np.full(labels.shape[0], np.nan)
     for u in targets:
-        rec = torch.load(record_dir / f"target_{u}.pt", weights_only=True)
+        rec = torch.load(ctx.record_dir / f"target_{u}.pt", weights_only=True)
         out = invert_fedrecgel(rec, seed=u)
         row = np.full(rec["n_items"], -1e9, dtype=np.float32)  # unchanged rows: non-members
         row[out["items"].numpy()] = out["label_scores"].float().numpy()
-        scores[u] = row[:n_real]
+        scores[u] = row[: ctx.n_real]
         truth = rec["truth_embedding"].float()
         cos[u] = float(torch.nn.functional.cosine_similarity(out["embedding"], truth, dim=0))
     metrics, ci, base = membership_report(scores, labels, rng=rng, n_boot=nb)
@@ -420,41 +404,15 @@ def _optimization(
     metrics["embedding_cosine"] = c
     ci["embedding_cosine"] = c_ci
     base["embedding_cosine"] = 0.0
-    arrays["optimization"] = scores
-    return AttackResult(
-        "optimization",
-        _UP,
-        metrics,
-        ci,
-        base,
-        f"gradient matching with L-BFGS on {len(targets)} target uploads (first round of each)",
-    )
-
-
-def _score_imia(ctx: ScoreContext) -> list[AttackResult]:
-    return [_imia(ctx.acc, ctx.labels, ctx.rng, ctx.n_boot, ctx.arrays)]
-
-
-def _score_optimization(ctx: ScoreContext) -> list[AttackResult]:
+    ctx.arrays["optimization"] = scores
     return [
-        _optimization(
-            ctx.targets, ctx.record_dir, ctx.labels, ctx.n_real, ctx.rng, ctx.n_boot, ctx.arrays
-        )
-    ]
-
-
-def _score_released(ctx: ScoreContext) -> list[AttackResult]:
-    return [
-        _released(
-            ctx.record_dir,
-            ctx.split,
-            ctx.n_real,
-            ctx.n_real_users,
-            ctx.train_cfg,
-            ctx.cfg,
-            ctx.rng,
-            ctx.n_boot,
-            ctx.arrays,
+        AttackResult(
+            "optimization",
+            _UP,
+            metrics,
+            ci,
+            base,
+            f"gradient matching with L-BFGS on {len(targets)} target uploads (first round of each)",
         )
     ]
 
@@ -470,29 +428,25 @@ _OPTIMIZATION_EVALS_PER_TARGET = 0.3
 SPECS: dict[str, AttackSpec] = {
     s.name: s
     for s in (
-        AttackSpec(name="row-change", threat=_UPT, score=_row_change, reads=_UPLOAD),
-        AttackSpec(name="intersection", threat=_UPT, score=_intersection, reads=_UPLOAD),
-        AttackSpec(name="gradient-ratio", threat=_UPT, score=_gradient_ratio, reads=_UPLOAD),
+        AttackSpec(name="row-change", threat=_UP, score=_row_change, reads=_UPLOAD),
+        AttackSpec(name="intersection", threat=_UP, score=_intersection, reads=_UPLOAD),
+        AttackSpec(name="gradient-ratio", threat=_UP, score=_gradient_ratio, reads=_UPLOAD),
         AttackSpec(
             name="optimization",
-            threat=_UPT,
-            score=_score_optimization,
+            threat=_UP,
+            score=_optimization,
             reads=("upload", "targets"),
             full_evals=lambda cfg: _OPTIMIZATION_EVALS_PER_TARGET * cfg.target_users,
         ),
         # A classifier over users: no [users, items] score matrix.
-        AttackSpec(
-            name="attribute", threat=_UPT, score=_attribute, reads=_UPLOAD, score_matrices=0
-        ),
-        AttackSpec(
-            name="imia", threat=_UPT, score=_score_imia, reads=("imia",), models=tuple(SHADOWS)
-        ),
-        AttackSpec(name="union", threat=_AGGT, score=_union, reads=("union",)),
-        AttackSpec(name="differencing", threat=_AGGT, score=_differencing, reads=("differencing",)),
+        AttackSpec(name="attribute", threat=_UP, score=_attribute, reads=_UPLOAD, score_matrices=0),
+        AttackSpec(name="imia", threat=_UP, score=_imia, reads=("imia",), models=tuple(SHADOWS)),
+        AttackSpec(name="union", threat=_AGG, score=_union, reads=("union",)),
+        AttackSpec(name="differencing", threat=_AGG, score=_differencing, reads=("differencing",)),
         AttackSpec(
             name="released",
-            threat=ThreatModel.RELEASE_OBSERVER,
-            score=_score_released,
+            threat=_REL,
+            score=_released,
             reads=("release",),
             models=tuple(FITS),
             label_matrices=1,

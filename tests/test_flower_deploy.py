@@ -413,6 +413,8 @@ def test_stopping_a_deployment_leaves_no_process_of_its_groups(tmp_path):
     """A process that outlives its group's leader or ignores SIGTERM (Flower's serverapp,
     started by the SuperLink, was once found retrying a dead SuperLink 1.5 h later) is
     killed when the deployment stops."""
+    from securefed.flower import guard
+
     pid_file = tmp_path / "straggler.pid"
     # The straggler runs in a session of its own (as Flower's serverapp does) and ignores
     # SIGTERM; the group has a second TERM-ignoring member.
@@ -429,7 +431,7 @@ def test_stopping_a_deployment_leaves_no_process_of_its_groups(tmp_path):
         dep.stop()
         assert leader.poll() is not None
         deadline = time.monotonic() + 5
-        while deploy._group_members(leader.pid) or deploy._start_time(straggler) is not None:
+        while guard._group_members(leader.pid) or guard._start_time(straggler) is not None:
             assert time.monotonic() < deadline, f"{straggler} or a group member survived"
             time.sleep(0.05)
     finally:
@@ -485,7 +487,7 @@ def test_the_guard_stops_a_deployment_whose_command_was_killed(tmp_path):
         out, _ = watcher.communicate(timeout=30)
         assert "stopping 1 process group(s)" in out and not record.exists()
         deadline = time.monotonic() + 10
-        while deploy._group_members(leader.pid) or guard._start_time(straggler) is not None:
+        while guard._group_members(leader.pid) or guard._start_time(straggler) is not None:
             assert time.monotonic() < deadline, f"{straggler} or a group member survived"
             time.sleep(0.05)
     finally:
@@ -513,3 +515,32 @@ def test_a_deployment_stopped_normally_stops_its_guard(tmp_path):
     dep.stop()
     assert dep.guard.poll() is not None and leader.poll() is not None
     assert not dep.guard_record.exists()
+
+
+def test_a_group_whose_leader_is_gone_is_still_stopped(tmp_path):
+    """The guard and stop() share stop_recorded: a group whose leader has exited (or is a
+    zombie) but which still has members is still the deployment's (its number is not reused
+    while it has members), so its members are killed; the guard had skipped such a group."""
+    from securefed.flower import guard
+
+    pid_file, go = tmp_path / "member.pid", tmp_path / "go"
+    script = f'trap "" TERM; sleep 300 & echo $! > {pid_file}; '
+    script += f"while [ ! -e {go} ]; do sleep 0.05; done; exit 0"  # exits once recorded
+    leader = deploy._spawn(["sh", "-c", script], tmp_path / "log", dict(os.environ))
+    recorded = guard._start_time(leader.pid)
+    go.touch()
+    deadline = time.monotonic() + 10
+    while not pid_file.exists() or not pid_file.read_text().strip() or leader.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    member = int(pid_file.read_text())
+    try:
+        assert recorded is not None and guard._group_members(leader.pid) == [member]
+        guard.stop_recorded({leader.pid: recorded}, grace=1.0)
+        deadline = time.monotonic() + 5
+        while guard._start_time(member) is not None:
+            assert time.monotonic() < deadline, "the leaderless group's member survived"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, signal.SIGKILL)

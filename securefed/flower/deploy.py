@@ -50,13 +50,7 @@ from securefed import runs
 from securefed.errors import ConfigError, DataError, ProtocolError
 from securefed.flower import require_flwr
 from securefed.flower.certs import LocalCertificates, make_local_certificates, make_node_key
-from securefed.flower.guard import (
-    _descendants,
-    _group_members,
-    _start_time,
-    record_process,
-    start_guard,
-)
+from securefed.flower.guard import _start_time, record_process, start_guard, stop_recorded
 from securefed.flower.server import FLOWER_FILE, check_config, read_flower_record
 from securefed.flower.supernode import DEFAULT_IDLE_POLL, MAX_IDLE_POLL
 from securefed.training import (
@@ -460,31 +454,13 @@ class LocalDeployment:
             _kill(worker, signal.SIGKILL)
 
     def stop(self) -> None:
-        procs = [*self.workers, *self.supernodes, self.superlink]
-        # Every process they started, even in a session of its own (the SuperLink's
-        # flwr-serverapp): one stopped mid-run was found retrying a dead SuperLink for hours.
-        started = _descendants([p.pid for p in procs if p is not None])
-        for proc in procs:
-            if proc is not None:
-                _kill(proc, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for proc in procs:
-            if proc is None:
-                continue
+        procs = [p for p in (*self.workers, *self.supernodes, self.superlink) if p is not None]
+        # Our children: a pid is not reused before we reap it (a zombie's start time is None,
+        # and its group is still ours while it has members).
+        stop_recorded({p.pid: _start_time(p.pid) or "" for p in procs}, grace=10.0)
+        for proc in procs:  # reap them
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            if proc.poll() is None:
-                _kill(proc, signal.SIGKILL)
                 proc.wait(timeout=5)
-        # Whatever is left in a group, or of what they started, outlived its leader or
-        # ignored SIGTERM: no stragglers.
-        for proc in procs:
-            if proc is not None and _group_members(proc.pid):
-                _kill(proc, signal.SIGKILL)
-        for pid, start in started.items():
-            if _start_time(pid) == start:  # the same process, not a reused pid
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
         if self.guard_record is not None:  # its record gone, the guard exits within a period
             self.guard_record.unlink(missing_ok=True)
         if self.guard is not None:

@@ -122,23 +122,34 @@ def _recorded(path: Path) -> dict[int, str]:
 
 
 def stop_recorded(leaders: dict[int, str], grace: float = 5.0) -> None:
-    """SIGTERM the process groups of ``leaders`` (pid -> start time; those still the same
-    process), then SIGKILL whatever of them, or of what they started, is left after
-    ``grace`` seconds."""
-    live = {pid: start for pid, start in leaders.items() if _start_time(pid) == start}
-    started = _descendants(list(live))
+    """Stop the process groups of ``leaders`` (pid -> start time) and everything they
+    started: SIGTERM, up to ``grace`` seconds for the leaders to exit, then SIGKILL whatever
+    is left in the groups, or of what they started (a process in a session of its own, such
+    as the SuperLink's flwr-serverapp, once found retrying a dead SuperLink for hours).
+
+    A group is ours while its leader is the recorded process, or while the leader is gone (or
+    a zombie) and the group still has members: a group's number is not given to a new process
+    while the group exists. :meth:`securefed.flower.deploy.LocalDeployment.stop` and the
+    guard both stop a deployment with it."""
+
+    def ours(pid: int, start: str) -> bool:
+        now = _start_time(pid)
+        return now == start or (now is None and bool(_group_members(pid)))
+
+    live = [pid for pid, start in leaders.items() if ours(pid, start)]
+    started = _descendants(live)
     for pid in live:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(_group_members(pid) for pid in live):
-        time.sleep(0.1)
+    while time.monotonic() < deadline and any(_start_time(pid) == leaders[pid] for pid in live):
+        time.sleep(0.05)
+    # Whatever is left in a group, or of what they started, outlived its leader or ignored
+    # SIGTERM: no stragglers.
     for pid in live:
         if _group_members(pid):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
-    # (a group number reused within the grace would be signalled: pids are not reused that
-    # fast on Linux, which allocates them in order up to pid_max before wrapping)
     for pid, start in started.items():
         if _start_time(pid) == start:  # the same process, not a reused pid
             with contextlib.suppress(ProcessLookupError, PermissionError):
