@@ -48,7 +48,10 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes  # 
 from protocols.secagg import FixedPointCodec, SecAggConfig, secure_sum, shamir  # noqa: E402
 from protocols.secagg.wire import packed_bytes  # noqa: E402
 from securefed.config import TrainConfig  # noqa: E402
-from securefed.costs import _ALS_S, _FEDRAP_S, _MLP_S, RunShape, _layout_size  # noqa: E402
+from securefed.costs import RunShape, _layout_size  # noqa: E402
+from securefed.models.fedals import ALS_SECONDS as _ALS_S  # noqa: E402
+from securefed.models.fedrap import SAMPLE_SECONDS as _FEDRAP_S  # noqa: E402
+from securefed.models.fedrecgel import MLP_SECONDS as _MLP_S  # noqa: E402
 from securefed.privacy import DEFAULT_SECAGG_BOUND  # noqa: E402
 
 DOC = ROOT / "docs" / "scale.md"

@@ -31,7 +31,7 @@ import dataclasses
 import math
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,12 +45,16 @@ __all__ = [
     "AUDIT_COST_FACTOR",
     "PROCESS_BYTES",
     "CostEstimate",
+    "CostInputs",
     "InsufficientMemory",
+    "ModelCosts",
+    "ModelWork",
     "RunShape",
     "available_memory",
     "choose_views",
     "check_memory",
     "check_synthetic_fits",
+    "counting_work",
     "estimate_run",
     "fit_memory",
     "format_bytes",
@@ -83,11 +87,6 @@ CHECKPOINT_OVERHEAD = 16 * 1024
 AUDIT_COST_FACTOR = 2.0
 #: Users scored at once by :func:`securefed.evaluation.evaluate_splits`.
 EVAL_BLOCK = 256
-#: Bytes FedRAP allocates per touched (user, item) pair and embedding coordinate in one round
-#: (the gathered ``D``/``C`` rows, the substep's gradients and their temporaries), plus the
-#: per-pair indices and sample arrays: fitted from peak RSS on MovieLens 100K and 1M sizes.
-FEDRAP_PAIR_FLOATS = 4.0
-FEDRAP_PAIR_EXTRA = 104
 #: Bytes secure aggregation holds per client coordinate (the uint64 ring inputs, their masked
 #: copies and the expanded masks): fitted to FedRAP --secagg on MovieLens 100K (3.36 GB peak RSS
 #: measured, 3.49 GB estimated).
@@ -110,14 +109,9 @@ ENCODE_TILE = 1 << 12
 STREAM_BLOCKS_PER_THREAD = 4
 
 # Rates on the development machine (2 cores, torch 2.13 CPU, docs/benchmarks.md), in seconds
-# per unit of work named beside each; machine_speed() scales them to the machine at hand.
-_FEDRAP_S = 4.0e-9  # per sample x local epoch x dim
-_FEDRAP_PAGED_S = 1.3e-8  # the same with dense per-client buffers (interaction-level DP-SGD)
-_FEDRAP_COMPILE_S = 5.0  # torch.compile in round 1
-_DOT_EVAL_S = 1.9e-9  # per user x item x dim scored (dot-product models)
-_MLP_S = 6.5e-11  # FedRecGEL: per sample x MLP multiply-add x pass
-_MLP_EVAL_S = 5.5e-11  # FedRecGEL: per user x item x MLP multiply-add scored
-_ALS_S = 2.0e-9  # per (interaction x dim^2 + user x dim^3) of an ALS sweep
+# per unit of work named beside each; machine_speed() scales them to the machine at hand. A
+# model's own rates live beside its formulas in its module (``ModelSpec.costs``).
+DOT_EVAL_S = 1.9e-9  # per user x item x dim scored (dot-product models)
 # Secure aggregation on the batched engine (each pair's mask once, two mask threads), fitted
 # 2026-12-05 on the quiet machine: FedRAP --secagg on MovieLens 100K (943 x 53,824, k 30:
 # 3.3-4.5 s a round) and on Gowalla at --client-fraction 0.1 (3,005 x 1.31 M, k 32,
@@ -203,6 +197,8 @@ class CostEstimate:
         seconds: The whole run.
         basis: How the time was obtained (``"probe"`` or ``"measured rounds ..."``).
         speed: The machine probe's factor (1.0: the development machine).
+        in_file: The ``state`` entry held in a file, not resident (FedRAP's paged views
+            ``D``), in ``file_dir`` (``""``: ``$TMPDIR``); None: all resident.
     """
 
     model: str
@@ -230,6 +226,8 @@ class CostEstimate:
     notes: tuple[str, ...] = field(default_factory=tuple)
     disk_final: int = 0
     model_bytes: int = 0
+    in_file: str | None = None
+    file_dir: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready record (``estimate.json`` of a run directory)."""
@@ -257,9 +255,8 @@ class CostEstimate:
             for k, v in self.memory.items()
             if v and k != "synthetic_generation"
         ]
-        paged = bool(self.memory.get("paged_views_resident"))
         named = ", ".join(
-            f"{k} {format_bytes(v)}" + (" in a file, not resident" if paged and k == "D" else "")
+            f"{k} {format_bytes(v)}" + (" in a file, not resident" if k == self.in_file else "")
             for k, v in _largest(self.state, 2)
         )
         text = f"          memory: {' + '.join(parts)}" + (f" (state: {named})" if named else "")
@@ -351,65 +348,24 @@ def format_seconds(s: float) -> str:
 # ---------------------------------------------------------------------------- state
 
 
-#: The :func:`state_bytes` entries a finished run keeps in ``model.pt`` (its
-#: ``global_parameters()``), for models with per-client state; the others keep every entry.
-_RELEASED: dict[str, tuple[str, ...]] = {"fedrap": ("C",), "fedrecgel": ("shared",)}
-
-
 def state_bytes(
     model: str, params: Any, shape: RunShape, *, written_rows: int | None = None
 ) -> dict[str, int]:
-    """The bytes of every tensor entry of ``model``'s ``state_dict()`` at ``shape`` (exact).
+    """The bytes of every tensor entry of ``model``'s ``state_dict()`` at ``shape`` (exact):
+    its :attr:`ModelCosts.state` formula.
 
     Nested entries are summed under their top-level name (FedRecGEL's ``client_adam``); plain
-    values (the config, learning-rate scalars) are left out. Unknown models give ``{}``.
-    ``written_rows``: FedRAP's private views held sparsely with that many written rows
-    (``D_base`` once, an ``int64`` key and a row each; entries of zero bytes left out, as
-    :func:`state_bytes_of` does); None: dense ``D``.
+    values (the config, learning-rate scalars) are left out. Models without a formula (and
+    unknown names) give ``{}``. ``written_rows``: state held sparsely with that many written
+    rows (FedRAP's private views, :attr:`ModelCosts.written_rows`); None: held densely.
     """
-    u, i = shape.users, shape.items
-    f32, i64 = 4, 8
-    if model == "fedrap":
-        d = params.dim
-        if written_rows is None:
-            views = {"D": u * i * d * f32}
-        else:
-            views = {"D_base": i * d * f32, "D_keys": written_rows * i64}
-            views["D_rows"] = written_rows * d * f32
-            views = {k: v for k, v in views.items() if v}
-        return {
-            "C": i * d * f32,
-            **views,
-            "d_scale": u * f32,
-            "w": u * d * f32,
-            "b": u * f32,
-        }
-    if model == "fedrecgel":
-        widths = tuple(params.layers)
-        shared = i * (params.gmf_dim + params.mlp_dim)
-        for k in range(len(widths) - 1):
-            shared += widths[k + 1] * widths[k] + widths[k + 1]
-        shared += params.gmf_dim + widths[-1] + 1
-        return {
-            "shared": shared * f32,
-            "user_gmf": u * params.gmf_dim * f32,
-            "user_mlp": u * params.mlp_dim * f32,
-            "client_adam": 2 * u * (params.gmf_dim + params.mlp_dim) * f32 + u * i64,
-            "server_adam": 2 * shared * f32,
-        }
-    if model in ("fedals", "ials"):
-        from securefed.models.fedals import resolve_dim
+    from securefed.models.registry import get_spec
 
-        params = resolve_dim(params, i)
-        d = params.factor_dim
-        if model == "ials":
-            return {"X": u * d * f32, "V": i * d * f32}
-        return {"V": i * d * f32, "prior": i * f32, "head": i}
-    if model == "mostpop":
-        return {"counts": i * f32}
-    if model == "ease":
-        return {"B": i * i * f32}
-    return {}
+    try:
+        costs = get_spec(model).costs
+    except ConfigError:
+        return {}
+    return {} if costs is None else dict(costs.state(params, shape, written_rows))
 
 
 def state_bytes_of(state: Mapping[str, Any]) -> dict[str, int]:
@@ -543,6 +499,123 @@ def machine_speed(*, repeats: int = 5) -> float:
     return best / _PROBE_REFERENCE_S
 
 
+# ---------------------------------------------------------------------------- a model's formulas
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostInputs:
+    """What a model's cost formula (:attr:`ModelCosts.work`) reads.
+
+    Attributes:
+        config: The run's configuration (``config.params`` are the model's settings).
+        shape: The dataset's dimensions.
+        participants: Expected clients per round (every user for a centralized model).
+        samples: Samples trained per round: the cohort's share of the training interactions,
+            each with the model's ``num_negatives`` negatives (when it has that setting).
+        written_rows: The bound :attr:`ModelCosts.written_rows` gives for the run (None: its
+            state is held densely).
+    """
+
+    config: TrainConfig
+    shape: RunShape
+    participants: float
+    samples: float
+    written_rows: int | None = None
+
+    @property
+    def fraction(self) -> float:
+        """The expected share of the users in a round."""
+        return self.participants / self.shape.users if self.shape.users else 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelWork:
+    """A model's terms of a cost estimate (:func:`estimate_run` adds the process, the data,
+    the state, secure aggregation, checkpoints and the evaluation schedule). Seconds are on
+    the development machine (:func:`machine_speed` scales them); bytes are resident memory.
+
+    Attributes:
+        round_bytes: One round's working memory beyond the state (local training's buffers,
+            the server step's copies).
+        round_seconds: One round without secure aggregation (estimated apart).
+        eval_seconds: One evaluation of every user under the sampled protocol (200 items).
+        full_eval_seconds: One full-ranking evaluation of every user.
+        eval_bytes: Evaluation's working memory (None: :data:`EVAL_BLOCK` users' scores over
+            the catalogue, three float32 copies).
+        setup_seconds: Once per run (FedRAP's ``torch.compile`` in round 1).
+        compile_bytes: Resident memory a compiled kernel adds for the whole run.
+        in_file: The state entry held in a file, not resident (FedRAP's paged views ``D``);
+            ``file_dir`` is its folder (``""``: ``$TMPDIR``).
+        resident: Further memory held for the whole run, by name (the paged file's blocks
+            faulted in at once).
+        notes: Lines printed with the estimate.
+    """
+
+    round_bytes: int = 0
+    round_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    full_eval_seconds: float = 0.0
+    eval_bytes: int | None = None
+    setup_seconds: float = 0.0
+    compile_bytes: int = 0
+    in_file: str | None = None
+    file_dir: str = ""
+    resident: Mapping[str, int] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelCosts:
+    """A model's cost formulas, declared in its module as ``ModelSpec.costs``: the estimate
+    ``securefed train`` prints, the memory check that refuses a run before it allocates, and
+    the setting its refusal suggests all read them. A model without them is estimated as a
+    popularity count and says so (:func:`counting_work`).
+
+    Attributes:
+        state: ``(params, shape, written_rows) -> {entry: bytes}``: exactly the tensors of its
+            ``state_dict()``, nested entries summed under their top-level name, plain values
+            left out (tests/test_costs.py compares it with a built model's).
+        work: ``CostInputs -> ModelWork``: a round's and an evaluation's time and memory.
+        released: The ``state`` entries a finished run keeps in ``model.pt`` (its shared
+            parameters); None: every entry.
+        written_rows: ``(config, shape, fraction) -> int | None``: for state held sparsely,
+            a bound on its rows after the run's rounds at that cohort fraction (it grows every
+            round, so a smaller cohort or fewer rounds can make it fit); None when dense.
+        storages: ``(config, shape) -> configs``: the same run with its state held otherwise
+            (the same results), in order of preference, tried when memory is short (FedRAP's
+            views held dense: sparse, then paged).
+        chooses_storage: ``params -> bool``: the run leaves the storage to the machine
+            (FedRAP's ``views = "auto"``): it trains the fitting storage of ``storages`` with
+            the lowest estimated peak.
+        resolve: ``(params, shape) -> params``: settings decided from the data's size
+            (fedals's ``dim``), for the smaller settings a refusal suggests.
+        refusal: ``config -> (why, what to do)`` when no smaller setting fits: why the state
+            must be as large as it is (``""`` or `` (...)``) and the advice (default:
+            "choose a smaller dataset").
+    """
+
+    state: Callable[[Any, RunShape, int | None], Mapping[str, int]]
+    work: Callable[[CostInputs], ModelWork]
+    released: tuple[str, ...] | None = None
+    written_rows: Callable[[TrainConfig, RunShape, float], int | None] | None = None
+    storages: Callable[[TrainConfig, RunShape], Sequence[TrainConfig]] | None = None
+    chooses_storage: Callable[[Any], bool] | None = None
+    resolve: Callable[[Any, RunShape], Any] | None = None
+    refusal: Callable[[TrainConfig], tuple[str, str]] | None = None
+
+
+def counting_work(inputs: CostInputs) -> ModelWork:
+    """The work of counting the cohort's interactions and scoring by one vector (MostPop;
+    the estimate of a model without :class:`ModelCosts`)."""
+    shape = inputs.shape
+    return ModelWork(
+        round_bytes=int(inputs.fraction * shape.train_interactions * 16),
+        round_seconds=1e-8 * inputs.fraction * shape.train_interactions,
+        eval_seconds=1e-9 * shape.users * 200,
+        full_eval_seconds=1e-9 * shape.users * shape.items,
+    )
+
+
 # ---------------------------------------------------------------------------- estimate
 
 
@@ -581,27 +654,6 @@ def _secagg_k(m: int, config: TrainConfig) -> int:
         return min(max(m - 1, 1), 30)
 
 
-def _fedrap_written_rows(config: TrainConfig, shape: RunShape, frac: float) -> int | None:
-    """A bound on the rows FedRAP's sparse private views hold after the run's rounds: a round
-    writes at most its cohort's (user, item) sample pairs, its ``frac`` of the training
-    positives (the same pairs every round, so at most all of them over the run) and their
-    ``num_negatives`` fresh negatives each, capped at ``users x items``. None when the views
-    are dense (not FedRAP, or :func:`securefed.models.fedrap.resolve_views` keeps them dense).
-    """
-    if config.model != "fedrap":
-        return None
-    from securefed.models.fedrap import resolve_views
-
-    params = config.params
-    mode = resolve_views(params, shape.users, shape.items, dpsgd=config.privacy.interaction_dp)
-    if mode != "sparse":
-        return None
-    per_round = frac * shape.train_interactions
-    positives = min(shape.train_interactions, config.rounds * per_round)
-    negatives = config.rounds * per_round * params.num_negatives
-    return int(min(shape.users * shape.items, math.ceil(positives + negatives)))
-
-
 def _layout_size(config: TrainConfig, shape: RunShape) -> int:
     from types import SimpleNamespace
 
@@ -635,6 +687,7 @@ def estimate_run(
     """
     params = config.params
     model = config.model
+    costs = config.spec.costs
     u, i, n_train = shape.users, shape.items, shape.train_interactions
     p = config.privacy
     m = _participants(config, u)
@@ -642,127 +695,36 @@ def estimate_run(
     rounds = max(config.rounds - start_round, 0)
     neg = int(getattr(params, "num_negatives", 0))
     samples = frac * n_train * (1 + neg)  # samples trained per round (positives + negatives)
-    views_rows = _fedrap_written_rows(config, shape, frac)
-    formula = state_bytes(model, params, shape, written_rows=views_rows)
+    rows = None
+    if costs is not None and costs.written_rows is not None:
+        rows = costs.written_rows(config, shape, frac)
+    formula = state_bytes(model, params, shape, written_rows=rows)
     written = dict(state) if state is not None else formula
-    if views_rows is not None:
+    if rows is not None:
         written = formula  # the live state grows with the rounds: its bound at the end
+    inputs = CostInputs(config=config, shape=shape, participants=m, samples=samples)
+    if costs is None:
+        work = counting_work(inputs)
+        notes = [f"no cost formula for {model}: memory and time are rough"]
+    else:
+        work = costs.work(dataclasses.replace(inputs, written_rows=rows))
+        notes = list(work.notes)
     state_total = sum(formula.values())
-    notes: list[str] = []
-    paged = 0  # FedRAP's paged private views: bytes in a file, not resident
-    if model == "fedrap":
-        from securefed.models.fedrap import resolve_views
-
-        mode = resolve_views(params, u, i, dpsgd=p.interaction_dp)
-        if mode == "paged":
-            paged = formula["D"]
-            state_total -= paged
-            where = params.views_dir or "$TMPDIR"
-            notes.append(
-                f"FedRAP's private views are paged: a {paged / 1e9:.2f} GB file in {where}, "
-                "resident a block at a time"
-            )
+    in_file = formula.get(work.in_file, 0) if work.in_file is not None else 0
+    state_total -= in_file
 
     memory: dict[str, int] = {
         "process": PROCESS_BYTES,
         "data": int(n_train * 40 + u * 2 * 100 * 8),
         "state": state_total,
     }
-    round_bytes = 0
-    compile_bytes = 0
-    eval_bytes = EVAL_BLOCK * i * 4 * 3
-    round_s = 0.0
-    setup_s = 0.0
-    eval_full_s = 0.0
-    eval_s = 0.0
-    if model == "fedrap":
-        d = params.dim
-        if p.interaction_dp:
-            # Dense per-client C_u, D_u and buffers, in chunks of at most 2 GiB, and the dense
-            # uploads (securefed.models.fedrap._DPSGD_MAX_BYTES).
-            round_bytes = min(2 * 2**30, int(m * i * d * 4 * 8)) + int(m * i * d * 4)
-            round_s = _FEDRAP_PAGED_S * m * i * d * params.local_epochs * 4
-        else:
-            pair_bytes = d * 4 * FEDRAP_PAIR_FLOATS + FEDRAP_PAIR_EXTRA
-            round_bytes = int(samples * pair_bytes)
-            # Local training runs in chunks of PAIR_CHUNK_BYTES (below the allocator's mmap
-            # threshold, securefed.allocator), so no round page-faults its pair buffers. Since
-            # the sub-step lost its atomic adds (2026-12-06) the rate is about 5e-9 per unit at
-            # MovieLens-1M size (3.0-3.4 s dense; the gathers weigh more) and 3.4e-9 on
-            # MovieLens 100K (0.31-0.36 s): _FEDRAP_S lies between (docs/benchmarks.md).
-            round_s = _FEDRAP_S * samples * params.local_epochs * d
-            if m * i >= COMPILE_CELLS and params.compile is not False:
-                compile_bytes = COMPILE_BYTES
-                setup_s = _FEDRAP_COMPILE_S
-            if views_rows is not None:
-                # Sparse views: the gathered rows' lookup (a row, a position and a hit flag
-                # per sample) and, at the round's end, the merged copy of the keys and rows.
-                round_bytes += int(samples * (d * 4 + 17)) + views_rows * (d * 4 + 8)
-        eval_full_s = _DOT_EVAL_S * u * i * d
-        eval_s = _DOT_EVAL_S * u * 200 * d
-    elif model == "fedrecgel":
-        widths = tuple(params.layers)
-        macs = sum(widths[k] * widths[k + 1] for k in range(len(widths) - 1)) + params.gmf_dim
-        passes = 3 if params.sam else 1
-        round_s = _MLP_S * samples * macs * passes * params.local_steps
-        # Blocks of 2^15 sample slots through the tower (activations and their gradients),
-        # plus the structured uploads and the per-client dense MLP gradients.
-        round_bytes = int(
-            (1 << 15) * sum(widths) * 4 * 6
-            + samples * (params.gmf_dim + params.mlp_dim) * 4 * 2
-            + m * (sum(widths[k] * widths[k + 1] for k in range(len(widths) - 1))) * 4 * 2
-        )
-        tower = sum(widths[k] * widths[k + 1] for k in range(1, len(widths) - 1)) + widths[0]
-        # The dense pass: an upper bound, since full ranking runs in item blocks with early
-        # exit (FedRecGEL.score_block; on Gowalla 1.7 % of the pairs for a model at full
-        # HR@10 0.007, docs/benchmarks.md); the cost depends on the model, so a run's later
-        # estimates take the measured evaluation time.
-        eval_full_s = _MLP_EVAL_S * u * i * tower
-        eval_s = _MLP_EVAL_S * u * 200 * tower
-        # score_all returns [EVAL_BLOCK, items] scores (and evaluation masks them), scoring
-        # max(1, 2^22 // (items x widths[1])) users at a time through the tower (the gathered
-        # first layer, its sum and ReLU, then every later layer and the GMF product). Gowalla
-        # at 10 %: 2.63 GB peak RSS measured, 2.62 GB estimated (training dominates).
-        block = max(1, (1 << 22) // max(1, i * widths[1]))
-        acts = 3 * widths[1] + sum(widths[2:]) + params.gmf_dim
-        eval_bytes = EVAL_BLOCK * i * 5 + block * i * 4 * acts
-    elif model in ("fedals", "ials"):
-        from securefed.models.fedals import resolve_dim
-
-        params = resolve_dim(params, i)
-        d = params.factor_dim
-        round_s = _ALS_S * (frac * n_train * d * d + m * d**3 + i * d**3)
-        if model == "ials":
-            round_s = _ALS_S * (2 * n_train * d * d + (u + i) * d**3)
-        round_bytes = int(frac * n_train * (d + 4) * 8 * 3 + m * d * d * 8)
-        if model == "fedals" and params.private:
-            # The private mode's releases: the dense sum, its noise and their float64 copies
-            # (about six vectors of the layout, the co-occurrence part included), and the
-            # co-occurrence uploads' pairs (client, index, value: 24 bytes each) of users
-            # holding about min(mean items, set size) of the set. Gowalla at epsilon 8 (3,300
-            # items): 2.04 GB peak RSS measured, 1.0 GB estimated before these terms, 1.6 GB
-            # with them (the rest: heap growth of about 0.2 GB a round, not modelled).
-            from securefed.models.fedals import gram_size
-
-            gram = gram_size(params, i)  # the run's, once resolved for the data (else 400)
-            layout = _layout_size(config, shape)
-            per_user = min(n_train / max(u, 1), gram)
-            round_bytes += int(6 * layout * 8 + m * per_user * max(per_user - 1, 0) / 2 * 24)
-        eval_full_s = _DOT_EVAL_S * u * i * d
-        eval_s = _DOT_EVAL_S * u * 200 * d
-        eval_bytes = EVAL_BLOCK * i * 4 * 3 + u * d * 8
-    elif model == "ease":
-        round_bytes = 3 * i * i * 4 + u * i * 4
-        round_s = 2.0e-10 * i**3
-        eval_full_s = _DOT_EVAL_S * u * i * i / 32
-        eval_s = eval_full_s / 10
-    else:  # mostpop and models without a formula: counting, scoring by one vector
-        round_bytes = int(frac * n_train * 16)
-        round_s = 1e-8 * frac * n_train
-        eval_full_s = 1e-9 * u * i
-        eval_s = 1e-9 * u * 200
-        if not formula:
-            notes.append(f"no cost formula for {model}: memory and time are rough")
+    round_bytes = work.round_bytes
+    compile_bytes = work.compile_bytes
+    eval_bytes = EVAL_BLOCK * i * 4 * 3 if work.eval_bytes is None else work.eval_bytes
+    round_s = work.round_seconds
+    setup_s = work.setup_seconds
+    eval_full_s = work.full_eval_seconds
+    eval_s = work.eval_seconds
 
     if config.eval_users is not None and config.eval_users < u:
         eval_full_s *= config.eval_users / u  # full ranking of a user sample
@@ -797,14 +759,9 @@ def estimate_run(
     memory["aggregation"] = agg_bytes
     memory["evaluation"] = eval_bytes
     memory["compile"] = compile_bytes
-    if paged:
-        # The blocks of the file one gather, write or evaluation block has faulted in before
-        # it releases them, and the evaluation block's copy of its users' views.
-        memory["paged_views_resident"] = min(PAGED_RESIDENT_BYTES, paged)
-        eval_bytes += min(EVAL_BLOCK, u) * i * params.dim * 4
-        memory["evaluation"] = eval_bytes
+    memory.update(work.resident)
     base = memory["process"] + memory["data"] + state_total + compile_bytes
-    base += memory.get("paged_views_resident", 0)
+    base += sum(work.resident.values())
     peak = base + max(round_bytes + agg_bytes, eval_bytes)
     if shape.synthetic:
         # make_synthetic, before the model exists: float64 logits and Gumbel noise, an int64
@@ -820,7 +777,8 @@ def estimate_run(
     best = checkpoint if config.resolved_full_eval_every() > config.eval_every else 0
     metrics_bytes = 1024 * rounds
     disk = checkpoint + best + metrics_bytes
-    released = sum(v for k, v in formula.items() if k in _RELEASED.get(model, formula))
+    kept = formula if costs is None or costs.released is None else costs.released
+    released = sum(v for k, v in formula.items() if k in kept)
     final = (checkpoint if config.keep_private_state else 0) + metrics_bytes
     final += released + CHECKPOINT_OVERHEAD
     seconds_train = rounds * round_s + setup_s
@@ -853,11 +811,13 @@ def estimate_run(
         basis=(
             f"rough: machine probe x{speed:.1f}, updated after round 1"
             if formula
-            else f"no cost formula for {config.model} in securefed/costs.py: a popularity "
-            "count's, updated after round 1"
+            else f"no cost formula for {config.model} (its ModelSpec has no costs): a "
+            "popularity count's, updated after round 1"
         ),
         speed=speed,
         notes=tuple(notes),
+        in_file=work.in_file,
+        file_dir=work.file_dir,
     )
 
 
@@ -931,6 +891,7 @@ def _suggest(config: TrainConfig, estimate: CostEstimate, available: int) -> str
     """The flag that makes the run fit, found by re-estimating (no probe, no allocation)."""
     shape = estimate.shape
     speed = estimate.speed
+    costs = config.spec.costs
 
     def fits(cfg: TrainConfig) -> bool:
         return estimate_run(cfg, shape, speed=speed).peak_memory <= available
@@ -939,39 +900,33 @@ def _suggest(config: TrainConfig, estimate: CostEstimate, available: int) -> str
     dim_field = next(
         (f for f in ("dim", "gmf_dim") if params is not None and hasattr(params, f)), None
     )
-    views = getattr(params, "views", None) if config.model == "fedrap" else None
-    dense_dp = views is not None and config.privacy.interaction_dp
-    held = None
-    if views is not None:
-        from securefed.models.fedrap import resolve_views
-
-        held = resolve_views(params, shape.users, shape.items, dpsgd=dense_dp)
-        if held == "dense":
-            fitting = _views_that_fit(config, shape, speed, available)
-            if fitting:
-                return f"--param views={fitting[0][0].params.views} would fit"
-    # Sparse private views grow with the cohort: a smaller fraction can fit them too.
-    grows = held == "sparse"
+    fitting = _storages_that_fit(config, shape, speed, available)
+    if fitting:
+        return f"{_param_flags(params, fitting[0][0].params)} would fit"
+    # State held sparsely grows with the cohort: a smaller fraction can fit it too.
+    grows = _grows(config, shape)
     if config.spec.federated and (grows or estimate.memory.get("state", 0) < available):
         for fraction in (0.5, 0.2, 0.1, 0.05, 0.02, 0.01):
             cfg = dataclasses.replace(config, client_fraction=fraction, clients_per_round=None)
             if fits(cfg):
                 return f"--client-fraction {fraction:g} would fit"
-    if dim_field is not None and getattr(params, dim_field) is None and config.model == "fedals":
-        from securefed.models.fedals import resolve_dim
-
-        current = int(resolve_dim(params, shape.items).factor_dim)  # dim=None: by catalogue
-    elif dim_field is not None:
-        current = getattr(params, dim_field)
-    if dim_field is not None and isinstance(current, int):
-        for dim in (current // 2**k for k in range(1, 12)):
-            if dim < 1:
-                break
-            cfg = dataclasses.replace(
-                config, params=dataclasses.replace(params, **{dim_field: dim})
-            )
-            if fits(cfg):
-                return f"--param {dim_field}={dim} would fit"
+    if dim_field is not None:
+        resolved = (
+            params if costs is None or costs.resolve is None else costs.resolve(params, shape)
+        )
+        current = getattr(resolved, dim_field)  # fedals's dim=None: by catalogue
+        if isinstance(current, int):
+            for dim in (current // 2**k for k in range(1, 12)):
+                if dim < 1:
+                    break
+                cfg = dataclasses.replace(
+                    config, params=dataclasses.replace(params, **{dim_field: dim})
+                )
+                if fits(cfg):
+                    return f"--param {dim_field}={dim} would fit"
+    why, other = ("", "")
+    if costs is not None and costs.refusal is not None:
+        why, other = costs.refusal(config)
     if grows:
         for rounds in (config.rounds // 2**k for k in range(1, 12)):
             if rounds < 1:
@@ -980,71 +935,85 @@ def _suggest(config: TrainConfig, estimate: CostEstimate, available: int) -> str
                 return f"--rounds {rounds} would fit (sparse private views grow every round)"
         return (
             f"no --client-fraction, smaller dim or fewer --rounds fits {config.model} on "
-            f"{shape.users:,} users x {shape.items:,} items here: choose another --model "
-            "(fedals or fedrecgel keep no users x items state) or a machine with more memory"
+            f"{shape.users:,} users x {shape.items:,} items here: "
+            f"{other or 'choose a smaller dataset'} or a machine with more memory"
         )
-    why = " (interaction-level DP-SGD keeps FedRAP's private views dense)" if dense_dp else ""
-    if config.model == "fedrap":
-        other = "choose another --model (fedals or fedrecgel keep no users x items state)"
-    elif config.privacy.secagg and estimate.memory.get("aggregation", 0) >= estimate.memory.get(
-        "round", 0
-    ):
-        other = "run without --secagg (its blocks dominate)"
-    else:
-        other = "choose a smaller dataset"
+    secagg_dominates = config.privacy.secagg and estimate.memory.get(
+        "aggregation", 0
+    ) >= estimate.memory.get("round", 0)
+    if not other:
+        other = (
+            "run without --secagg (its blocks dominate)"
+            if secagg_dominates
+            else "choose a smaller dataset"
+        )
     return (
         f"no --client-fraction or smaller dim fits {config.model}{why} on {shape.users:,} "
         f"users x {shape.items:,} items here: {other} or use a machine with more memory"
     )
 
 
+def _grows(config: TrainConfig, shape: RunShape) -> bool:
+    """Whether the run's state is held sparsely and grows every round
+    (:attr:`ModelCosts.written_rows`)."""
+    costs = config.spec.costs
+    if costs is None or costs.written_rows is None:
+        return False
+    return costs.written_rows(config, shape, 1.0) is not None
+
+
+def _param_flags(before: Any, after: Any) -> str:
+    """``--param key=value`` for each setting that differs between two settings objects."""
+    return " ".join(
+        f"--param {f.name}={getattr(after, f.name)}"
+        for f in dataclasses.fields(after)
+        if getattr(before, f.name) != getattr(after, f.name)
+    )
+
+
 def choose_views(
     config: TrainConfig, estimate: CostEstimate, available: int | None
 ) -> tuple[TrainConfig, CostEstimate] | None:
-    """FedRAP's ``views="auto"`` on a machine too small for dense views: the run's config with
-    ``views`` set to the storage that fits (``sparse``, or ``paged`` when its file also fits
-    the free disk; of those that fit, the lower estimated peak) and its estimate. None when
-    the run fits as it is, is not FedRAP with ``views="auto"`` held dense, or nothing fits
-    (:func:`check_memory` then refuses it)."""
-    params = config.params
-    if available is None or estimate.peak_memory <= available or config.model != "fedrap":
+    """A run that leaves its state's storage to the machine (FedRAP's ``views="auto"``,
+    :attr:`ModelCosts.chooses_storage`) on a machine too small for it as held: the run's
+    config with the storage that fits (FedRAP: ``sparse``, or ``paged`` when its file also
+    fits the free disk; of those that fit, the lower estimated peak) and its estimate. None
+    when the run fits as it is, leaves no choice, or nothing fits (:func:`check_memory` then
+    refuses it)."""
+    costs = config.spec.costs
+    if available is None or estimate.peak_memory <= available or costs is None:
         return None
-    if params is None or getattr(params, "views", None) != "auto":
+    if costs.chooses_storage is None or not costs.chooses_storage(config.params):
         return None
-    from securefed.models.fedrap import resolve_views
-
-    shape = estimate.shape
-    held = resolve_views(params, shape.users, shape.items, dpsgd=config.privacy.interaction_dp)
-    if held != "dense":
-        return None
-    fitting = _views_that_fit(config, shape, estimate.speed, available)
+    fitting = _storages_that_fit(config, estimate.shape, estimate.speed, available)
     if not fitting:
         return None
-    return min(fitting, key=lambda f: (f[1].peak_memory, f[0].params.views))
+    return min(fitting, key=lambda f: f[1].peak_memory)
 
 
-def _views_that_fit(
+def _storages_that_fit(
     config: TrainConfig, shape: RunShape, speed: float, available: int
 ) -> list[tuple[TrainConfig, CostEstimate]]:
-    """FedRAP's other storages of views held dense, in order (sparse, then paged; only paged
-    with interaction-level DP-SGD, which writes every row), that fit ``available`` memory,
-    paged only when its file also fits the free disk: ``(config, estimate)`` each.
-    Views held sparsely or paged give the same results as dense ones."""
-    params = config.params
-    storages = ("paged",) if config.privacy.interaction_dp else ("sparse", "paged")
+    """The model's other storages of its state (:attr:`ModelCosts.storages`; FedRAP's views
+    held dense: sparse, then paged, only paged with interaction-level DP-SGD, which writes
+    every row), in order, that fit ``available`` memory, each with a file only when the file
+    also fits the free disk there: ``(config, estimate)`` each. Other storages give the same
+    results."""
+    costs = config.spec.costs
+    if costs is None or costs.storages is None:
+        return []
     fitting = []
-    for other in storages:
-        cfg = dataclasses.replace(config, params=dataclasses.replace(params, views=other))
+    for cfg in costs.storages(config, shape):
         est = estimate_run(cfg, shape, speed=speed)
-        on_disk = est.state["D"] if other == "paged" else 0
-        if est.peak_memory <= available and on_disk <= free_disk(params.views_dir):
+        on_disk = est.state.get(est.in_file, 0) if est.in_file is not None else 0
+        if est.peak_memory <= available and on_disk <= free_disk(est.file_dir):
             fitting.append((cfg, est))
     return fitting
 
 
 def free_disk(directory: str = "") -> int:
-    """Free bytes where FedRAP's paged views would go (``directory``, else ``$TMPDIR``); 0
-    when it cannot be read."""
+    """Free bytes where a state file would go (FedRAP's paged views; ``directory``, else
+    ``$TMPDIR``); 0 when it cannot be read."""
     import shutil
     import tempfile
 

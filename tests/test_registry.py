@@ -103,12 +103,58 @@ def test_a_model_without_a_cost_formula_says_so_in_its_estimate(monkeypatch, sma
     from securefed.models import registry
 
     module = types.ModuleType("_fourth_model_costs")
-    module.SPEC = dataclasses.replace(get_spec("fedrap"), name="fourth")  # type: ignore[attr-defined]
+    module.SPEC = dataclasses.replace(get_spec("fedrap"), name="fourth", costs=None)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "_fourth_model_costs", module)
     monkeypatch.setitem(registry._MODULES, "fourth", "_fourth_model_costs")
     monkeypatch.setattr(registry, "_CACHE", dict(registry._CACHE))
     shape = RunShape.of(small_split)
     line = estimate_run(TrainConfig(model="fourth", rounds=2), shape).summary_line()
-    assert "no cost formula for fourth in securefed/costs.py" in line
+    assert "no cost formula for fourth (its ModelSpec has no costs)" in line
     known = estimate_run(TrainConfig(model="fedrap", rounds=2), shape).summary_line()
     assert "no cost formula" not in known and "machine probe" in known
+
+
+def test_a_fourth_model_declares_its_cost_formulas_in_its_own_module(monkeypatch):
+    """The cost formulas are the spec's (``ModelSpec.costs``), not a table keyed by name in
+    securefed/costs.py: a fourth model whose module declares FedRAP's formulas is estimated,
+    refused and given the storage that fits exactly as FedRAP is (they were keyed by name:
+    it got a popularity count's estimate and no memory refusal worth the name)."""
+    import sys
+    import types
+
+    from securefed import costs
+    from securefed.costs import InsufficientMemory, RunShape, check_memory, estimate_run
+    from securefed.models import registry
+
+    module = types.ModuleType("_fourth_model_formulas")
+    module.SPEC = dataclasses.replace(get_spec("fedrap"), name="fourth")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "_fourth_model_formulas", module)
+    monkeypatch.setitem(registry._MODULES, "fourth", "_fourth_model_formulas")
+    monkeypatch.setattr(registry, "_CACHE", dict(registry._CACHE))
+    monkeypatch.setattr(costs, "free_disk", lambda directory="": 10**12)
+    gowalla = RunShape(users=29_858, items=40_981, train_interactions=860_000)
+
+    def run(model: str, **fields: object) -> tuple[TrainConfig, costs.CostEstimate]:
+        cfg = TrainConfig(model=model, rounds=20, client_fraction=0.1, **fields)  # type: ignore[arg-type]
+        return cfg, estimate_run(cfg, gowalla, speed=1.0)
+
+    (fourth_cfg, fourth), (_, fedrap) = run("fourth"), run("fedrap")
+    assert fourth.state == fedrap.state and "D_rows" in fourth.state  # sparse views' bound
+    assert fourth.peak_memory == fedrap.peak_memory > 10**9
+    assert fourth.round_seconds == fedrap.round_seconds and fourth.model_bytes == fedrap.model_bytes
+    assert "no cost formula" not in fourth.basis
+    # Dense views too large for the machine: the storage that fits is chosen ("auto") or
+    # suggested (given "dense") from the fourth model's own formulas, as for FedRAP.
+    ml1m = RunShape(users=6_040, items=3_706, train_interactions=994_000)
+    auto = dataclasses.replace(fourth_cfg, client_fraction=1.0)
+    est = estimate_run(auto, ml1m, speed=1.0)
+    chosen = costs.choose_views(auto, est, est.peak_memory - 1)
+    as_fedrap = dataclasses.replace(auto, model="fedrap")
+    assert chosen is not None and chosen[1].peak_memory < est.peak_memory
+    expected = costs.choose_views(
+        as_fedrap, estimate_run(as_fedrap, ml1m, speed=1.0), est.peak_memory - 1
+    )
+    assert expected is not None and chosen[0].params.views == expected[0].params.views
+    dense = dataclasses.replace(auto, params=dataclasses.replace(auto.params, views="dense"))
+    with pytest.raises(InsufficientMemory, match="--param views=(sparse|paged) would fit"):
+        check_memory(dense, est, available=est.peak_memory - 1)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from securefed.costs import DOT_EVAL_S, CostInputs, ModelCosts, ModelWork
 from securefed.data.types import Split
 from securefed.errors import ConfigError
 from securefed.federation.base import RoundStats
@@ -107,6 +108,19 @@ def _train_matrix(split: Split) -> torch.Tensor:
     return x
 
 
+def _work(inputs: CostInputs) -> ModelWork:
+    """The Gram matrix, its inverse and the scores (float32 ``items x items`` each), solved
+    once; full ranking multiplies the users' rows by ``B``."""
+    u, i = inputs.shape.users, inputs.shape.items
+    full = DOT_EVAL_S * u * i * i / 32
+    return ModelWork(
+        round_bytes=3 * i * i * 4 + u * i * 4,
+        round_seconds=2.0e-10 * i**3,
+        full_eval_seconds=full,
+        eval_seconds=full / 10,
+    )
+
+
 SPEC = ModelSpec(
     name="ease",
     title="EASE (Steck, WWW 2019): CENTRALIZED reference, the server sees all data",
@@ -114,4 +128,5 @@ SPEC = ModelSpec(
     build=EASE,
     role="centralized",
     default_rounds=1,
+    costs=ModelCosts(state=lambda params, shape, rows: {"B": shape.items**2 * 4}, work=_work),
 )

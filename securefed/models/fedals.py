@@ -43,7 +43,15 @@ from typing import Any
 
 import torch
 
-from securefed.costs import plural
+from securefed.costs import (
+    DOT_EVAL_S,
+    EVAL_BLOCK,
+    CostInputs,
+    ModelCosts,
+    ModelWork,
+    RunShape,
+    plural,
+)
 from securefed.data.types import Split
 from securefed.errors import ConfigError
 from securefed.federation.base import (
@@ -1616,6 +1624,63 @@ def _rounds(privacy: Any) -> int:
     return 3 if privacy is not None and getattr(privacy, "dp", False) else 20
 
 
+# ---------------------------------------------------------------------------- costs
+
+#: Seconds per (interaction x dim^2 + user x dim^3) of an ALS sweep on the development
+#: machine (securefed.costs scales it to the machine at hand).
+ALS_SECONDS = 2.0e-9
+
+
+def _state_bytes(params: FedALSConfig, shape: RunShape, written_rows: int | None) -> dict[str, int]:
+    """The bytes of :meth:`FedALS.state_dict`'s tensors at the dimension the run resolves."""
+    d = resolve_dim(params, shape.items).factor_dim
+    return {"V": shape.items * d * 4, "prior": shape.items * 4, "head": shape.items}
+
+
+def als_work(inputs: CostInputs, *, sweep_seconds: float) -> ModelWork:
+    """An ALS round's memory (the cohort's interactions with their factor rows, the users'
+    normal equations) and its evaluation by dot products, with ``sweep_seconds`` for the
+    round (on the development machine)."""
+    params = resolve_dim(inputs.config.params, inputs.shape.items)
+    u, i, d = inputs.shape.users, inputs.shape.items, params.factor_dim
+    n_train = inputs.shape.train_interactions
+    return ModelWork(
+        round_seconds=sweep_seconds,
+        round_bytes=int(
+            inputs.fraction * n_train * (d + 4) * 8 * 3 + inputs.participants * d * d * 8
+        ),
+        full_eval_seconds=DOT_EVAL_S * u * i * d,
+        eval_seconds=DOT_EVAL_S * u * 200 * d,
+        eval_bytes=EVAL_BLOCK * i * 4 * 3 + u * d * 8,
+    )
+
+
+def _work(inputs: CostInputs) -> ModelWork:
+    params = resolve_dim(inputs.config.params, inputs.shape.items)
+    u, i, d = inputs.shape.users, inputs.shape.items, params.factor_dim
+    m, n_train = inputs.participants, inputs.shape.train_interactions
+    sweep = ALS_SECONDS * (inputs.fraction * n_train * d * d + m * d**3 + i * d**3)
+    work = als_work(inputs, sweep_seconds=sweep)
+    if not params.private:
+        return work
+    # The private mode's releases: the dense sum, its noise and their float64 copies (about
+    # six vectors of the layout, the co-occurrence part included), and the co-occurrence
+    # uploads' pairs (client, index, value: 24 bytes each) of users holding about min(mean
+    # items, set size) of the set. Gowalla at epsilon 8 (3,300 items): 2.04 GB peak RSS
+    # measured, 1.0 GB estimated before these terms, 1.6 GB with them (the rest: heap growth
+    # of about 0.2 GB a round, not modelled).
+    gram = gram_size(params, i)  # the run's, once resolved for the data (else 400)
+    layout = fedals_layout(i, d, gram).size
+    per_user = min(n_train / max(u, 1), gram)
+    extra = int(6 * layout * 8 + m * per_user * max(per_user - 1, 0) / 2 * 24)
+    return dataclasses.replace(work, round_bytes=work.round_bytes + extra)
+
+
+def resolve_for_costs(params: FedALSConfig, shape: RunShape) -> FedALSConfig:
+    """:func:`resolve_dim` for a cost estimate's shape."""
+    return resolve_dim(params, shape.items)
+
+
 SPEC = ModelSpec(
     name="fedals",
     title="fedals: federated implicit ALS (Hu et al. 2008; Ammad-ud-din et al. 2019)",
@@ -1663,4 +1728,5 @@ SPEC = ModelSpec(
         "co-occurrence rounds upload no factor at all",
         "released": "not implemented for fedals yet",
     },
+    costs=ModelCosts(state=_state_bytes, work=_work, resolve=resolve_for_costs),
 )

@@ -87,7 +87,17 @@ from protocols.dp.dpsgd import (
     linear_example_grads,
 )
 from protocols.dp.noise import gaussian_noise
-from securefed.costs import COMPILE_CELLS
+from securefed.costs import (
+    COMPILE_BYTES,
+    COMPILE_CELLS,
+    DOT_EVAL_S,
+    EVAL_BLOCK,
+    PAGED_RESIDENT_BYTES,
+    CostInputs,
+    ModelCosts,
+    ModelWork,
+    RunShape,
+)
 from securefed.data.negatives import NegativeSampler
 from securefed.data.types import Split
 from securefed.errors import ConfigError
@@ -1500,6 +1510,135 @@ def _against(updates: Any, global_before: dict[str, torch.Tensor]) -> Any:
     )
 
 
+# ---------------------------------------------------------------------------- costs
+
+#: Rates on the development machine (securefed.costs scales them to the machine at hand), in
+#: seconds: per sample x local epoch x dim; the same with dense per-client buffers
+#: (interaction-level DP-SGD, per client x item x dim x local epoch); torch.compile in round 1.
+SAMPLE_SECONDS = 4.0e-9
+DPSGD_SECONDS = 1.3e-8
+COMPILE_SECONDS = 5.0
+#: Bytes FedRAP allocates per touched (user, item) pair and embedding coordinate in one round
+#: (the gathered ``D``/``C`` rows, the substep's gradients and their temporaries), plus the
+#: per-pair indices and sample arrays: fitted from peak RSS on MovieLens 100K and 1M sizes.
+PAIR_FLOATS = 4.0
+PAIR_EXTRA = 104
+
+
+def _state_bytes(params: FedRAPConfig, shape: RunShape, written_rows: int | None) -> dict[str, int]:
+    """The bytes of :meth:`FedRAP.state_dict`'s tensors: dense views ``D``, or, held sparsely
+    with ``written_rows`` rows, ``D_base`` once and an ``int64`` key and a row each (entries
+    of zero bytes left out, as :func:`securefed.costs.state_bytes_of` does)."""
+    u, i, d = shape.users, shape.items, params.dim
+    if written_rows is None:
+        views = {"D": u * i * d * 4}
+    else:
+        views = {"D_base": i * d * 4, "D_keys": written_rows * 8, "D_rows": written_rows * d * 4}
+        views = {k: v for k, v in views.items() if v}
+    return {"C": i * d * 4, **views, "d_scale": u * 4, "w": u * d * 4, "b": u * 4}
+
+
+def _written_rows(config: Any, shape: RunShape, frac: float) -> int | None:
+    """A bound on the rows the sparse private views hold after the run's rounds: a round
+    writes at most its cohort's (user, item) sample pairs, its ``frac`` of the training
+    positives (the same pairs every round, so at most all of them over the run) and their
+    ``num_negatives`` fresh negatives each, capped at ``users x items``. None when the views
+    are not held sparsely (:func:`resolve_views`)."""
+    params = config.params
+    mode = resolve_views(params, shape.users, shape.items, dpsgd=config.privacy.interaction_dp)
+    if mode != "sparse":
+        return None
+    per_round = frac * shape.train_interactions
+    positives = min(shape.train_interactions, config.rounds * per_round)
+    negatives = config.rounds * per_round * params.num_negatives
+    return int(min(shape.users * shape.items, math.ceil(positives + negatives)))
+
+
+def _work(inputs: CostInputs) -> ModelWork:
+    config, shape = inputs.config, inputs.shape
+    params, p = config.params, config.privacy
+    u, i, d, m = shape.users, shape.items, params.dim, inputs.participants
+    samples = inputs.samples
+    paged: dict[str, Any] = {}
+    if resolve_views(params, u, i, dpsgd=p.interaction_dp) == "paged":
+        size = u * i * d * 4
+        where = params.views_dir or "$TMPDIR"
+        # The blocks of the file one gather, write or evaluation block has faulted in before
+        # it releases them, and the evaluation block's copy of its users' views.
+        paged = {
+            "in_file": "D",
+            "file_dir": params.views_dir or "",
+            "resident": {"paged_views_resident": min(PAGED_RESIDENT_BYTES, size)},
+            "eval_bytes": EVAL_BLOCK * i * 4 * 3 + min(EVAL_BLOCK, u) * i * d * 4,
+            "notes": (
+                f"FedRAP's private views are paged: a {size / 1e9:.2f} GB file in {where}, "
+                "resident a block at a time",
+            ),
+        }
+    compile_bytes, setup_s = 0, 0.0
+    if p.interaction_dp:
+        # Dense per-client C_u, D_u and buffers, in chunks of at most 2 GiB, and the dense
+        # uploads (_DPSGD_MAX_BYTES).
+        round_bytes = min(2 * 2**30, int(m * i * d * 4 * 8)) + int(m * i * d * 4)
+        round_s = DPSGD_SECONDS * m * i * d * params.local_epochs * 4
+    else:
+        round_bytes = int(samples * (d * 4 * PAIR_FLOATS + PAIR_EXTRA))
+        # Local training runs in chunks of PAIR_CHUNK_BYTES (below the allocator's mmap
+        # threshold, securefed.allocator), so no round page-faults its pair buffers. Since the
+        # sub-step lost its atomic adds (2026-12-06) the rate is about 5e-9 per unit at
+        # MovieLens-1M size (3.0-3.4 s dense; the gathers weigh more) and 3.4e-9 on MovieLens
+        # 100K (0.31-0.36 s): SAMPLE_SECONDS lies between (docs/benchmarks.md).
+        round_s = SAMPLE_SECONDS * samples * params.local_epochs * d
+        if m * i >= COMPILE_CELLS and params.compile is not False:
+            compile_bytes, setup_s = COMPILE_BYTES, COMPILE_SECONDS
+        if inputs.written_rows is not None:
+            # Sparse views: the gathered rows' lookup (a row, a position and a hit flag per
+            # sample) and, at the round's end, the merged copy of the keys and rows.
+            round_bytes += int(samples * (d * 4 + 17)) + inputs.written_rows * (d * 4 + 8)
+    return ModelWork(
+        round_bytes=round_bytes,
+        round_seconds=round_s,
+        eval_seconds=DOT_EVAL_S * u * 200 * d,
+        full_eval_seconds=DOT_EVAL_S * u * i * d,
+        setup_seconds=setup_s,
+        compile_bytes=compile_bytes,
+        **paged,
+    )
+
+
+def _storages(config: Any, shape: RunShape) -> tuple[Any, ...]:
+    """Views held dense can be held sparsely or paged (the same results); interaction-level
+    DP-SGD writes every row, so only paged."""
+    params = config.params
+    dpsgd = config.privacy.interaction_dp
+    if resolve_views(params, shape.users, shape.items, dpsgd=dpsgd) != "dense":
+        return ()
+    others = ("paged",) if dpsgd else ("sparse", "paged")
+    return tuple(
+        dataclasses.replace(config, params=dataclasses.replace(params, views=v)) for v in others
+    )
+
+
+def _refusal(config: Any) -> tuple[str, str]:
+    why = (
+        " (interaction-level DP-SGD keeps FedRAP's private views dense)"
+        if config.privacy.interaction_dp
+        else ""
+    )
+    return why, "choose another --model (fedals or fedrecgel keep no users x items state)"
+
+
+COSTS = ModelCosts(
+    state=_state_bytes,
+    work=_work,
+    released=("C",),
+    written_rows=_written_rows,
+    storages=_storages,
+    chooses_storage=lambda params: params.views == "auto",
+    refusal=_refusal,
+)
+
+
 SPEC = ModelSpec(
     name="fedrap",
     title="FedRAP: additive personalization (Li, Long, Zhou; ICLR 2024)",
@@ -1540,4 +1679,5 @@ SPEC = ModelSpec(
     # 10 rounds of Poisson cohorts at rate 0.1 as in every table of docs/privacy.md's "Private
     # FedRAP and FedRecGEL" (not tuned further).
     private_mode=PrivateMode(prior_share=0.9, rounds=10, client_fraction=0.1),
+    costs=COSTS,
 )

@@ -74,6 +74,7 @@ from protocols.dp.dpsgd import (
     sam_releases,
 )
 from protocols.dp.noise import gaussian_noise
+from securefed.costs import EVAL_BLOCK, CostInputs, ModelCosts, ModelWork, RunShape
 from securefed.data.negatives import NegativeSampler
 from securefed.data.types import Split
 from securefed.errors import ConfigError
@@ -1482,6 +1483,65 @@ def _layout_size(p: FedRecGELConfig, split: Split) -> int:
     return size + p.gmf_dim + widths[-1] + 1
 
 
+# ---------------------------------------------------------------------------- costs
+
+#: Rates on the development machine (securefed.costs scales them to the machine at hand), in
+#: seconds: per sample x MLP multiply-add x pass in training; per user x item x MLP
+#: multiply-add scored.
+MLP_SECONDS = 6.5e-11
+MLP_EVAL_SECONDS = 5.5e-11
+
+
+def _state_bytes(p: FedRecGELConfig, shape: RunShape, written_rows: int | None) -> dict[str, int]:
+    """The bytes of :meth:`FedRecGEL.state_dict`'s tensors (the Adam states summed under
+    ``client_adam`` and ``server_adam``)."""
+    u, i = shape.users, shape.items
+    widths = tuple(p.layers)
+    shared = i * (p.gmf_dim + p.mlp_dim)
+    for k in range(len(widths) - 1):
+        shared += widths[k + 1] * widths[k] + widths[k + 1]
+    shared += p.gmf_dim + widths[-1] + 1
+    return {
+        "shared": shared * 4,
+        "user_gmf": u * p.gmf_dim * 4,
+        "user_mlp": u * p.mlp_dim * 4,
+        "client_adam": 2 * u * (p.gmf_dim + p.mlp_dim) * 4 + u * 8,
+        "server_adam": 2 * shared * 4,
+    }
+
+
+def _work(inputs: CostInputs) -> ModelWork:
+    p = inputs.config.params
+    u, i, m, samples = inputs.shape.users, inputs.shape.items, inputs.participants, inputs.samples
+    widths = tuple(p.layers)
+    layers = sum(widths[k] * widths[k + 1] for k in range(len(widths) - 1))
+    passes = 3 if p.sam else 1
+    tower = sum(widths[k] * widths[k + 1] for k in range(1, len(widths) - 1)) + widths[0]
+    # score_all returns [EVAL_BLOCK, items] scores (and evaluation masks them), scoring
+    # max(1, 2^22 // (items x widths[1])) users at a time through the tower (the gathered
+    # first layer, its sum and ReLU, then every later layer and the GMF product). Gowalla at
+    # 10 %: 2.63 GB peak RSS measured, 2.62 GB estimated (training dominates).
+    block = max(1, (1 << 22) // max(1, i * widths[1]))
+    acts = 3 * widths[1] + sum(widths[2:]) + p.gmf_dim
+    return ModelWork(
+        round_seconds=MLP_SECONDS * samples * (layers + p.gmf_dim) * passes * p.local_steps,
+        # Blocks of 2^15 sample slots through the tower (activations and their gradients),
+        # plus the structured uploads and the per-client dense MLP gradients.
+        round_bytes=int(
+            (1 << 15) * sum(widths) * 4 * 6
+            + samples * (p.gmf_dim + p.mlp_dim) * 4 * 2
+            + m * layers * 4 * 2
+        ),
+        # The dense pass: an upper bound, since full ranking runs in item blocks with early
+        # exit (FedRecGEL.score_block; on Gowalla 1.7 % of the pairs for a model at full HR@10
+        # 0.007, docs/benchmarks.md); the cost depends on the model, so a run's later
+        # estimates take the measured evaluation time.
+        full_eval_seconds=MLP_EVAL_SECONDS * u * i * tower,
+        eval_seconds=MLP_EVAL_SECONDS * u * 200 * tower,
+        eval_bytes=EVAL_BLOCK * i * 5 + block * i * 4 * acts,
+    )
+
+
 SPEC = ModelSpec(
     name="fedrecgel",
     title="FedRecGEL: sharpness-aware shared item embeddings (arXiv 2603.11503)",
@@ -1518,4 +1578,5 @@ SPEC = ModelSpec(
     # 10 rounds of Poisson cohorts at rate 0.1 as in every table of docs/privacy.md's "Private
     # FedRAP and FedRecGEL" (not tuned further).
     private_mode=PrivateMode(prior_share=0.9, rounds=10, client_fraction=0.1),
+    costs=ModelCosts(state=_state_bytes, work=_work, released=("shared",)),
 )

@@ -16,14 +16,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from securefed.costs import CostInputs, ModelCosts, ModelWork, RunShape
 from securefed.data.types import Split
 from securefed.errors import ConfigError
 from securefed.federation.base import RoundStats
 from securefed.models.als_math import frequency_reg, solve_side
 from securefed.models.fedals import (
+    ALS_SECONDS,
     FedALSConfig,
+    als_work,
     resolve_dim,
     resolve_dim_for_data,
+    resolve_for_costs,
     resolve_reg,
 )
 from securefed.models.registry import ModelSpec
@@ -108,6 +112,21 @@ class IALS:
         self.V = state["V"].to(torch.float32).clone()
 
 
+def _state_bytes(params: FedALSConfig, shape: RunShape, written_rows: int | None) -> dict[str, int]:
+    d = resolve_dim(params, shape.items).factor_dim
+    return {"X": shape.users * d * 4, "V": shape.items * d * 4}
+
+
+def _work(inputs: CostInputs) -> ModelWork:
+    """Two sides of a sweep over every interaction (no cohort)."""
+    d = resolve_dim(inputs.config.params, inputs.shape.items).factor_dim
+    shape = inputs.shape
+    sweep = ALS_SECONDS * (
+        2 * shape.train_interactions * d * d + (shape.users + shape.items) * d**3
+    )
+    return als_work(inputs, sweep_seconds=sweep)
+
+
 SPEC = ModelSpec(
     name="ials",
     title="iALS (Hu et al. 2008; Rendle et al. 2022): CENTRALIZED reference, all data",
@@ -120,4 +139,5 @@ SPEC = ModelSpec(
     resolve_for_data=lambda config, split: (resolve_dim_for_data(config, split), None),
     # Ten sweeps: test HR@10 still rises 0.01 between sweeps 5 and 10 on MovieLens 100K.
     default_rounds=10,
+    costs=ModelCosts(state=_state_bytes, work=_work, resolve=resolve_for_costs),
 )

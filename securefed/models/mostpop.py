@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from protocols.dp.noise import gaussian_noise
+from securefed.costs import ModelCosts, counting_work
 from securefed.data.types import Split
 from securefed.errors import ConfigError
 from securefed.federation.base import (
@@ -357,4 +358,7 @@ SPEC = ModelSpec(
         "imia": "mostpop uploads exactly the counted items (no negatives to tell apart)",
         "released": "the released counts are the aggregate itself (union/differencing)",
     },
+    costs=ModelCosts(
+        state=lambda params, shape, rows: {"counts": shape.items * 4}, work=counting_work
+    ),
 )

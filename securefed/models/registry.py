@@ -20,6 +20,7 @@ from securefed.errors import ConfigError
 if TYPE_CHECKING:
     import torch
 
+    from securefed.costs import ModelCosts
     from securefed.data.types import Split
     from securefed.federation.cohort import CohortSpec
 
@@ -218,6 +219,10 @@ class ModelSpec:
             large to hold as ``[clients, d]`` ring inputs is encoded and masked a block at a
             time (:data:`securefed.privacy.STREAM_RING_WORDS`); the cost estimate counts the
             blocks instead of the table.
+        costs: Its cost formulas (:class:`securefed.costs.ModelCosts`: state bytes, a round's
+            and an evaluation's time and memory), which ``securefed train``'s estimate and
+            memory check read; None: estimated as a popularity count, and the estimate says
+            so.
     """
 
     name: str
@@ -243,6 +248,7 @@ class ModelSpec:
     private_mode: PrivateMode | None = None
     prior_scale: Literal["log", "linear", "noise"] = "log"
     streams_uploads: bool = False
+    costs: ModelCosts | None = None
 
     def rounds_for(self, privacy: Any) -> int:
         """The default number of rounds under ``privacy``."""
