@@ -21,6 +21,7 @@ GENERIC = [
     "securefed/privacy.py",
     "securefed/config.py",
     "securefed/report.py",
+    "securefed/costs.py",
     "attacks/audit.py",
     "attacks/recorder.py",
     "attacks/threat.py",
