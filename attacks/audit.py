@@ -685,7 +685,7 @@ def _audit(
     }
     arrays: dict[str, Any] = dict(score_arrays)
     np.savez_compressed(out_dir / SCORES_FILE, **arrays)
-    runs.write_json(out_dir / AUDIT_FILE, _jsonable(report))
+    runs.write_json(out_dir / AUDIT_FILE, _jsonable(report), strict=True)
     return AuditResult(
         out_dir=out_dir,
         report=report,

@@ -396,6 +396,11 @@ def _load_scores(audit_file: str, attack: str) -> tuple[np.ndarray, np.ndarray] 
         return None
 
 
+def _float_or_nan(value: Any) -> float:
+    """A number of ``audit.json`` (``null``: not a finite number, or absent) as a float."""
+    return math.nan if value is None else float(value)
+
+
 def _union_curves(frame: Any) -> list[tuple[str, float, str, list[int], list[float]]]:
     curves = []
     for _, row in frame.iterrows():
@@ -409,7 +414,7 @@ def _union_curves(frame: Any) -> list[tuple[str, float, str, list[int], list[flo
             by_k = (a.get("metrics") or {}).get("by_cohort_size")
             if a.get("name") == "union" and isinstance(by_k, dict) and by_k:
                 ks = sorted(int(k) for k in by_k)
-                aucs = [float(by_k[str(k)].get("auc", math.nan)) for k in ks]
+                aucs = [_float_or_nan(by_k[str(k)].get("auc")) for k in ks]
                 curves.append((row["model"], row["epsilon"], row["defense"], ks, aucs))
     return curves
 

@@ -139,8 +139,16 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
-def write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=True) + "\n")
+def write_json(path: Path, obj: Any, *, strict: bool = False) -> None:
+    """Write ``obj`` as JSON atomically. ``strict``: a float that is not finite is written
+    ``null`` (``NaN`` and ``Infinity`` are not JSON: ``jq`` and ``JSON.parse`` refuse them);
+    otherwise as Python writes them, for files securefed reads back itself (a report's
+    ``sweep.json`` records the no-DP column's epsilon as ``Infinity``)."""
+    if strict:
+        text = json.dumps(_finite_or_null(obj), indent=2, sort_keys=True, allow_nan=False)
+    else:
+        text = json.dumps(obj, indent=2, sort_keys=True, allow_nan=True)
+    atomic_write_text(path, text + "\n")
 
 
 def _toml_value(value: Any) -> str:

@@ -232,3 +232,25 @@ def test_a_report_keeps_a_cell_checkpoint_only_while_the_cell_trains(tmp_path):
     (cell,) = cells.iterdir()
     assert (cell / runs.SUMMARY_FILE).exists()
     assert not list(cells.rglob("*.pt"))
+
+
+def test_audit_json_is_strict_json_with_null_for_what_is_not_a_number(tmp_path):
+    """An attack with nothing to score (the private fedals's count rounds upload no factor:
+    the gradient-ratio AUC is not a number) was written as a bare ``NaN``, which Python reads
+    and ``jq`` or ``JSON.parse`` refuse: it is ``null``."""
+    from typer.testing import CliRunner
+
+    from securefed.cli import app
+
+    out = tmp_path / "audit"
+    argv = ["audit", "--model", "fedals", "--epsilon", "2", "--synthetic-users", "30"]
+    argv += ["--synthetic-items", "300", "--attacks", "gradient-ratio", "--canaries", "0"]
+    res = CliRunner().invoke(app, [*argv, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"audit.json holds {constant}, which is not JSON")
+
+    rep = json.loads((out / "audit.json").read_text(), parse_constant=refuse)
+    [attack] = rep["attacks"]
+    assert attack["name"] == "gradient-ratio" and attack["metrics"]["auc"] is None
