@@ -1185,19 +1185,32 @@ def check_resume(run_dir: Path) -> TrainConfig:
             "checkpoint (its clients' private state), so it cannot continue with more rounds; "
             "start a new run, with --keep-private-state if you mean to extend it later"
         )
-    _check_randomness_kept(run_dir, config)
+    _check_privacy_kept(run_dir, config)
     return config
 
 
-def _check_randomness_kept(run_dir: Path, config: TrainConfig) -> None:
-    """A resumed DP run keeps the source of its releases' noise and cohorts: the summary's
-    ``randomness`` (and the amplification it claims) describes every release of the ledger,
-    so a replay run's ``config.toml`` edited to ``replay = false`` would print OS randomness
-    for releases its seed regenerates (found in review), and the reverse would label OS
-    releases as replayed."""
+def _check_privacy_kept(run_dir: Path, config: TrainConfig) -> None:
+    """A resumed DP run stays a DP run, and keeps the source of its releases' noise and
+    cohorts.
+
+    A ``config.toml`` edited to drop ``epsilon`` resumed without DP (found in a walkthrough):
+    the rest of the rounds released updates without clipping or noise, ``model.pt`` was the
+    non-private model, and the ledger still claimed its epsilon for the first releases. The
+    summary's ``randomness`` (and the amplification it claims) describes every release of
+    the ledger, so a replay run's ``config.toml`` edited to ``replay = false`` would print OS
+    randomness for releases its seed regenerates (found in review), and the reverse would
+    label OS releases as replayed."""
     from securefed.privacy import recorded_randomness
 
     count, was = recorded_randomness(run_dir / runs.LEDGER_FILE)
+    if count and not config.privacy.dp:
+        raise ConfigError(
+            f"{run_dir}'s ledger records {count} differentially private release(s) and its "
+            f"{runs.CONFIG_FILE} now asks for no DP: the remaining rounds would release "
+            "updates without clipping or noise under an epsilon that covers the first ones "
+            f"only; put epsilon (or noise_multiplier) back under [privacy] in "
+            f"{run_dir / runs.CONFIG_FILE}, or start a new run"
+        )
     if not count or was is None or not config.privacy.dp:
         return
     now = "replay" if config.privacy.replay else "os"

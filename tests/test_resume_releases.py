@@ -18,9 +18,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from protocols.dp import PrivacyEvent, PrivacyLedger
 from securefed import runs
+from securefed.cli import app
 from securefed.errors import ConfigError, IntegrityError
 from securefed.privacy import PrivateAggregator
 from securefed.training import PrivacyConfig, TrainConfig, train
@@ -273,3 +275,34 @@ def test_resume_refuses_to_change_where_the_noise_comes_from(tmp_path, replay):
     resumed = train(resume=run)
     assert resumed.summary["randomness"] == ("replay" if replay else "os")
     assert resumed.summary["rounds"] == 3
+
+
+@pytest.mark.parametrize("setting", ["epsilon", "noise_multiplier"])
+def test_resume_refuses_a_dp_run_whose_config_drops_dp(tmp_path, setting):
+    """A DP run's config.toml edited to drop its epsilon resumed without DP (found in a
+    walkthrough): its remaining rounds released updates without clipping or noise, its
+    model.pt was the non-private model, and the ledger still claimed an epsilon. It is
+    refused before anything is written, and resumes once the setting is back."""
+    value = 4.0 if setting == "epsilon" else 2.0
+    privacy = PrivacyConfig(**{setting: value})  # type: ignore[arg-type]
+    cfg = TrainConfig(rounds=3, privacy=privacy, **SMALL)
+    run = tmp_path / "r"
+    with pytest.raises(Stop):
+        train(cfg, out=run, progress=_stop_after(2))
+    config = run / runs.CONFIG_FILE
+    text = config.read_text()
+    dropped = (
+        "\n".join(line for line in text.splitlines() if not line.startswith(f"{setting} =")) + "\n"
+    )
+    assert dropped != text
+    config.write_text(dropped)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    with pytest.raises(ConfigError, match="differentially private release\\(s\\)") as err:
+        train(resume=run)
+    assert "now asks for no DP" in str(err.value) and "\n" not in str(err.value)
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    res = CliRunner().invoke(app, ["train", "--resume", str(run)])
+    assert res.exit_code == 2 and "now asks for no DP" in res.output
+    config.write_text(text)
+    resumed = train(resume=run)
+    assert resumed.summary["rounds"] == 3 and resumed.summary["epsilon"] is not None
