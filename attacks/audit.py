@@ -372,6 +372,69 @@ def _load_run(run: Path) -> TrainConfig:
     return TrainConfig.from_dict(load_config_file(run / runs.CONFIG_FILE))
 
 
+def _check_replayable(run: Path, config: TrainConfig) -> None:
+    """``audit --run`` re-simulates a run from its ``config.toml``: refuse when that is not
+    the run its ``summary.json`` and ledger record (found in a walkthrough: a replay run's
+    ``config.toml`` edited from epsilon 2 to 8 was audited as an epsilon-8 run, its
+    ``audit.json`` claiming 7.99 for a directory whose ledger says 1.991).
+
+    Raises:
+        ConfigError: the config's model, seed, rounds or privacy settings differ from what
+            the run recorded, or the run was resumed and released rounds again (a replay from
+            the seed does not re-release them).
+    """
+    summary_path = run / runs.SUMMARY_FILE
+    if not summary_path.exists():
+        return  # not finished: the re-simulation is of config.toml, as the user asks
+    summary = json.loads(summary_path.read_text())
+    p = config.privacy
+    now = {
+        "model": config.model,
+        "seed": config.seed,
+        "rounds": config.rounds,
+        "target epsilon": p.epsilon,
+        "delta": p.delta if p.dp else None,
+        "privacy unit": p.privacy_unit if p.dp else None,
+        "secure aggregation": bool(p.secagg),
+    }
+    then = {
+        "model": summary.get("model"),
+        "seed": summary.get("seed"),
+        "rounds": summary.get("rounds_planned", summary.get("rounds")),
+        "target epsilon": summary.get("target_epsilon"),
+        "delta": summary.get("delta"),
+        "privacy unit": summary.get("privacy_unit"),
+        "secure aggregation": bool(summary.get("secagg", False)),
+    }
+    if then["privacy unit"] is None:  # no DP: the summary records no defenses
+        del now["secure aggregation"], then["secure aggregation"]
+    differ = [
+        f"{key} {now[key]} in {runs.CONFIG_FILE}, {then[key]} when it ran"
+        for key in now
+        if not _same(now[key], then[key])
+    ]
+    if differ:
+        raise ConfigError(
+            f"{run}'s {runs.CONFIG_FILE} no longer describes the run its "
+            f"{runs.SUMMARY_FILE} records ({'; '.join(differ)}), and audit --run re-simulates "
+            f"{runs.CONFIG_FILE}: restore it, or audit without --run"
+        )
+    releases, released = summary.get("releases"), summary.get("released_rounds")
+    if isinstance(releases, int) and isinstance(released, int) and releases > released:
+        raise ConfigError(
+            f"{run} was resumed and released {releases - released} round(s) a second time "
+            f"({releases} releases for {released} rounds; its noise was refit for the rest), "
+            "which a re-simulation from its seed does not reproduce; audit without --run "
+            "(the audit trains its own replay run)"
+        )
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool):
+        return math.isclose(float(a), float(b), rel_tol=1e-9)
+    return a == b
+
+
 def _replay_config(config: TrainConfig) -> TrainConfig:
     """The audit's own run replays its DP randomness from the seed (``replay=True``), so the
     audit can be re-simulated and reproduced; the mechanism and its accounting are the run's."""
@@ -463,6 +526,8 @@ def _audit(
     train_cfg = _load_run(run_dir) if run_dir is not None else _replay_config(cfg.train)
     chosen, skipped = _resolve_attacks(cfg, train_cfg)
     reuse = run_dir is not None and (run_dir / "audit" / _ACC).exists()
+    if run_dir is not None and not reuse:
+        _check_replayable(run_dir, train_cfg)
     if run_dir is not None and not reuse and train_cfg.privacy.os_randomness:
         raise ConfigError(
             f"{run_dir} drew its DP noise and cohorts from the OS (the default) and recorded no "

@@ -9,6 +9,7 @@ released after the last checkpoint, and the resumed run appends its re-releases 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -306,3 +307,37 @@ def test_resume_refuses_a_dp_run_whose_config_drops_dp(tmp_path, setting):
     config.write_text(text)
     resumed = train(resume=run)
     assert resumed.summary["rounds"] == 3 and resumed.summary["epsilon"] is not None
+
+
+def test_audit_of_a_run_refuses_a_config_that_is_not_the_run(tmp_path):
+    """``audit --run`` re-simulates a replay run from its config.toml: a config edited after
+    the run (epsilon 2 to 8) was audited as the epsilon-8 run, audit.json claiming 7.99 for a
+    directory whose ledger says about 2 (found in a walkthrough); a run resumed after its
+    round 3 released that round twice with refit noise, which no re-simulation reproduces.
+    Both are refused in one line before anything trains."""
+    from attacks.audit import AuditConfig, audit
+
+    cfg = TrainConfig(
+        rounds=3,
+        privacy=PrivacyConfig(epsilon=2.0, replay=True),
+        **{**SMALL, "checkpoint_every": 2},
+    )
+    run = tmp_path / "r"
+    train(cfg, out=run)
+    config = run / runs.CONFIG_FILE
+    text = config.read_text()
+    config.write_text(text.replace("epsilon = 2.0", "epsilon = 8.0"))
+    out = tmp_path / "audit"
+    with pytest.raises(ConfigError, match="no longer describes the run") as err:
+        audit(AuditConfig(run=str(run), attacks=("differencing",), canaries=0), out=out)
+    assert "target epsilon 8.0 in config.toml, 2.0 when it ran" in str(err.value)
+    assert not out.exists()
+
+    resumed = tmp_path / "resumed"
+    longer = dataclasses.replace(cfg, rounds=4)
+    with pytest.raises(Stop):
+        train(longer, out=resumed, progress=_stop_after(3))  # round 3 released, checkpoint at 2
+    assert train(resume=resumed).summary["releases"] == 5
+    with pytest.raises(ConfigError, match="released 1 round\\(s\\) a second time"):
+        audit(AuditConfig(run=str(resumed), attacks=("differencing",), canaries=0), out=out)
+    assert not out.exists()
