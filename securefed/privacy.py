@@ -339,7 +339,7 @@ REPLAY_WARNING = (
     "REPLAY RUN (--replay-from-seed): every DP noise draw, every cohort and the secure-"
     "aggregation seed were derived from seed {seed}, which config.toml and summary.json "
     "record. Anyone who knows that seed can regenerate the noise, subtract it from the released "
-    "aggregates and recover the sums of the clipped client updates exactly. Epsilon {epsilon} "
+    "aggregates and recover the sums of the clipped client updates exactly. {epsilon} "
     "holds only against an observer who does not know the seed. Use replay runs to reproduce "
     "experiments; never publish a model trained this way on real users' data: train without "
     "--replay-from-seed, which draws all of it from the OS."
@@ -1325,7 +1325,13 @@ class PrivateAggregator:
         """
         out: dict[str, Any] = {"randomness": "replay" if self.replay else "os"}
         if self.replay:
-            eps = "(none spent)" if epsilon is None else f"{epsilon:.4g}"
+            # Before any release (a dry run's plan) the ledger's epsilon is 0: the warning
+            # is about what the run will spend (found in a walkthrough: "Epsilon 0 holds").
+            eps = (
+                "The epsilon it spends"
+                if epsilon is None or not len(self.ledger)
+                else f"Epsilon {epsilon:.4g}"
+            )
             out["replay_warning"] = REPLAY_WARNING.format(seed=self.seed, epsilon=eps)
         rates = {e.sample_rate for e in self.ledger.events} or {self.sample_rate}
         if self.prior_noise_multiplier is not None:

@@ -82,6 +82,10 @@ def test_the_plan_says_what_the_run_summary_would(tmp_path):
     )
     assert "noise placement: continuous Gaussian shares without secure aggregation" in res.output
     assert "REPLAY RUN" in res.output
+    # The plan has spent nothing: its warning said "Epsilon 0 holds only against an observer
+    # who does not know the seed" (found in a walkthrough).
+    flat = " ".join(res.output.split())
+    assert "The epsilon it spends holds only against" in flat and "Epsilon 0 " not in flat
     res = runner.invoke(app, [*args, "--model", "ials"])
     assert res.exit_code == 0 and "a centralized reference" in res.output, res.output
     run = tmp_path / "cap"
