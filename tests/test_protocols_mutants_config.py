@@ -186,6 +186,10 @@ def test_privacy_summary_before_any_round_and_with_mixed_events() -> None:
     assert mixed["sample_rate"] == [0.1, 0.2]
     assert mixed["rounds"] == 3
     assert mixed["epsilon"] == ledger.epsilon(1e-5, "rdp")
+    # A round released again after a resume is one round (the ledger file's "rounds" counted
+    # events: 15 for a 12-round run resumed once, found in a walkthrough).
+    again = privacy_summary(cfg, PrivacyLedger([*events, events[-1]]))
+    assert again["rounds"] == 3 and again["epsilon"] > mixed["epsilon"]
     one = privacy_summary(cfg, PrivacyLedger(events[:1]))
     assert one["noise_multiplier"] == 1.3 and one["sample_rate"] == 0.2
     assert one["epsilon"] == PrivacyLedger(events[:1]).epsilon(1e-5, "rdp")

@@ -131,7 +131,9 @@ def privacy_summary(config: DPConfig, ledger: PrivacyLedger) -> dict[str, Any]:
     Keys: ``epsilon`` (spent, by ``config.accountant`` at ``config.delta``), ``delta``,
     ``noise_multiplier`` (the nominal sigma of the recorded events, or the configured one
     before any round), ``clip``, ``accountant``, ``privacy_unit``, plus ``placement``,
-    ``rounds`` (recorded events), ``target_epsilon`` and ``sample_rate``.
+    ``rounds`` (the distinct rounds of the recorded events: a round released again after a
+    resume, or one of several DP-SGD steps, counts once), ``target_epsilon`` and
+    ``sample_rate``.
     """
     events = ledger.events
     sigmas = sorted({e.noise_multiplier for e in events})
@@ -149,7 +151,7 @@ def privacy_summary(config: DPConfig, ledger: PrivacyLedger) -> dict[str, Any]:
         "accountant": config.accountant,
         "privacy_unit": config.privacy_unit,
         "placement": config.placement,
-        "rounds": len(events),
+        "rounds": len({e.round for e in events}),
         "target_epsilon": config.epsilon,
         "sample_rate": (rates[0] if len(rates) == 1 else rates) if rates else None,
     }
