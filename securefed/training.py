@@ -617,8 +617,9 @@ def train(
     the first round's is warned about once (``RoundRecord.warning``, ``summary["warnings"]``).
 
     Args:
-        config: The run's configuration (defaults: FedRAP on synthetic data). Ignored with
-            ``resume``, which reads the run's own ``config.toml``.
+        config: The run's configuration (defaults: FedRAP on synthetic data). With
+            ``resume`` the run's own ``config.toml`` is what runs: a config that differs from
+            it is refused (edit ``config.toml`` to change a setting).
         out: Run directory to create (default ``runs/<timestamp>-<model>-<dataset>/``); it
             must not hold another run.
         resume: An interrupted run directory to continue from its last checkpoint. A run
@@ -667,7 +668,20 @@ def train(
     lock: runs.RunLock | None = None
     if resume is not None:
         run_dir = Path(resume)
-        check_resume(run_dir)  # one line for a directory that is not a run, before the lock
+        if out is not None and Path(out).resolve() != run_dir.resolve():
+            raise ConfigError(
+                f"train(resume={str(run_dir)!r}) continues that run in its own directory; "
+                f"drop out={str(out)!r}"
+            )
+        recorded = check_resume(run_dir)  # one line for a non-run directory, before the lock
+        if config is not None and config != recorded:
+            # The CLI refuses every flag given with --resume; a script passing a config that
+            # is not the run's had it silently ignored (found in a walkthrough).
+            raise ConfigError(
+                f"train(resume={str(run_dir)!r}) continues the run as its "
+                f"{runs.CONFIG_FILE} records, and the config given differs from it; pass no "
+                f"config, or edit {run_dir / runs.CONFIG_FILE} to change a setting"
+            )
         # Locked before anything is read for training, and checked again under the lock: a
         # run that finished between the two checks is then seen as finished.
         lock = runs.RunLock.acquire(run_dir)

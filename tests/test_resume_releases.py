@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 from protocols.dp import PrivacyEvent, PrivacyLedger
 from securefed import runs
 from securefed.cli import app
+from securefed.config import load_config_file
 from securefed.errors import ConfigError, IntegrityError
 from securefed.privacy import PrivateAggregator
 from securefed.training import PrivacyConfig, TrainConfig, train
@@ -341,3 +342,20 @@ def test_audit_of_a_run_refuses_a_config_that_is_not_the_run(tmp_path):
     with pytest.raises(ConfigError, match="released 1 round\\(s\\) a second time"):
         audit(AuditConfig(run=str(resumed), attacks=("differencing",), canaries=0), out=out)
     assert not out.exists()
+
+
+def test_resume_refuses_a_config_that_is_not_the_runs(tmp_path):
+    """``train(config, resume=run)`` ignored ``config`` silently, where the CLI refuses every
+    flag given with --resume (found in a walkthrough): a different config, or another
+    ``out``, is refused; the run's own config, or none, resumes."""
+    cfg = TrainConfig(rounds=3, privacy=PrivacyConfig(noise_multiplier=2.0), **SMALL)
+    run = tmp_path / "r"
+    with pytest.raises(Stop):
+        train(cfg, out=run, progress=_stop_after(2))
+    other = TrainConfig(rounds=3, privacy=PrivacyConfig(epsilon=2.0), **SMALL)
+    with pytest.raises(ConfigError, match="the config given differs from it; pass no config"):
+        train(other, resume=run)
+    with pytest.raises(ConfigError, match="drop out="):
+        train(resume=run, out=tmp_path / "elsewhere")
+    recorded = TrainConfig.from_dict(load_config_file(run / runs.CONFIG_FILE))
+    assert train(recorded, resume=run, out=run).summary["rounds"] == 3
