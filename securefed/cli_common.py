@@ -252,6 +252,8 @@ def _print_summary(result: Any) -> None:
                     "(docs/privacy.md, 'What the printed epsilon covers')"
                 )
         out.print(text)
+    for line in s.get("released_verdict", []):
+        err.print(f"[bold yellow]{line}[/]")
     if s.get("epsilon") is not None:
         if s.get("noise_multipliers"):  # a resumed run's releases used more than one
             used = s["noise_multipliers"]

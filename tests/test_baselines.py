@@ -331,3 +331,46 @@ def test_a_below_verdict_never_prints_two_equal_numbers() -> None:
         "BELOW random scores: full HR@10 0.00636 < 0.00644",
         "BELOW MostPop (an item count): sampled HR@10 0.5000 < 0.5123",
     ]
+
+
+def test_the_model_a_run_keeps_is_compared_when_another_round_is_reported(capfd):
+    """FedRAP, 40 rounds on MovieLens 100K, reported round 7 (sampled HR@10 0.175) and kept
+    round 40 in model.pt at 0.018, below random scores, with nothing said but the number
+    (found in a walkthrough): the summary and the printed result say it."""
+    import types
+
+    from securefed.cli_common import _print_summary
+    from securefed.training import _note_released
+
+    summary = {
+        "model": "fedrap",
+        "dataset": "ml-100k",
+        "rounds": 40,
+        "seconds": 1.0,
+        "selected_round": 7,
+        "select_on": "sampled",
+        "test_hr@10": 0.175,
+        "final_test_hr@10": 0.018,
+        "final_test_full_hr@10": 0.001,
+        "baseline_random_test_hr@10": 0.1,
+        "baseline_random_test_full_hr@10": 0.006,
+        "baseline_mostpop_test_hr@10": 0.4,
+        "baseline_mostpop_test_full_hr@10": 0.084,
+        "verdict": ["BELOW MostPop (an item count): sampled HR@10 0.175 < 0.400"],
+    }
+    kept = dict(summary)
+    _note_released(kept, kept=True)
+    [below_random, below_mostpop] = kept["released_verdict"]
+    assert below_random.startswith("the last round (40), which model.pt keeps, is BELOW random")
+    assert "sampled HR@10 0.0180 < 0.1000" in below_random and "MostPop" in below_mostpop
+    _print_summary(types.SimpleNamespace(summary=kept, run_dir="runs/x"))
+    assert "which model.pt keeps, is BELOW random" in " ".join(capfd.readouterr().err.split())
+    for changed, why in (
+        ({}, "no model.pt"),
+        ({"selected_round": 40}, "the last round is reported"),
+        ({"final_test_hr@10": 0.5, "final_test_full_hr@10": 0.2}, "above the yardsticks"),
+        ({"verdict": ["NOT COMPARED with the yardsticks: ..."]}, "not compared"),
+    ):
+        other = {**summary, **changed}
+        _note_released(other, kept=bool(changed))
+        assert "released_verdict" not in other, why
