@@ -239,6 +239,8 @@ def _print_summary(result: Any) -> None:
     if "selected_round" in s:
         if s.get("select_on") == "last":
             text = f"reported round {s['selected_round']} (the last evaluated round: no choice)"
+        elif s.get("rounds") == 1:  # MostPop's one release: nothing to choose among
+            text = f"reported round {s['selected_round']} (the only round: no choice)"
         else:
             full = s.get("select_on") == "full"
             metric = "full-ranking HR@10" if full else "HR@10"

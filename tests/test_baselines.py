@@ -374,3 +374,20 @@ def test_the_model_a_run_keeps_is_compared_when_another_round_is_reported(capfd)
         other = {**summary, **changed}
         _note_released(other, kept=bool(changed))
         assert "released_verdict" not in other, why
+
+
+def test_a_one_round_run_reports_no_choice(capfd):
+    """MostPop's one round was 'reported round 1 (best validation HR@10) ... a choice made on
+    the clear validation data, outside the epsilon' (found in a walkthrough): one round is
+    no choice."""
+    import types
+
+    from securefed.cli_common import _print_summary
+
+    summary = {"model": "mostpop", "dataset": "ml-100k", "rounds": 1, "seconds": 1.0}
+    summary |= {"selected_round": 1, "select_on": "sampled", "epsilon": 2.0, "delta": 1e-5}
+    summary |= {"noise_multiplier": 2.0, "privacy_unit": "user", "test_hr@10": 0.4, "clip": 4.5}
+    _print_summary(types.SimpleNamespace(summary=summary, run_dir="runs/x"))
+    out = " ".join(capfd.readouterr().out.split())
+    assert "reported round 1 (the only round: no choice)" in out
+    assert "a choice made on the clear validation data" not in out
