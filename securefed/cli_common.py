@@ -282,9 +282,14 @@ def _print_summary(result: Any) -> None:
                     f"{amplified}, {unamplified} against an observer who learns the cohorts, "
                     f"at delta {s['delta']:g}"
                 )
+        clip = (
+            "clips " + ", ".join(f"{c:g}" for c in s["clips"])
+            if s.get("clips")
+            else f"clip {s.get('clip'):g}"
+        )
         out.print(
             f"privacy: {head} ({s.get('privacy_unit')}-level, {s.get('accountant')} "
-            f"accountant, {sigma}, clip {s.get('clip'):g})"
+            f"accountant, {sigma}, {clip})"
         )
     if s.get("placement_note") and s.get("epsilon") is not None:
         out.print(f"noise placement: {s['placement_note']}", highlight=False)

@@ -1279,6 +1279,11 @@ class PrivateAggregator:
             # A resumed run refitted its sigma (fit_rounds_left), or spent its budget before
             # any release at the config's: every sigma a release used, in order.
             out["noise_multipliers"] = used
+        clips = self._model_clips()
+        if clips and clips != [self.clip]:
+            # A resumed run whose config.toml changed its clip: every clip a release used (the
+            # summary printed only the new one; found in a walkthrough).
+            out["clips"] = clips
         out["placement"] = self.dp.placement
         if self.placement_note:
             out["placement_note"] = self.placement_note
@@ -1298,6 +1303,17 @@ class PrivateAggregator:
             out["prior_items"] = self.p.prior_items
             out["prior_weighting"] = self.p.prior_weighting
         return out
+
+    def _model_clips(self) -> list[float]:
+        """The distinct clips of the ledger's model releases (not the prior's), in the order
+        first used."""
+        prior = (self.prior_noise_multiplier, self.prior_clip)
+        clips = (
+            e.clip
+            for e in self.ledger.events
+            if self.prior_noise_multiplier is None or (e.noise_multiplier, e.clip) != prior
+        )
+        return [float(c) for c in dict.fromkeys(clips) if c is not None]
 
     def _model_noise_multipliers(self) -> list[float]:
         """The distinct noise multipliers of the ledger's model releases (not the prior's),

@@ -359,3 +359,25 @@ def test_resume_refuses_a_config_that_is_not_the_runs(tmp_path):
         train(resume=run, out=tmp_path / "elsewhere")
     recorded = TrainConfig.from_dict(load_config_file(run / runs.CONFIG_FILE))
     assert train(recorded, resume=run, out=run).summary["rounds"] == 3
+
+
+def test_a_resumed_run_whose_clip_changed_reports_every_clip(tmp_path, capfd):
+    """A run resumed after its config.toml changed the clip printed only the new clip, over
+    a ledger of releases at both (found in a walkthrough): the summary lists each clip its
+    model releases used, in order; a run of one clip lists none."""
+    cfg = TrainConfig(rounds=4, privacy=PrivacyConfig(noise_multiplier=2.0, clip=1.0), **SMALL)
+    run = tmp_path / "r"
+    with pytest.raises(Stop):
+        train(cfg, out=run, progress=_stop_after(2))
+    config = run / runs.CONFIG_FILE
+    config.write_text(config.read_text().replace("clip = 1.0", "clip = 0.5"))
+    summary = train(resume=run).summary
+    assert summary["clips"] == [1.0, 0.5] and summary["clip"] == 0.5
+    import types
+
+    from securefed.cli_common import _print_summary
+
+    _print_summary(types.SimpleNamespace(summary=summary, run_dir=run))
+    assert "clips 1, 0.5)" in " ".join(capfd.readouterr().out.split())
+    one = train(cfg, out=tmp_path / "one").summary
+    assert "clips" not in one
