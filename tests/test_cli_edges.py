@@ -385,3 +385,14 @@ def test_relative_data_paths_are_recorded_absolute(tmp_path, monkeypatch):
     res = runner.invoke(app, ["train", "--model", "mostpop", *SMALL, "--out", str(tmp_path / "s")])
     assert res.exit_code == 0, res.output
     assert tomllib.loads((tmp_path / "s" / "config.toml").read_text())["dataset"] == "synthetic"
+
+
+def test_python_dash_m_securefed_is_the_command():
+    """``python -m securefed`` did not exist (found in a walkthrough): it runs the CLI."""
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [sys.executable, "-m", "securefed", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0 and "train" in res.stdout and "audit" in res.stdout, res.stderr

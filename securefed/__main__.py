@@ -1,0 +1,6 @@
+"""``python -m securefed``: the ``securefed`` command, for an environment whose scripts
+folder is not on ``PATH``."""
+
+from securefed.cli import main
+
+main()
