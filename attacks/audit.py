@@ -420,10 +420,13 @@ def _check_replayable(run: Path, config: TrainConfig) -> None:
             f"{runs.CONFIG_FILE}: restore it, or audit without --run"
         )
     releases, released = summary.get("releases"), summary.get("released_rounds")
+    if isinstance(releases, int) and summary.get("prior_noise_multiplier") is not None:
+        releases -= 1  # the popularity prior's one release, beside round 1's (never again)
     if isinstance(releases, int) and isinstance(released, int) and releases > released:
         raise ConfigError(
             f"{run} was resumed and released {releases - released} round(s) a second time "
-            f"({releases} releases for {released} rounds; its noise was refit for the rest), "
+            f"({releases} model releases for {released} rounds; its noise was refit for the "
+            "rest), "
             "which a re-simulation from its seed does not reproduce; audit without --run "
             "(the audit trains its own replay run)"
         )

@@ -342,6 +342,21 @@ def test_audit_of_a_run_refuses_a_config_that_is_not_the_run(tmp_path):
     with pytest.raises(ConfigError, match="released 1 round\\(s\\) a second time"):
         audit(AuditConfig(run=str(resumed), attacks=("differencing",), canaries=0), out=out)
     assert not out.exists()
+    # The popularity prior's release sits beside round 1's: no second release (the report's
+    # dp cells of FedRAP were refused for it).
+    from attacks.audit import _check_replayable
+
+    prior = TrainConfig(
+        model="fedrap",
+        synthetic_users=60,
+        synthetic_items=400,
+        rounds=2,
+        client_fraction=0.5,
+        privacy=PrivacyConfig(epsilon=2.0, replay=True, prior_share=0.9),
+    )
+    with_prior = train(prior, out=tmp_path / "prior")
+    assert with_prior.summary["releases"] == 3 and with_prior.summary["released_rounds"] == 2
+    _check_replayable(tmp_path / "prior", prior)
 
 
 def test_resume_refuses_a_config_that_is_not_the_runs(tmp_path):
