@@ -20,6 +20,7 @@ from securefed.errors import ConfigError
 from securefed.federation.cohort import CohortSpec
 from securefed.models.registry import (
     DEFAULT_MODEL,
+    check_field_types,
     dataclass_from_table,
     get_spec,
     model_names,
@@ -88,6 +89,7 @@ class PrivacyConfig:
     prior_weighting: Literal["sqrt", "capped", "sample"] = "capped"
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # the comparisons below assume numbers
         if self.epsilon is not None and not (self.epsilon > 0):
             raise ConfigError(f"epsilon must be > 0, got {self.epsilon!r}")
         if self.noise_multiplier is not None and not (
@@ -324,6 +326,12 @@ class TrainConfig:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # the comparisons below assume numbers
+        if not isinstance(self.privacy, PrivacyConfig):
+            raise ConfigError(
+                f"privacy must be a PrivacyConfig, got {type(self.privacy).__name__}; build "
+                "it with PrivacyConfig(...)"
+            )
         spec = get_spec(self.model)
         object.__setattr__(self, "params", spec.check_params(self.params))
         if spec.resolve_params is not None:

@@ -387,6 +387,51 @@ def test_relative_data_paths_are_recorded_absolute(tmp_path, monkeypatch):
     assert tomllib.loads((tmp_path / "s" / "config.toml").read_text())["dataset"] == "synthetic"
 
 
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ('[privacy]\nepsilon = "two"\n', "[privacy] epsilon must be a number, got 'two'"),
+        (
+            '[privacy]\nepsilon = "2"\n',
+            "[privacy] epsilon must be a number, got '2'; write 2 without quotes",
+        ),
+        ('[privacy]\nsecagg = "yes"\n', "[privacy] secagg must be true or false, got 'yes'"),
+        ('[fedals]\ndim = "8"\n', "[fedals] dim must be a whole number, got '8'"),
+        ('[fedals]\nshares = ["a", 0.3, 0.1]\n', "[fedals] shares must be a list of numbers"),
+        ('seed = "3"\n', "seed must be a whole number, got '3'; write 3 without quotes"),
+        ('client_fraction = "0.1"\n', "client_fraction must be a number, got '0.1'"),
+        ("device = 3\n", "device must be a string, got 3"),
+    ],
+)
+def test_a_config_value_of_the_wrong_type_names_its_key_and_the_kind(tmp_path, toml, message):
+    """Found in a walkthrough: ``epsilon = "two"`` in [privacy] was "invalid [privacy]
+    config: '>' not supported between instances of 'str' and 'int'" (``seed = "3"`` and
+    ``device = 3`` the same, or a traceback)."""
+    config = tmp_path / "c.toml"
+    config.write_text(toml)
+    res = runner.invoke(app, ["train", "--config", str(config), "--out", str(tmp_path / "r")])
+    _one_clear_line(res)
+    assert message in res.output and "not supported" not in res.output
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"epsilon": "2"}, "epsilon must be a number, got '2'; write 2 without quotes"),
+        ({"noise_multiplier": "1"}, "noise_multiplier must be a number, got '1'"),
+        ({"delta": None}, "delta must be a number, got None"),
+        ({"secagg_scale_bits": 16.0}, "secagg_scale_bits must be a whole number, got 16.0"),
+        ({"replay": "true"}, "replay must be true or false, got 'true'"),
+    ],
+)
+def test_privacy_config_checks_types_before_comparing(kwargs, message):
+    with pytest.raises(ConfigError) as err:
+        PrivacyConfig(**kwargs)
+    assert str(err.value).startswith(message), str(err.value)
+    assert PrivacyConfig(epsilon=2).epsilon == 2  # a whole number is a number
+
+
 def test_python_dash_m_securefed_is_the_command():
     """``python -m securefed`` did not exist (found in a walkthrough): it runs the CLI."""
     import subprocess
