@@ -326,6 +326,7 @@ def train(
         TrainConfig,
         load_config_file,
         refuse_legacy_secure,
+        refuse_other_model_tables,
         with_private_mode,
     )
     from securefed.models.registry import DEFAULT_MODEL, get_spec, params_from_flags
@@ -426,6 +427,8 @@ def train(
                     params_from_flags(spec, model_flags, table, given_as=given_as)
                 )
             cfg = TrainConfig.from_dict(raw)
+            if config is not None:
+                refuse_other_model_tables(raw, str(config))
             idle = _idle_privacy_flag(privacy, cfg)
             if idle is not None:
                 raise _fail(idle)

@@ -79,7 +79,7 @@ def _config(
     dataset: str | None = None,
     data_dir: Path | None = None,
 ) -> Any:
-    from securefed.config import refuse_legacy_secure
+    from securefed.config import refuse_legacy_secure, refuse_other_model_tables
     from securefed.training import TrainConfig, load_config_file
 
     raw: dict[str, Any] = load_config_file(config) if config is not None else {}
@@ -100,7 +100,9 @@ def _config(
     if epsilon is not None:
         privacy["epsilon"] = epsilon
     raw["privacy"] = privacy
-    return TrainConfig.from_dict(raw)
+    cfg = TrainConfig.from_dict(raw)
+    refuse_other_model_tables(raw, str(config))
+    return cfg
 
 
 def _dirs(config: Any, out_dir: Path | None, work_dir: Path | None) -> tuple[Path, Path]:
@@ -515,13 +517,16 @@ def app(
 ) -> None:
     """Write a Flower app directory to submit with `flwr run APP_DIR <connection>`
     (add `--run-config resume=true` to continue a stopped run)."""
+    from securefed.config import refuse_other_model_tables
     from securefed.flower.deploy import write_app
     from securefed.flower.enrollment import load_directory
     from securefed.flower.server import check_config
     from securefed.training import TrainConfig, load_config_file
 
     with _user_errors():
-        cfg = TrainConfig.from_dict(load_config_file(config))
+        raw = load_config_file(config)
+        cfg = TrainConfig.from_dict(raw)
+        refuse_other_model_tables(raw, str(config))
         check_config(cfg)
         malicious = cfg.privacy.secagg_mode == "malicious"
         if malicious and enrollment is None:

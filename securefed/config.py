@@ -507,8 +507,10 @@ class TrainConfig:
         """Build a config from a mapping (e.g. a TOML file); unknown keys are errors.
 
         The table named after the chosen model holds its hyperparameters; tables named after
-        other registered models are accepted and ignored (one file can hold settings for
-        several models, and run directories written before the registry still load).
+        other registered models are checked and ignored here (run directories written before
+        the registry hold a ``[fedrap]`` and a ``[fedrecgel]`` table, and still load). A
+        config file a user gives for a new run is refused with one first
+        (:func:`refuse_other_model_tables`).
         """
         model = raw.get("model", DEFAULT_MODEL)
         if not isinstance(model, str):
@@ -587,6 +589,22 @@ def refuse_legacy_secure(raw: Mapping[str, Any], source: str | Path) -> None:
         )
 
 
+def refuse_other_model_tables(raw: Mapping[str, Any], source: str | Path) -> None:
+    """Refuse a table of another model than the one ``raw`` trains in a config a user gives
+    for a *new* run: :meth:`TrainConfig.from_dict` ignores it (so that run directories
+    written before the registry, which hold a table per model, still resume), and a new run
+    would go ahead with settings its user wrote silently unused (found in a walkthrough:
+    ``model = "fedrap"`` with a ``[fedals]`` table trained FedRAP with defaults)."""
+    model = raw.get("model", DEFAULT_MODEL)
+    for key in raw:
+        if key != model and key in model_names():
+            raise ConfigError(
+                f"[{key}] in {source} sets {key}'s settings, but this run trains {model}, "
+                f"which would ignore them; delete the [{key}] table or train {key} "
+                f'(model = "{key}" or --model {key})'
+            )
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a TOML config file into a mapping, with a clear error for a bad file."""
     p = Path(path)
@@ -610,6 +628,7 @@ __all__ = [
     "TrainConfig",
     "legacy_privacy_keys",
     "refuse_legacy_secure",
+    "refuse_other_model_tables",
     "load_config_file",
     "with_private_mode",
 ]

@@ -432,6 +432,44 @@ def test_privacy_config_checks_types_before_comparing(kwargs, message):
     assert PrivacyConfig(epsilon=2).epsilon == 2  # a whole number is a number
 
 
+def test_a_config_table_for_another_model_is_refused_for_a_new_run(tmp_path):
+    """Found in a walkthrough: ``model = "fedrap"`` with a ``[fedals]`` table trained FedRAP,
+    the ``[fedals]`` settings silently unused. A run directory written before the registry
+    (a table per model) still loads: only a config given for a new run is refused."""
+    import tomllib
+
+    from securefed.config import TrainConfig
+
+    config = tmp_path / "c.toml"
+    config.write_text('model = "fedrap"\n[fedals]\ndim = 8\n')
+    want = "[fedals] in " + str(config) + " sets fedals's settings, but this run trains fedrap"
+    for command in (["train"], ["flower", "local"], ["flower", "simulate"]):
+        out = tmp_path / f"r-{command[-1]}"
+        res = runner.invoke(app, [*command, *SMALL, "--config", str(config), "--out", str(out)])
+        _one_clear_line(res)
+        assert want in res.output, (command, res.output)
+        assert not out.exists()
+    # --model choosing another model than the file's table is the same mistake.
+    config.write_text("[fedals]\ndim = 8\n")
+    res = runner.invoke(
+        app, ["train", *SMALL, "--model", "fedrap", "--config", str(config), "--out", "x"]
+    )
+    _one_clear_line(res)
+    assert "[fedals] in" in res.output and "trains fedrap" in res.output
+    # What runs write and read is unchanged: a run's own config.toml is a new run's config,
+    # and a pre-registry run directory's config.toml (both tables) still loads.
+    res = runner.invoke(
+        app, ["train", *SMALL, "--config", str(config), "--out", str(tmp_path / "a")]
+    )
+    assert res.exit_code == 0, res.output
+    written = tmp_path / "a" / "config.toml"
+    res = runner.invoke(app, ["train", "--config", str(written), "--out", str(tmp_path / "b")])
+    assert res.exit_code == 0, res.output
+    legacy = {"model": "fedrap", "rounds": 1, "fedrap": {}, "fedrecgel": {}}
+    assert TrainConfig.from_dict(legacy).model == "fedrap"
+    assert tomllib.loads(written.read_text())["fedals"]["dim"] == 8
+
+
 def test_python_dash_m_securefed_is_the_command():
     """``python -m securefed`` did not exist (found in a walkthrough): it runs the CLI."""
     import subprocess

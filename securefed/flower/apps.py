@@ -354,7 +354,7 @@ def make_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        from securefed.config import refuse_legacy_secure
+        from securefed.config import refuse_legacy_secure, refuse_other_model_tables
         from securefed.flower.server import FederatedServer, ServerSettings
         from securefed.training import TrainConfig, load_config_file
 
@@ -377,6 +377,7 @@ def make_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
             raw = load_config_file(str(cfg["config-file"]))
             refuse_legacy_secure(raw, str(cfg["config-file"]))
             config = TrainConfig.from_dict(raw)
+            refuse_other_model_tables(raw, str(cfg["config-file"]))
             server = FederatedServer(
                 config, run_dir=run_dir, transport=GridTransport(grid), settings=settings
             )
