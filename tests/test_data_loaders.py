@@ -133,6 +133,32 @@ def test_a_table_with_string_ids_loads_each_distinct_string_as_one_id(tmp_path: 
     assert plain.user_ids.dtype == np.int64 and not plain.report.notes
 
 
+def test_a_parquet_tables_rows_are_rows_not_lines(tmp_path: Path) -> None:
+    """Found in a walkthrough: a Parquet file of string ids was noted "line 0 is not a
+    number"; a Parquet file has no lines (nor a header line), so its notes and errors name
+    the row, counted from 1. A CSV's keep their line numbers (the header is line 1)."""
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    users = ["u-1", "u-1", "u-1", "u-2", "u-2", "u-2"]
+    frame = pd.DataFrame({"user": users, "item": [1, 2, 3, 1, 2, 3]})
+    frame.to_parquet(tmp_path / "s.parquet")
+    notes = " ".join(load_table(tmp_path / "s.parquet").report.notes)
+    assert "user ids read as strings (the user id of row 1 is not a number)" in notes, notes
+    assert "line" not in notes
+    frame.assign(timestamp=[1.0, 2.0, "x", 4.0, 5.0, 6.0]).astype({"timestamp": str}).to_parquet(
+        tmp_path / "t.parquet"
+    )
+    with pytest.raises(
+        DataError,
+        match=r"t\.parquet row 3: timestamp 'x' is not a number, "
+        r"but row 1 holds one",
+    ):
+        load_table(tmp_path / "t.parquet")
+    frame.assign(item=[1, 2, 2.5, 1, 2, 3]).to_parquet(tmp_path / "f.parquet")
+    with pytest.raises(DataError, match=r"f\.parquet row 3: item id '2\.5' is not an integer"):
+        load_table(tmp_path / "f.parquet")
+
+
 def test_string_ids_too_big_for_the_memory_left_are_refused_in_one_line(tmp_path, monkeypatch):
     from securefed import costs
 

@@ -153,7 +153,16 @@ def _read_columns(
 _EXACT_FLOAT_INT = 2.0**53
 
 
-def _integer_column(values: pd.Series, *, path: Path, column: str, offset: int = 1) -> np.ndarray:
+def _place(row: int, offset: int | None) -> str:
+    """Where row ``row`` (from 0) of a table is, for a message: ``line N`` of a text file
+    whose row 0 is on line ``offset``, or ``row N`` (from 1) of a file without lines
+    (Parquet: ``offset`` None; found in a walkthrough: its first row was "line 0")."""
+    return f"row {row + 1}" if offset is None else f"line {row + offset}"
+
+
+def _integer_column(
+    values: pd.Series, *, path: Path, column: str, offset: int | None = 1
+) -> np.ndarray:
     """Integer ids of a column, exact: a value that is not an integer, or that an int64 (or,
     written as a float, a float64) cannot hold exactly, is one DataError naming its line."""
     numeric = pd.to_numeric(values, errors="coerce")
@@ -163,20 +172,22 @@ def _integer_column(values: pd.Series, *, path: Path, column: str, offset: int =
             too_big = ints > np.iinfo(np.int64).max
             row = int(np.nonzero(too_big)[0][0]) if too_big.any() else -1
             if row >= 0:
-                raise DataError(_id_range_error(path, row + offset, column, values.iloc[row]))
+                raise DataError(
+                    _id_range_error(path, _place(row, offset), column, values.iloc[row])
+                )
         return ints.astype(np.int64)
     arr = numeric.to_numpy(dtype=np.float64, na_value=np.nan)
     bad = ~np.isfinite(arr) | (arr != np.round(arr))
     if bad.any():
         row = int(np.nonzero(bad)[0][0])
         raise DataError(
-            f"{path} line {row + offset}: {column} '{values.iloc[row]}' is not an integer; "
+            f"{path} {_place(row, offset)}: {column} '{values.iloc[row]}' is not an integer; "
             f"{column}s must be integer ids"
         )
     large = np.abs(arr) >= _EXACT_FLOAT_INT
     if large.any():
         row = int(np.nonzero(large)[0][0])
-        raise DataError(_id_range_error(path, row + offset, column, values.iloc[row]))
+        raise DataError(_id_range_error(path, _place(row, offset), column, values.iloc[row]))
     return arr.astype(np.int64)
 
 
@@ -217,7 +228,7 @@ MISSING_WORDS = frozenset({"", "na", "n/a", "nan", "null", "none", "<na>"})
 
 
 def _table_ids(
-    values: pd.Series, *, path: Path, column: str, offset: int
+    values: pd.Series, *, path: Path, column: str, offset: int | None
 ) -> tuple[np.ndarray, np.ndarray | None, str | None]:
     """Ids of a user's own table: integers where every value is a number (as
     :func:`_integer_column`: ``005`` and ``5`` are one id, ``2.5`` is refused), else strings
@@ -235,15 +246,16 @@ def _table_ids(
     if missing.any():
         row = int(np.nonzero(missing)[0][0])
         raise DataError(
-            f"{path} line {row + offset}: the {column} is missing ({str(values.iloc[row])!r})"
+            f"{path} {_place(row, offset)}: the {column} is missing ({str(values.iloc[row])!r})"
         )
     numeric = pd.to_numeric(text, errors="coerce").notna().to_numpy()
     if numeric.all():
         return _integer_column(text, path=path, column=column, offset=offset), None, None
     row = int(np.nonzero(~numeric)[0][0])
+    where = f"line {row + offset} is" if offset is not None else f"the {column} of row {row + 1} is"
     note = (
-        f"{column}s read as strings (line {row + offset} is not a number): each distinct "
-        f"string is one {column.split()[0]}"
+        f"{column}s read as strings ({where} not a number): each distinct string is one "
+        f"{column.split()[0]}"
     )
     # Codes, not a fixed-width string array: a log of UUIDs would take ~7x the memory the
     # load's check allows for (found in review).
@@ -251,21 +263,23 @@ def _table_ids(
     return codes.astype(np.int64), np.asarray(labels, dtype=object), note
 
 
-def _id_range_error(path: Path, line: int, column: str, value: object) -> str:
+def _id_range_error(path: Path, place: str, column: str, value: object) -> str:
     return (
-        f"{path} line {line}: {column} '{value}' is out of range; {column}s must be integers "
+        f"{path} {place}: {column} '{value}' is out of range; {column}s must be integers "
         "of magnitude below 2**53 (9007199254740992), or plain integers below 2**63 when "
         "the column has no decimal points or exponents; renumber the ids"
     )
 
 
-def _float_column(values: pd.Series, *, path: Path, column: str, offset: int = 1) -> np.ndarray:
+def _float_column(
+    values: pd.Series, *, path: Path, column: str, offset: int | None = 1
+) -> np.ndarray:
     arr = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     bad = ~np.isfinite(arr)
     if bad.any():
         row = int(np.nonzero(bad)[0][0])
         raise DataError(
-            f"{path} line {row + offset}: {column} '{values.iloc[row]}' is not a number"
+            f"{path} {_place(row, offset)}: {column} '{values.iloc[row]}' is not a number"
         )
     return arr
 
@@ -546,7 +560,7 @@ def load_filmtrust(path: str | Path, *, min_interactions: int = 3) -> Interactio
     )
 
 
-def _timestamp_column(ts: pd.Series, *, path: Path, offset: int) -> np.ndarray:
+def _timestamp_column(ts: pd.Series, *, path: Path, offset: int | None) -> np.ndarray:
     """Seconds since the epoch from a column of numbers or of ISO 8601 date-times (one format
     for the whole column); anything else is one DataError naming the first bad line."""
     numeric = pd.to_numeric(ts, errors="coerce")
@@ -557,9 +571,9 @@ def _timestamp_column(ts: pd.Series, *, path: Path, offset: int) -> np.ndarray:
         row = int(np.nonzero(~is_number)[0][0])
         first = int(np.nonzero(is_number)[0][0])
         raise DataError(
-            f"{path} line {row + offset}: timestamp {ts.iloc[row]!r} is not a number, but line "
-            f"{first + offset} holds one ({ts.iloc[first]!r}); give every timestamp as seconds "
-            "or every one as an ISO 8601 date-time"
+            f"{path} {_place(row, offset)}: timestamp {ts.iloc[row]!r} is not a number, but "
+            f"{_place(first, offset)} holds one ({ts.iloc[first]!r}); give every timestamp as "
+            "seconds or every one as an ISO 8601 date-time"
         )
     try:
         parsed = pd.to_datetime(ts, utc=True, format="ISO8601")
@@ -576,7 +590,7 @@ def _timestamp_column(ts: pd.Series, *, path: Path, offset: int) -> np.ndarray:
             "time zones?); give every timestamp in one ISO 8601 form, or as seconds"
         )
     raise DataError(
-        f"{path} line {bad_row + offset}: timestamp {ts.iloc[bad_row]!r} is neither a number "
+        f"{path} {_place(bad_row, offset)}: timestamp {ts.iloc[bad_row]!r} is neither a number "
         "nor an ISO 8601 date-time this pandas can represent"
     )
 
@@ -646,7 +660,7 @@ def load_table(path: str | Path, *, min_interactions: int = 3) -> Interactions:
             raise DataError(
                 f"{path} is not a readable Parquet file ({exc}); expected {hint}"
             ) from None
-        offset = 0
+        offset: int | None = None  # rows, not lines, in messages (_place)
     else:
         raw = _read_text(path, what="interaction table")
         sep = "\t" if suffix == ".tsv" else ","
