@@ -448,13 +448,16 @@ def _dry_run(cfg: Any) -> None:
     settles (data, the model's choices, cost estimate, noise), on stderr and stdout."""
     from securefed.cli_costs import RunCosts
     from securefed.costs import plural
+    from securefed.evaluation import eval_users_note
     from securefed.training import plan_run
 
     display = _RoundDisplay(plain=True)
     costs = RunCosts(display._line)
     costs.check_before_load(cfg)
     plan = plan_run(cfg, before_build=costs.before_build, download_progress=display.download)
-    for line in (*data_summary(plan.data), *plan.notes, *costs.plan_lines(plan.model)):
+    eval_users = eval_users_note(plan.config.eval_users, plan.data["users"])
+    notes = (*plan.notes, *([eval_users] if eval_users else []))
+    for line in (*data_summary(plan.data), *notes, *costs.plan_lines(plan.model)):
         display._line(line)
     for line in privacy_plan_lines(plan):
         out.print(line, highlight=False, soft_wrap=True)
@@ -586,6 +589,7 @@ def _run_with_progress(
     which is not a refused command (exit 2).
     """
     from securefed.cli_costs import RunCosts
+    from securefed.evaluation import eval_users_note
 
     display = _RoundDisplay(plain=not err.is_terminal)
     stop = _StopAfterRound()
@@ -595,6 +599,8 @@ def _run_with_progress(
 
     def on_start(start: RunStart) -> None:
         display.start(start)
+        if cfg is not None and (note := eval_users_note(cfg.eval_users, start.data["users"])):
+            display._line(note)  # a new run's (a resume said it when the run started)
         costs.start(start)
         stop.rounds_running = True
 

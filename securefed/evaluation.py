@@ -117,6 +117,20 @@ def eval_user_sample(n_users: int, size: int | None, seed: int) -> np.ndarray | 
     return np.sort(rng.choice(n_users, size=size, replace=False)).astype(np.int64)
 
 
+def eval_users_note(size: int | None, n_users: int) -> str | None:
+    """One line saying that ``eval_users`` samples no one, where ``size`` is not below the
+    ``n_users`` users of the loaded data (:func:`eval_user_sample` then ranks every user, as
+    without it); None where it samples or is not given. The population is known only once the
+    data is loaded, and a config may be reused across datasets, so this is a note rather than
+    a refusal (found in a walkthrough: ``--eval-users 5000`` on 395 users said nothing)."""
+    if size is None or size < n_users:
+        return None
+    return (
+        f"eval_users {size:,} is not below the {n_users:,} users of the data: every user is "
+        "ranked in full, as without it (no sample, no confidence intervals)"
+    )
+
+
 def _mean_ci(values: torch.Tensor, population: int) -> tuple[float, float]:
     """95 % normal-approximation interval of a sample mean, finite-population corrected."""
     v = values.double()

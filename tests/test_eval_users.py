@@ -82,3 +82,22 @@ def test_flower_refuses_eval_users_in_one_line():
     with pytest.raises(ConfigError, match="eval_users .* not supported on Flower"):
         check_config(cfg)
     check_config(TrainConfig(privacy=PrivacyConfig(secagg=True), **SMALL))
+
+
+def test_an_eval_users_sample_of_the_whole_population_is_said_once(tmp_path):
+    """Found in a walkthrough: ``--eval-users 5000`` on a 395-user dataset was accepted
+    without a word and ranked every user. The population is known only once the data is
+    loaded (and a config may be reused across datasets), so it is a note, not a refusal."""
+    from securefed.cli import app
+
+    args = ["train", "--model", "fedals", "--synthetic-users", "200", "--synthetic-items"]
+    args += ["300", "--rounds", "1"]
+    note = "eval_users 5,000 is not below the 200 users of the data: every user is ranked in full"
+    for extra in (["--dry-run"], ["--out", str(tmp_path / "r")]):
+        res = CliRunner().invoke(app, [*args, "--eval-users", "5000", *extra])
+        assert res.exit_code == 0, res.output
+        assert res.output.count(note) == 1, res.output
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert "full_eval_users" not in summary  # what the note says: everyone was ranked
+    sampled = CliRunner().invoke(app, [*args, "--eval-users", "199", "--dry-run"])
+    assert sampled.exit_code == 0 and "is not below" not in sampled.output, sampled.output
