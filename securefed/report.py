@@ -552,17 +552,22 @@ def _cell_finished(cell_dir: Path, audit: bool) -> bool:
     return not audit or (done / "audit.json").exists() or (done / AUDIT_FAILED).exists()
 
 
+#: What marks a folder as an earlier report's, which a rerun continues or rewrites: what a
+#: report writes and a person would not (a sweep's ``cells/`` and ``report.json``, written
+#: first; ``recommendations.json``, which ``--from`` writes beside its pages). Not
+#: ``report.md``: a folder holding only a hand-written one was taken for a report and the
+#: file overwritten (found in a walkthrough).
+REPORT_MARKERS: tuple[str, ...] = (CELLS_DIR, SWEEP_FILE, "recommendations.json")
+
+
 def _refuse_foreign_out(out: Path) -> None:
-    """A report writes a folder of its own: ``out`` must be new, empty, or a report's (its
-    ``cells/``, ``report.json`` or ``report.md``, which a rerun continues or rewrites;
-    ``report.json`` comes first, so an interrupted start leaves it alone). It used to write
-    its cells and pages beside whatever the folder held, a finished run's ``model.pt``
-    included (found 2026-12-06)."""
+    """A report writes a folder of its own: ``out`` must be new, empty, or a report's
+    (:data:`REPORT_MARKERS`; ``report.json`` comes first, so an interrupted start leaves it
+    alone). It used to write its cells and pages beside whatever the folder held, a finished
+    run's ``model.pt`` included (found 2026-12-06)."""
     from securefed.training import refuse_foreign_files
 
-    refuse_foreign_files(
-        out, kind="report directory", continues=(CELLS_DIR, SWEEP_FILE, "report.md")
-    )
+    refuse_foreign_files(out, kind="report directory", continues=REPORT_MARKERS)
 
 
 def _same_config(cell_dir: Path, expected: TrainConfig) -> bool:

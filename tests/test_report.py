@@ -295,6 +295,34 @@ def test_report_into_a_folder_holding_other_files_is_refused_and_they_stay(tmp_p
     _refuse_foreign_out(started)
 
 
+def test_a_hand_written_report_md_is_not_taken_for_a_report(tmp_path):
+    """Found in a walkthrough: a folder holding only a hand-written report.md was taken for an
+    earlier report and the file overwritten (one holding notes.txt was refused). A folder is
+    a report's when it holds what a report writes and a person would not; a ``--from``
+    report's own folder still takes a rerun."""
+    from securefed.training import TrainConfig, train
+
+    run = train(
+        TrainConfig(model="mostpop", synthetic_users=60, synthetic_items=300),
+        out=tmp_path / "run",
+    ).run_dir
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.md").write_text("my notes\n")
+    for args in (["--models", "mostpop", "--seeds", "1"], ["--from", str(run)]):
+        result = _invoke(*args, "--out", str(mine))
+        assert result.exit_code == 2, result.output
+        lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "already holds other files" in lines[0], result.stderr
+        assert [p.name for p in mine.iterdir()] == ["report.md"]
+        assert (mine / "report.md").read_text() == "my notes\n"
+    page = tmp_path / "page"
+    for _ in range(2):  # written, then rewritten in place
+        result = _invoke("--from", str(run), "--out", str(page))
+        assert result.exit_code == 0, result.output + str(result.exception)
+    assert (page / "recommendations.json").exists() and (page / "report.md").exists()
+
+
 def test_summary_picks_the_lowest_epsilon_meeting_the_floor():
     rows = []
     for defense, eps, hr in [
