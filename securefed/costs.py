@@ -830,12 +830,19 @@ def _count(start: int, rounds: int, every: int) -> int:
 
 
 def _count_full(start: int, rounds: int, eval_every: int, config: TrainConfig) -> int:
-    full_every = config.resolved_full_eval_every()
-    return sum(
-        1
-        for r in range(start + 1, rounds + 1)
-        if (r % eval_every == 0 or r == rounds) and (r % full_every == 0 or r == rounds)
-    )
+    """Rounds in ``start+1 .. rounds`` evaluated with full ranking: the multiples of both
+    ``eval_every`` and the full-ranking cadence before the last round, plus the last one.
+    Closed form: ``--rounds 1000000000`` is counted at once (a loop over the rounds hung)."""
+    return _count_both(start, rounds, eval_every, config.resolved_full_eval_every())
+
+
+def _count_both(start: int, rounds: int, every: int, other: int) -> int:
+    """Rounds ``r`` in ``start+1 .. rounds`` with ``r % every == 0 and r % other == 0``, or
+    ``r == rounds`` (the multiples of their least common multiple, and the last round)."""
+    if rounds <= start:
+        return 0
+    step = math.lcm(every, other)
+    return (rounds - 1) // step - start // step + 1
 
 
 # ---------------------------------------------------------------------------- refusal

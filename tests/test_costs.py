@@ -151,6 +151,37 @@ def test_checkpoints_and_evaluations_are_counted_like_the_round_loop():
     assert (resumed.rounds, resumed.checkpoints, resumed.evaluations) == (5, 1, 3)
 
 
+def test_round_counts_are_closed_form_and_equal_the_round_loop():
+    """The evaluation, full-ranking and checkpoint counts equal the round loop's on every
+    small case, and ``--rounds 1000000000`` is estimated at once (a loop over the rounds hung
+    ``securefed train`` before it printed anything)."""
+    import time
+
+    from securefed.costs import _count, _count_both
+
+    def loop(start: int, rounds: int, every: int, other: int) -> tuple[int, int]:
+        hit = [r for r in range(start + 1, rounds + 1) if r % every == 0 or r == rounds]
+        both = [r for r in hit if r % other == 0 or r == rounds]
+        return len(hit), len(both)
+
+    for rounds in range(0, 40):
+        for start in range(0, rounds + 2):
+            for every in range(1, 9):
+                for other in range(1, 9):
+                    want = loop(start, rounds, every, other)
+                    got = (_count(start, rounds, every), _count_both(start, rounds, every, other))
+                    assert got == want, (start, rounds, every, other)
+    shape = RunShape(users=943, items=1682, train_interactions=98_114)
+    cfg = TrainConfig(model="fedrecgel", rounds=1_000_000_000, eval_every=3)
+    t0 = time.perf_counter()
+    est = estimate_run(cfg, shape, speed=1.0)
+    assert time.perf_counter() - t0 < 5.0
+    # Evaluated every 3rd round, full ranking every 10th (FedRecGEL): every 30th, and the last.
+    assert est.evaluations == 333_333_334
+    assert est.full_evaluations == 33_333_334
+    assert est.checkpoints == 100_000_000
+
+
 def test_the_estimate_after_round_one_uses_the_measured_rounds():
     shape = RunShape(users=943, items=1682, train_interactions=98_114)
     cfg = TrainConfig(model="fedrap", rounds=10, eval_every=1)
