@@ -438,12 +438,12 @@ def train(
                 refuse_foreign_files(Path(target))  # a run there too: "already holds a run"
             check_run_dir_writable(Path(target))  # one line, before any progress or data
         if dry_run:
-            _dry_run(cfg)
+            _dry_run(cfg, target)
             return
         _run_with_progress(cfg, out_dir, resume, run_train)
 
 
-def _dry_run(cfg: Any) -> None:
+def _dry_run(cfg: Any, target: Path | None = None) -> None:
     """``securefed train --dry-run``: the plan of the run :func:`securefed.training.plan_run`
     settles (data, the model's choices, cost estimate, noise), on stderr and stdout."""
     from securefed.cli_costs import RunCosts
@@ -452,7 +452,7 @@ def _dry_run(cfg: Any) -> None:
     from securefed.training import plan_run
 
     display = _RoundDisplay(plain=True)
-    costs = RunCosts(display._line)
+    costs = RunCosts(display._line, target=target)
     costs.check_before_load(cfg)
     plan = plan_run(cfg, before_build=costs.before_build, download_progress=display.download)
     eval_users = eval_users_note(plan.config.eval_users, plan.data["users"])
@@ -581,7 +581,8 @@ def _run_with_progress(
     Progress is a rich bar on a terminal and one plain line per round when stderr is not one
     (redirected to a file or a pipe). The cost estimate (memory, disk, time) is printed before
     the first round and again after round 1, and recorded in ``estimate.json``; a run whose
-    memory estimate exceeds what is available is refused before the model is built
+    memory estimate exceeds what is available, or whose disk at its largest exceeds the free
+    space where it is written, is refused before the model is built
     (:mod:`securefed.cli_costs`). The first Ctrl-C during the rounds lets the round in
     progress finish, checkpoints it and exits 130 with the resume command; a second one stops
     at once (a resume then re-runs the rounds after the last checkpoint). A run that diverged
@@ -593,7 +594,7 @@ def _run_with_progress(
 
     display = _RoundDisplay(plain=not err.is_terminal)
     stop = _StopAfterRound()
-    costs = RunCosts(display._line)
+    costs = RunCosts(display._line, target=resume if resume is not None else out_dir)
     if cfg is not None:
         costs.check_before_load(cfg)  # synthetic data: refused before it is generated
 

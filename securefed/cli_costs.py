@@ -17,6 +17,7 @@ from securefed.costs import (
     CostEstimate,
     RunShape,
     available_memory,
+    check_disk,
     check_synthetic_fits,
     estimate_run,
     fit_memory,
@@ -41,11 +42,14 @@ class RunCosts:
     printed and recorded when the run starts, updated after its first rounds, compared with
     what was measured at the end.
 
-    ``line`` prints one line on stderr (the caller's plain or rich output).
+    ``line`` prints one line on stderr (the caller's plain or rich output); ``target`` is
+    where the run directory goes (``--out`` or ``--resume``; default ``runs``), whose file
+    system the disk check reads.
     """
 
-    def __init__(self, line: Callable[[str], None]) -> None:
+    def __init__(self, line: Callable[[str], None], *, target: Path | None = None) -> None:
         self.line = line
+        self.target = Path("runs") if target is None else target
         self.speed: float | None = None
         self.config: TrainConfig | None = None
         self.estimate: CostEstimate | None = None
@@ -64,7 +68,8 @@ class RunCosts:
 
     def before_build(self, config: TrainConfig, split: Split) -> TrainConfig:
         """``train(before_build=...)``: estimate from the loaded split and refuse a run whose
-        peak memory exceeds what is available (nothing has been allocated or written yet);
+        peak memory exceeds what is available, or whose disk at its largest exceeds the free
+        space where its directory goes (nothing has been allocated or written yet);
         FedRAP's ``views="auto"`` becomes the storage that fits when dense views do not
         (said on one line; ``config.toml`` records it). Returns the config to train."""
         if self.speed is None:
@@ -82,6 +87,7 @@ class RunCosts:
                 "available; same results)"
             )
             estimate = chosen
+        check_disk(config, estimate, self.target)
         self.config = config
         self.estimate = estimate
         return config

@@ -33,6 +33,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from securefed.errors import ConfigError
@@ -46,13 +47,15 @@ __all__ = [
     "PROCESS_BYTES",
     "CostEstimate",
     "CostInputs",
+    "InsufficientDisk",
     "InsufficientMemory",
     "ModelCosts",
     "ModelWork",
     "RunShape",
     "available_memory",
-    "choose_views",
+    "check_disk",
     "check_memory",
+    "choose_views",
     "check_synthetic_fits",
     "counting_work",
     "estimate_run",
@@ -82,6 +85,8 @@ COMPILE_CELLS = 500_000
 PAGED_RESIDENT_BYTES = 2 * (64 << 20)
 #: Bytes of a checkpoint beyond its tensors (the zip layout, pickled names and scalars).
 CHECKPOINT_OVERHEAD = 16 * 1024
+#: Bytes of ``metrics.jsonl`` per round (one JSON line of a round's metrics).
+METRICS_BYTES_PER_ROUND = 1024
 #: An audit's cost relative to the training it replays: the audit trains a seeded replay
 #: with the attacks' recorder attached, then scores the attacks (a rough factor).
 AUDIT_COST_FACTOR = 2.0
@@ -132,6 +137,15 @@ class InsufficientMemory(ConfigError):
 
     Raised (one line: the estimate, what is available, the flag that would make it fit)
     before the model is built, so no large allocation is attempted.
+    """
+
+
+class InsufficientDisk(ConfigError):
+    """A run whose estimated disk at its largest (``disk_peak``) exceeds the free space of the
+    file system its run directory goes on.
+
+    Raised (one line: what it needs, what is free where, what to change) before the model is
+    built, so nothing is written.
     """
 
 
@@ -775,7 +789,7 @@ def estimate_run(
     ckpts = _count(start_round, config.rounds, config.resolved_checkpoint_every())
     checkpoint = sum(written.values()) + CHECKPOINT_OVERHEAD
     best = checkpoint if config.resolved_full_eval_every() > config.eval_every else 0
-    metrics_bytes = 1024 * rounds
+    metrics_bytes = METRICS_BYTES_PER_ROUND * rounds
     disk = checkpoint + best + metrics_bytes
     kept = formula if costs is None or costs.released is None else costs.released
     released = sum(v for k, v in formula.items() if k in kept)
@@ -881,6 +895,80 @@ def check_memory(config: TrainConfig, estimate: CostEstimate, available: int | N
         f"(mostly {what}: {format_bytes(size)}) but {format_bytes(available)} is available; "
         + _suggest(config, estimate, available)
     )
+
+
+def check_disk(
+    config: TrainConfig,
+    estimate: CostEstimate,
+    run_dir: str | Path,
+    free: int | None = None,
+) -> None:
+    """Refuse a run whose disk at its largest (``estimate.disk_peak``: the checkpoint, its
+    second copy while it is replaced, the best model's copy and ``metrics.jsonl``) exceeds the
+    free space of the file system that holds ``run_dir``.
+
+    Args:
+        config: The run's configuration (for the suggestion).
+        estimate: Its estimate.
+        run_dir: Where the run directory goes (need not exist: its nearest existing folder
+            says which file system). What a resumed run's directory already holds is
+            counted as free: the run replaces it.
+        free: Free bytes there (default: read from the file system; None there: no check).
+
+    Raises:
+        InsufficientDisk: one line with what the run needs, what is free where, and the
+            setting that would make it fit.
+    """
+    where = Path(run_dir)
+    while not where.exists() and where.parent != where:
+        where = where.parent
+    if free is None:
+        free = _free_disk_for(where)
+    if free is None:
+        return
+    if where == Path(run_dir) and where.is_dir():
+        free += sum(p.stat().st_size for p in where.rglob("*") if p.is_file())
+    if estimate.disk_peak <= free:
+        return
+    checkpoint = estimate.checkpoint_bytes
+    metrics = METRICS_BYTES_PER_ROUND * estimate.rounds
+    parts = f"{format_bytes(checkpoint)} checkpoint, twice while it is replaced"
+    if estimate.disk_peak - metrics > 2 * checkpoint:
+        parts += ", and the best round's copy"
+    rounds = f"{estimate.rounds:,} round{'' if estimate.rounds == 1 else 's'}"
+    parts += f"; {format_bytes(metrics)} of metrics for {rounds}"
+    raise InsufficientDisk(
+        f"this run needs about {format_bytes(estimate.disk_peak)} of disk at its largest "
+        f"({parts}) but {format_bytes(free)} is free on the file system holding {where}; "
+        + _suggest_disk(config, estimate, free)
+    )
+
+
+def _free_disk_for(directory: Path) -> int | None:
+    """Free bytes on the file system holding ``directory`` (None: it cannot be read)."""
+    import shutil
+
+    try:
+        return int(shutil.disk_usage(directory).free)
+    except OSError:
+        return None
+
+
+def _suggest_disk(config: TrainConfig, estimate: CostEstimate, free: int) -> str:
+    """Fewer ``--rounds`` when they make the run fit (its metrics grow with them), else
+    another ``--out``; found by re-estimating (no probe, nothing written)."""
+    shape, speed = estimate.shape, estimate.speed
+    start = max(config.rounds - estimate.rounds, 0)
+    state = estimate.state if estimate.state else None
+    rounds = config.rounds
+    while rounds > start + 1:
+        rounds = start + (rounds - start) // 2
+        cfg = dataclasses.replace(config, rounds=rounds)
+        if estimate_run(cfg, shape, start_round=start, speed=speed, state=state).disk_peak <= free:
+            return (
+                f"--rounds {rounds} would fit (or an --out on a file system with more free space)"
+            )
+    return "choose an --out on a file system with more free space, or free space there"
 
 
 def _available_for(device: str) -> int | None:
@@ -1072,14 +1160,22 @@ def check_synthetic_fits(config: TrainConfig, *, speed: float | None = None) -> 
     return speed
 
 
-def refuse_if_too_large(config: TrainConfig, split: Split) -> TrainConfig:
-    """``train(config, before_build=refuse_if_too_large)``: the memory check of
-    ``securefed train`` for Python callers (no probe: only memory is checked). Returns the
-    config to train: ``config``, or FedRAP's with the storage of its private views that fits
-    (:func:`choose_views`).
+def refuse_if_too_large(
+    config: TrainConfig, split: Split, *, run_dir: str | Path = "runs"
+) -> TrainConfig:
+    """``train(config, before_build=refuse_if_too_large)``: the memory and disk checks of
+    ``securefed train`` for Python callers (no probe: memory and disk are checked, not time).
+    Returns the config to train: ``config``, or FedRAP's with the storage of its private views
+    that fits (:func:`choose_views`).
+
+    Disk is checked on the file system of ``run_dir`` (default: ``runs``, where
+    :func:`securefed.training.train` puts a run without ``out``); for another ``out`` pass
+    ``functools.partial(refuse_if_too_large, run_dir=out)``.
 
     Raises:
         InsufficientMemory: see :func:`check_memory`.
+        InsufficientDisk: see :func:`check_disk`.
     """
-    config, _, _ = fit_memory(config, estimate_run(config, RunShape.of(split), speed=1.0))
+    config, estimate, _ = fit_memory(config, estimate_run(config, RunShape.of(split), speed=1.0))
+    check_disk(config, estimate, run_dir)
     return config

@@ -273,6 +273,78 @@ def test_a_loaded_dataset_too_large_for_memory_is_refused_before_the_model(tmp_p
     assert not built and not run.exists()
 
 
+def _plays_csv(tmp_path):
+    rows = [(u, (u * 7 + k) % 200) for u in range(30) for k in range(8)]
+    csv = tmp_path / "plays.csv"
+    csv.write_text("user,item\n" + "".join(f"{u},{i}\n" for u, i in rows))
+    return csv
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_run_whose_disk_does_not_fit_is_refused_in_one_line_with_nothing_written(
+    tmp_path, monkeypatch, dry_run
+):
+    """--rounds 300000000 printed "disk 307.2 GB" with 71 GB free and started training."""
+    csv = _plays_csv(tmp_path)
+    asked = []
+
+    def free(directory):
+        asked.append(directory)
+        return 70 * 10**9
+
+    monkeypatch.setattr("securefed.costs._free_disk_for", free)
+    built = []
+    monkeypatch.setattr("securefed.training.build_model", lambda *a, **k: built.append(1))
+    run = tmp_path / "deep" / "run"
+    args = ["train", "--dataset", str(csv), "--rounds", "300000000", "--out", str(run)]
+    res = runner.invoke(app, args + (["--dry-run"] if dry_run else []))
+    assert res.exit_code == 2, res.output
+    errors = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, res.output
+    text = errors[0]
+    assert "this run needs about 307.2 GB of disk at its largest" in text
+    assert f"70.0 GB is free on the file system holding {tmp_path}" in text
+    # The suggestion fits: the metrics of fewer rounds.
+    rounds = int(text.split("--rounds ")[1].split()[0])
+    assert 0 < rounds < 300_000_000
+    shape = RunShape(users=30, items=200, train_interactions=1)
+    cfg = TrainConfig(model="fedals", rounds=rounds)
+    assert estimate_run(cfg, shape, speed=1.0).disk_peak <= 70 * 10**9
+    assert asked == [tmp_path]  # the nearest existing folder of --out
+    assert not built and not run.exists() and not (tmp_path / "deep").exists()
+    assert "Traceback" not in res.output
+
+
+def test_a_run_that_fits_the_free_disk_is_not_refused(monkeypatch):
+    from securefed.costs import InsufficientDisk, check_disk
+
+    shape = RunShape(users=943, items=1682, train_interactions=98_114)
+    cfg = TrainConfig(model="fedals", rounds=20)
+    est = estimate_run(cfg, shape, speed=1.0)
+    check_disk(cfg, est, "runs", free=est.disk_peak)
+    with pytest.raises(InsufficientDisk, match="choose an --out on a file system"):
+        # Its checkpoint, not its metrics, dominates: fewer rounds would not fit.
+        check_disk(cfg, est, "runs", free=est.checkpoint_bytes)
+
+
+def test_python_callers_get_the_disk_refusal_before_the_model(small_split, tmp_path, monkeypatch):
+    import functools
+
+    from securefed.costs import InsufficientDisk, refuse_if_too_large
+    from securefed.training import train
+
+    monkeypatch.setattr("securefed.costs._free_disk_for", lambda directory: 1000)
+    run = tmp_path / "run"
+    with pytest.raises(InsufficientDisk, match="1.0 kB is free on the file system holding"):
+        train(
+            TrainConfig(model="fedals", rounds=1),
+            out=run,
+            split=small_split,
+            before_build=functools.partial(refuse_if_too_large, run_dir=run),
+        )
+    assert not run.exists()
+
+
 def test_the_estimate_is_printed_before_round_one_and_recorded(tmp_path):
     run = tmp_path / "run"
     res = runner.invoke(
