@@ -9,6 +9,7 @@ import json
 import math
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from securefed.cli import app
@@ -42,7 +43,7 @@ def _config(model: str, **params: object) -> TrainConfig:
         ("fedrecgel", {}),
         ("fedrecgel", {"gmf_dim": 5, "mlp_dim": 12, "layers": (24, 10, 6)}),
         ("fedals", {}),
-        ("fedals", {"private": True, "private_dim": 6}),
+        ("fedals", {"private": True, "private_dim": 6, "count_only": True}),
         ("mostpop", {}),
         ("ease", {}),
         ("ials", {"dim": 9}),
@@ -54,6 +55,115 @@ def test_state_formula_is_exactly_the_bytes_of_the_state_dict(small_split, model
     assert state_bytes(model, cfg.params, RunShape.of(small_split)) == state_bytes_of(
         built.state_dict()
     )
+
+
+@pytest.mark.parametrize("gram_items", [None, 9])
+def test_private_fedals_state_formula_is_the_state_its_rounds_build(
+    small_split, tmp_path, gram_items
+):
+    """Private fedals's co-occurrence rounds add the sum of their releases (float64, one entry
+    per item pair) to the state: the formula is the state the run checkpoints, not the fresh
+    model's (a checkpoint of 758 kB was estimated at 132 kB on MovieLens 100K)."""
+    from securefed.training import train
+
+    params = dataclasses.replace(
+        get_spec("fedals").params(),
+        private=True,
+        private_dim=6,
+        gram_items=gram_items,
+        count_only=False,  # 40 users: the count-only rule would release no pairs
+    )
+    cfg = TrainConfig(
+        model="fedals",
+        params=params,
+        rounds=3,
+        privacy=PrivacyConfig(noise_multiplier=0.5),
+        keep_private_state=True,
+    )
+    fresh = build_model(cfg, small_split)
+    result = train(cfg, out=tmp_path / "run", split=small_split)
+    model = result.model
+    shape = RunShape.of(small_split)
+    built = state_bytes_of(model.state_dict())
+    assert model.gram >= 2 and "cooc_sum" in built
+    assert state_bytes("fedals", model.config, shape) == built
+    # The fresh model holds all of it but the releases' sum, which the estimate adds.
+    assert {**state_bytes_of(fresh.state_dict()), "cooc_sum": built["cooc_sum"]} == built
+    est = estimate_run(cfg, shape, speed=1.0, state=state_bytes_of(fresh.state_dict()))
+    assert est.state == built
+    written = (tmp_path / "run" / "checkpoint.pt").stat().st_size
+    assert sum(built.values()) <= written <= est.checkpoint_bytes
+    # model.pt holds the shared parameters, not the releases' sum.
+    assert est.model_bytes < est.checkpoint_bytes - built["cooc_sum"] // 2
+
+
+def test_private_fedals_counts_the_pairs_its_co_occurrence_rounds_upload(small_split):
+    """The pairs a co-occurrence round uploads are counted from the data (they set the round's
+    memory and time: 120 bytes each at the peak)."""
+    from securefed.models.fedals import PAIR_BYTES, cooc_pairs, with_population
+
+    params = with_population(
+        dataclasses.replace(
+            get_spec("fedals").params(), private=True, private_dim=6, count_only=False
+        )
+    )
+    cfg = TrainConfig(model="fedals", params=params, rounds=3)
+    model = build_model(cfg, small_split)
+    users = torch.arange(small_split.n_users)
+    model.apply_aggregate(_aggregate_of(model, model.client_round(users, 0, None)[0]), 0)
+    uploads, _ = model.client_round(users, 1, None)  # a co-occurrence round: every item
+    shape = RunShape.of(small_split)
+    assert model.gram == small_split.n_items
+    assert cooc_pairs(params, shape, 1.0) == uploads.cooc_client.numel() > 0
+    est = estimate_run(cfg, shape, speed=1.0)
+    assert est.memory["round"] >= PAIR_BYTES * uploads.cooc_client.numel()
+
+
+def _aggregate_of(model, uploads):
+    from securefed.federation.base import Aggregate
+
+    total = uploads.weighted_sum(torch.ones(len(uploads)))
+    return Aggregate(total=total, contributors=len(uploads), denominator=float(len(uploads)))
+
+
+#: MovieLens 100K's and the built-in synthetic data's shapes as RunShape.of gives them.
+ML100K_SHAPE = RunShape(
+    users=943,
+    items=1682,
+    train_interactions=98_114,
+    head_pairs=((400, 4_322_795), (1000, 8_815_346), (1682, 9_853_235)),
+)
+SYNTHETIC_SHAPE = RunShape(
+    users=3000,
+    items=1682,
+    train_interactions=303_530,
+    synthetic=True,
+    head_pairs=((400, 7_675_836), (1000, 20_847_622), (1682, 33_294_323)),
+)
+
+
+@pytest.mark.parametrize(("shape", "measured"), [(ML100K_SHAPE, 0.99e9), (SYNTHETIC_SHAPE, 1.43e9)])
+def test_private_fedals_peak_memory_is_near_what_its_runs_measured(shape, measured):
+    """``securefed train --epsilon 2`` (synthetic) and on MovieLens 100K: peak RSS 1.41-1.45 GB
+    and 0.97-1.00 GB measured on 2026-12-07 (979 MB and 621 MB were estimated before the
+    co-occurrence pairs were counted); its checkpoint holds the releases' sum (758 kB
+    written); its round and full evaluation solve every user's factor."""
+    from securefed.models.fedals import ALS_SECONDS
+
+    cfg = TrainConfig(model="fedals", privacy=PrivacyConfig(epsilon=2.0))
+    assert cfg.params.private and cfg.rounds == 3
+    est = estimate_run(cfg, shape, speed=1.0)
+    assert abs(est.peak_memory - measured) <= 0.15 * measured
+    assert abs(est.checkpoint_bytes - 758_109) <= 0.05 * 758_109
+    solve = ALS_SECONDS * (shape.train_interactions * 16**2 + shape.users * 16**3)
+    assert est.full_eval_seconds > solve and est.eval_seconds > solve
+    # Two of its three rounds upload the pairs: far above the count round's sweep alone.
+    plain = estimate_run(
+        dataclasses.replace(cfg, params=dataclasses.replace(cfg.params, count_only=True)),
+        shape,
+        speed=1.0,
+    )
+    assert est.round_seconds > 3 * plain.round_seconds
 
 
 def test_every_registered_model_has_a_state_formula(small_split):

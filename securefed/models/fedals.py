@@ -1629,12 +1629,35 @@ def _rounds(privacy: Any) -> int:
 #: Seconds per (interaction x dim^2 + user x dim^3) of an ALS sweep on the development
 #: machine (securefed.costs scales it to the machine at hand).
 ALS_SECONDS = 2.0e-9
+#: Private mode, co-occurrence rounds: resident bytes per uploaded pair at the round's peak
+#: (the upload's client, index and value, and the int64 index arithmetic that forms them;
+#: the clip's norms and the sum's float64 copies). Measured 2026-12-07: private fedals at
+#: epsilon 2 peaked at 1.42-1.45 GB on the built-in synthetic data (7.43 M pairs a round) and
+#: 0.97-0.98 GB on MovieLens 100K (4.32 M), 0.45 GB (process and data) apart from the pairs.
+PAIR_BYTES = 120
+#: Seconds per uploaded pair on the development machine: forming it on the device, the
+#: clip's norm and the server's sum (measured 2026-12-07, 110-230 ns on MovieLens 100K and
+#: the synthetic data).
+PAIR_SECONDS = 1.7e-7
+#: Seconds per user x item of a full ranking beyond the dot products (the candidate mask,
+#: the popularity prior added to every score, the ranks of the validation and the test item),
+#: which do not shrink with the private mode's dimension 16 (measured 2026-12-07: 55-140 ns).
+RANK_SECONDS = 5.0e-8
+#: Seconds per (co-occurrence items)^3: the eigendecomposition of the released matrix.
+EIGH_SECONDS = 1.0e-9
 
 
 def _state_bytes(params: FedALSConfig, shape: RunShape, written_rows: int | None) -> dict[str, int]:
-    """The bytes of :meth:`FedALS.state_dict`'s tensors at the dimension the run resolves."""
+    """The bytes of :meth:`FedALS.state_dict`'s tensors at the dimension the run resolves, at
+    the end of its rounds: in the private mode with co-occurrence rounds, the float64 sum of
+    their releases (``cooc_sum``, ``G (G - 1) / 2`` entries, held from the first of them on:
+    5.7x the rest on MovieLens 100K)."""
     d = resolve_dim(params, shape.items).factor_dim
-    return {"V": shape.items * d * 4, "prior": shape.items * 4, "head": shape.items}
+    out = {"V": shape.items * d * 4, "prior": shape.items * 4, "head": shape.items}
+    gram = gram_size(params, shape.items)
+    if gram >= 2:
+        out["cooc_sum"] = gram * (gram - 1) // 2 * 8
+    return out
 
 
 def als_work(inputs: CostInputs, *, sweep_seconds: float) -> ModelWork:
@@ -1655,6 +1678,20 @@ def als_work(inputs: CostInputs, *, sweep_seconds: float) -> ModelWork:
     )
 
 
+def cooc_pairs(params: FedALSConfig, shape: RunShape, fraction: float) -> float:
+    """Pairs a co-occurrence round's cohort uploads: the pairs of the ``G`` co-occurrence items
+    its users hold (:meth:`RunShape.pairs_in_head`, the most counted items standing for the
+    released counts' choice); without the data, each user's mean history capped at ``G``."""
+    gram = gram_size(params, shape.items)
+    if gram < 2:
+        return 0.0
+    counted = shape.pairs_in_head(gram)
+    if counted is not None:
+        return fraction * counted
+    k = min(shape.train_interactions / max(shape.users, 1), gram)
+    return fraction * shape.users * k * max(k - 1.0, 0.0) / 2
+
+
 def _work(inputs: CostInputs) -> ModelWork:
     params = resolve_dim(inputs.config.params, inputs.shape.items)
     u, i, d = inputs.shape.users, inputs.shape.items, params.factor_dim
@@ -1663,17 +1700,33 @@ def _work(inputs: CostInputs) -> ModelWork:
     work = als_work(inputs, sweep_seconds=sweep)
     if not params.private:
         return work
-    # The private mode's releases: the dense sum, its noise and their float64 copies (about
-    # six vectors of the layout, the co-occurrence part included), and the co-occurrence
-    # uploads' pairs (client, index, value: 24 bytes each) of users holding about min(mean
-    # items, set size) of the set. Gowalla at epsilon 8 (3,300 items): 2.04 GB peak RSS
-    # measured, 1.0 GB estimated before these terms, 1.6 GB with them (the rest: heap growth
-    # of about 0.2 GB a round, not modelled).
+    params = with_population(params)  # a population left unset runs the small one
+    # Every round still solves the cohort's factors (the sweep); the co-occurrence rounds
+    # upload their pairs (PAIR_BYTES, PAIR_SECONDS each) and the server decomposes the
+    # G x G matrix. The releases' dense sum, its noise and their float64 copies are about
+    # six vectors of the layout, the co-occurrence part included. Measured 2026-12-07 on
+    # MovieLens 100K at epsilon 2 (4.32 M pairs a round): 0.98 GB peak RSS, 621 MB estimated
+    # before the pairs were counted from the data at PAIR_BYTES (docs/benchmarks.md).
     gram = gram_size(params, i)  # the run's, once resolved for the data (else 400)
+    rounds = max(int(inputs.config.rounds), 1)
+    counting = rounds if params.count_only else min(int(params.count_rounds or 0), rounds)
+    gram_rounds = rounds - counting if gram >= 2 else 0
+    pairs = cooc_pairs(params, inputs.shape, inputs.fraction)
     layout = fedals_layout(i, d, gram).size
-    per_user = min(n_train / max(u, 1), gram)
-    extra = int(6 * layout * 8 + m * per_user * max(per_user - 1, 0) / 2 * 24)
-    return dataclasses.replace(work, round_bytes=work.round_bytes + extra)
+    pair_bytes = int(PAIR_BYTES * pairs) if gram_rounds else 0
+    round_bytes = max(work.round_bytes, pair_bytes) + 6 * layout * 8
+    per_gram_round = PAIR_SECONDS * pairs + EIGH_SECONDS * gram**3
+    # The user factors an evaluation solves (every user's, the cohort's sweep's terms), the
+    # sampled protocol's 2 x 200 candidates and the full ranking's work per user x item.
+    solve = ALS_SECONDS * (n_train * d * d + u * d**3)
+    sampled = DOT_EVAL_S * u * 2 * 201 * d
+    return dataclasses.replace(
+        work,
+        round_bytes=round_bytes,
+        round_seconds=sweep + per_gram_round * gram_rounds / rounds,
+        eval_seconds=solve + sampled,
+        full_eval_seconds=solve + sampled + (DOT_EVAL_S * d + RANK_SECONDS) * u * i,
+    )
 
 
 def resolve_for_costs(params: FedALSConfig, shape: RunShape) -> FedALSConfig:
@@ -1728,5 +1781,11 @@ SPEC = ModelSpec(
         "co-occurrence rounds upload no factor at all",
         "released": "not implemented for fedals yet",
     },
-    costs=ModelCosts(state=_state_bytes, work=_work, resolve=resolve_for_costs),
+    # model.pt: the shared parameters, not the co-occurrence releases' sum (cooc_sum).
+    costs=ModelCosts(
+        state=_state_bytes,
+        work=_work,
+        released=("V", "prior", "head"),
+        resolve=resolve_for_costs,
+    ),
 )
