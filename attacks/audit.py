@@ -95,6 +95,17 @@ DEFAULT_CANARIES = 256
 #: (canaries included): building the canaries, recording, evaluating. FedRAP's replay took
 #: 16.7 s against 5.75 s of estimated training (2.6 us an entry; fedals 0.6 us).
 _REPLAY_S_PER_ENTRY = 2.5e-6
+#: The recorder's work each round per observed client: per upload coordinate (the uploads
+#: made dense in chunks with the observer's noise share, the canaries' clipped uploads) and
+#: per item (the attacks' statistics of the item rows). Fitted 2026-12-07, under load average
+#: 4-5, to two audits of MovieLens 100K's 943 users and 256 canaries (`securefed report
+#: --models fedals --references none --epsilons 2,inf --defenses none,dp --seeds 1 --dataset
+#: ml-100k`): private fedals, 453,000 floats an upload (its co-occurrence part over 912
+#: items) x 2,194 items x 3 rounds, 41.5 s in the recorder; fedals without DP, 56,500 floats x
+#: 1,682 items x 20 rounds, about 110 s. The per-entry constant above was fitted to one-round
+#: audits and missed that this grows with the rounds and the upload's width.
+_RECORD_S_PER_COORD = 1.5e-8
+_RECORD_S_PER_ITEM = 2.2e-6
 #: Scoring the attacks, per (observed user, item) entry of a score matrix (bootstrap
 #: intervals): 0.14 us (fedals) to 0.21 us (FedRAP) measured.
 _SCORE_S_PER_ENTRY = 2.5e-7
@@ -207,13 +218,14 @@ def estimate_audit_seconds(
 
     The replay trains with the canary clients added (its estimate scaled by the users it
     adds) and the recorder attached (:data:`securefed.costs.AUDIT_COST_FACTOR`), plus a fixed
-    cost per (observed client, item), the scoring of every chosen attack's score matrix over
-    the observed users and the metrics' passes over all of it, and the iterative attacks in
-    units of full evaluations, and the command's start. The observed clients are at most the
-    round's expected cohort times the rounds (plus the canaries): an audit of 300 clients of
-    Gowalla's 29,858 records and scores 300 users' rows (the estimate said 2.9 h for that 98 s
-    audit before it counted them). Rough: the constants were measured on MovieLens 100K for
-    one-round runs of each model on the quiet development machine.
+    cost per (observed client, item), each round's recording per (observed client, upload
+    coordinate and item) (:data:`_RECORD_S_PER_COORD`), the scoring of every chosen attack's score
+    matrix over the observed users and the metrics' passes over all of it, and the iterative
+    attacks in units of full evaluations, and the command's start. The observed clients are
+    at most the round's expected cohort times the rounds (plus the canaries): an audit of 300
+    clients of Gowalla's 29,858 records and scores 300 users' rows (the estimate said 2.9 h
+    for that 98 s audit before it counted them). Rough: the constants were measured on
+    MovieLens 100K for one-round runs of each model on the quiet development machine.
     """
     from securefed.costs import AUDIT_COST_FACTOR
 
@@ -226,8 +238,17 @@ def estimate_audit_seconds(
         chosen, matrices = _default_attacks(train_cfg)
     else:
         chosen, matrices = list(attacks), _score_matrices(attacks)
+    rounds = max(train_cfg.rounds or 1, 1)
+    # Each round the recorder reads the cohort's uploads (per-client attacks) and the
+    # canaries' own.
+    per_round_seen = replayed - real
+    if per_client_attacks() & set(chosen):
+        per_round_seen += min(real, math.ceil(per_round))
     fixed = (
         _REPLAY_S_PER_ENTRY * (seen + replayed - real) * items
+        + (_RECORD_S_PER_COORD * _layout(train_cfg, replayed, items) + _RECORD_S_PER_ITEM * items)
+        * per_round_seen
+        * rounds
         + _SCORE_S_PER_ENTRY * matrices * max(seen, 1) * items
         + _METRIC_S_PER_ENTRY * matrices * max(real, 1) * items
     )
@@ -238,19 +259,45 @@ def estimate_audit_seconds(
     return AUDIT_COST_FACTOR * replay + speed * (fixed + _AUDIT_START_S) + evals * full_eval_seconds
 
 
-def audit_memory_bytes(attacks: Sequence[str], users: int, items: int, *, upload: bool) -> int:
-    """Memory an audit's ``[users, items]`` arrays take beside its replay training: the
-    recorder's tables (:func:`attacks.recorder.recorder_tables`), then at scoring one float32
+def audit_memory_bytes(
+    attacks: Sequence[str],
+    users: int,
+    items: int,
+    *,
+    upload: bool,
+    canaries: int = 0,
+    layout: int = 0,
+) -> int:
+    """Memory an audit's arrays take beside its replay training: the recorder's ``[users,
+    items]`` tables (:func:`attacks.recorder.recorder_tables`), then at scoring one float32
     score matrix per membership attack (:attr:`AttackSpec.score_matrices`, kept for
     ``scores.npz``), the boolean membership labels (:attr:`AttackSpec.label_matrices`) and
-    two bytes of candidate masks.
+    two bytes of candidate masks; and each round the ``canaries`` canary clients' uploads of
+    ``layout`` floats, dense and clipped (two float32 copies each), that the canary test reads:
+    private fedals's audit puts the canaries' 512 items in its co-occurrence set, 453,000
+    floats an upload on MovieLens 100K, 0.93 GB for 256 canaries (2.24 GB peak RSS measured,
+    1.31 GB outside the canary test; not counted before).
     """
     from attacks.recorder import recorder_bytes
 
     chosen = set(attacks)
     matrices = _score_matrices(chosen)
     per_entry = 4 * matrices + _label_matrices(chosen) + 2 if matrices else 0
-    return recorder_bytes(chosen, users, items, upload=upload) + per_entry * users * items
+    return (
+        recorder_bytes(chosen, users, items, upload=upload)
+        + per_entry * users * items
+        + 2 * 4 * canaries * layout
+    )
+
+
+def _layout(train_cfg: TrainConfig, users: int, items: int) -> int:
+    """Floats of one client's upload (the model's ``layout_size``; 0 for a centralized one)."""
+    from types import SimpleNamespace
+
+    size = train_cfg.spec.layout_size
+    if size is None or not train_cfg.spec.federated:
+        return 0
+    return int(size(train_cfg.params, SimpleNamespace(n_items=items, n_users=users)))
 
 
 def _check_audit_memory(
@@ -259,10 +306,12 @@ def _check_audit_memory(
     chosen: list[str],
     *,
     upload: bool,
+    canaries: int = 0,
     available: int | None = None,
 ) -> int:
-    """Refuse an audit whose replay training plus its ``[users, items]`` arrays
-    (:func:`audit_memory_bytes`) would not fit; returns those arrays' bytes.
+    """Refuse an audit whose replay training plus its arrays (:func:`audit_memory_bytes`,
+    with the ``canaries`` canary clients' uploads) would not fit; returns those arrays'
+    bytes.
 
     Raises:
         InsufficientMemory: one line with the estimate, what is available and the chosen
@@ -280,7 +329,8 @@ def _check_audit_memory(
 
     u, i = split.n_users, split.n_items
     tables = recorder_bytes(set(chosen), u, i, upload=upload)
-    arrays = audit_memory_bytes(chosen, u, i, upload=upload)
+    layout = _layout(train_cfg, u, i)
+    arrays = audit_memory_bytes(chosen, u, i, upload=upload, canaries=canaries, layout=layout)
     if available is None:
         available = available_memory()
     if available is None or arrays == 0:
@@ -293,7 +343,9 @@ def _check_audit_memory(
         check_memory(train_cfg, estimate, available)
 
     def need(attacks: set[str]) -> int:
-        return training + audit_memory_bytes(sorted(attacks), u, i, upload=upload)
+        return training + audit_memory_bytes(
+            sorted(attacks), u, i, upload=upload, canaries=canaries, layout=layout
+        )
 
     # The attacks that fit: the upload attacks (one shared set of tables) as one unit, every
     # other attack alone; cheapest units first.
@@ -310,10 +362,15 @@ def _check_audit_memory(
         else "audit a dataset with fewer users x items (a sample of its users)"
     )
     n_tables = len(recorder_tables(set(chosen), upload=upload))
+    uploads = 2 * 4 * canaries * layout
+    canary_text = (
+        f"; the {canaries:,} canaries' uploads, {format_bytes(uploads)}" if uploads else ""
+    )
     raise InsufficientMemory(
         f"this audit needs about {format_bytes(training + arrays)} of memory (mostly its "
         f"users x items arrays, {u:,} x {i:,}: {n_tables} recorder tables, "
-        f"{format_bytes(tables)}, and the attack scores, {format_bytes(arrays - tables)}) "
+        f"{format_bytes(tables)}, and the attack scores, "
+        f"{format_bytes(arrays - tables - uploads)}{canary_text}) "
         f"but {format_bytes(available)} is available; {hint}"
     )
 
@@ -632,7 +689,13 @@ def _audit(
             "aggregate": _aggregate_note(train_cfg, noise_std),
             "release": RELEASE_NOTE,
         }
-        array_bytes = _check_audit_memory(train_cfg, split, chosen, upload=channel is not None)
+        array_bytes = _check_audit_memory(
+            train_cfg,
+            split,
+            chosen,
+            upload=channel is not None,
+            canaries=0 if canaries is None else n_canaries,
+        )
         if before_train is not None:
             setup = AuditSetup(attacks=tuple(chosen), array_bytes=array_bytes)
             before_train(train_cfg, split, setup)

@@ -206,7 +206,7 @@ def test_audit_too_big_for_memory_is_refused_in_one_line_and_leaves_nothing(
     refused before any model is built, naming the chosen attacks that would fit."""
     import dataclasses
 
-    from attacks.audit import _check_audit_memory, audit_memory_bytes
+    from attacks.audit import _check_audit_memory, _layout, audit_memory_bytes
     from attacks.canaries import plant_canaries
     from protocols.seeding import numpy_generator
     from securefed import costs
@@ -216,8 +216,12 @@ def test_audit_too_big_for_memory_is_refused_in_one_line_and_leaves_nothing(
     split, _ = plant_canaries(load_split(cfg), 40, numpy_generator(0, "audit-canaries"))
     # row-change: 5 tables + a score matrix; union: 1 + 1; released: a matrix, its labels;
     # labels and masks for all. Room for union and released (5 + 3 + 1 + 2 bytes an entry).
-    room = audit_memory_bytes(["union", "released"], split.n_users, split.n_items, upload=True)
-    assert room == split.n_users * split.n_items * (4 + 8 + 1 + 1 + 2)
+    # And each canary's upload, dense and clipped, for the canary test.
+    layout = _layout(cfg, split.n_users, split.n_items)
+    room = audit_memory_bytes(
+        ["union", "released"], split.n_users, split.n_items, upload=True, canaries=40, layout=layout
+    )
+    assert room == split.n_users * split.n_items * (4 + 8 + 1 + 1 + 2) + 2 * 4 * 40 * layout
     real_estimate = costs.estimate_run
     # The training takes nothing here; the arrays get room for union and released only.
     monkeypatch.setattr(
@@ -235,9 +239,11 @@ def test_audit_too_big_for_memory_is_refused_in_one_line_and_leaves_nothing(
     assert "Traceback" not in res.output and not out.exists()
     # Room for all three: nothing refused; the arrays' bytes are returned.
     chosen = ["row-change", "union", "released"]
-    everything = audit_memory_bytes(chosen, split.n_users, split.n_items, upload=True)
+    everything = audit_memory_bytes(
+        chosen, split.n_users, split.n_items, upload=True, canaries=40, layout=layout
+    )
     monkeypatch.setattr(costs, "available_memory", lambda: everything)
-    assert _check_audit_memory(cfg, split, chosen, upload=True) == everything
+    assert _check_audit_memory(cfg, split, chosen, upload=True, canaries=40) == everything
 
 
 def test_two_audits_without_out_get_two_directories(tmp_path, monkeypatch) -> None:

@@ -1681,14 +1681,18 @@ def als_work(inputs: CostInputs, *, sweep_seconds: float) -> ModelWork:
 def cooc_pairs(params: FedALSConfig, shape: RunShape, fraction: float) -> float:
     """Pairs a co-occurrence round's cohort uploads: the pairs of the ``G`` co-occurrence items
     its users hold (:meth:`RunShape.pairs_in_head`, the most counted items standing for the
-    released counts' choice); without the data, each user's mean history capped at ``G``."""
+    released counts' choice; an audit's canary items apart); without the data, each user's
+    mean history capped at ``G``."""
     gram = gram_size(params, shape.items)
     if gram < 2:
         return 0.0
-    counted = shape.pairs_in_head(gram)
+    # An audit's canary items (the catalogue's last) join the set beside the most counted
+    # items; each canary holds a pair of them, nothing like the most counted items' pairs.
+    head = gram - min(params.gram_audit_items, shape.items)
+    counted = shape.pairs_in_head(head)
     if counted is not None:
         return fraction * counted
-    k = min(shape.train_interactions / max(shape.users, 1), gram)
+    k = min(shape.train_interactions / max(shape.users, 1), head)
     return fraction * shape.users * k * max(k - 1.0, 0.0) / 2
 
 
