@@ -465,6 +465,20 @@ def _check_replayable(run: Path, config: TrainConfig) -> None:
     }
     if then["privacy unit"] is None:  # no DP: the summary records no defenses
         del now["secure aggregation"], then["secure aggregation"]
+    else:
+        # Where the noise came from, its scale and the clip (found in review: a run from OS
+        # randomness edited to replay = true was re-simulated as a replay run; a replay run's
+        # noise_multiplier edited from 2 to 0.3 passed, both target epsilons None).
+        if summary.get("randomness") is not None:
+            now["noise source"] = "replay" if p.replay else "os"
+            then["noise source"] = summary["randomness"]
+        if p.noise_multiplier is not None:
+            now["noise multiplier"] = p.noise_multiplier
+            then["noise multiplier"] = summary.get("noise_multiplier")
+        clip = p.clip if p.clip is not None else config.spec.default_clip(config.params)
+        if p.privacy_unit == "user" and clip is not None and "clip" in summary:
+            now["clip"], then["clip"] = clip, summary.get("clips") or summary.get("clip")
+    now["dataset"], then["dataset"] = config.dataset, summary.get("dataset")
     differ = [
         f"{key} {now[key]} in {runs.CONFIG_FILE}, {then[key]} when it ran"
         for key in now

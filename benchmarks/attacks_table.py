@@ -38,10 +38,15 @@ DEFENSES: dict[str, dict[str, Any]] = {
 }
 
 
+def _number(value: Any) -> float:
+    """A number of ``audit.json``: ``null`` (not finite, since 2026-12-07) or absent is NaN."""
+    return math.nan if value is None else float(value)
+
+
 def _metric(report: dict[str, Any], attack: str, key: str) -> float:
     for a in report["attacks"]:
         if a["name"] == attack and a["metrics"]:
-            return float(a["metrics"].get(key, math.nan))
+            return _number(a["metrics"].get(key))
     return math.nan
 
 
@@ -88,8 +93,10 @@ def table_row(rep: dict[str, Any], *, defense: str, seed: int, rounds: int) -> d
         "differencing_auc": _metric(rep, "differencing", "auc"),
         "inversion_cosine": _metric(rep, "gradient-ratio", "embedding_cosine"),
         "attribute_auc": _metric(rep, "attribute-gender", "auc"),
-        "empirical_epsilon": rep["audit"]["epsilon_lower_bound"] if rep["audit"] else math.nan,
-        "accounted_epsilon": rep["accounted_epsilon"],
+        "empirical_epsilon": _number(rep["audit"]["epsilon_lower_bound"])
+        if rep["audit"]
+        else math.nan,
+        "accounted_epsilon": _number(rep["accounted_epsilon"]),
     }
 
 

@@ -3,4 +3,5 @@ folder is not on ``PATH``."""
 
 from securefed.cli import main
 
-main()
+if __name__ == "__main__":
+    main()

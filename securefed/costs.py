@@ -987,10 +987,11 @@ def check_disk(
         parts += ", and the best round's copy"
     rounds = f"{estimate.rounds:,} round{'' if estimate.rounds == 1 else 's'}"
     parts += f"; {format_bytes(metrics)} of metrics for {rounds}"
+    resuming = (Path(run_dir) / "config.toml").is_file()
     raise InsufficientDisk(
         f"this run needs about {format_bytes(estimate.disk_peak)} of disk at its largest "
         f"({parts}) but {format_bytes(free)} is free on the file system holding {where}; "
-        + _suggest_disk(config, estimate, free)
+        + _suggest_disk(config, estimate, free, resuming=resuming, run_dir=Path(run_dir))
     )
 
 
@@ -1004,9 +1005,18 @@ def _free_disk_for(directory: Path) -> int | None:
         return None
 
 
-def _suggest_disk(config: TrainConfig, estimate: CostEstimate, free: int) -> str:
+def _suggest_disk(
+    config: TrainConfig,
+    estimate: CostEstimate,
+    free: int,
+    *,
+    resuming: bool = False,
+    run_dir: Path | None = None,
+) -> str:
     """Fewer ``--rounds`` when they make the run fit (its metrics grow with them), else
-    another ``--out``; found by re-estimating (no probe, nothing written)."""
+    another ``--out``; found by re-estimating (no probe, nothing written). A resumed run
+    takes neither flag (found in review): its ``config.toml``'s ``rounds``, or space freed
+    where it lies."""
     shape, speed = estimate.shape, estimate.speed
     start = max(config.rounds - estimate.rounds, 0)
     state = estimate.state if estimate.state else None
@@ -1015,9 +1025,16 @@ def _suggest_disk(config: TrainConfig, estimate: CostEstimate, free: int) -> str
         rounds = start + (rounds - start) // 2
         cfg = dataclasses.replace(config, rounds=rounds)
         if estimate_run(cfg, shape, start_round=start, speed=speed, state=state).disk_peak <= free:
+            if resuming:
+                return (
+                    f"rounds = {rounds} in {run_dir / 'config.toml' if run_dir else 'config.toml'}"
+                    " would fit (or free space on that file system)"
+                )
             return (
                 f"--rounds {rounds} would fit (or an --out on a file system with more free space)"
             )
+    if resuming:
+        return "free space on that file system, then resume again"
     return "choose an --out on a file system with more free space, or free space there"
 
 

@@ -469,6 +469,7 @@ def _summary(
         last = evaluated[-1]
         for key in SUMMARY_METRICS:
             summary[f"final_{key}"] = last.get(key)
+        summary["final_round"] = last["round"]  # the last evaluated round
     if stopped:
         summary["stopped"] = stopped
     aborted = [m for m in metrics if m.get("aborted")]
@@ -599,6 +600,8 @@ def _note_released(summary: dict[str, Any], *, kept: bool) -> None:
     rounds, selected = summary.get("rounds"), summary.get("selected_round")
     if not kept or selected is None or selected == rounds:
         return
+    if summary.get("final_round", rounds) != rounds:
+        return  # the last round was not evaluated (eval_every): its metrics are not known
     if any(line.startswith("NOT COMPARED") for line in summary.get("verdict", [])):
         return
     last = {
@@ -703,13 +706,15 @@ def train(
                 f"drop out={str(out)!r}"
             )
         recorded = check_resume(run_dir)  # one line for a non-run directory, before the lock
-        if config is not None and config != recorded:
+        differ = [] if config is None else _differing_settings(config, recorded)
+        if differ:
             # The CLI refuses every flag given with --resume; a script passing a config that
             # is not the run's had it silently ignored (found in a walkthrough).
             raise ConfigError(
                 f"train(resume={str(run_dir)!r}) continues the run as its "
-                f"{runs.CONFIG_FILE} records, and the config given differs from it; pass no "
-                f"config, or edit {run_dir / runs.CONFIG_FILE} to change a setting"
+                f"{runs.CONFIG_FILE} records, and the config given differs from it "
+                f"({'; '.join(differ)}); pass no config, or edit "
+                f"{run_dir / runs.CONFIG_FILE} to change a setting"
             )
         # Locked before anything is read for training, and checked again under the lock: a
         # run that finished between the two checks is then seen as finished.
@@ -1201,6 +1206,30 @@ def restore_checkpoint(
     metrics = runs.read_metrics(run_dir, upto_round=start_round)
     runs.rewrite_metrics(run_dir, metrics)
     return start_round, elapsed, metrics
+
+
+def _differing_settings(given: TrainConfig, recorded: TrainConfig) -> list[str]:
+    """The settings of ``given`` that a resume of the run ``recorded`` would not apply: its
+    model, seed, whether it is a DP run, and every privacy setting it gives (not None).
+    Model settings, rounds and the data's path are left out: the run settles them before
+    ``config.toml`` records them (fedals's dimension and population rule, FedRAP's storage of
+    its views, a relative path made absolute), so the config a run was started with differs
+    there from its own record (found in review); the data itself is checked on resume."""
+    out = [
+        f"{key} {getattr(given, key)!r}, the run's {getattr(recorded, key)!r}"
+        for key in ("model", "seed")
+        if getattr(given, key) != getattr(recorded, key)
+    ]
+    if given.privacy.dp != recorded.privacy.dp:
+        out.append(f"DP {given.privacy.dp}, the run's {recorded.privacy.dp}")
+    mine = dataclasses.asdict(given.privacy)
+    theirs = dataclasses.asdict(recorded.privacy)
+    out += [
+        f"privacy {key} {value!r}, the run's {theirs.get(key)!r}"
+        for key, value in mine.items()
+        if value is not None and value != theirs.get(key)
+    ]
+    return out
 
 
 def check_resume(run_dir: Path) -> TrainConfig:

@@ -370,6 +370,7 @@ def test_the_model_a_run_keeps_is_compared_when_another_round_is_reported(capfd)
         ({"selected_round": 40}, "the last round is reported"),
         ({"final_test_hr@10": 0.5, "final_test_full_hr@10": 0.2}, "above the yardsticks"),
         ({"verdict": ["NOT COMPARED with the yardsticks: ..."]}, "not compared"),
+        ({"final_round": 39}, "the last round was not evaluated (found in review)"),
     ):
         other = {**summary, **changed}
         _note_released(other, kept=bool(changed))

@@ -532,6 +532,29 @@ def test_a_run_that_fits_the_free_disk_is_not_refused(monkeypatch):
         check_disk(cfg, est, "runs", free=est.checkpoint_bytes)
 
 
+def test_a_resumed_run_is_not_told_to_use_flags_it_cannot_take(tmp_path):
+    """The disk refusal of ``--resume`` advised "--rounds N" or "choose an --out", both
+    refused with --resume (found in review): a resumed run is told config.toml's rounds or to
+    free space."""
+    from securefed.costs import InsufficientDisk, check_disk
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text('model = "fedals"\n')
+    shape = RunShape(users=30, items=200, train_interactions=1)
+    cfg = TrainConfig(model="fedals", rounds=300_000_000)
+    est = estimate_run(cfg, shape, speed=1.0)
+    with pytest.raises(InsufficientDisk) as err:
+        check_disk(cfg, est, run, free=70 * 10**9)
+    text = str(err.value)
+    assert f"in {run / 'config.toml'} would fit" in text and "rounds = " in text
+    assert "--rounds" not in text and "--out" not in text
+    big = TrainConfig(model="fedals", rounds=20)
+    est = estimate_run(big, RunShape(users=943, items=1682, train_interactions=98_114), speed=1.0)
+    with pytest.raises(InsufficientDisk, match="free space on that file system, then resume"):
+        check_disk(big, est, run, free=est.checkpoint_bytes - 40)
+
+
 def test_python_callers_get_the_disk_refusal_before_the_model(small_split, tmp_path, monkeypatch):
     import functools
 

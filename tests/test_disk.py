@@ -254,3 +254,26 @@ def test_audit_json_is_strict_json_with_null_for_what_is_not_a_number(tmp_path):
     rep = json.loads((out / "audit.json").read_text(), parse_constant=refuse)
     [attack] = rep["attacks"]
     assert attack["name"] == "gradient-ratio" and attack["metrics"]["auc"] is None
+
+
+def test_the_attack_table_benchmark_reads_null_as_not_a_number():
+    """benchmarks/attacks_table.py read audit.json's numbers with float(), which a strict
+    audit.json's null broke (found in review)."""
+    import importlib.util
+    import math
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "attacks_table.py"
+    spec = importlib.util.spec_from_file_location("attacks_table", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    report = {
+        "model": "fedals",
+        "accounted_epsilon": 1.99,
+        "audit": {"epsilon_lower_bound": None},
+        "attacks": [{"name": "gradient-ratio", "metrics": {"auc": None, "embedding_cosine": None}}],
+    }
+    row = module.table_row(report, defense="dp-eps2", seed=0, rounds=3)
+    assert math.isnan(row["inversion_cosine"]) and math.isnan(row["empirical_epsilon"])
+    assert row["accounted_epsilon"] == 1.99

@@ -334,6 +334,28 @@ def test_audit_of_a_run_refuses_a_config_that_is_not_the_run(tmp_path):
     assert "target epsilon 8.0 in config.toml, 2.0 when it ran" in str(err.value)
     assert not out.exists()
 
+    config.write_text(text)
+    # Where the noise came from, and a noise multiplier given in place of the epsilon (found
+    # in review: both edits passed). The OS run is refused as OS anyway; its source first.
+    os_run = tmp_path / "os"
+    train(dataclasses.replace(cfg, privacy=PrivacyConfig(epsilon=2.0)), out=os_run)
+    os_config = os_run / runs.CONFIG_FILE
+    os_config.write_text(os_config.read_text().replace("replay = false", "replay = true"))
+    with pytest.raises(ConfigError, match="noise source replay in config.toml, os when it ran"):
+        audit(AuditConfig(run=str(os_run), attacks=("differencing",), canaries=0), out=out)
+    sigma_run = tmp_path / "sigma"
+    train(
+        dataclasses.replace(cfg, privacy=PrivacyConfig(noise_multiplier=2.0, replay=True)),
+        out=sigma_run,
+    )
+    sigma_config = sigma_run / runs.CONFIG_FILE
+    sigma_config.write_text(
+        sigma_config.read_text().replace("noise_multiplier = 2.0", "noise_multiplier = 0.3")
+    )
+    with pytest.raises(ConfigError, match="noise multiplier 0.3 in config.toml, 2.0 when it ran"):
+        audit(AuditConfig(run=str(sigma_run), attacks=("differencing",), canaries=0), out=out)
+    assert not out.exists()
+
     resumed = tmp_path / "resumed"
     longer = dataclasses.replace(cfg, rounds=4)
     with pytest.raises(Stop):
@@ -368,12 +390,18 @@ def test_resume_refuses_a_config_that_is_not_the_runs(tmp_path):
     with pytest.raises(Stop):
         train(cfg, out=run, progress=_stop_after(2))
     other = TrainConfig(rounds=3, privacy=PrivacyConfig(epsilon=2.0), **SMALL)
-    with pytest.raises(ConfigError, match="the config given differs from it; pass no config"):
+    with pytest.raises(ConfigError, match="the config given differs from it") as err:
         train(other, resume=run)
+    assert "privacy epsilon 2.0, the run's None" in str(err.value)
+    with pytest.raises(ConfigError, match="DP False, the run's True"):
+        train(TrainConfig(rounds=3, **SMALL), resume=run)
     with pytest.raises(ConfigError, match="drop out="):
         train(resume=run, out=tmp_path / "elsewhere")
+    # The config it was started with resumes, though config.toml holds it settled on the
+    # data (fedals's dimension: None given, 32 recorded; found in review).
     recorded = TrainConfig.from_dict(load_config_file(run / runs.CONFIG_FILE))
-    assert train(recorded, resume=run, out=run).summary["rounds"] == 3
+    assert cfg.params.dim is None and recorded.params.dim is not None
+    assert train(cfg, resume=run, out=run).summary["rounds"] == 3
 
 
 def test_a_resumed_run_whose_clip_changed_reports_every_clip(tmp_path, capfd):
