@@ -73,6 +73,7 @@ __all__ = [
     "audit_memory_bytes",
     "estimate_audit_seconds",
     "kept_bytes_bound",
+    "ResumedRun",
 ]
 
 AUDIT_FILE = "audit.json"
@@ -429,6 +430,13 @@ def _load_run(run: Path) -> TrainConfig:
     return TrainConfig.from_dict(load_config_file(run / runs.CONFIG_FILE))
 
 
+class ResumedRun(ConfigError):
+    """``audit --run`` of a run that was resumed after releasing rounds it then released
+    again: a re-simulation from its seed is not that run (its noise was refit). Auditing its
+    config without ``--run`` trains the audit's own replay (what ``securefed report`` does for
+    such a cell)."""
+
+
 def _check_replayable(run: Path, config: TrainConfig) -> None:
     """``audit --run`` re-simulates a run from its ``config.toml``: refuse when that is not
     the run its ``summary.json`` and ledger record (found in a walkthrough: a replay run's
@@ -494,7 +502,7 @@ def _check_replayable(run: Path, config: TrainConfig) -> None:
     if isinstance(releases, int) and summary.get("prior_noise_multiplier") is not None:
         releases -= 1  # the popularity prior's one release, beside round 1's (never again)
     if isinstance(releases, int) and isinstance(released, int) and releases > released:
-        raise ConfigError(
+        raise ResumedRun(
             f"{run} was resumed and released {releases - released} round(s) a second time "
             f"({releases} model releases for {released} rounds; its noise was refit for the "
             "rest), "

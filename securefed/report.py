@@ -628,14 +628,23 @@ def _run_cell(
             train(train_cfg, out=cell_dir, progress=rounds_cb("train"))
     _drop_checkpoints(cell_dir)
     if audit and not _cell_finished(cell_dir, audit):
-        from attacks.audit import AuditConfig
+        from attacks.audit import AuditConfig, ResumedRun
         from attacks.audit import audit as run_audit
 
         audit_dir = cell_dir / AUDIT_DIR
         if audit_dir.exists():  # an audit interrupted mid-way: redo it from scratch
             shutil.rmtree(audit_dir)
         try:
-            run_audit(AuditConfig(run=str(cell_dir)), out=audit_dir, progress=rounds_cb("audit"))
+            try:
+                run_audit(
+                    AuditConfig(run=str(cell_dir)), out=audit_dir, progress=rounds_cb("audit")
+                )
+            except ResumedRun:
+                # An interrupted cell resumed and released a round again: no re-simulation
+                # is that run, so the audit trains its own replay of the cell's config (what
+                # it re-simulated before audit --run refused such runs, 2026-12-07).
+                recorded = TrainConfig.from_dict(load_config_file(cell_dir / runs.CONFIG_FILE))
+                run_audit(AuditConfig(train=recorded), out=audit_dir, progress=rounds_cb("audit"))
         except SecureFedError as exc:
             # The utility run stands on its own; the report names the cell and the reason.
             runs.write_json(audit_dir / AUDIT_FAILED, {"error": str(exc)})

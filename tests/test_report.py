@@ -935,3 +935,32 @@ def test_results_attack_columns_follow_the_attack_registry() -> None:
         "released:auc",
         "gone:auc",
     ]
+
+
+def test_a_resumed_cell_is_audited_by_a_replay_of_its_config(tmp_path, monkeypatch):
+    """A cell interrupted and resumed released a round again; audit --run refuses such a run
+    (no re-simulation is it), and the report then named the audit as failed with advice it
+    cannot act on (found in review): it audits a replay of the cell's config instead."""
+    import attacks.audit as audit_module
+    from attacks.audit import ResumedRun
+    from securefed.report import _run_cell
+    from securefed.training import TrainConfig, train
+
+    cfg = TrainConfig(model="fedals", rounds=2, synthetic_users=40, synthetic_items=200)
+    cell = tmp_path / "cell"
+    train(cfg, out=cell)
+    calls = []
+
+    def fake(config, *, out, progress=None):
+        calls.append(config)
+        if config.run is not None:
+            raise ResumedRun("resumed")
+        out.mkdir(parents=True)
+        (out / "audit.json").write_text("{}")
+
+    monkeypatch.setattr(audit_module, "audit", fake)
+    _run_cell(cell, cfg, audit=True)
+    assert [c.run for c in calls] == [str(cell), None]
+    assert calls[1].train.model == "fedals" and calls[1].train.rounds == 2
+    assert (cell / "audit" / "audit.json").exists()
+    assert not (cell / "audit" / "failed.json").exists()
