@@ -292,13 +292,10 @@ def audit_memory_bytes(
 
 
 def _layout(train_cfg: TrainConfig, users: int, items: int) -> int:
-    """Floats of one client's upload (the model's ``layout_size``; 0 for a centralized one)."""
-    from types import SimpleNamespace
+    """Floats of one client's upload (:func:`securefed.costs.layout_size`)."""
+    from securefed.costs import RunShape, layout_size
 
-    size = train_cfg.spec.layout_size
-    if size is None or not train_cfg.spec.federated:
-        return 0
-    return int(size(train_cfg.params, SimpleNamespace(n_items=items, n_users=users)))
+    return layout_size(train_cfg, RunShape(users=users, items=items, train_interactions=0))
 
 
 def _check_audit_memory(
@@ -505,8 +502,7 @@ def _check_replayable(run: Path, config: TrainConfig) -> None:
         raise ResumedRun(
             f"{run} was resumed and released {releases - released} round(s) a second time "
             f"({releases} model releases for {released} rounds; its noise was refit for the "
-            "rest), "
-            "which a re-simulation from its seed does not reproduce; audit without --run "
+            "rest), which a re-simulation from its seed does not reproduce; audit without --run "
             "(the audit trains its own replay run)"
         )
 

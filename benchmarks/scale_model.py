@@ -48,7 +48,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes  # 
 from protocols.secagg import FixedPointCodec, SecAggConfig, secure_sum, shamir  # noqa: E402
 from protocols.secagg.wire import packed_bytes  # noqa: E402
 from securefed.config import TrainConfig  # noqa: E402
-from securefed.costs import RunShape, _layout_size  # noqa: E402
+from securefed.costs import RunShape, layout_size  # noqa: E402
 from securefed.models.fedals import ALS_SECONDS as _ALS_S  # noqa: E402
 from securefed.models.fedrap import SAMPLE_SECONDS as _FEDRAP_S  # noqa: E402
 from securefed.models.fedrecgel import MLP_SECONDS as _MLP_S  # noqa: E402
@@ -120,7 +120,7 @@ def round_costs(model: str, sc: Scenario, rates: Rates) -> dict:
         train_interactions=int(sc.users * sc.per_user),
         synthetic=False,
     )
-    d = _layout_size(cfg, shape)
+    d = layout_size(cfg, shape)
     m = sc.cohort
     sa = SecAggConfig(n_clients=max(m, 2))
     k, t = sa.k, sa.t

@@ -63,6 +63,7 @@ __all__ = [
     "fit_memory",
     "format_bytes",
     "format_seconds",
+    "layout_size",
     "machine_speed",
     "plural",
     "refuse_if_too_large",
@@ -715,7 +716,9 @@ def _secagg_k(m: int, config: TrainConfig) -> int:
         return min(max(m - 1, 1), 30)
 
 
-def _layout_size(config: TrainConfig, shape: RunShape) -> int:
+def layout_size(config: TrainConfig, shape: RunShape) -> int:
+    """Floats of one client's upload at ``shape`` (the model's ``layout_size``; 0 for a
+    model without uploads)."""
     from types import SimpleNamespace
 
     size_fn = config.spec.layout_size
@@ -795,7 +798,7 @@ def estimate_run(
     agg_bytes = 0
     secagg_s = 0.0
     if config.spec.federated and (p.secagg or (p.dp and p.placement == "distributed")):
-        dim = _layout_size(config, shape)
+        dim = layout_size(config, shape)
         mm = max(int(math.ceil(m)), 2)
         if p.secagg:
             k = _secagg_k(mm, config)
@@ -1176,13 +1179,10 @@ def _storages_that_fit(
 def free_disk(directory: str = "") -> int:
     """Free bytes where a state file would go (FedRAP's paged views; ``directory``, else
     ``$TMPDIR``); 0 when it cannot be read."""
-    import shutil
     import tempfile
 
-    try:
-        return shutil.disk_usage(directory or tempfile.gettempdir()).free
-    except OSError:
-        return 0
+    free = _free_disk_for(Path(directory or tempfile.gettempdir()))
+    return 0 if free is None else free
 
 
 def fit_memory(

@@ -1304,27 +1304,24 @@ class PrivateAggregator:
             out["prior_weighting"] = self.p.prior_weighting
         return out
 
-    def _model_clips(self) -> list[float]:
-        """The distinct clips of the ledger's model releases (not the prior's), in the order
-        first used."""
+    def _model_events(self) -> list[Any]:
+        """The ledger's model releases, in order (the prior's release left out)."""
         prior = (self.prior_noise_multiplier, self.prior_clip)
-        clips = (
-            e.clip
+        return [
+            e
             for e in self.ledger.events
             if self.prior_noise_multiplier is None or (e.noise_multiplier, e.clip) != prior
-        )
-        return [float(c) for c in dict.fromkeys(clips) if c is not None]
+        ]
+
+    def _model_clips(self) -> list[float]:
+        """The distinct clips of the ledger's model releases, in the order first used."""
+        clips = dict.fromkeys(e.clip for e in self._model_events())
+        return [float(c) for c in clips if c is not None]
 
     def _model_noise_multipliers(self) -> list[float]:
         """The distinct noise multipliers of the ledger's model releases (not the prior's),
         in the order first used."""
-        prior = (self.prior_noise_multiplier, self.prior_clip)
-        sigmas = (
-            e.noise_multiplier
-            for e in self.ledger.events
-            if self.prior_noise_multiplier is None or (e.noise_multiplier, e.clip) != prior
-        )
-        return list(dict.fromkeys(sigmas))
+        return list(dict.fromkeys(e.noise_multiplier for e in self._model_events()))
 
     def _randomness(self, epsilon: float | None) -> dict[str, Any]:
         """Where a DP run's noise and cohorts came from, and what that means for the claim.

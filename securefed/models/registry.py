@@ -438,15 +438,13 @@ def _typed(model: str, name: str, annotation: Any, value: Any) -> Any:
     if value is None and "None" in kinds:
         return value
     base = kinds - {"None"}
-    if base == {"bool"} and not isinstance(value, bool):
-        raise ConfigError(f"{model} setting {name} is true or false, got {value!r}")
-    if base == {"int"} and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ConfigError(f"{model} setting {name} is a whole number, got {value!r}")
-    if base == {"float"}:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{model} setting {name} is a number, got {value!r}")
-        return float(value)
-    return value
+    kind = next(iter(base)) if len(base) == 1 else ""
+    if kind not in ("bool", "int", "float"):
+        return value
+    phrase, fits = _SCALAR_KINDS[kind]
+    if not fits(value):
+        raise ConfigError(f"{model} setting {name} is {phrase}, got {value!r}")
+    return float(value) if kind == "float" else value
 
 
 def params_from_flags(
