@@ -10,7 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from attacks.recorder import RECORDING_VERSION
-from securefed.cli_audit import audit
+from securefed.cli.audit import audit
 
 app = typer.Typer()
 app.command()(audit)
@@ -266,8 +266,8 @@ def test_printed_table_keeps_names_whole_and_lists_unscored_attacks_below() -> N
     from pathlib import Path
     from types import SimpleNamespace
 
-    from securefed.cli_audit import _print
-    from securefed.cli_common import LOG_WIDTH, out
+    from securefed.cli.audit import _print
+    from securefed.cli.common import LOG_WIDTH, out
 
     nan = float("nan")
     scored = {

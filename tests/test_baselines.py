@@ -339,7 +339,7 @@ def test_the_model_a_run_keeps_is_compared_when_another_round_is_reported(capfd)
     (found in a walkthrough): the summary and the printed result say it."""
     import types
 
-    from securefed.cli_common import _print_summary
+    from securefed.cli.common import _print_summary
     from securefed.training import _note_released
 
     summary = {
@@ -383,7 +383,7 @@ def test_a_one_round_run_reports_no_choice(capfd):
     no choice."""
     import types
 
-    from securefed.cli_common import _print_summary
+    from securefed.cli.common import _print_summary
 
     summary = {"model": "mostpop", "dataset": "ml-100k", "rounds": 1, "seconds": 1.0}
     summary |= {"selected_round": 1, "select_on": "sampled", "epsilon": 2.0, "delta": 1e-5}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from securefed.cli import _RoundDisplay, app, data_summary
+from securefed.cli.root import _RoundDisplay, app, data_summary
 from securefed.training import RunInterrupted, RunStart, TrainConfig, train
 
 runner = CliRunner()

@@ -292,7 +292,7 @@ def test_cli_yardsticks_where_the_data_is(tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from securefed.cli_flower import flower_app
+    from securefed.cli.flower import flower_app
 
     root = typer.Typer()
     root.add_typer(flower_app, name="flower")
@@ -398,7 +398,7 @@ def test_the_metrics_follower_shows_each_new_round_once(tmp_path):
 def test_the_metrics_follower_shows_an_aborted_round_and_goes_on(tmp_path):
     # Found in review: an aborted round's loss is NaN, written null; the display's abs()
     # raised on None, the follower's thread died and later rounds came only at the end.
-    from securefed.cli import _RoundDisplay
+    from securefed.cli.root import _RoundDisplay
     from securefed.flower.deploy import MetricsFollower
 
     run_dir = tmp_path / "run"

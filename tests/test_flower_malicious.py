@@ -253,7 +253,7 @@ def test_cli_enrollment_across_machines_feeds_a_malicious_mode_run(tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from securefed.cli_flower import flower_app
+    from securefed.cli.flower import flower_app
 
     root = typer.Typer()
     root.add_typer(flower_app, name="flower")

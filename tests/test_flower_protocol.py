@@ -459,7 +459,7 @@ def test_cli_writes_the_flower_app_and_refuses_a_config_without_secagg(tmp_path)
     import typer
     from typer.testing import CliRunner
 
-    from securefed.cli_flower import flower_app
+    from securefed.cli.flower import flower_app
 
     root = typer.Typer()
     root.add_typer(flower_app, name="flower")
@@ -490,7 +490,7 @@ def test_cli_deploy_commands_pass_their_options_and_report_errors_in_one_line(
     import typer
     from typer.testing import CliRunner
 
-    from securefed.cli_flower import flower_app
+    from securefed.cli.flower import flower_app
     from securefed.errors import ConfigError
     from securefed.flower import deploy as deploy_module
 
@@ -556,7 +556,7 @@ def test_flower_init_writes_a_config_the_deploy_commands_take(tmp_path, monkeypa
     import typer
     from typer.testing import CliRunner
 
-    from securefed.cli_flower import flower_app
+    from securefed.cli.flower import flower_app
     from securefed.config import load_config_file
     from securefed.flower import deploy as deploy_module
 

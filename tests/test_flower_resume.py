@@ -437,7 +437,7 @@ def test_cli_resume_takes_the_recorded_run_and_refuses_new_settings(tmp_path, mo
     import typer
     from typer.testing import CliRunner
 
-    from securefed.cli_flower import flower_app
+    from securefed.cli.flower import flower_app
     from securefed.flower import deploy
 
     cfg = _cfg(rounds=3)

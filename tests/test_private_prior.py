@@ -484,7 +484,7 @@ USER = {"privacy_unit": "user", "target_epsilon": 2.0, "placement": "central"}
     ],
 )
 def test_a_run_below_dp_mostpop_without_the_prior_is_told_its_flags(summary, flags):
-    from securefed.cli_common import private_mode_hint
+    from securefed.cli.common import private_mode_hint
 
     hint = private_mode_hint({**summary, "verdict": [BELOW_DP]})
     assert hint is not None and flags in hint
@@ -510,7 +510,7 @@ def test_a_run_below_dp_mostpop_without_the_prior_is_told_its_flags(summary, fla
     ],
 )
 def test_no_prior_hint_where_it_would_not_apply(summary):
-    from securefed.cli_common import private_mode_hint
+    from securefed.cli.common import private_mode_hint
 
     assert private_mode_hint(summary) is None
 
@@ -521,7 +521,7 @@ def test_no_prior_hint_where_it_would_not_apply(summary):
 def test_the_hinted_flags_train(tmp_path, noise):
     """The flags the hint gives a run (as if it had ended below the count) train: the private
     mode's settings, beside the noise placement the run had."""
-    from securefed.cli_common import private_mode_hint
+    from securefed.cli.common import private_mode_hint
 
     base = ["train", "--model", "fedrap", "--local-epochs", "1", "--dim", "4", *noise]
     small = ["--synthetic-users", "200", "--synthetic-items", "200", "--replay-from-seed"]
@@ -621,7 +621,7 @@ def test_private_mode_is_refused_where_it_does_not_apply(tmp_path, extra, messag
 def test_the_summary_prints_the_hint_below_the_count(capfd):
     import types
 
-    from securefed.cli_common import _print_summary
+    from securefed.cli.common import _print_summary
 
     summary = {
         "model": "fedrecgel",

@@ -20,7 +20,7 @@ GENERIC = [
     "securefed/training.py",
     "securefed/privacy.py",
     "securefed/config.py",
-    "securefed/report.py",
+    "securefed/report/sweep.py",
     "securefed/costs.py",
     "attacks/audit.py",
     "attacks/recorder.py",

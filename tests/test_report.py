@@ -28,7 +28,7 @@ from securefed.report import (
     plan_cells,
     run_report,
 )
-from securefed.report_html import baseline_flags, summarise
+from securefed.report.html import baseline_flags, summarise
 
 SMALL = ["--dataset", "synthetic", "--synthetic-users", "60", "--synthetic-items", "400"]
 FIGURES = ("frontier", "attacks", "epsilon_audit", "roc", "secagg")
@@ -42,7 +42,7 @@ QUALITY = [c for c in REQUIRED_COLUMNS if c != "seconds"] + [
 
 
 def _app() -> typer.Typer:
-    from securefed.cli_report import report
+    from securefed.cli.report import report
 
     app = typer.Typer(pretty_exceptions_enable=False)
 
@@ -172,7 +172,7 @@ def test_a_grid_from_before_private_modes_is_told_how_to_continue(tmp_path):
     """A dp cell a report ran before private modes (DP on the uploads alone) is refused with
     the flag that continues its grid, before anything trains; that flag accepts it."""
     from securefed import runs
-    from securefed.report import CELLS_DIR, _same_config
+    from securefed.report.sweep import CELLS_DIR, _same_config
 
     grid = dict(
         models=("fedrap",), references=(), dataset="synthetic", synthetic_users=60,
@@ -200,7 +200,7 @@ def test_a_grid_from_before_private_modes_is_told_how_to_continue(tmp_path):
 def test_a_finished_cell_drops_its_prior_and_its_finished_audits_files(tmp_path):
     from securefed import runs
     from securefed.prior import PRIOR_FILE
-    from securefed.report import AUDIT_DIR, AUDIT_FAILED, _drop_checkpoints
+    from securefed.report.sweep import AUDIT_DIR, AUDIT_FAILED, _drop_checkpoints
 
     cell = tmp_path / "cell"
     replay = cell / AUDIT_DIR / "replay"
@@ -218,7 +218,7 @@ def test_a_finished_cell_drops_its_prior_and_its_finished_audits_files(tmp_path)
 
 
 def test_the_setup_names_the_private_mode_rows():
-    from securefed.report_html import private_mode_line
+    from securefed.report.html import private_mode_line
 
     frame = pd.DataFrame(
         {
@@ -287,7 +287,7 @@ def test_report_into_a_folder_holding_other_files_is_refused_and_they_stay(tmp_p
         assert len(lines) == 1 and "already holds other files" in lines[0], result.stderr
         assert sorted(p.name for p in folder.iterdir()) == ["model.pt"]
     # A report's own leftovers are not foreign: an interrupted start leaves report.json alone.
-    from securefed.report import SWEEP_FILE, _refuse_foreign_out
+    from securefed.report.sweep import SWEEP_FILE, _refuse_foreign_out
 
     started = tmp_path / "started"
     started.mkdir()
@@ -385,7 +385,7 @@ def _row(defense, eps, hr, model="fedrecgel"):
 def test_a_tie_in_hits_is_not_below_whatever_the_float_rounding_of_its_mean():
     """Two seeds with 77 and 81 hits of 943 tie MostPop's 79 of 943 on both: their mean
     differs from it only by float rounding, which is not below it; one hit fewer is."""
-    from securefed.report_html import _below
+    from securefed.report.html import _below
 
     mean = (77 / 943 + 81 / 943) / 2
     assert mean != 79 / 943  # the rounding this is about
@@ -854,9 +854,9 @@ def test_a_failing_audit_is_reported_and_the_sweep_goes_on(tmp_path, monkeypatch
 
 @pytest.mark.slow
 def test_a_reference_too_costly_for_the_catalogue_is_left_out_with_a_note(tmp_path, monkeypatch):
-    import securefed.report
+    import securefed.report.sweep
 
-    monkeypatch.setattr(securefed.report, "REFERENCE_MAX_ITEMS", {"ease": 399})
+    monkeypatch.setattr(securefed.report.sweep, "REFERENCE_MAX_ITEMS", {"ease": 399})
     cfg = ReportConfig(
         models=("mostpop",), dataset="synthetic", synthetic_users=60, synthetic_items=400,
         epsilons=(math.inf,), defenses=("none",), seeds=1, audit=False,
@@ -919,7 +919,7 @@ def test_results_attack_columns_follow_the_attack_registry() -> None:
     """Found in a walkthrough: results.csv's attack columns (and the attack plot's panels)
     came in the order the rows first held them, a secure-aggregation cell's aggregate attacks
     before the per-client ones and a new attack before IMIA; now the registry's order."""
-    from securefed.report import _in_attack_order
+    from securefed.report.sweep import _in_attack_order
 
     columns = ["model", "union:auc", "union:auc:lo", "seed", "released:auc", "row-change:auc"]
     columns += ["attribute-gender:auc", "gone:auc", "intersection:f1", "verdict"]
@@ -943,7 +943,7 @@ def test_a_resumed_cell_is_audited_by_a_replay_of_its_config(tmp_path, monkeypat
     cannot act on (found in review): it audits a replay of the cell's config instead."""
     import attacks.audit as audit_module
     from attacks.audit import ResumedRun
-    from securefed.report import _run_cell
+    from securefed.report.sweep import _run_cell
     from securefed.training import TrainConfig, train
 
     cfg = TrainConfig(model="fedals", rounds=2, synthetic_users=40, synthetic_items=200)

@@ -418,7 +418,7 @@ def test_a_resumed_run_whose_clip_changed_reports_every_clip(tmp_path, capfd):
     assert summary["clips"] == [1.0, 0.5] and summary["clip"] == 0.5
     import types
 
-    from securefed.cli_common import _print_summary
+    from securefed.cli.common import _print_summary
 
     _print_summary(types.SimpleNamespace(summary=summary, run_dir=run))
     assert "clips 1, 0.5)" in " ".join(capfd.readouterr().out.split())

@@ -1,6 +1,6 @@
 """Console helpers shared by every ``securefed`` command module.
 
-Kept apart from :mod:`securefed.cli` so that command modules (audit, report, Flower) can be
+Kept apart from :mod:`securefed.cli.root` so that command modules (audit, report, Flower) can be
 imported on their own without importing the app that registers them.
 """
 

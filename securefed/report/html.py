@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from securefed import runs
-from securefed.report_plots import FIGURES
+from securefed.report.plots import FIGURES
 
 __all__ = ["baseline_flags", "summarise", "write_documents"]
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from securefed.cli_common import (
+from securefed.cli.common import (
     MODEL_HELP,
     DatasetName,
     Delta,

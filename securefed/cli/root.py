@@ -31,7 +31,7 @@ from rich.progress import (
 )
 
 from securefed.allocator import keep_large_buffers
-from securefed.cli_common import (
+from securefed.cli.common import (
     EXIT_RUN_FAILED,
     MODEL_HELP,
     Delta,
@@ -446,7 +446,7 @@ def train(
 def _dry_run(cfg: Any, target: Path | None = None) -> None:
     """``securefed train --dry-run``: the plan of the run :func:`securefed.training.plan_run`
     settles (data, the model's choices, cost estimate, noise), on stderr and stdout."""
-    from securefed.cli_costs import RunCosts
+    from securefed.cli.costs import RunCosts
     from securefed.costs import plural
     from securefed.evaluation import eval_users_note
     from securefed.training import plan_run
@@ -583,13 +583,13 @@ def _run_with_progress(
     the first round and again after round 1, and recorded in ``estimate.json``; a run whose
     memory estimate exceeds what is available, or whose disk at its largest exceeds the free
     space where it is written, is refused before the model is built
-    (:mod:`securefed.cli_costs`). The first Ctrl-C during the rounds lets the round in
+    (:mod:`securefed.cli.costs`). The first Ctrl-C during the rounds lets the round in
     progress finish, checkpoints it and exits 130 with the resume command; a second one stops
     at once (a resume then re-runs the rounds after the last checkpoint). A run that diverged
     (NaN or infinite loss or parameters) prints its summary and exits 1: it ran and failed,
     which is not a refused command (exit 2).
     """
-    from securefed.cli_costs import RunCosts
+    from securefed.cli.costs import RunCosts
     from securefed.evaluation import eval_users_note
 
     display = _RoundDisplay(plain=not err.is_terminal)
@@ -873,13 +873,13 @@ def _whole_number(text: str, flag: str) -> int:
 
 def _register_optional_commands() -> None:
     """Commands whose modules live beside this one (audit, report, Flower deployment)."""
-    from securefed.cli_audit import audit as audit_command
-    from securefed.cli_report import report as report_command
+    from securefed.cli.audit import audit as audit_command
+    from securefed.cli.report import report as report_command
 
     app.command("audit")(audit_command)
     app.command("report")(report_command)
     try:
-        from securefed.cli_flower import flower_app
+        from securefed.cli.flower import flower_app
     except ImportError:  # pragma: no cover - the extra is not installed
         return
     app.add_typer(flower_app, name="flower")

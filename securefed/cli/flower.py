@@ -1,8 +1,8 @@
 """``securefed flower ...``: run the same protocol on Flower (the ``flower`` extra).
 
-Registered by ``securefed/cli.py`` as a sub-app::
+Registered by :mod:`securefed.cli.root` as a sub-app::
 
-    from securefed.cli_flower import flower_app
+    from securefed.cli.flower import flower_app
     app.add_typer(flower_app, name="flower")
 
 Commands:
@@ -35,7 +35,7 @@ from typing import Annotated, Any
 
 import typer
 
-from securefed.cli_common import (
+from securefed.cli.common import (
     MODEL_HELP,
     SyntheticItems,
     SyntheticUsers,
@@ -291,7 +291,7 @@ def _launch(
 ) -> dict[str, Any]:
     """Start the local deployment or the simulation and run it to its end, a line per round
     as the server writes it."""
-    from securefed.cli import _RoundDisplay
+    from securefed.cli.root import _RoundDisplay
     from securefed.flower.deploy import run_local_deployment, run_simulation
 
     progress = _RoundDisplay(plain=True).round

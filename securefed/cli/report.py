@@ -1,6 +1,6 @@
 """``securefed report``: the privacy-utility sweep and its report (thin over securefed.report).
 
-The lead registers it with ``app.command()(report)`` in :mod:`securefed.cli`.
+The lead registers it with ``app.command()(report)`` in :mod:`securefed.cli.root`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from securefed.cli_common import (
+from securefed.cli.common import (
     DatasetName,
     SyntheticItems,
     SyntheticUsers,
@@ -154,7 +154,7 @@ def report(
                 ) from None
     for note in result.notes:
         err.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
-    from securefed.report_html import baseline_flags, summarise
+    from securefed.report.html import baseline_flags, summarise
 
     for sentence in summarise(result.results, min_hr)[0]:
         out.print(sentence, highlight=False, soft_wrap=True)

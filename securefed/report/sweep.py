@@ -68,16 +68,20 @@ __all__ = [
     "BASELINE_COLUMNS",
     "CENTRALIZED",
     "DEFENSES",
+    "DP_BASELINE_COLUMNS",
     "REFERENCE_MAX_ITEMS",
+    "REPORT_MARKERS",
     "REQUIRED_COLUMNS",
     "Cell",
     "ReportConfig",
     "ReportResult",
     "SkippedCell",
+    "SweepEstimate",
     "SweepEvent",
     "build_report",
     "check_report_dependencies",
     "collect_results",
+    "estimate_sweep",
     "plan_cells",
     "run_report",
 ]
@@ -1274,8 +1278,8 @@ def _build(
     notes: list[str],
     min_hr: float | None,
 ) -> ReportResult:
-    from securefed.report_html import write_documents
-    from securefed.report_plots import draw_figures
+    from securefed.report.html import write_documents
+    from securefed.report.plots import draw_figures
 
     notes = list(notes)
     frame = collect_results(dirs, notes)
