@@ -1483,19 +1483,48 @@ def read_ledger_file(path: Path) -> PrivacyLedger:
     return ledger
 
 
-def recorded_randomness(path: Path) -> tuple[int, str | None]:
-    """How many releases a run's ledger file records and where their noise and cohorts came
-    from (its head's ``randomness``: ``"os"`` or ``"replay"``; None where the file is
-    missing, unreadable or has no such head, which :func:`read_ledger_file` then judges)."""
+@dataclasses.dataclass(frozen=True)
+class RecordedReleases:
+    """What a run's ledger file says of its releases so far, for a resume's checks: how many,
+    and its head's statement (``randomness``: ``"os"`` or ``"replay"``; ``delta``,
+    ``privacy_unit``, ``secagg``, ``placement``). A field is None where the file is missing,
+    unreadable or has no such head (:func:`read_ledger_file` then judges the file)."""
+
+    count: int = 0
+    randomness: str | None = None
+    delta: float | None = None
+    privacy_unit: str | None = None
+    secagg: bool | None = None
+    placement: str | None = None
+
+
+def recorded_releases(path: Path) -> RecordedReleases:
+    """Read :class:`RecordedReleases` from a run's ledger file; never raises."""
     try:
         raw = json.loads(Path(path).read_text())
         events = raw["events"]
-        summary = raw.get("summary") or {}
+        head = raw.get("summary") or {}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return 0, None
-    kind = summary.get("randomness") if isinstance(summary, dict) else None
-    count = len(events) if isinstance(events, list) else 0
-    return count, kind if kind in ("os", "replay") else None
+        return RecordedReleases()
+    if not isinstance(head, dict):
+        head = {}
+
+    def field(key: str, kinds: tuple[type, ...], allowed: tuple[object, ...] = ()) -> Any:
+        value = head.get(key)
+        if isinstance(value, bool) and bool not in kinds:
+            return None
+        if not isinstance(value, kinds) or (allowed and value not in allowed):
+            return None
+        return value
+
+    return RecordedReleases(
+        count=len(events) if isinstance(events, list) else 0,
+        randomness=field("randomness", (str,), ("os", "replay")),
+        delta=field("delta", (int, float)),
+        privacy_unit=field("privacy_unit", (str,), ("user", "interaction")),
+        secagg=field("secagg", (bool,)),
+        placement=field("placement", (str,), ("central", "distributed", "local")),
+    )
 
 
 def interaction_steps_per_round(config: TrainConfig) -> int:

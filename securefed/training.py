@@ -1273,9 +1273,10 @@ def _check_privacy_kept(run_dir: Path, config: TrainConfig) -> None:
     the ledger, so a replay run's ``config.toml`` edited to ``replay = false`` would print OS
     randomness for releases its seed regenerates (found in review), and the reverse would
     label OS releases as replayed."""
-    from securefed.privacy import recorded_randomness
+    from securefed.privacy import recorded_releases
 
-    count, was = recorded_randomness(run_dir / runs.LEDGER_FILE)
+    recorded = recorded_releases(run_dir / runs.LEDGER_FILE)
+    count, was = recorded.count, recorded.randomness
     if count and not config.privacy.dp:
         raise ConfigError(
             f"{run_dir}'s ledger records {count} differentially private release(s) and its "
@@ -1284,10 +1285,11 @@ def _check_privacy_kept(run_dir: Path, config: TrainConfig) -> None:
             f"only; put epsilon (or noise_multiplier) back under [privacy] in "
             f"{run_dir / runs.CONFIG_FILE}, or start a new run"
         )
-    if not count or was is None or not config.privacy.dp:
+    if not count or not config.privacy.dp:
         return
+    _check_privacy_design_kept(run_dir, config, recorded)
     now = "replay" if config.privacy.replay else "os"
-    if now == was:
+    if was is None or now == was:
         return
     source = {"replay": "the seed (replay)", "os": "the OS"}
     raise ConfigError(
@@ -1295,6 +1297,49 @@ def _check_privacy_kept(run_dir: Path, config: TrainConfig) -> None:
         f"{source[was]}, and its {runs.CONFIG_FILE} now asks for {source[now]}; one run's "
         "releases keep one source (what its summary claims covers all of them): set "
         f"replay = {'true' if was == 'replay' else 'false'} under [privacy] in "
+        f"{run_dir / runs.CONFIG_FILE} again, or start a new run"
+    )
+
+
+def _check_privacy_design_kept(run_dir: Path, config: TrainConfig, recorded: Any) -> None:
+    """A resume keeps the settings its releases so far were made and accounted under: the
+    unit of privacy, delta, secure aggregation and where the noise is added.
+
+    Each edit resumed silently before (found in a walkthrough): a ``delta`` tightened from
+    1e-5 to 1e-7 re-accounted the ledger at 2.49 against a target of 2 and stopped on the
+    budget, the summary's epsilon above its own target with no word why; ``secagg`` switched
+    on mid-run moved every release to the RDP accountant and added ring noise to the rest.
+    Each is a different privacy design, valid for a new run; one run's statement covers one.
+    (``epsilon``, ``rounds`` and ``clip`` remain the documented ways to extend or adjust a
+    run; a statement at another delta is ``securefed account``'s to give.)"""
+    p = config.privacy
+    now: dict[str, Any] = {
+        "privacy_unit": p.privacy_unit,
+        "delta": p.delta,
+        "secagg": p.secagg,
+        "placement": p.placement if p.privacy_unit == "user" else None,
+    }
+    changed = [
+        (key, getattr(recorded, key), value)
+        for key, value in now.items()
+        if value is not None
+        and getattr(recorded, key) is not None
+        and getattr(recorded, key) != value
+    ]
+    if not changed:
+        return
+    key, was, value = changed[0]
+    toml = {"placement": "noise"}.get(key, key)
+
+    def shown(v: Any) -> str:
+        return (
+            str(v).lower() if isinstance(v, bool) else f'"{v}"' if isinstance(v, str) else f"{v:g}"
+        )
+
+    raise ConfigError(
+        f"{run_dir}'s {recorded.count} release(s) so far were made with {toml} = {shown(was)}, "
+        f"and its {runs.CONFIG_FILE} now says {toml} = {shown(value)}; one run's privacy "
+        f"statement covers one design: set {toml} = {shown(was)} under [privacy] in "
         f"{run_dir / runs.CONFIG_FILE} again, or start a new run"
     )
 

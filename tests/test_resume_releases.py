@@ -279,6 +279,52 @@ def test_resume_refuses_to_change_where_the_noise_comes_from(tmp_path, replay):
     assert resumed.summary["rounds"] == 3
 
 
+@pytest.mark.parametrize(
+    ("model", "line", "edited", "restore"),
+    [
+        ("fedals", "delta = 1e-05", "delta = 1e-07", "delta = 1e-05"),
+        ("fedals", "secagg = false", "secagg = true", "secagg = false"),
+        (
+            "fedrap",
+            'privacy_unit = "user"',
+            'privacy_unit = "interaction"',
+            'privacy_unit = "user"',
+        ),
+        (
+            "fedals",
+            "noise_multiplier = 2.0",
+            'noise_multiplier = 2.0\nnoise = "distributed"',
+            'noise = "central"',
+        ),
+    ],
+    ids=["delta", "secagg", "unit", "placement"],
+)
+def test_resume_refuses_to_change_the_privacy_design(tmp_path, model, line, edited, restore):
+    """A ``delta`` tightened in config.toml before a resume re-accounted the ledger above its
+    own target (2.49 for 2) and stopped on the budget without a word why; ``secagg`` switched
+    on mid-run moved every release to another accountant (found in a walkthrough). The unit,
+    delta, secure aggregation and the noise's placement are kept: refused in one line, before
+    anything is written, naming the setting to restore; the run resumes once it is back."""
+    privacy = PrivacyConfig(noise_multiplier=2.0)
+    cfg = TrainConfig(rounds=3, privacy=privacy, **{**SMALL, "model": model})
+    run = tmp_path / "r"
+    with pytest.raises(Stop):
+        train(cfg, out=run, progress=_stop_after(2))
+    config = run / runs.CONFIG_FILE
+    text = config.read_text()
+    assert text.count(line) == 1
+    config.write_text(text.replace(line, edited))
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    with pytest.raises(ConfigError, match="one run's privacy statement covers one design") as err:
+        train(resume=run)
+    assert f"set {restore} under [privacy]" in str(err.value) and "\n" not in str(err.value)
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    res = CliRunner().invoke(app, ["train", "--resume", str(run)])
+    assert res.exit_code == 2 and "covers one design" in res.output
+    config.write_text(text)
+    assert train(resume=run).summary["rounds"] == 3
+
+
 @pytest.mark.parametrize("setting", ["epsilon", "noise_multiplier"])
 def test_resume_refuses_a_dp_run_whose_config_drops_dp(tmp_path, setting):
     """A DP run's config.toml edited to drop its epsilon resumed without DP (found in a
