@@ -20,11 +20,11 @@ from securefed.errors import ConfigError
 from securefed.federation.cohort import CohortSpec
 from securefed.models.registry import (
     DEFAULT_MODEL,
-    check_field_types,
     dataclass_from_table,
     get_spec,
     model_names,
 )
+from securefed.validation import check_field_types
 
 #: Users with fewer interactions are dropped before the split, for every model alike, so that
 #: all models and baselines of a dataset and seed are evaluated on the same users and items.

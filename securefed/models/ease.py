@@ -26,6 +26,7 @@ from securefed.data.types import Split
 from securefed.errors import ConfigError
 from securefed.federation.base import RoundStats
 from securefed.models.registry import ModelSpec
+from securefed.validation import check_field_types
 
 __all__ = ["EASE", "EASEConfig", "SPEC"]
 
@@ -40,6 +41,7 @@ class EASEConfig:
     lam: float = 500.0
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # the checks below assume the types
         if not (isinstance(self.lam, int | float) and math.isfinite(self.lam) and self.lam > 0):
             raise ConfigError(f"lam must be a finite number > 0, got {self.lam!r}")
 

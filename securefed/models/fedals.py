@@ -65,7 +65,7 @@ from securefed.federation.base import (
 )
 from securefed.models.als_math import frequency_reg, normal_equations, solve_rows
 from securefed.models.registry import ModelSpec, ObserverHooks
-from securefed.validation import positive_int
+from securefed.validation import check_field_types, positive_int
 
 __all__ = [
     "LARGE_CATALOGUE",
@@ -239,6 +239,7 @@ class FedALSConfig:
         return self.dim
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # the checks below assume the types
         if self.dim is not None:
             positive_int("dim", self.dim)
         positive_int("private_dim", self.private_dim)

@@ -114,7 +114,7 @@ from securefed.federation.base import (
 from securefed.models.registry import ModelSpec, ObserverHooks, PrivateMode
 from securefed.models.sparse_views import SparseViews, changed_rows
 from securefed.paging import RELEASE_BYTES, PagedTensor
-from securefed.validation import positive_int
+from securefed.validation import check_field_types, positive_int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,6 +140,7 @@ class FedRAPConfig:
     views_dir: str = ""
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # the checks below assume the types
         positive_int("dim", self.dim)
         positive_int("local_epochs", self.local_epochs)
         positive_int("batch_size", self.batch_size)

@@ -91,7 +91,7 @@ from securefed.federation.base import (
 from securefed.federation.cohort import CohortSpec
 from securefed.models.fedrap import example_weights, uniform_negatives
 from securefed.models.registry import ModelSpec, ObserverHooks, PrivateMode
-from securefed.validation import positive_int
+from securefed.validation import check_field_types, positive_int
 
 __all__ = [
     "DPSGDPlan",
@@ -145,6 +145,7 @@ class FedRecGELConfig:
     local_steps: int = 1
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # the checks below assume the types
         for name in ("gmf_dim", "mlp_dim", "num_negatives", "chunk_size"):
             positive_int(name, getattr(self, name))
         layers = tuple(self.layers)

@@ -36,6 +36,7 @@ from securefed.federation.base import (
     block_buffer,
 )
 from securefed.models.registry import ModelSpec, ObserverHooks
+from securefed.validation import check_field_types
 
 __all__ = [
     "DP_MAX_ITEMS",
@@ -70,6 +71,7 @@ class MostPopConfig:
     os_sampling: bool = False
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # the checks below assume the types
         k = self.max_items
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ConfigError(f"max_items must be a positive integer, got {k!r}")
