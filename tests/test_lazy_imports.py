@@ -91,3 +91,14 @@ def test_submodules_are_reachable_after_a_plain_import():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["load_state", "securefed.evaluation", "False"]
+
+
+def test_the_packages_are_marked_typed():
+    """PEP 561: without ``py.typed`` mypy skips securefed's annotations in a user's code
+    (``import-untyped``; found by a library walkthrough) and checks none of their calls."""
+    import tomllib
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for package in ("securefed", "attacks", "protocols"):
+        assert (ROOT / package / "py.typed").is_file(), package
+        assert "py.typed" in data["package-data"][package], package
