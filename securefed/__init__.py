@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from securefed.models.fedrap import FedRAPConfig
     from securefed.models.fedrecgel import FedRecGELConfig
     from securefed.models.registry import get_spec, model_names
+    from securefed.released import ReleasedModel, load_released
     from securefed.report import ReportConfig, run_report
     from securefed.training import TrainResult, train
 
@@ -41,10 +42,12 @@ _LAZY = {
     "FedRAPConfig": "securefed.models.fedrap",
     "FedRecGELConfig": "securefed.models.fedrecgel",
     "PrivacyConfig": "securefed.config",
+    "ReleasedModel": "securefed.released",
     "ReportConfig": "securefed.report",
     "TrainConfig": "securefed.config",
     "TrainResult": "securefed.training",
     "get_spec": "securefed.models.registry",
+    "load_released": "securefed.released",
     "model_names": "securefed.models.registry",
     "run_report": "securefed.report",
     "train": "securefed.training",
@@ -79,11 +82,13 @@ __all__ = [
     "PrivacyBudgetError",
     "PrivacyConfig",
     "ProtocolError",
+    "ReleasedModel",
     "ReportConfig",
     "SecureFedError",
     "TrainConfig",
     "TrainResult",
     "get_spec",
+    "load_released",
     "model_names",
     "run_report",
     "train",

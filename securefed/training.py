@@ -41,7 +41,7 @@ from securefed.federation.aggregation import Aggregator, PlainAggregator
 from securefed.federation.base import Recommender
 from securefed.federation.cohort import round_cohort
 from securefed.models.registry import model_names
-from securefed.prior import PRIOR_FILE, ensure_released, with_prior
+from securefed.prior import PRIOR_FILE, PriorScored, ensure_released, with_prior
 
 #: Every registered model name (``securefed.models.registry``).
 MODELS: tuple[str, ...] = model_names()
@@ -1348,11 +1348,19 @@ def save_released_model(
     run_dir: Path, config: TrainConfig, model: Recommender, round_no: int
 ) -> None:
     """Write a finished run's ``model.pt`` (:func:`released_state` after ``round_no``
-    rounds): in-process runs and the Flower server alike."""
-    runs.save_state(
-        run_dir / runs.MODEL_FILE,
-        {"round": round_no, "model": config.model, "state": released_state(model)},
-    )
+    rounds, and the released popularity counts of a run with the private prior): in-process
+    runs and the Flower server alike. :func:`securefed.released.load_released` reads it."""
+    saved: dict[str, Any] = {
+        "round": round_no,
+        "model": config.model,
+        "state": released_state(model),
+    }
+    prior = getattr(model, "prior", None)
+    if isinstance(model, PriorScored) and prior is not None:
+        # The released counts its scores add: without them model.pt scored below random
+        # scores for a private FedRAP or FedRecGEL (found by a library walkthrough).
+        saved["popularity_prior"] = prior.state_dict()
+    runs.save_state(run_dir / runs.MODEL_FILE, saved)
 
 
 def released_state(model: Recommender) -> dict[str, Any]:
