@@ -507,7 +507,8 @@ def test_empty_cohort_and_bad_participants():
         ({"layers": (256,)}, "layers must be at least two"),
         ({"negatives_from": "test"}, "negatives_from must be"),
         ({"local_steps": 2}, "local_steps must be 1"),
-        ({"chunk_size": True}, "chunk_size must be a positive integer"),
+        ({"chunk_size": True}, "chunk_size must be a whole number, got True"),
+        ({"chunk_size": 0}, "chunk_size must be a positive integer"),
     ],
 )
 def test_config_validation(kwargs, message):
