@@ -14,7 +14,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from securefed.errors import ConfigError
 from securefed.federation.cohort import CohortSpec
@@ -24,7 +24,7 @@ from securefed.models.registry import (
     get_spec,
     model_names,
 )
-from securefed.validation import check_field_types
+from securefed.validation import KeywordSettings, check_field_types
 
 #: Users with fewer interactions are dropped before the split, for every model alike, so that
 #: all models and baselines of a dataset and seed are evaluated on the same users and items.
@@ -41,7 +41,7 @@ MIN_NOISE_MULTIPLIER = 2.0**-500
 
 
 @dataclass(frozen=True, kw_only=True)
-class PrivacyConfig:
+class PrivacyConfig(KeywordSettings):
     """Differential privacy and secure aggregation settings of a run (off by default).
 
     ``epsilon`` alone calibrates the noise multiplier for the configured rounds and sampling;
@@ -271,7 +271,7 @@ class PrivacyConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainConfig:
+class TrainConfig(KeywordSettings):
     """Everything a run needs; written to ``config.toml`` fully resolved.
 
     ``rounds``, the cohort and ``params`` default per model (its registry entry): FedRAP trains
@@ -304,6 +304,11 @@ class TrainConfig:
             the all-user means, with 95 % confidence intervals (``*_ci95`` in the metrics and
             summary); the baselines are ranked on the same users. None: every user.
     """
+
+    settings_hint: ClassVar[str] = (
+        " (a model's own settings go in params=, e.g. params=FedRAPConfig(...); "
+        "securefed.get_spec(model).params is the model's type)"
+    )
 
     model: str = DEFAULT_MODEL
     dataset: str = "synthetic"
@@ -486,6 +491,9 @@ class TrainConfig:
         return int(self.spec.full_eval_every)
 
     def resolved_min_interactions(self) -> int:
+        """The fewest interactions a user needs to be kept (``min_interactions``: every model
+        drops the same users), as :func:`securefed.training.load_split` filters with and
+        ``data.json`` records."""
         return self.min_interactions
 
     def to_dict(self) -> dict[str, Any]:
@@ -511,7 +519,16 @@ class TrainConfig:
         the registry hold a ``[fedrap]`` and a ``[fedrecgel]`` table, and still load). A
         config file a user gives for a new run is refused with one first
         (:func:`refuse_other_model_tables`).
+
+        Raises:
+            ConfigError: ``raw`` is not a mapping, or a key, table or value is not a valid
+                setting (one line naming it).
         """
+        if not isinstance(raw, Mapping):
+            raise ConfigError(
+                f"TrainConfig.from_dict takes a mapping of settings (a dict, as "
+                f"load_config_file reads a TOML file), got {type(raw).__name__}"
+            )
         model = raw.get("model", DEFAULT_MODEL)
         if not isinstance(model, str):
             raise ConfigError(f"model must be a string, got {model!r}")
@@ -643,10 +660,20 @@ def with_private_mode(raw: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         ConfigError: One line: the model has no such mode (a model whose private mode is on
             with every user-level ``epsilon`` needs none), the run cannot take it (no target
-            epsilon, interaction-level DP, distributed noise), or it would change nothing.
+            epsilon, interaction-level DP, distributed noise), it would change nothing, or
+            ``raw`` (or its ``privacy`` table) is not a mapping.
     """
+    if not isinstance(raw, Mapping):
+        raise ConfigError(
+            f"with_private_mode takes a mapping of settings (as TrainConfig.from_dict), got "
+            f"{type(raw).__name__}"
+        )
     out = dict(raw)
-    name = str(out.get("model", DEFAULT_MODEL))
+    name = out.get("model", DEFAULT_MODEL)
+    if not isinstance(name, str):
+        raise ConfigError(f"model must be a string, got {name!r}")
+    if not isinstance(out.get("privacy", {}), Mapping):
+        raise ConfigError("config section [privacy] must be a table")
     spec = get_spec(name)
     mode = spec.private_mode
     if mode is None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
@@ -231,6 +231,12 @@ def evaluate(
 
     Returns:
         The :class:`EvalResult`.
+
+    Raises:
+        ConfigError: ``which``, ``k`` or ``batch_size`` is invalid; ``model`` has no
+            ``score`` (or, with ``full``, no ``score_all``); ``split`` is not a
+            :class:`Split`; or the model was built on a split of other sizes (users x items)
+            than ``split``.
     """
     if which not in ("val", "test"):
         raise ConfigError(f"which must be 'val' or 'test', got {which!r}")
@@ -244,6 +250,34 @@ def evaluate(
         per_user=per_user,
         full_users=full_users,
     )[which]
+
+
+def _check_model_and_split(model: Any, split: Any, *, full: bool) -> None:
+    """One line for a model or split :func:`evaluate_splits` cannot use, before anything is
+    scored: no ``score`` (``score_all`` for full ranking), not a :class:`Split`, or a model
+    built on a split of other sizes than this one (its scores would index users or items it
+    does not have: an IndexError deep inside the model). Compared where the model records
+    its split (``model.split``, as every registered model does)."""
+    needed = ("score", "score_all") if full else ("score",)
+    missing = [name for name in needed if not callable(getattr(model, name, None))]
+    if missing:
+        raise ConfigError(
+            f"evaluate needs a model with {' and '.join(f'{n}()' for n in needed)} (a trained "
+            f"recommender, e.g. train(...).model), got {type(model).__name__} without "
+            f"{missing[0]}()"
+        )
+    if not isinstance(split, Split):
+        raise ConfigError(
+            f"evaluate needs a securefed.data.types.Split (load_split(config) builds one), got "
+            f"{type(split).__name__}"
+        )
+    own = getattr(model, "split", None)
+    if isinstance(own, Split) and (own.n_users, own.n_items) != (split.n_users, split.n_items):
+        raise ConfigError(
+            f"the model was built on {own.n_users} users x {own.n_items} items and the split "
+            f"has {split.n_users} x {split.n_items}: evaluate a model on the split it was "
+            "trained on (train(...).split)"
+        )
 
 
 def evaluate_splits(
@@ -270,6 +304,7 @@ def evaluate_splits(
     for w in which:
         if w not in ("val", "test"):
             raise ConfigError(f"which must be 'val' or 'test', got {w!r}")
+    _check_model_and_split(model, split, full=full)
     _check_k(k)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")

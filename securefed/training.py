@@ -695,6 +695,7 @@ def train(
         PrivacyBudgetError: Never escapes; a run that would overspend stops cleanly and
             records ``stopped`` in its summary.
     """
+    _check_train_arguments(config, split)
     keep_large_buffers()
     started = time.perf_counter()
     lock: runs.RunLock | None = None
@@ -755,6 +756,22 @@ def train(
     finally:
         if where.lock is not None:
             where.lock.release()
+
+
+def _check_train_arguments(config: Any, split: Any) -> None:
+    """:func:`train`'s arguments of the wrong type, in one line each, before anything runs
+    (``train("fedals")`` failed deep inside on ``"fedals".rounds``)."""
+    if config is not None and not isinstance(config, TrainConfig):
+        shown = f" {config!r:.40}" if isinstance(config, str) else ""
+        raise ConfigError(
+            f"train's config must be a TrainConfig, got {type(config).__name__}{shown}; build "
+            'one, e.g. train(TrainConfig(model="fedals", rounds=10))'
+        )
+    if split is not None and not isinstance(split, Split):
+        raise ConfigError(
+            f"train's split must be a securefed.data.types.Split (load_split(config) builds "
+            f"one), got {type(split).__name__}; or pass no split to load the config's dataset"
+        )
 
 
 @dataclass
@@ -1154,6 +1171,7 @@ def plan_run(
     Raises:
         ConfigError, DataError: as :func:`train` would before its first round.
     """
+    _check_train_arguments(config, None)
     config = config or TrainConfig()
     _check_device(config)
     split = load_split(config, download_progress=download_progress)

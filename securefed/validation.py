@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from securefed.errors import ConfigError
 
@@ -100,3 +100,45 @@ def check_field_types(config: Any, *, where: str = "") -> None:
     ``__post_init__`` calls it first, so the Python API gets the same message)."""
     for f in dataclasses.fields(config):
         check_field_type(f, getattr(config, f.name), where=where)
+
+
+class KeywordSettings:
+    """Base of a keyword-only settings dataclass (:class:`~securefed.config.TrainConfig`,
+    :class:`~securefed.config.PrivacyConfig`): an unknown keyword or a positional argument
+    is one :class:`~securefed.errors.ConfigError` naming the settings that exist, before
+    anything is built (Python's own ``TypeError`` names the bad keyword only, and says
+    nothing of the others: ``TrainConfig(epochs=3)``)."""
+
+    __slots__ = ()
+    #: Said after the list of settings (where else a setting may belong).
+    settings_hint: ClassVar[str] = ""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs:
+            check_keywords(cls, args, kwargs)
+        return super().__new__(cls)
+
+
+def check_keywords(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuse positional ``args`` and keywords that are not ``cls``'s init fields.
+
+    Raises:
+        ConfigError: one line naming the class, the bad argument and the settings it has.
+    """
+    import difflib
+
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    if args:
+        raise ConfigError(
+            f"{cls.__name__} takes keyword arguments only ({cls.__name__}({names[0]}=...)), "
+            f"got {len(args)} positional; its settings: {', '.join(names)}"
+        )
+    unknown = [key for key in kwargs if key not in names]
+    if not unknown:
+        return
+    close = difflib.get_close_matches(unknown[0], names, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    raise ConfigError(
+        f"{cls.__name__} has no setting {unknown[0]!r}{hint}; its settings: {', '.join(names)}"
+        + getattr(cls, "settings_hint", "")
+    )

@@ -1,0 +1,99 @@
+"""securefed used as a library (``import securefed``): a mistake through the Python API is
+one clear SecureFedError, and what a run records is what it trained on."""
+
+from __future__ import annotations
+
+import pytest
+
+import securefed
+from securefed import ConfigError, PrivacyConfig, TrainConfig, with_private_mode
+
+
+@pytest.fixture(scope="module")
+def other_split():
+    """A synthetic split of other sizes than ``small_split`` (50 users x 80 items)."""
+    from securefed.data.split import leave_one_out
+    from securefed.data.synthetic import make_synthetic
+
+    data = make_synthetic(n_users=50, n_items=80, seed=3, min_history=6, mean_history=14.0)
+    return leave_one_out(data, seed=3, n_eval_negatives=20)
+
+
+# Raw Python exceptions through the public API -------------------------------------------
+
+
+def test_train_refuses_a_config_that_is_not_a_train_config(tmp_path):
+    with pytest.raises(ConfigError, match=r"config must be a TrainConfig, got str 'fedals'"):
+        securefed.train("fedals", out=tmp_path / "run")  # type: ignore[arg-type]
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_refuses_a_split_that_is_not_a_split(tmp_path):
+    with pytest.raises(ConfigError, match=r"split must be a securefed\.data\.types\.Split.*str"):
+        securefed.train(TrainConfig(rounds=1), split="x", out=tmp_path / "run")  # type: ignore[arg-type]
+    assert not (tmp_path / "run").exists()
+
+
+def test_from_dict_refuses_what_is_not_a_mapping():
+    with pytest.raises(ConfigError, match="takes a mapping of settings.*got list"):
+        TrainConfig.from_dict([("model", "fedals")])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"model": "fedrap", "privacy": None}, r"\[privacy\] must be a table"),
+        ({"model": 3}, "model must be a string, got 3"),
+        (["fedrap"], "takes a mapping of settings.*got list"),
+    ],
+)
+def test_with_private_mode_refuses_what_is_not_a_config_mapping(raw, message):
+    with pytest.raises(ConfigError, match=message):
+        with_private_mode(raw)
+
+
+def test_an_unknown_setting_names_the_settings_that_exist():
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(epochs=3)  # type: ignore[call-arg]
+    text = str(info.value)
+    assert "TrainConfig has no setting 'epochs'" in text
+    assert "rounds" in text and "privacy" in text and "params=" in text
+    assert "\n" not in text
+    with pytest.raises(ConfigError, match=r"no setting 'eps' \(did you mean epsilon\?\)"):
+        PrivacyConfig(eps=2.0)  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match="keyword arguments only"):
+        TrainConfig("fedals")  # type: ignore[misc]
+
+
+def test_the_keyword_check_keeps_copies_and_replace_working():
+    import copy
+    import dataclasses
+    import pickle
+
+    cfg = TrainConfig(rounds=2, privacy=PrivacyConfig(epsilon=1.0))
+    assert copy.deepcopy(cfg) == cfg
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+    assert dataclasses.replace(cfg, rounds=3).rounds == 3
+    with pytest.raises(ConfigError, match="no setting 'epochs'"):
+        dataclasses.replace(cfg, epochs=3)
+
+
+def test_evaluate_refuses_a_split_of_other_sizes_than_the_model(small_split, other_split):
+    from securefed.evaluation import evaluate
+    from securefed.training import build_model
+
+    model = build_model(TrainConfig(model="fedals"), small_split)
+    assert 0.0 <= evaluate(model, small_split, which="test").hr <= 1.0
+    with pytest.raises(ConfigError, match=r"built on 40 users x 60 items and the split has 50 x"):
+        evaluate(model, other_split, which="test")
+
+
+def test_evaluate_refuses_what_is_not_a_model_or_a_split(small_split):
+    from securefed.evaluation import evaluate, evaluate_splits
+    from securefed.training import build_model
+
+    with pytest.raises(ConfigError, match=r"needs a model with score\(\).*got NoneType"):
+        evaluate(None, small_split, which="test")  # type: ignore[arg-type]
+    model = build_model(TrainConfig(model="fedals"), small_split)
+    with pytest.raises(ConfigError, match=r"needs a securefed\.data\.types\.Split .*got str"):
+        evaluate_splits(model, "split")  # type: ignore[arg-type]
