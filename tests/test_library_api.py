@@ -97,3 +97,36 @@ def test_evaluate_refuses_what_is_not_a_model_or_a_split(small_split):
     model = build_model(TrainConfig(model="fedals"), small_split)
     with pytest.raises(ConfigError, match=r"needs a securefed\.data\.types\.Split .*got str"):
         evaluate_splits(model, "split")  # type: ignore[arg-type]
+
+
+# Messages that name what the run itself does ----------------------------------------------
+
+
+def _tiny(**kw):
+    return TrainConfig(synthetic_users=100, synthetic_items=200, **kw)
+
+
+@pytest.mark.parametrize("model", ["fedals", "fedrap"])
+def test_an_unreachable_epsilon_names_the_runs_own_rounds(model):
+    """fedals's population rule calibrates a 4-round reference run first; its failure said
+    "with 4 rounds" to a 1-round run (FedRAP said 1)."""
+    from securefed.training import plan_run
+
+    cfg = _tiny(model=model, rounds=1, privacy=PrivacyConfig(epsilon=1e-6))
+    with pytest.raises(ConfigError, match="with 1 rounds"):
+        plan_run(cfg)
+
+
+def test_the_population_rules_reference_run_is_named_as_such(monkeypatch):
+    """Where only the reference calibration fails, the message says what its rounds are."""
+    from securefed.models import fedals
+    from securefed.training import plan_run
+
+    def unreachable(config, n_users):
+        raise ConfigError("cannot reach epsilon=1.0 ... with 4 rounds ...")
+
+    monkeypatch.setattr(fedals, "population_ratio", unreachable)
+    cfg = _tiny(model="fedals", rounds=1, privacy=PrivacyConfig(epsilon=1.0))
+    with pytest.raises(ConfigError, match="calibrates a reference run of 4 rounds") as info:
+        plan_run(cfg)
+    assert "population=small" in str(info.value)

@@ -516,7 +516,21 @@ def resolve_population(config: Any, split: Split) -> tuple[Any, str | None]:
         return config, dim_note
     population = params.population
     if population is None:
-        ratio = population_ratio(config, split.n_users)
+        try:
+            ratio = population_ratio(config, split.n_users)
+        except ConfigError:
+            # The reference run's rounds are not this run's (found in review: a 1-round run
+            # was told it could not reach its epsilon "with 4 rounds"): the run's own
+            # calibration speaks first, naming its rounds, where it fails too.
+            _noise_multiplier(config, split.n_users, max(int(config.rounds), 1))
+            p = config.privacy
+            raise ConfigError(
+                f"fedals's population rule (its private mode chosen from the data) calibrates "
+                f"a reference run of {LARGE_ROUNDS} rounds, which cannot reach "
+                f"epsilon={p.epsilon!r} at delta={p.delta!r} for {split.n_users} users (the "
+                "noise multiplier would exceed 1e6); raise epsilon, or choose the mode "
+                'yourself: --param population=small (FedALSConfig(population="small"))'
+            ) from None
         population = "large" if ratio >= params.large_above else "small"
         why = (
             f"{split.n_users:,} users / noise multiplier of a {LARGE_ROUNDS}-round run = "
