@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -738,10 +739,9 @@ def _audit(
             imia_iterations=cfg.imia_iterations,
         )
         train_out = out_dir / "run" if run_dir is None else out_dir / "replay"
-        if cfg.keep_recording:
-            record_dir = train_out / "audit" / "record"
-        else:
-            record_dir = Path(tempfile.mkdtemp(dir=out_dir, prefix=_SCRATCH))
+        # Recorded beside the run, never inside it: train() writes a folder of its own (it
+        # refuses one holding other files); a kept recording moves in once the run is done.
+        record_dir = Path(tempfile.mkdtemp(dir=out_dir, prefix=_SCRATCH))
         recorder = AttackRecorder(plan, record_dir)
         started = time.perf_counter()
         result = train(train_cfg, out=train_out, split=split, observer=recorder, progress=progress)
@@ -757,6 +757,10 @@ def _audit(
         union_by_k = dict(recorder.acc.union_by_k)
         targets = list(recorder.acc.targets)
         if cfg.keep_recording:
+            kept = train_out / "audit" / "record"
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(record_dir, kept)  # within out_dir: a rename
+            record_dir = recorder.dir = kept
             bytes_recorded += save_accumulators(recorder, train_out / "audit" / _ACC)
             runs.write_json(
                 train_out / "audit" / _META,

@@ -652,8 +652,9 @@ def train(
         config: The run's configuration (defaults: FedRAP on synthetic data). With
             ``resume`` the run's own ``config.toml`` is what runs: a config that differs from
             it is refused (edit ``config.toml`` to change a setting).
-        out: Run directory to create (default ``runs/<timestamp>-<model>-<dataset>/``); it
-            must not hold another run.
+        out: Run directory to create (default ``runs/<timestamp>-<model>-<dataset>/``): a
+            new or empty folder (one holding anything, a run or other files, is refused:
+            :func:`refuse_foreign_files`).
         resume: An interrupted run directory to continue from its last checkpoint. A run
             that has finished is refused before anything is read (:class:`RunFinished`).
         progress: Called after every round with that round's metrics. A
@@ -682,7 +683,8 @@ def train(
 
     Raises:
         RunFinished: ``resume`` names a run that has finished (a :class:`ConfigError`).
-        ConfigError: Invalid settings, or ``out`` already holds a run, or ``resume`` names a
+        ConfigError: Invalid settings, or ``out`` already holds a run or other files, or
+            ``config`` or ``split`` is not of its type, or ``resume`` names a
             finished run that kept no resume state but whose ``config.toml`` now plans more
             rounds.
         DataError: The dataset is missing or malformed.
@@ -729,7 +731,9 @@ def train(
     else:
         config = config or TrainConfig()
         run_dir = Path(out) if out is not None else default_run_dir(config)
-        _refuse_a_run_in(run_dir)
+        # A folder of its own, as the CLI's --out (found in review: out= a folder holding
+        # notes.txt trained into it, the run's files mixed with someone's).
+        refuse_foreign_files(run_dir)
     _check_device(config)
     check_run_dir_writable(run_dir)  # before the data loads: a bad --out fails in a second
 

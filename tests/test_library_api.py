@@ -130,3 +130,23 @@ def test_the_population_rules_reference_run_is_named_as_such(monkeypatch):
     with pytest.raises(ConfigError, match="calibrates a reference run of 4 rounds") as info:
         plan_run(cfg)
     assert "population=small" in str(info.value)
+
+
+# Run directories ---------------------------------------------------------------------------
+
+
+def test_train_refuses_an_out_folder_holding_other_files(tmp_path):
+    """The CLI refused such a folder; ``train(out=...)`` wrote its run beside the files."""
+    out = tmp_path / "folder"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+    with pytest.raises(ConfigError, match="already holds other files.*folder of its own"):
+        securefed.train(_tiny(model="mostpop"), out=out)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_train_takes_an_empty_out_folder(tmp_path):
+    out = tmp_path / "empty"
+    out.mkdir()
+    result = securefed.train(_tiny(model="mostpop"), out=out)
+    assert (out / "summary.json").exists() and result.run_dir == out
