@@ -284,6 +284,113 @@ def load_split(config: TrainConfig, *, download_progress: Any = None) -> Split:
     return leave_one_out(data, seed=config.seed)
 
 
+def _check_split_matches(config: TrainConfig, split: Split) -> None:
+    """Refuse a split given to :func:`train` that is not the data ``config`` describes, as
+    far as the split records where it came from (``split.report``, ``split.name``): the run
+    records ``config`` in ``config.toml`` and ``summary.json``, and a resume or an
+    ``audit --run`` rebuilds the data from it (found in review: an ML-100K split trained
+    under the default config was recorded as synthetic data).
+
+    Compared: synthetic or not; a synthetic split's seed (``synthetic(seed=N)``), users
+    (kept and dropped) and items against ``seed``, ``synthetic_users`` and
+    ``synthetic_items``; a known dataset's name, and the file ``config`` finds it in
+    (``data_dir`` first) where it finds one on this machine; a path's file; users with
+    fewer interactions than ``min_interactions`` (the config would have dropped them). A
+    split with planted canaries (the audit's: ``null_users`` or ``null_positives``) grew
+    by them: its source and seed alone are compared. Not compared: every interaction (that
+    would load the data again; a resume compares the fingerprint ``data.json`` records).
+
+    Raises:
+        ConfigError: one line naming what differs and the setting to give.
+    """
+    from securefed.data.registry import DATASETS
+
+    report = split.report
+
+    def refuse(differs: str, settings: str) -> ConfigError:
+        return ConfigError(
+            f"{differs}: pass a config that describes the split ({settings}), or no split to "
+            "load the config's data"
+        )
+
+    planted = split.null_users is not None or split.null_positives is not None
+    if config.dataset == "synthetic":
+        if not report.synthetic:
+            raise refuse(
+                f"the split holds {split.name} (read from {report.source}) and the config "
+                "says dataset 'synthetic'",
+                f"dataset={split.name!r} and the data_dir it was read from",
+            )
+        if report.source != f"synthetic(seed={config.seed})":
+            raise refuse(
+                f"the split is {report.source} and the config's seed is {config.seed}",
+                "the seed the split was made with",
+            )
+        users = split.n_users + report.dropped_users
+        items_fit = split.n_items == config.synthetic_items or (
+            report.dropped_users > 0 and split.n_items < config.synthetic_items
+        )
+        if not planted and (users != config.synthetic_users or not items_fit):
+            raise refuse(
+                f"the split has {users} synthetic users and {split.n_items} items and the "
+                f"config says synthetic_users={config.synthetic_users}, synthetic_items="
+                f"{config.synthetic_items}",
+                "the synthetic_users and synthetic_items the split was made with",
+            )
+    elif report.synthetic:
+        raise refuse(
+            f"the split is synthetic data ({report.source}) and the config says dataset "
+            f"{config.dataset!r}",
+            "dataset='synthetic' with the split's seed and sizes",
+        )
+    elif config.dataset in DATASETS:
+        if split.name != config.dataset:
+            raise refuse(
+                f"the split holds {split.name} (read from {report.source}) and the config "
+                f"says dataset {config.dataset!r}",
+                "the dataset and data_dir the split was read from",
+            )
+        found = _local_data_file(config)
+        if found is not None and not _same_path(found, report.source):
+            raise refuse(
+                f"the split was read from {report.source} and this config reads {found}",
+                "the data_dir the split was read from",
+            )
+    else:
+        given = Path(config.dataset).expanduser().resolve()
+        source = Path(report.source).expanduser().resolve()
+        if source != given and given not in source.parents:
+            raise refuse(
+                f"the split was read from {report.source} and the config says dataset "
+                f"{config.dataset!r}",
+                "dataset= the path the split was read from",
+            )
+    if planted or not split.n_users:
+        return
+    fewest = int(np.diff(split.history_indptr).min())
+    needed = config.resolved_min_interactions()
+    if fewest < needed:
+        raise refuse(
+            f"the split keeps users with {fewest} interactions and the config's "
+            f"min_interactions {needed} drops them",
+            f"min_interactions={fewest} or less",
+        )
+
+
+def _local_data_file(config: TrainConfig) -> Path | None:
+    """The file :func:`load_split` reads a known dataset from on this machine (None where it
+    finds none and would download it)."""
+    from securefed.data.registry import DATASETS, _candidates, _find_local
+
+    source = DATASETS[config.dataset]
+    folder = _find_local(source, _candidates(config.data_dir))
+    return None if folder is None else folder / source.files[0]
+
+
+def _same_path(a: str | Path, b: str | Path) -> bool:
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+
+
 def build_model(config: TrainConfig, split: Split) -> Recommender:
     """The configured recommender with its parameters initialised from the run seed."""
     gen = torch_generator(config.seed, "init")
@@ -660,7 +767,12 @@ def train(
         progress: Called after every round with that round's metrics. A
             ``KeyboardInterrupt`` raised from it stops the run between rounds (see Raises).
         download_progress: Passed to the dataset downloader (see ``load_dataset``).
-        split: A pre-built split to train on (skips loading; for notebooks and tests).
+        split: A pre-built split to train on (skips loading; for notebooks and tests). It
+            must be the data ``config`` describes (``dataset``, ``data_dir``, ``seed``, the
+            synthetic sizes, ``min_interactions``), which the run records and a resume
+            rebuilds: a split whose recorded source (``split.report``, ``split.name``)
+            contradicts it is refused, nothing written. Compared as far as the split
+            records it, not interaction by interaction (a resume does that).
         observer: Called after every round with a :class:`RoundView` (attacks, audits).
         on_start: Called once before the first round with a :class:`RunStart` (the data
             summary, the run directory, the rounds a resumed run keeps).
@@ -837,6 +949,8 @@ def _train(
     """The body of :func:`train` once the run directory is known; updates ``where``."""
     if split is None:
         split = load_split(config, download_progress=download_progress)
+    else:
+        _check_split_matches(config, split)
     federated = config.spec.federated
     if observer is not None and not federated:
         raise ConfigError(

@@ -37,3 +37,10 @@ def small_split():
 
     data = make_synthetic(n_users=40, n_items=60, seed=3, min_history=6, mean_history=14.0)
     return leave_one_out(data, seed=3, n_eval_negatives=20)
+
+
+@pytest.fixture(scope="session")
+def small_split_data() -> dict[str, int]:
+    """TrainConfig settings that describe ``small_split`` (``train(config, split=...)``
+    refuses a split its config does not describe)."""
+    return {"seed": 3, "synthetic_users": 40, "synthetic_items": 60}

@@ -59,7 +59,7 @@ def test_state_formula_is_exactly_the_bytes_of_the_state_dict(small_split, model
 
 @pytest.mark.parametrize("gram_items", [None, 9])
 def test_private_fedals_state_formula_is_the_state_its_rounds_build(
-    small_split, tmp_path, gram_items
+    small_split, small_split_data, tmp_path, gram_items
 ):
     """Private fedals's co-occurrence rounds add the sum of their releases (float64, one entry
     per item pair) to the state: the formula is the state the run checkpoints, not the fresh
@@ -79,6 +79,7 @@ def test_private_fedals_state_formula_is_the_state_its_rounds_build(
         rounds=3,
         privacy=PrivacyConfig(noise_multiplier=0.5),
         keep_private_state=True,
+        **small_split_data,
     )
     fresh = build_model(cfg, small_split)
     result = train(cfg, out=tmp_path / "run", split=small_split)
@@ -571,7 +572,9 @@ def test_a_resumed_run_is_not_told_to_use_flags_it_cannot_take(tmp_path):
         check_disk(big, est, run, free=est.checkpoint_bytes - 40)
 
 
-def test_python_callers_get_the_disk_refusal_before_the_model(small_split, tmp_path, monkeypatch):
+def test_python_callers_get_the_disk_refusal_before_the_model(
+    small_split, small_split_data, tmp_path, monkeypatch
+):
     import functools
 
     from securefed.costs import InsufficientDisk, refuse_if_too_large
@@ -581,7 +584,7 @@ def test_python_callers_get_the_disk_refusal_before_the_model(small_split, tmp_p
     run = tmp_path / "run"
     with pytest.raises(InsufficientDisk, match="1.0 kB is free on the file system holding"):
         train(
-            TrainConfig(model="fedals", rounds=1),
+            TrainConfig(model="fedals", rounds=1, **small_split_data),
             out=run,
             split=small_split,
             before_build=functools.partial(refuse_if_too_large, run_dir=run),
@@ -711,14 +714,16 @@ def test_audit_states_its_replay_cost_and_prints_a_line_per_round(tmp_path):
     assert estimate < text.index("audit replay round 1/2") < text.index("audit replay round 2/2")
 
 
-def test_python_callers_get_the_same_refusal_before_the_model(small_split, tmp_path, monkeypatch):
+def test_python_callers_get_the_same_refusal_before_the_model(
+    small_split, small_split_data, tmp_path, monkeypatch
+):
     from securefed.costs import refuse_if_too_large
     from securefed.training import train
 
     monkeypatch.setattr("securefed.costs.available_memory", lambda: 1)
     with pytest.raises(InsufficientMemory, match="1 B is available"):
         train(
-            TrainConfig(model="fedals", rounds=1),
+            TrainConfig(model="fedals", rounds=1, **small_split_data),
             out=tmp_path / "run",
             split=small_split,
             before_build=refuse_if_too_large,

@@ -94,10 +94,10 @@ def test_planting_interaction_canaries(small_split):
         plant_interaction_canaries(small_split, small_split.n_users + 1, numpy_generator(0, "t"))
 
 
-def test_null_examples_are_refused_outside_dp_sgd(small_split, tmp_path):
+def test_null_examples_are_refused_outside_dp_sgd(small_split, small_split_data, tmp_path):
     planted, _ = plant_interaction_canaries(small_split, 4, numpy_generator(0, "t"))
     with pytest.raises(ConfigError, match="only DP-SGD"):
-        train(TrainConfig(rounds=1), out=tmp_path / "r", split=planted)
+        train(TrainConfig(rounds=1, **small_split_data), out=tmp_path / "r", split=planted)
 
 
 def _audit(tmp_path, name, train_args, audit_args=()):

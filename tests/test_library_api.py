@@ -150,3 +150,64 @@ def test_train_takes_an_empty_out_folder(tmp_path):
     out.mkdir()
     result = securefed.train(_tiny(model="mostpop"), out=out)
     assert (out / "summary.json").exists() and result.run_dir == out
+
+
+# A split given to train must be the config's data -------------------------------------
+
+
+def test_train_refuses_a_split_of_another_dataset_than_the_config(shared_data, tmp_path):
+    """An ML-100K split under the default config trained and was recorded as synthetic data
+    (config.toml and summary.json), which a resume would then rebuild."""
+    from securefed.training import load_split
+
+    ml = load_split(TrainConfig(dataset="ml-100k", data_dir=str(shared_data)))
+    with pytest.raises(ConfigError, match=r"holds ml-100k .* says dataset 'synthetic'"):
+        securefed.train(TrainConfig(rounds=1), split=ml, out=tmp_path / "a")
+    with pytest.raises(ConfigError, match="min_interactions 30 drops them"):
+        securefed.train(
+            TrainConfig(
+                rounds=1, dataset="ml-100k", data_dir=str(shared_data), min_interactions=30
+            ),
+            split=ml,
+            out=tmp_path / "b",
+        )
+    synthetic = load_split(_tiny())
+    with pytest.raises(ConfigError, match="is synthetic data .* says dataset 'ml-100k'"):
+        securefed.train(
+            TrainConfig(rounds=1, dataset="ml-100k", data_dir=str(shared_data)),
+            split=synthetic,
+            out=tmp_path / "c",
+        )
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"synthetic_users": 80}, "100 synthetic users and 200 items .* synthetic_users=80"),
+        ({"synthetic_items": 150}, "synthetic_items=150"),
+        ({"seed": 1}, r"synthetic\(seed=0\) and the config's seed is 1"),
+    ],
+)
+def test_train_refuses_a_synthetic_split_the_config_does_not_make(tmp_path, settings, message):
+    """A 300 x 400 synthetic split under a 200 x 250 config was recorded as 200 x 250."""
+    from securefed.training import load_split
+
+    split = load_split(_tiny())
+    cfg = TrainConfig(
+        model="mostpop", **{"synthetic_users": 100, "synthetic_items": 200, **settings}
+    )
+    with pytest.raises(ConfigError, match=message):
+        securefed.train(cfg, split=split, out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_records_the_split_its_config_describes(tmp_path):
+    from securefed.config import load_config_file
+    from securefed.training import load_split
+
+    cfg = _tiny(model="mostpop", seed=2)
+    result = securefed.train(cfg, split=load_split(cfg), out=tmp_path / "run")
+    assert result.summary["dataset"] == "synthetic"
+    recorded = TrainConfig.from_dict(load_config_file(tmp_path / "run" / "config.toml"))
+    assert (recorded.synthetic_users, recorded.synthetic_items, recorded.seed) == (100, 200, 2)
