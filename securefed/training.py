@@ -61,6 +61,7 @@ class RoundRecord:
 
     @property
     def round(self) -> int:
+        """The round this line is about, 1-based (``values["round"]``)."""
         return int(self.values["round"])
 
 
@@ -756,9 +757,15 @@ def train(
     the first round's is warned about once (``RoundRecord.warning``, ``summary["warnings"]``).
 
     Args:
-        config: The run's configuration (defaults: FedRAP on synthetic data). With
-            ``resume`` the run's own ``config.toml`` is what runs: a config that differs from
-            it is refused (edit ``config.toml`` to change a setting).
+        config: The run's configuration (default ``TrainConfig()``: fedals on synthetic
+            data). With ``resume`` the run's own ``config.toml`` is what runs, and a config
+            given must agree with it: one whose model, seed, dataset, ``data_dir``,
+            synthetic sizes, ``min_interactions``, cohort, evaluation or checkpoint cadence,
+            ``device``, ``keep_private_state``, DP on or off, or any privacy setting it gives
+            (not None) differs from the run's is refused, and so is one that sets
+            ``rounds``, ``select_on`` or a model setting to other than the model's default
+            and the run's (the run may settle those on its data; a default there is not
+            compared). Pass no config, or edit ``config.toml`` to change a setting.
         out: Run directory to create (default ``runs/<timestamp>-<model>-<dataset>/``): a
             new or empty folder (one holding anything, a run or other files, is refused:
             :func:`refuse_foreign_files`).
@@ -1345,17 +1352,66 @@ def restore_checkpoint(
 
 
 def _differing_settings(given: TrainConfig, recorded: TrainConfig) -> list[str]:
-    """The settings of ``given`` that a resume of the run ``recorded`` would not apply: its
-    model, seed, whether it is a DP run, and every privacy setting it gives (not None).
-    Model settings, rounds and the data's path are left out: the run settles them before
-    ``config.toml`` records them (fedals's dimension and population rule, FedRAP's storage of
-    its views, a relative path made absolute), so the config a run was started with differs
-    there from its own record (found in review); the data itself is checked on resume."""
+    """The settings of ``given`` that a resume of the run ``recorded`` (its ``config.toml``)
+    would not apply, one phrase each.
+
+    Compared as they stand: the model, seed, dataset and ``data_dir`` (a path that exists
+    compared as resolved: the CLI records them absolute), the synthetic sizes of a synthetic
+    run, ``min_interactions``, the cohort (``client_fraction``, ``clients_per_round``), the
+    evaluation and checkpoint cadence (``eval_every``, ``full_eval_every``, ``eval_users``,
+    ``checkpoint_every``), ``device``, ``keep_private_state``, whether it is a DP run, and
+    every privacy setting ``given`` gives (not None). Compared only where ``given`` sets them
+    (not the model's default, which the run may settle on its data before ``config.toml``
+    records it): ``rounds`` (fedals's large mode raises its default), ``select_on``
+    (fedals's private mode picks the last round) and each model setting (fedals's dimension
+    and population rule, FedRAP's storage of its views); found in review, the config a run
+    was started with differs there from its own record. The data itself is compared on
+    resume (``data.json``'s fingerprint)."""
     out = [
         f"{key} {getattr(given, key)!r}, the run's {getattr(recorded, key)!r}"
-        for key in ("model", "seed")
+        for key in (
+            "model",
+            "seed",
+            "client_fraction",
+            "clients_per_round",
+            "eval_every",
+            "full_eval_every",
+            "eval_users",
+            "checkpoint_every",
+            "device",
+            "keep_private_state",
+        )
         if getattr(given, key) != getattr(recorded, key)
     ]
+    if _as_path(given.dataset) != _as_path(recorded.dataset):
+        out.append(f"dataset {given.dataset!r}, the run's {recorded.dataset!r}")
+    elif given.dataset == "synthetic":
+        out += [
+            f"{key} {getattr(given, key)!r}, the run's {getattr(recorded, key)!r}"
+            for key in ("synthetic_users", "synthetic_items")
+            if getattr(given, key) != getattr(recorded, key)
+        ]
+    if _as_path(given.data_dir) != _as_path(recorded.data_dir):
+        out.append(f"data_dir {given.data_dir!r}, the run's {recorded.data_dir!r}")
+    if given.resolved_min_interactions() != recorded.resolved_min_interactions():
+        out.append(
+            f"min_interactions {given.resolved_min_interactions()!r}, the run's "
+            f"{recorded.resolved_min_interactions()!r}"
+        )
+    if given.model == recorded.model:
+        default = TrainConfig(model=given.model, privacy=given.privacy)
+        for key in ("rounds", "select_on"):
+            value = getattr(given, key)
+            if value != getattr(default, key) and value != getattr(recorded, key):
+                out.append(f"{key} {value!r}, the run's {getattr(recorded, key)!r}")
+        mine = _plain(dataclasses.asdict(given.params))
+        defaults = _plain(dataclasses.asdict(default.params))
+        theirs = _plain(dataclasses.asdict(recorded.params))
+        out += [
+            f"{given.model} {key} {value!r}, the run's {theirs.get(key)!r}"
+            for key, value in mine.items()
+            if value != defaults.get(key) and value != theirs.get(key)
+        ]
     if given.privacy.dp != recorded.privacy.dp:
         out.append(f"DP {given.privacy.dp}, the run's {recorded.privacy.dp}")
     mine = dataclasses.asdict(given.privacy)
@@ -1366,6 +1422,21 @@ def _differing_settings(given: TrainConfig, recorded: TrainConfig) -> list[str]:
         if value is not None and value != theirs.get(key)
     ]
     return out
+
+
+def _as_path(value: str | None) -> str | None:
+    """A dataset or data folder as compared on resume: an existing path resolved (a known
+    dataset's name, or a path that is not there, as written)."""
+    from securefed.data.registry import KNOWN_DATASETS
+
+    if value is None or value in KNOWN_DATASETS or not Path(value).expanduser().exists():
+        return value
+    return str(Path(value).expanduser().resolve())
+
+
+def _plain(values: dict[str, Any]) -> dict[str, Any]:
+    """Settings as a TOML file gives them back (tuples as lists)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
 
 
 def check_resume(run_dir: Path) -> TrainConfig:

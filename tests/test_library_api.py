@@ -106,6 +106,11 @@ def _tiny(**kw):
     return TrainConfig(synthetic_users=100, synthetic_items=200, **kw)
 
 
+def _tiny_settings():
+    """The resume tests' run: ``_tiny``'s data, a checkpoint every round."""
+    return {"synthetic_users": 100, "synthetic_items": 200, "checkpoint_every": 1}
+
+
 @pytest.mark.parametrize("model", ["fedals", "fedrap"])
 def test_an_unreachable_epsilon_names_the_runs_own_rounds(model):
     """fedals's population rule calibrates a 4-round reference run first; its failure said
@@ -211,3 +216,63 @@ def test_train_records_the_split_its_config_describes(tmp_path):
     assert result.summary["dataset"] == "synthetic"
     recorded = TrainConfig.from_dict(load_config_file(tmp_path / "run" / "config.toml"))
     assert (recorded.synthetic_users, recorded.synthetic_items, recorded.seed) == (100, 200, 2)
+
+
+# Resume with a config: what is compared ------------------------------------------------
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """A 3-round fedals run on 100 x 200 synthetic data, stopped after round 1 (its
+    checkpoint kept), and the config it was started with."""
+    cfg = TrainConfig(model="fedals", rounds=3, **_tiny_settings())
+
+    def stop(record):
+        if record.round == 1:
+            raise _Stop
+
+    run = tmp_path_factory.mktemp("resume") / "run"
+    with pytest.raises(_Stop):
+        securefed.train(cfg, out=run, progress=stop)
+    return run, cfg
+
+
+@pytest.mark.parametrize(
+    ("settings", "phrases"),
+    [
+        (
+            {"rounds": 8, "dataset": "ml-100k", "data_dir": "/nowhere/data"},
+            ["rounds 8, the run's 3", "dataset 'ml-100k', the run's 'synthetic'", "data_dir"],
+        ),
+        ({"synthetic_users": 300}, ["synthetic_users 300, the run's 100"]),
+        ({"min_interactions": 6}, ["min_interactions 6, the run's 5"]),
+        ({"eval_every": 2}, ["eval_every 2, the run's 1"]),
+        ({"client_fraction": 0.5}, ["client_fraction 0.5, the run's None"]),
+    ],
+)
+def test_resume_refuses_a_config_whose_data_or_rounds_differ(stopped_run, settings, phrases):
+    """Only the model, seed, DP and the privacy settings given were compared: rounds=8 and
+    another dataset resumed the 3-round synthetic run silently."""
+    run, cfg = stopped_run
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in run.iterdir())
+    given = TrainConfig(**{**_tiny_settings(), "model": "fedals", "rounds": 3, **settings})
+    with pytest.raises(ConfigError, match="the config given differs from it") as info:
+        securefed.train(given, resume=run)
+    for phrase in phrases:
+        assert phrase in str(info.value)
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in run.iterdir()) == before
+
+
+def test_resume_takes_the_config_it_was_started_with(stopped_run):
+    """The comparison leaves out what the run settles on its data (fedals's dimension: None
+    given, recorded as chosen) and a model default it would replace."""
+    from securefed.config import load_config_file
+
+    run, cfg = stopped_run
+    recorded = TrainConfig.from_dict(load_config_file(run / "config.toml"))
+    assert cfg.params.dim is None and recorded.params.dim is not None
+    assert securefed.train(cfg, resume=run).summary["rounds"] == 3
