@@ -136,6 +136,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically, as :func:`atomic_write_bytes`: readers
+    see the old or the new file, never a mix; the folder is created if missing."""
     atomic_write_bytes(path, text.encode())
 
 
@@ -254,6 +256,9 @@ def read_metrics(run_dir: Path, *, upto_round: int | None = None) -> list[dict[s
 
 
 def rewrite_metrics(run_dir: Path, records: list[dict[str, Any]]) -> None:
+    """Replace the run's ``metrics.jsonl`` with ``records``, one line each as
+    :func:`append_metrics` writes them, atomically (a resume cuts it back to the rounds its
+    checkpoint keeps; the selected round gains its full-ranking metrics)."""
     text = "".join(_metrics_line(r) for r in records)
     atomic_write_text(run_dir / METRICS_FILE, text)
 
@@ -332,7 +337,12 @@ def load_state(path: str | Path) -> dict[str, Any] | None:
     crafted file cannot run code. Nothing is written, so a refused file leaves the run
     directory as it was.
 
+    Returns:
+        The mapping, or None when nothing exists at ``path`` (a run that has not written
+        that file: no error).
+
     Raises:
+        ConfigError: ``path`` is a folder (a run directory given for one of its files).
         IntegrityError: one line naming the file when it is empty, truncated, corrupt, not a
             torch checkpoint, holds objects other than tensors and plain values (e.g. a
             pickle crafted to run code, or a checkpoint from before securefed saved data
@@ -403,6 +413,13 @@ def finished(run_dir: Path, rounds: int) -> dict[str, Any] | None:
 
 
 def save_checkpoint(run_dir: Path, state: Mapping[str, Any]) -> None:
+    """Write the run's resume checkpoint (``checkpoint.pt``) with :func:`save_state`:
+    atomically, tensors and plain values only; :func:`load_checkpoint` reads it back.
+
+    Raises:
+        TypeError: ``state`` holds an object ``torch.load(weights_only=True)`` refuses
+            (the previous checkpoint is then kept).
+    """
     save_state(run_dir / CHECKPOINT_FILE, state)
 
 
