@@ -803,9 +803,10 @@ def train(
     Raises:
         RunFinished: ``resume`` names a run that has finished (a :class:`ConfigError`).
         ConfigError: Invalid settings, or ``out`` already holds a run or other files, or
-            ``config`` or ``split`` is not of its type, or ``resume`` names a
-            finished run that kept no resume state but whose ``config.toml`` now plans more
-            rounds.
+            ``config`` or ``split`` is not of its type, or ``split`` is not the data
+            ``config`` describes, or ``config`` differs from a resumed run's, or ``resume``
+            names a finished run that kept no resume state but whose ``config.toml`` now
+            plans more rounds.
         DataError: The dataset is missing or malformed.
         RunInterrupted: Ctrl-C once the run directory exists. An interrupt between rounds
             (from ``progress``) writes a checkpoint of the last completed round when it is
