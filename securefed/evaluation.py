@@ -122,7 +122,9 @@ def eval_users_note(size: int | None, n_users: int) -> str | None:
     ``n_users`` users of the loaded data (:func:`eval_user_sample` then ranks every user, as
     without it); None where it samples or is not given. The population is known only once the
     data is loaded, and a config may be reused across datasets, so this is a note rather than
-    a refusal (found in a walkthrough: ``--eval-users 5000`` on 395 users said nothing)."""
+    a refusal (found in a walkthrough: ``--eval-users 5000`` on 395 users said nothing). A new
+    run's :class:`~securefed.training.RunStart` and :class:`~securefed.training.RunPlan` carry
+    it among their ``notes``."""
     if size is None or size < n_users:
         return None
     return (

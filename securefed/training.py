@@ -36,7 +36,7 @@ from securefed.data.split import leave_one_out
 from securefed.data.synthetic import make_synthetic
 from securefed.data.types import LoadReport, Split
 from securefed.errors import ConfigError, DataError, IntegrityError, PrivacyBudgetError
-from securefed.evaluation import eval_user_sample, evaluate_splits
+from securefed.evaluation import eval_user_sample, eval_users_note, evaluate_splits
 from securefed.federation.aggregation import Aggregator, PlainAggregator
 from securefed.federation.base import Recommender
 from securefed.federation.cohort import round_cohort
@@ -75,8 +75,9 @@ class RunStart:
     ``start_round`` is the number of rounds a resumed run keeps (0 for a new run).
     ``model`` is the built recommender (to size its state; read only).
     ``notes`` are settings the model chose from the loaded data (``config.toml`` records
-    them) and, for a model run at a target epsilon without the private mode it has, what DP
-    alone has measured and the mode's flags (one line each; a new run only).
+    them), for a model run at a target epsilon without the private mode it has, what DP
+    alone has measured and the mode's flags, and an ``eval_users`` sample that would hold
+    every user (:func:`securefed.evaluation.eval_users_note`) (one line each; a new run only).
     """
 
     run_dir: Path
@@ -1239,6 +1240,8 @@ def _setup(
         config, note = resolve_for_data(config, split)
         notes = (note,) if note else ()
     if not resume and (note := _private_mode_note(config)) is not None:
+        notes = (*notes, note)
+    if not resume and (note := eval_users_note(config.eval_users, split.n_users)) is not None:
         notes = (*notes, note)
     if split.null_positives is not None and not config.privacy.interaction_dp:
         raise ConfigError(

@@ -101,3 +101,29 @@ def test_an_eval_users_sample_of_the_whole_population_is_said_once(tmp_path):
     assert "full_eval_users" not in summary  # what the note says: everyone was ranked
     sampled = CliRunner().invoke(app, [*args, "--eval-users", "199", "--dry-run"])
     assert sampled.exit_code == 0 and "is not below" not in sampled.output, sampled.output
+
+
+def test_the_python_api_gets_the_whole_population_note_too(tmp_path):
+    """The note above was printed by the CLI only: a library user's ``RunStart.notes`` and
+    ``plan_run(...).notes`` lacked it. It is one of a new run's notes now (the CLI prints
+    the notes, once: the test above); a resume's are empty (said when the run started)."""
+    from securefed.training import RunInterrupted, plan_run
+
+    note = "eval_users 5,000 is not below the 200 users of the data"
+    whole = TrainConfig(eval_users=5000, **{**SMALL, "checkpoint_every": 1})
+    assert [n for n in plan_run(whole).notes if n.startswith(note)] == [
+        "eval_users 5,000 is not below the 200 users of the data: every user is ranked in "
+        "full, as without it (no sample, no confidence intervals)"
+    ]
+    starts = []
+
+    def stop(record):
+        raise KeyboardInterrupt
+
+    with pytest.raises(RunInterrupted):
+        train(whole, out=tmp_path / "r", on_start=starts.append, progress=stop)
+    assert sum(n.startswith(note) for n in starts[0].notes) == 1
+    train(resume=tmp_path / "r", on_start=starts.append)
+    assert starts[1].resumed and starts[1].notes == ()
+    sampled = TrainConfig(eval_users=199, **SMALL)
+    assert not any("eval_users" in n for n in plan_run(sampled).notes)

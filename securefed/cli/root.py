@@ -448,16 +448,13 @@ def _dry_run(cfg: Any, target: Path | None = None) -> None:
     settles (data, the model's choices, cost estimate, noise), on stderr and stdout."""
     from securefed.cli.costs import RunCosts
     from securefed.costs import plural
-    from securefed.evaluation import eval_users_note
     from securefed.training import plan_run
 
     display = _RoundDisplay(plain=True)
     costs = RunCosts(display._line, target=target)
     costs.check_before_load(cfg)
     plan = plan_run(cfg, before_build=costs.before_build, download_progress=display.download)
-    eval_users = eval_users_note(plan.config.eval_users, plan.data["users"])
-    notes = (*plan.notes, *([eval_users] if eval_users else []))
-    for line in (*data_summary(plan.data), *notes, *costs.plan_lines(plan.model)):
+    for line in (*data_summary(plan.data), *plan.notes, *costs.plan_lines(plan.model)):
         display._line(line)
     for line in privacy_plan_lines(plan):
         out.print(line, highlight=False, soft_wrap=True)
@@ -590,7 +587,6 @@ def _run_with_progress(
     which is not a refused command (exit 2).
     """
     from securefed.cli.costs import RunCosts
-    from securefed.evaluation import eval_users_note
 
     display = _RoundDisplay(plain=not err.is_terminal)
     stop = _StopAfterRound()
@@ -599,9 +595,7 @@ def _run_with_progress(
         costs.check_before_load(cfg)  # synthetic data: refused before it is generated
 
     def on_start(start: RunStart) -> None:
-        display.start(start)
-        if cfg is not None and (note := eval_users_note(cfg.eval_users, start.data["users"])):
-            display._line(note)  # a new run's (a resume said it when the run started)
+        display.start(start)  # its notes: a new run's (a resume said them when it started)
         costs.start(start)
         stop.rounds_running = True
 
