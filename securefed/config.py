@@ -303,6 +303,11 @@ class TrainConfig(KeywordSettings):
             large population for some models. The full-ranking metrics are then estimates of
             the all-user means, with 95 % confidence intervals (``*_ci95`` in the metrics and
             summary); the baselines are ranked on the same users. None: every user.
+        eval_negatives: Negatives the sampled evaluation ranks each held-out item against
+            (``leave_one_out(n_eval_negatives=...)``): 99, the papers' protocol, by default;
+            at least 10 (with fewer, the sampled HR@10 is 1 whatever the model). A catalogue
+            where some user has fewer than 99 items left to draw from needs fewer. Results
+            are comparable only at one value; the run's summary says which where not 99.
     """
 
     settings_hint: ClassVar[str] = (
@@ -324,6 +329,7 @@ class TrainConfig(KeywordSettings):
     keep_private_state: bool = False
     select_on: str | None = None
     eval_users: int | None = None
+    eval_negatives: int = 99  # securefed.data.split.DEFAULT_EVAL_NEGATIVES
     min_interactions: int = DEFAULT_MIN_INTERACTIONS
     synthetic_users: int = 3000
     synthetic_items: int = 1682
@@ -378,6 +384,7 @@ class TrainConfig(KeywordSettings):
                 f"eval users must be an integer >= 2 (users ranked in full), got "
                 f"{self.eval_users!r}"
             )
+        self._check_data()
         if not 0 <= self.seed < 2**128:  # protocols.seeding hashes the root seed as 16 bytes
             raise ConfigError(f"seed must be an integer in [0, 2**128), got {self.seed!r}")
         if self.client_fraction is not None and self.clients_per_round is not None:
@@ -400,6 +407,18 @@ class TrainConfig(KeywordSettings):
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"device must be cpu or cuda, got {self.device!r}")
         self._check_defenses(spec)
+
+    def _check_data(self) -> None:
+        """``eval_negatives``."""
+        from securefed.data.split import MIN_EVAL_NEGATIVES
+
+        n = self.eval_negatives
+        if isinstance(n, bool) or not isinstance(n, int) or n < MIN_EVAL_NEGATIVES:
+            raise ConfigError(
+                f"eval negatives must be an integer >= {MIN_EVAL_NEGATIVES} (with fewer, every "
+                f"held-out item is in the sampled top 10: HR@10 would be 1 whatever the "
+                f"model), got {n!r}"
+            )
 
     def _check_defenses(self, spec: Any) -> None:
         p = self.privacy

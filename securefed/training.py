@@ -32,7 +32,7 @@ from securefed import paging, runs
 from securefed.allocator import keep_large_buffers
 from securefed.config import PrivacyConfig, TrainConfig, load_config_file
 from securefed.data.registry import load_dataset
-from securefed.data.split import leave_one_out
+from securefed.data.split import DEFAULT_EVAL_NEGATIVES, leave_one_out
 from securefed.data.synthetic import make_synthetic
 from securefed.data.types import LoadReport, Split
 from securefed.errors import ConfigError, DataError, IntegrityError, PrivacyBudgetError
@@ -259,7 +259,8 @@ class RoundObserver(Protocol):
 
 
 def load_split(config: TrainConfig, *, download_progress: Any = None) -> Split:
-    """Load the configured dataset and split it (leave-one-out, 99 sampled negatives)."""
+    """Load the configured dataset and split it (leave-one-out, ``eval_negatives`` sampled
+    negatives: 99 by default)."""
     min_inter = config.resolved_min_interactions()
     if config.dataset == "synthetic":
         from securefed.data.loaders import filter_min_interactions
@@ -283,7 +284,7 @@ def load_split(config: TrainConfig, *, download_progress: Any = None) -> Split:
             seed=config.seed,
             progress=download_progress,
         )
-    return leave_one_out(data, seed=config.seed)
+    return leave_one_out(data, seed=config.seed, n_eval_negatives=config.eval_negatives)
 
 
 def _check_split_matches(config: TrainConfig, split: Split) -> None:
@@ -565,6 +566,8 @@ def _summary(
         ),
         "select_on": config.select_on or "sampled",
     }
+    if config.eval_negatives != DEFAULT_EVAL_NEGATIVES:  # the sampled metrics' protocol
+        summary["eval_negatives"] = config.eval_negatives
     best = _selected_round(metrics, config)
     if best is not None:
         summary["selected_round"] = best["round"]

@@ -169,8 +169,18 @@ def test_split_rejects_short_users_duplicates_and_bad_sizes() -> None:
     with pytest.raises(DataError, match="duplicate"):
         leave_one_out(dup, seed=0)
     ok = make_interactions([(0, 0), (0, 1), (0, 2)], 10)
-    with pytest.raises(DataError, match="fewer than the 8 negatives.*--synthetic-items 11"):
+    # 7 items left: fewer than a run's least (10); --synthetic-items is no fix for a file.
+    with pytest.raises(DataError, match="fewer than the 8 negatives") as caught:
         leave_one_out(ok, seed=0, n_eval_negatives=8)
+    assert str(caught.value).endswith(
+        "a run draws at least 10 (--eval-negatives): use a dataset with more items"
+    )
+    rows = [(0, i) for i in range(30)] + [(1, 0), (1, 1), (1, 2)]
+    with pytest.raises(DataError, match="draw 20 or fewer \\(--eval-negatives 20; eval_neg"):
+        leave_one_out(make_interactions(rows, 50), seed=0, n_eval_negatives=21)
+    synthetic = make_synthetic(n_users=20, n_items=60, seed=0)
+    with pytest.raises(DataError, match="more items \\(--synthetic-items \\d+ or more\\)"):
+        leave_one_out(synthetic, seed=0)
     with pytest.raises(ConfigError, match="non-negative"):
         leave_one_out(ok, seed=0, n_eval_negatives=-1)
     assert sorted(leave_one_out(ok, seed=0, n_eval_negatives=7).test_negatives[0]) == list(

@@ -29,6 +29,13 @@ SyntheticItems = Annotated[int | None, typer.Option(help="Items of the synthetic
 DatasetName = Annotated[
     str, typer.Option(help="synthetic, ml-100k, ml-1m, filmtrust, or a file path.")
 ]
+EvalNegatives = Annotated[
+    int | None,
+    typer.Option(
+        help="Sampled negatives per held-out item in evaluation (default 99; at least 10): "
+        "fewer for a catalogue too small to draw 99 items a user has not seen."
+    ),
+]
 LocalEpochs = Annotated[int | None, typer.Option(help="FedRAP local epochs per round.")]
 #: Model names come from the registry, listed without importing any model code.
 MODEL_HELP = f"One of {', '.join(model_names())} (docs/models.md)."
@@ -196,9 +203,11 @@ def _print_summary(result: Any) -> None:
         refs.append(("dp_mostpop", f"DP-MostPop eps {s['baseline_dp_mostpop_epsilon']:.3g}"))
     for _, title in refs:
         table.add_column(f"test, {title}", justify="right", style="dim")
+    # Sampled among the papers' 99 negatives, unless the run drew another number.
+    sampled = f"sampled, {s['eval_negatives']} negatives" if s.get("eval_negatives") else "sampled"
     for label_, key in (
-        ("HR@10 (sampled)", "hr@10"),
-        ("NDCG@10 (sampled)", "ndcg@10"),
+        (f"HR@10 ({sampled})", "hr@10"),
+        (f"NDCG@10 ({sampled})", "ndcg@10"),
         ("HR@10 (full ranking)", "full_hr@10"),
         ("NDCG@10 (full ranking)", "full_ndcg@10"),
     ):

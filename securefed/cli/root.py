@@ -35,6 +35,7 @@ from securefed.cli.common import (
     EXIT_RUN_FAILED,
     MODEL_HELP,
     Delta,
+    EvalNegatives,
     LocalEpochs,
     OneLineErrors,
     SyntheticItems,
@@ -192,6 +193,7 @@ def train(
             "populations); full-ranking metrics then come with 95% confidence intervals."
         ),
     ] = None,
+    eval_negatives: EvalNegatives = None,
     select_on: Annotated[
         str | None,
         typer.Option(
@@ -367,6 +369,7 @@ def train(
                 eval_every=eval_every,
                 full_eval_every=full_eval_every,
                 eval_users=eval_users,
+                eval_negatives=eval_negatives,
                 select_on=select_on,
                 synthetic_users=synthetic_users,
                 synthetic_items=synthetic_items,

@@ -23,7 +23,13 @@ from protocols.seeding import keyed_uniforms, numpy_generator
 from securefed.data.types import Interactions, Split
 from securefed.errors import ConfigError, DataError
 
-__all__ = ["complement_items", "leave_one_out"]
+__all__ = ["DEFAULT_EVAL_NEGATIVES", "MIN_EVAL_NEGATIVES", "complement_items", "leave_one_out"]
+
+#: Sampled negatives per held-out item, the papers' protocol (``TrainConfig.eval_negatives``).
+DEFAULT_EVAL_NEGATIVES = 99
+#: The fewest a run draws: with fewer than 10, every held-out item is in the top 10 of its
+#: sampled ranking and the sampled HR@10 is 1 whatever the model.
+MIN_EVAL_NEGATIVES = 10
 
 
 def _csr(users: np.ndarray, items: np.ndarray, n_users: int) -> tuple[np.ndarray, np.ndarray]:
@@ -75,7 +81,9 @@ def _sample_distinct(rng: np.random.Generator, sizes: np.ndarray, k: int) -> np.
     return out
 
 
-def leave_one_out(data: Interactions, *, seed: int, n_eval_negatives: int = 99) -> Split:
+def leave_one_out(
+    data: Interactions, *, seed: int, n_eval_negatives: int = DEFAULT_EVAL_NEGATIVES
+) -> Split:
     """Split interactions leave-one-out and draw the sampled evaluation negatives.
 
     Args:
@@ -140,12 +148,21 @@ def leave_one_out(data: Interactions, *, seed: int, n_eval_negatives: int = 99) 
     free = n_items - counts
     if n_eval_negatives and (free < n_eval_negatives).any():
         worst = int(free.min())
-        need = n_items - worst + n_eval_negatives
+        more = "use a dataset with more items" + (
+            f" (--synthetic-items {n_items - worst + n_eval_negatives} or more)"
+            if data.report.synthetic
+            else ""
+        )
+        fewer = (
+            f"draw {worst} or fewer (--eval-negatives {worst}; eval_negatives = {worst} in a "
+            f"config or TrainConfig), or {more}"
+            if worst >= MIN_EVAL_NEGATIVES
+            else f"a run draws at least {MIN_EVAL_NEGATIVES} (--eval-negatives): {more}"
+        )
         raise DataError(
             f"{data.name}: a user has only {worst} never-interacted item(s) of {n_items}, fewer "
-            f"than the {n_eval_negatives} negatives the sampled evaluation draws per user; use "
-            f"a dataset with more items (synthetic: --synthetic-items {need} or more), or from "
-            "Python leave_one_out(..., n_eval_negatives=N) with a smaller N"
+            f"than the {n_eval_negatives} negatives the sampled evaluation draws per user; "
+            f"{fewer}"
         )
     negatives = {}
     row_users = np.arange(n_users, dtype=np.int64)[:, None]
