@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -30,11 +30,14 @@ from securefed.errors import ConfigError, DataError
 
 __all__ = [
     "AGE_BUCKET_EDGES",
+    "TABLE_ROLES",
+    "check_columns",
     "filter_min_interactions",
     "load_filmtrust",
     "load_ml100k",
     "load_ml1m",
     "load_table",
+    "parse_columns",
 ]
 
 # Lower edges of the MovieLens 1M age groups ("Under 18", "18-24", ..., "56+"); MovieLens 100K
@@ -605,10 +608,106 @@ def _is_datetime(value: object) -> bool:
 
 
 TABLE_COLUMNS = ("user", "item", "rating", "timestamp")
+#: What a table's columns are read as, in this order: the roles a ``columns`` mapping
+#: (``--columns user=customer_id,item=product_sku``) may name a column for. ``rating`` is
+#: not one: every row is one positive interaction, whatever its rating (implicit feedback).
+TABLE_ROLES = ("user", "item", "timestamp")
 
 
-def _refuse_repeated_columns(path: Path, names: Iterable[object], hint: str) -> None:
-    """Refuse a header naming a column securefed reads twice (``user,User``, ``item,item``).
+def parse_columns(text: str | Iterable[str]) -> dict[str, str]:
+    """A ``columns`` mapping from ``ROLE=COLUMN`` pairs separated by commas
+    (``"user=customer_id,item=product_sku"``; several such strings, one per ``--columns``
+    given, are one mapping), checked by :func:`check_columns`.
+
+    Raises:
+        ConfigError: A pair without ``=``, a role given twice, or what
+            :func:`check_columns` refuses (one line each).
+    """
+    parts = [text] if isinstance(text, str) else list(text)
+    out: dict[str, str] = {}
+    for part in parts:
+        for pair in str(part).split(","):
+            role, sep, name = pair.partition("=")
+            role, name = role.strip().lower(), name.strip()
+            if not pair.strip():
+                continue
+            if not sep or not role or not name:
+                raise ConfigError(
+                    f"--columns takes ROLE=COLUMN pairs separated by commas (e.g. "
+                    f"user=customer_id,item=product_sku), got {pair.strip()!r}"
+                )
+            if role in out:
+                raise ConfigError(
+                    f"--columns names the {role} column twice ({role}={out[role]} and "
+                    f"{role}={name}); give it once"
+                )
+            out[role] = name
+    if not out:
+        raise ConfigError(
+            "--columns takes ROLE=COLUMN pairs separated by commas (e.g. "
+            "user=customer_id,item=product_sku), got nothing"
+        )
+    return check_columns(out)
+
+
+def check_columns(columns: object) -> dict[str, str]:
+    """A ``columns`` mapping checked and in :data:`TABLE_ROLES` order: which column of a
+    table's header holds each role's values (``{"user": "customer_id", "item":
+    "product_sku"}``); a role left out is read from the column named after it. Column names
+    are matched case-insensitively, as the roles' own names are.
+
+    Raises:
+        ConfigError: Not a mapping of role names to non-empty strings, a role that is not
+            one of :data:`TABLE_ROLES` (``rating`` included: ratings are never read), or two
+            roles reading one column (one line each).
+    """
+    example = 'e.g. {"user": "customer_id", "item": "product_sku"} ([columns] in a config)'
+    if not isinstance(columns, Mapping):
+        raise ConfigError(f"columns must map roles to column names, {example}, got {columns!r}")
+    out: dict[str, str] = {}
+    for role, name in columns.items():
+        if role == "rating":
+            raise ConfigError(
+                f"columns maps rating to {name!r}, and securefed reads no rating: every row "
+                "is one positive interaction (implicit feedback); drop rating from the columns"
+            )
+        if role not in TABLE_ROLES:
+            raise ConfigError(
+                f"columns names a column for {role!r}, which is not a role securefed reads; "
+                f"the roles are {', '.join(TABLE_ROLES)}"
+            )
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError(
+                f"columns must name the {role} column with a non-empty string, got {name!r}"
+            )
+    for role in TABLE_ROLES:
+        if role in columns:
+            out[role] = str(columns[role]).strip()
+    # The columns each role reads (user and item always; an unmapped timestamp is optional
+    # and checked against the header when the table is read).
+    reads = {role: out.get(role, role) for role in ("user", "item")}
+    if "timestamp" in out:
+        reads["timestamp"] = out["timestamp"]
+    seen: dict[str, str] = {}
+    for role, name in reads.items():
+        other = seen.setdefault(name.lower(), role)
+        if other != role:
+            mapped = role if role in out else other
+            raise ConfigError(
+                f"columns would read the {other} and the {role} ids from one column, "
+                f"{name!r}; map {mapped} to another column"
+                if role != "timestamp"
+                else f"columns would read the {other} ids and the timestamps from one column, "
+                f"{name!r}; map timestamp to another column"
+            )
+    return out
+
+
+def _refuse_repeated_columns(
+    path: Path, names: Iterable[object], hint: str, read: Iterable[str] = TABLE_COLUMNS
+) -> None:
+    """Refuse a header naming a column securefed reads twice (``user,User``, ``item,item``;
+    ``read``: the names it reads, lower case).
 
     Which of the two would be read is an accident of the parser; pandas renames a repeated
     CSV name ``x`` to ``x.1``, so that suffix counts as the name it repeats.
@@ -619,7 +718,7 @@ def _refuse_repeated_columns(path: Path, names: Iterable[object], hint: str) -> 
         m.group(1) if (m := re.fullmatch(r"(.+)\.\d+", n)) and m.group(1) in present else n
         for n in lowered
     ]
-    repeated = [c for c in TABLE_COLUMNS if base.count(c) > 1]
+    repeated = list(dict.fromkeys(c for c in read if base.count(c) > 1))
     if repeated:
         raise DataError(
             f"{path} names the column(s) {', '.join(repeated)} more than once in its header; "
@@ -627,7 +726,77 @@ def _refuse_repeated_columns(path: Path, names: Iterable[object], hint: str) -> 
         )
 
 
-def load_table(path: str | Path, *, min_interactions: int = 3) -> Interactions:
+def _table_columns(
+    path: Path, frame: pd.DataFrame, columns: Mapping[str, str], hint: str, sep: str | None
+) -> dict[str, object]:
+    """Role -> the header's column holding it (``timestamp`` only where present), by the
+    ``columns`` mapping (:func:`check_columns`) or the roles' own names.
+
+    Raises:
+        DataError: A column the mapping names, or ``user``/``item``, is not in the header; a
+            mapped role's own name is in the header too, unread (which of the two holds
+            the ids is ambiguous); a name read is in the header twice.
+    """
+    header = {str(c).strip().lower(): c for c in frame.columns}
+    found = ", ".join(str(c) for c in frame.columns) or "none"
+    read = [columns.get(role, role).lower() for role in TABLE_ROLES]
+    _refuse_repeated_columns(path, frame.columns, hint, (*TABLE_COLUMNS, *read))
+    absent = [(role, name) for role, name in columns.items() if name.lower() not in header]
+    if absent:
+        names = ", ".join(repr(name) for _, name in absent)
+        pairs = ",".join(f"{role}={name}" for role, name in absent)
+        raise DataError(
+            f"{path} has no column {names} (--columns {pairs}; its header names {found}); "
+            "map each role to a column of its header"
+        )
+    out: dict[str, object] = {}
+    for role in TABLE_ROLES:
+        name = columns.get(role, role).lower()
+        if name in header:
+            out[role] = header[name]
+    claimed = {str(c).strip().lower() for c in out.values()}
+    for role, name in columns.items():
+        if role.lower() != name.lower() and role in header and role not in claimed:
+            own = str(header[role])
+            raise DataError(
+                f"{path} has both {str(out[role])!r}, which --columns {role}={name} reads the "
+                f"{role}s from, and a column {own!r}: which one holds the {role}s is "
+                f"ambiguous; drop or rename {own!r} in the file, or drop {role}={name} to read "
+                f"{own!r}"
+            )
+    if "timestamp" in out and "timestamp" not in columns:
+        taken = [r for r in ("user", "item") if r in out and out[r] == out["timestamp"]]
+        if taken:
+            raise DataError(
+                f"{path}: --columns {taken[0]}={columns[taken[0]]} reads the {taken[0]} ids "
+                "from its timestamp column; map the timestamps to another column "
+                "(timestamp=COLUMN) or the ids to another one"
+            )
+    missing = [role for role in ("user", "item") if role not in out]
+    if missing:
+        other = next((s for s in (";", "|", "\t", ",", " ") if s in found and s != sep), None)
+        if sep is not None and len(frame.columns) == 1 and other is not None:
+            hint += (
+                f"; the header looks separated by {other!r}: securefed reads .csv files "
+                "separated by commas and .tsv files by tabs"
+            )
+        else:
+            hint += (
+                "; if yours are named otherwise, name them with --columns "
+                "user=COLUMN,item=COLUMN[,timestamp=COLUMN] ([columns] in a config)"
+            )
+        raise DataError(
+            f"{path} has no column(s) {', '.join(missing)} (found: {found}); expected {hint}"
+        )
+    return out
+
+
+def load_table(
+    path: str | Path,
+    *,
+    min_interactions: int = 3,
+    columns: Mapping[str, str] | None = None,
+) -> Interactions:
     """Load a CSV or Parquet table with columns ``user``, ``item`` [, ``rating``, ``timestamp``].
 
     Column names are matched case-insensitively; other columns are ignored. Ids are integers
@@ -637,7 +806,15 @@ def load_table(path: str | Path, *, min_interactions: int = 3) -> Interactions:
     Args:
         path: A ``.csv`` / ``.tsv`` or ``.parquet`` / ``.pq`` file.
         min_interactions: Users with fewer interactions are dropped.
+        columns: The header's names for the roles it names otherwise
+            (``{"user": "customer_id", "item": "product_sku"}``; :func:`check_columns`);
+            a role left out is read from the column named after it.
+
+    Raises:
+        ConfigError: ``columns`` is malformed (:func:`check_columns`).
+        DataError: The file is malformed, or its header lacks a column the roles read.
     """
+    columns = {} if columns is None else check_columns(columns)
     path = Path(path)
     suffix = path.suffix.lower()
     hint = "a table with a header row naming the columns user, item[, rating, timestamp]"
@@ -670,31 +847,18 @@ def load_table(path: str | Path, *, min_interactions: int = 3) -> Interactions:
             first = str(exc).strip().splitlines()[0]
             raise DataError(f"{path} is not a valid table ({first}); expected {hint}") from None
         offset = 2  # line numbers in messages: header is line 1
-    columns = {str(c).strip().lower(): c for c in frame.columns}
-    _refuse_repeated_columns(path, frame.columns, hint)
-    missing = [c for c in ("user", "item") if c not in columns]
-    if missing:
-        found = ", ".join(str(c) for c in frame.columns) or "none"
-        other = next((s for s in (";", "|", "\t", ",", " ") if s in found and s != sep), None)
-        if sep is not None and len(frame.columns) == 1 and other is not None:
-            hint += (
-                f"; the header looks separated by {other!r}: securefed reads .csv files "
-                "separated by commas and .tsv files by tabs"
-            )
-        raise DataError(
-            f"{path} has no column(s) {', '.join(missing)} (found: {found}); expected {hint}"
-        )
+    read = _table_columns(path, frame, columns, hint, sep)
     if len(frame) == 0:
         raise DataError(f"{path} has a header but no rows; expected {hint}")
 
     timestamps = None
-    if "timestamp" in columns:
-        timestamps = _timestamp_column(frame[columns["timestamp"]], path=path, offset=offset)
+    if "timestamp" in read:
+        timestamps = _timestamp_column(frame[read["timestamp"]], path=path, offset=offset)
     users, user_labels, user_note = _table_ids(
-        frame[columns["user"]], path=path, column="user id", offset=offset
+        frame[read["user"]], path=path, column="user id", offset=offset
     )
     items, item_labels, item_note = _table_ids(
-        frame[columns["item"]], path=path, column="item id", offset=offset
+        frame[read["item"]], path=path, column="item id", offset=offset
     )
     data = _build(
         name=path.stem,

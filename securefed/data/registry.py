@@ -26,11 +26,12 @@ import tempfile
 import urllib.error
 import urllib.request
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from securefed.data.loaders import (
+    check_columns,
     filter_min_interactions,
     load_filmtrust,
     load_ml1m,
@@ -39,7 +40,7 @@ from securefed.data.loaders import (
 )
 from securefed.data.synthetic import make_synthetic
 from securefed.data.types import Interactions
-from securefed.errors import DataError
+from securefed.errors import ConfigError, DataError
 
 __all__ = ["DATASETS", "KNOWN_DATASETS", "ProgressCallback", "default_cache_dir", "load_dataset"]
 
@@ -212,7 +213,11 @@ def _download(source: _Source, cache: Path, progress: ProgressCallback | None) -
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
-def _load_path(path: Path, min_interactions: int) -> Interactions:
+def _load_path(
+    path: Path, min_interactions: int, columns: Mapping[str, str] | None = None
+) -> Interactions:
+    if columns:
+        return _load_mapped(path, min_interactions, columns)
     if path.is_dir():
         for filename, loader in (
             ("u.data", load_ml100k),
@@ -250,6 +255,19 @@ def _load_path(path: Path, min_interactions: int) -> Interactions:
     return load_filmtrust(path, min_interactions=min_interactions)
 
 
+def _load_mapped(path: Path, min_interactions: int, columns: Mapping[str, str]) -> Interactions:
+    """A file given with a ``columns`` mapping: a table with a header row (a ``.txt`` or an
+    unknown extension is read as a comma-separated one); the headerless formats are refused."""
+    suffix = path.suffix.lower()
+    if path.is_dir() or suffix in (".dat", ".data"):
+        what = "a folder" if path.is_dir() else "read as a headerless MovieLens file"
+        raise DataError(
+            f"--columns names the columns of a CSV, TSV or Parquet table with a header row, and "
+            f"{path} is {what}; drop --columns, or give the table's path"
+        )
+    return load_table(path, min_interactions=min_interactions, columns=columns)
+
+
 def _names_user_and_item(path: Path) -> bool:
     """Whether the file's first line is a comma-separated header naming ``user`` and
     ``item`` (a table for :func:`load_table`, not FilmTrust's headerless ``ratings.txt``)."""
@@ -260,6 +278,14 @@ def _names_user_and_item(path: Path) -> bool:
         return False  # the loader says what is wrong
     names = {c.strip().strip('"').lower() for c in first.split(",")}
     return {"user", "item"} <= names
+
+
+def refuse_columns_for(name: str) -> str:
+    """Why a ``columns`` mapping is refused for the built-in dataset ``name``."""
+    return (
+        f"--columns names the columns of your own CSV or Parquet table, and {name} is a "
+        "built-in dataset with a fixed layout; drop --columns (or the config's [columns])"
+    )
 
 
 def dataset_sha256(name_or_path: str) -> str | None:
@@ -295,6 +321,7 @@ def load_dataset(
     seed: int = 0,
     download: bool = True,
     progress: ProgressCallback | None = None,
+    columns: Mapping[str, str] | None = None,
 ) -> Interactions:
     """Load a known dataset by name, or an interaction file by path.
 
@@ -307,11 +334,20 @@ def load_dataset(
         download: Download a missing known dataset from its publisher.
         progress: Called as ``progress(description, done_bytes, total_bytes_or_None)``
             during a download; the library itself never prints.
+        columns: For a table of your own: the header's names for the roles
+            (``{"user": "customer_id", "item": "product_sku"}``;
+            :func:`~securefed.data.loaders.check_columns`). A table given with it is read
+            as one whatever its extension (comma-separated unless ``.tsv`` or Parquet).
 
     Raises:
+        ConfigError: ``columns`` is malformed, or given for a known dataset.
         DataError: The dataset is not found and cannot be downloaded, fails verification,
-            or is malformed.
+            or is malformed; or ``columns`` names a column its header lacks.
     """
+    if columns:
+        columns = check_columns(columns)
+        if name_or_path == "synthetic" or name_or_path in DATASETS:
+            raise ConfigError(refuse_columns_for(name_or_path))
     if name_or_path == "synthetic":
         return filter_min_interactions(make_synthetic(seed=seed), min_interactions)
     source = DATASETS.get(name_or_path)
@@ -322,7 +358,7 @@ def load_dataset(
                 f"unknown dataset {name_or_path!r}: not one of {', '.join(KNOWN_DATASETS)} "
                 "and no such file or folder"
             )
-        return _load_path(path, min_interactions)
+        return _load_path(path, min_interactions, columns)
 
     dirs = _candidates(data_dir)
     folder = _find_local(source, dirs)
