@@ -308,6 +308,12 @@ class TrainConfig(KeywordSettings):
             at least 10 (with fewer, the sampled HR@10 is 1 whatever the model). A catalogue
             where some user has fewer than 99 items left to draw from needs fewer. Results
             are comparable only at one value; the run's summary says which where not 99.
+        columns: The header's names for the roles of a table of your own
+            (``{"user": "customer_id", "item": "product_sku"}``, ``[columns]`` in
+            ``config.toml``, ``--columns user=customer_id,item=product_sku``): ``user``,
+            ``item`` and ``timestamp`` (:func:`securefed.data.loaders.check_columns`); a
+            role left out is read from the column named after it. None: every role from its
+            own name. Refused for the built-in datasets.
     """
 
     settings_hint: ClassVar[str] = (
@@ -318,6 +324,7 @@ class TrainConfig(KeywordSettings):
     model: str = DEFAULT_MODEL
     dataset: str = "synthetic"
     data_dir: str | None = None
+    columns: dict[str, str] | None = None
     rounds: int = None  # type: ignore[assignment]  # resolved from the model's default
     seed: int = 0
     client_fraction: float | None = None
@@ -409,7 +416,8 @@ class TrainConfig(KeywordSettings):
         self._check_defenses(spec)
 
     def _check_data(self) -> None:
-        """``eval_negatives``."""
+        """``eval_negatives`` and ``columns`` (the latter normalised: roles in order, an
+        empty mapping None)."""
         from securefed.data.split import MIN_EVAL_NEGATIVES
 
         n = self.eval_negatives
@@ -419,6 +427,15 @@ class TrainConfig(KeywordSettings):
                 f"held-out item is in the sampled top 10: HR@10 would be 1 whatever the "
                 f"model), got {n!r}"
             )
+        if self.columns is None:
+            return
+        from securefed.data.loaders import check_columns
+        from securefed.data.registry import KNOWN_DATASETS, refuse_columns_for
+
+        columns = check_columns(self.columns) or None
+        object.__setattr__(self, "columns", columns)
+        if columns and self.dataset in KNOWN_DATASETS:
+            raise ConfigError(refuse_columns_for(self.dataset))
 
     def _check_defenses(self, spec: Any) -> None:
         p = self.privacy

@@ -259,8 +259,8 @@ class RoundObserver(Protocol):
 
 
 def load_split(config: TrainConfig, *, download_progress: Any = None) -> Split:
-    """Load the configured dataset and split it (leave-one-out, ``eval_negatives`` sampled
-    negatives: 99 by default)."""
+    """Load the configured dataset (its ``columns`` where given) and split it (leave-one-out,
+    ``eval_negatives`` sampled negatives: 99 by default)."""
     min_inter = config.resolved_min_interactions()
     if config.dataset == "synthetic":
         from securefed.data.loaders import filter_min_interactions
@@ -283,6 +283,7 @@ def load_split(config: TrainConfig, *, download_progress: Any = None) -> Split:
             min_interactions=min_inter,
             seed=config.seed,
             progress=download_progress,
+            columns=config.columns,
         )
     return leave_one_out(data, seed=config.seed, n_eval_negatives=config.eval_negatives)
 

@@ -104,6 +104,8 @@ def test_a_resume_and_audit_run_split_as_the_run_recorded(tmp_path):
         app, ["audit", "--run", str(counted), "--canaries", "0", "--out", str(tmp_path / "a")]
     )
     assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["audit", "--run", str(run), "--eval-negatives", "30"])
+    assert res.exit_code == 2 and "drop --eval-negatives" in res.output, res.output
     res = runner.invoke(app, ["train", "--resume", str(run), "--eval-negatives", "30"])
     assert res.exit_code == 2 and "drop --eval-negatives" in res.output, res.output
 

@@ -15,8 +15,10 @@ from rich.table import Table
 
 from securefed.cli.common import (
     MODEL_HELP,
+    Columns,
     DatasetName,
     Delta,
+    EvalNegatives,
     LocalEpochs,
     SyntheticItems,
     SyntheticUsers,
@@ -25,6 +27,7 @@ from securefed.cli.common import (
     err,
     escape,
     out,
+    parse_columns,
     parse_params,
 )
 
@@ -67,6 +70,8 @@ def audit(
         ),
     ] = None,
     data_dir: Annotated[Path | None, typer.Option(help="Folder holding datasets.")] = None,
+    columns: Columns = None,
+    eval_negatives: EvalNegatives = None,
     run: Annotated[
         Path | None,
         typer.Option(
@@ -125,6 +130,8 @@ def audit(
                 "--secagg": secagg,
                 "--private-prior": private_prior is not None,
                 "--data-dir": data_dir is not None,
+                "--columns": columns is not None,
+                "--eval-negatives": eval_negatives is not None,
             }
             clash = [k for k, v in given.items() if v]
             if clash:
@@ -150,6 +157,11 @@ def audit(
             }
             if data_dir is not None:
                 raw["data_dir"] = str(data_dir)
+            mapped = parse_columns(columns)
+            if mapped is not None:
+                raw["columns"] = mapped
+            if eval_negatives is not None:
+                raw["eval_negatives"] = eval_negatives
             if clients_per_round is not None:
                 raw["clients_per_round"] = clients_per_round
             for key, value in (

@@ -29,6 +29,14 @@ SyntheticItems = Annotated[int | None, typer.Option(help="Items of the synthetic
 DatasetName = Annotated[
     str, typer.Option(help="synthetic, ml-100k, ml-1m, filmtrust, or a file path.")
 ]
+Columns = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--columns",
+        help="Your table's column names for user, item and timestamp, e.g. --columns "
+        "user=customer_id,item=product_sku (a role left out: the column named after it).",
+    ),
+]
 EvalNegatives = Annotated[
     int | None,
     typer.Option(
@@ -55,6 +63,16 @@ def _console(*, stderr: bool = False) -> Console:
 
 err = _console(stderr=True)
 out = _console()
+
+
+def parse_columns(items: list[str] | None) -> dict[str, str] | None:
+    """``--columns`` as one mapping (:func:`securefed.data.loaders.parse_columns`), None
+    where not given."""
+    if not items:
+        return None
+    from securefed.data.loaders import parse_columns as parse
+
+    return parse(items)
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:

@@ -12,7 +12,9 @@ from typing import Annotated, Any
 import typer
 
 from securefed.cli.common import (
+    Columns,
     DatasetName,
+    EvalNegatives,
     SyntheticItems,
     SyntheticUsers,
     _fail,
@@ -20,6 +22,7 @@ from securefed.cli.common import (
     _user_errors,
     err,
     out,
+    parse_columns,
 )
 from securefed.errors import ConfigError
 from securefed.models.registry import model_names
@@ -82,6 +85,8 @@ def report(
     data_dir: Annotated[
         Path | None, typer.Option(help="Folder holding datasets (else $SECUREFED_DATA_DIR).")
     ] = None,
+    columns: Columns = None,
+    eval_negatives: EvalNegatives = None,
     min_hr: Annotated[
         float | None,
         typer.Option(help="Utility floor (test HR@10) for the summary; default 90% of no-DP."),
@@ -120,6 +125,16 @@ def report(
         if extra and not from_dirs:
             raise _fail(f"unexpected argument {str(extra[0])!r}; directories go after --from")
         if from_dirs:
+            given = [
+                flag
+                for flag, value in (("--columns", columns), ("--eval-negatives", eval_negatives))
+                if value is not None
+            ]
+            if given:  # each run's config.toml says how its data was read
+                raise _fail(
+                    f"--from reads each run's data as its config.toml records; drop "
+                    f"{', '.join(given)}"
+                )
             target = out_dir or Path("report")
             result = build_report([*from_dirs, *(extra or [])], target, min_hr=min_hr)
         else:
@@ -141,6 +156,8 @@ def report(
                 audit=audit,
                 min_hr=min_hr,
                 data_dir=str(data_dir) if data_dir is not None else None,
+                columns=parse_columns(columns),
+                eval_negatives=eval_negatives,
                 synthetic_users=synthetic_users,
                 private_modes=private_modes,
                 synthetic_items=synthetic_items,

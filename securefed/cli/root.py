@@ -34,6 +34,7 @@ from securefed.allocator import keep_large_buffers
 from securefed.cli.common import (
     EXIT_RUN_FAILED,
     MODEL_HELP,
+    Columns,
     Delta,
     EvalNegatives,
     LocalEpochs,
@@ -45,6 +46,7 @@ from securefed.cli.common import (
     _user_errors,
     err,
     out,
+    parse_columns,
     parse_params,
     refuse_flags_with_resume,
     ring_noise,
@@ -142,6 +144,7 @@ def train(
             help="Folder holding datasets (else $SECUREFED_DATA_DIR, the cache, download)."
         ),
     ] = None,
+    columns: Columns = None,
     rounds: Annotated[
         int | None, typer.Option(help="Rounds (default per model: fedrap 100, mostpop 1, ...).")
     ] = None,
@@ -376,6 +379,9 @@ def train(
                 min_interactions=min_interactions,
             )
             raw.update(top)
+            mapped = parse_columns(columns)
+            if mapped is not None:  # over the config file's [columns], as --epsilon over [privacy]
+                raw["columns"] = {**dict(raw.get("columns") or {}), **mapped}
             if sam is not None and sam not in ("on", "off"):
                 raise _fail(f"--sam must be on or off, got {sam!r}")
             model_flags = _given(

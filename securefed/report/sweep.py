@@ -158,6 +158,10 @@ class ReportConfig:
         min_hr: Utility floor (test HR@10, sampled) of the summary; default 90 % of each
             model's no-DP HR@10.
         data_dir: Folder holding datasets.
+        columns: The header's names for the roles of a table of your own
+            (:attr:`securefed.TrainConfig.columns`).
+        eval_negatives: Sampled evaluation negatives per held-out item (default 99;
+            :attr:`securefed.TrainConfig.eval_negatives`).
         synthetic_users, synthetic_items: Size of the synthetic dataset.
         private_modes: ``dp`` cells of a model with a private mode run it
             (``ModelSpec.private_mode``); off: the model's uploads with DP and nothing else.
@@ -175,6 +179,8 @@ class ReportConfig:
     audit: bool = True
     min_hr: float | None = None
     data_dir: str | None = None
+    columns: dict[str, str] | None = None
+    eval_negatives: int | None = None
     synthetic_users: int | None = None
     synthetic_items: int | None = None
     private_modes: bool = True
@@ -238,6 +244,10 @@ class ReportConfig:
             raw["rounds"] = self.rounds
         if self.data_dir is not None:
             raw["data_dir"] = self.data_dir
+        if self.columns is not None:
+            raw["columns"] = dict(self.columns)
+        if self.eval_negatives is not None:
+            raw["eval_negatives"] = self.eval_negatives
         if self.synthetic_users is not None:
             raw["synthetic_users"] = self.synthetic_users
         if self.synthetic_items is not None:
@@ -259,6 +269,8 @@ class ReportConfig:
             "audit": self.audit,
             "min_hr": self.min_hr,
             "data_dir": self.data_dir,
+            "columns": self.columns,
+            "eval_negatives": self.eval_negatives,
             "synthetic_users": self.synthetic_users,
             "synthetic_items": self.synthetic_items,
             "private_modes": self.private_modes,
@@ -972,6 +984,8 @@ class _Baselines:
         key = (
             cfg.dataset,
             cfg.data_dir,
+            tuple((cfg.columns or {}).items()),
+            cfg.eval_negatives,
             cfg.seed,
             cfg.min_interactions,
             cfg.synthetic_users,
