@@ -1,7 +1,7 @@
 """A table of one's own whose header names its columns otherwise (``customer_id,product_sku``):
 ``columns`` / ``--columns user=customer_id,item=product_sku`` reads it as it is, through the
-Python API, ``securefed train`` (``--dry-run``, ``--resume``), ``audit`` and ``report``, and a
-mapping that does not fit the file is one clear line."""
+Python API, ``securefed train`` (``--dry-run``, ``--resume``), ``audit``, ``report`` and
+Flower, and a mapping that does not fit the file is one clear line."""
 
 from __future__ import annotations
 
@@ -292,3 +292,61 @@ def test_report_cells_read_the_mapped_table(tables, tmp_path):
     )
     assert res.exit_code == 2 and "has no column 'nope'" in res.output, res.output
     assert not (tmp_path / "bad").exists()
+
+
+def test_flower_nodes_read_the_mapped_table_and_a_pin_compares_the_mapping(tables, tmp_path):
+    pytest.importorskip("flwr")
+    from securefed.cli.flower import _config
+    from securefed.config import PrivacyConfig
+    from securefed.errors import ProtocolError
+    from securefed.flower.local import LocalTransport
+    from securefed.flower.server import FederatedServer
+
+    _, shop = tables
+    # The operator's flags: a config whose [columns] every node reads.
+    cfg = _config(
+        None,
+        model="fedals",
+        rounds=1,
+        seed=None,
+        epsilon=None,
+        synthetic_users=None,
+        synthetic_items=None,
+        dataset=str(shop),
+        columns=[MAP],
+    )
+    assert cfg.columns == COLUMNS
+    transport = LocalTransport(2, state_dir=tmp_path / "m")
+    res = FederatedServer(cfg, run_dir=tmp_path / "ok", transport=transport).run()
+    assert res.summary["users"] == load_split(cfg).n_users
+    # A node pinned to the operator's config refuses a server that maps another column.
+    pinned = tmp_path / "run.toml"
+    pinned.write_text(runs.dumps_toml(cfg.to_dict()))
+    transport = LocalTransport(2, state_dir=tmp_path / "n")
+    for node_config in transport.node_configs.values():
+        node_config["pin-config"] = str(pinned)
+    other = TrainConfig(
+        model="fedals",
+        rounds=1,
+        dataset=str(shop),
+        columns={"user": "customer_id", "item": "product_sku"},  # no timestamps: other order
+        privacy=PrivacyConfig(secagg=True),
+    )
+    with pytest.raises(ProtocolError, match="pinned config .* columns = "):
+        FederatedServer(other, run_dir=tmp_path / "other", transport=transport).run()
+
+
+def test_flower_init_writes_the_mapping(tables, tmp_path):
+    pytest.importorskip("flwr")
+    _, shop = tables
+    path = tmp_path / "f.toml"
+    res = runner.invoke(
+        app, ["flower", "init", str(path), "--dataset", str(shop), "--columns", MAP]
+    )
+    assert res.exit_code == 0, res.output
+    assert tomllib.loads(path.read_text())["columns"] == COLUMNS
+    res = runner.invoke(
+        app, ["flower", "init", str(tmp_path / "g.toml"), "--dataset", str(shop), "--columns", "x"]
+    )
+    assert res.exit_code == 2 and "takes ROLE=COLUMN pairs" in res.output, res.output
+    assert not (tmp_path / "g.toml").exists()

@@ -37,12 +37,15 @@ import typer
 
 from securefed.cli.common import (
     MODEL_HELP,
+    Columns,
+    EvalNegatives,
     SyntheticItems,
     SyntheticUsers,
     _print_summary,
     _user_errors,
     err,
     out,
+    parse_columns,
     refuse_flags_with_resume,
 )
 from securefed.errors import ConfigError
@@ -78,6 +81,8 @@ def _config(
     synthetic_items: int | None,
     dataset: str | None = None,
     data_dir: Path | None = None,
+    columns: list[str] | None = None,
+    eval_negatives: int | None = None,
 ) -> Any:
     from securefed.config import refuse_legacy_secure, refuse_other_model_tables
     from securefed.training import TrainConfig, load_config_file
@@ -92,9 +97,13 @@ def _config(
         ("seed", seed),
         ("synthetic_users", synthetic_users),
         ("synthetic_items", synthetic_items),
+        ("eval_negatives", eval_negatives),
     ):
         if value is not None:
             raw[key] = value
+    mapped = parse_columns(columns)
+    if mapped is not None:  # over the config file's [columns], as train's flag
+        raw["columns"] = {**dict(raw.get("columns") or {}), **mapped}
     privacy = dict(raw.get("privacy", {}))
     privacy["secagg"] = True
     if epsilon is not None:
@@ -161,6 +170,8 @@ def simulate(
     model: Model = None,
     dataset: Dataset = None,
     data_dir: DataDir = None,
+    columns: Columns = None,
+    eval_negatives: EvalNegatives = None,
     rounds: Rounds = None,
     seed: Seed = None,
     epsilon: Eps = None,
@@ -182,6 +193,8 @@ def local(
     model: Model = None,
     dataset: Dataset = None,
     data_dir: DataDir = None,
+    columns: Columns = None,
+    eval_negatives: EvalNegatives = None,
     rounds: Rounds = None,
     seed: Seed = None,
     epsilon: Eps = None,
@@ -378,6 +391,8 @@ _OVERRIDES = (
     "model",
     "dataset",
     "data_dir",
+    "columns",
+    "eval_negatives",
     "rounds",
     "seed",
     "epsilon",
@@ -394,6 +409,8 @@ def init(
     model: Model = None,
     dataset: Dataset = None,
     data_dir: DataDir = None,
+    columns: Columns = None,
+    eval_negatives: EvalNegatives = None,
     rounds: Rounds = None,
     seed: Seed = None,
     epsilon: Eps = None,

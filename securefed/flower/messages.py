@@ -354,7 +354,15 @@ def _runtime(
 
 #: The settings naming the data a node reads (a server could otherwise have it load another
 #: file and report its sizes in the hello), pinned.
-DATA_SETTINGS = ("dataset", "data_dir", "min_interactions", "synthetic_users", "synthetic_items")
+DATA_SETTINGS = (
+    "dataset",
+    "data_dir",
+    "columns",
+    "eval_negatives",
+    "min_interactions",
+    "synthetic_users",
+    "synthetic_items",
+)
 #: Settings outside ``[privacy]`` that size the noise and the accounting (the model's default
 #: cohort, the planned rounds, the cohort's rate or size), pinned with it, and the data's.
 PINNED_SETTINGS = ("model", "rounds", "client_fraction", "clients_per_round", *DATA_SETTINGS)
