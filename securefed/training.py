@@ -1365,11 +1365,12 @@ def _differing_settings(given: TrainConfig, recorded: TrainConfig) -> list[str]:
 
     Compared as they stand: the model, seed, dataset and ``data_dir`` (a path that exists
     compared as resolved: the CLI records them absolute), the synthetic sizes of a synthetic
-    run, ``min_interactions``, the cohort (``client_fraction``, ``clients_per_round``), the
-    evaluation and checkpoint cadence (``eval_every``, ``full_eval_every``, ``eval_users``,
-    ``checkpoint_every``), ``device``, ``keep_private_state``, whether it is a DP run, and
-    every privacy setting ``given`` gives (not None). Compared only where ``given`` sets them
-    (not the model's default, which the run may settle on its data before ``config.toml``
+    run, ``min_interactions``, the table's ``columns`` and ``eval_negatives``, the cohort
+    (``client_fraction``, ``clients_per_round``), the evaluation and checkpoint cadence
+    (``eval_every``, ``full_eval_every``, ``eval_users``, ``checkpoint_every``), ``device``,
+    ``keep_private_state``, whether it is a DP run, and every privacy setting ``given`` gives
+    (not None). Compared only where ``given`` sets them (not the model's default, which the
+    run may settle on its data before ``config.toml``
     records it): ``rounds`` (fedals's large mode raises its default), ``select_on``
     (fedals's private mode picks the last round) and each model setting (fedals's dimension
     and population rule, FedRAP's storage of its views); found in review, the config a run
@@ -1388,6 +1389,8 @@ def _differing_settings(given: TrainConfig, recorded: TrainConfig) -> list[str]:
             "checkpoint_every",
             "device",
             "keep_private_state",
+            "columns",
+            "eval_negatives",
         )
         if getattr(given, key) != getattr(recorded, key)
     ]
