@@ -71,9 +71,12 @@ __all__ = [
     "AuditResult",
     "audit",
     "AuditSetup",
+    "audit_canaries",
     "audit_memory_bytes",
     "estimate_audit_seconds",
+    "items_per_canary",
     "kept_bytes_bound",
+    "prepare_audit_config",
     "ResumedRun",
 ]
 
@@ -153,6 +156,45 @@ class AuditSetup:
 
     attacks: tuple[str, ...]
     array_bytes: int
+
+
+def audit_canaries(train_cfg: TrainConfig, users: int, canaries: int | None = None) -> int:
+    """Canary clients an audit of ``train_cfg`` plants on a split of ``users`` users:
+    ``canaries`` (:attr:`AuditConfig.canaries`) when given, else :data:`DEFAULT_CANARIES`, at
+    most one per user under interaction-level DP (a zero-out canary needs a host of its own)."""
+    if canaries is not None:
+        return canaries
+    if train_cfg.privacy.interaction_dp:
+        return min(DEFAULT_CANARIES, users)
+    return DEFAULT_CANARIES
+
+
+def items_per_canary(train_cfg: TrainConfig) -> int:
+    """Fresh items each canary appends to the catalogue: one for an interaction-level canary
+    (a planted positive of its host), else the model's ``ObserverHooks.canary_items`` (two for
+    a model that releases item pairs, so that each canary owns a pair)."""
+    hooks = train_cfg.spec.observer
+    if train_cfg.privacy.interaction_dp or hooks is None:
+        return 1
+    return int(hooks.canary_items)
+
+
+def prepare_audit_config(train_cfg: TrainConfig, canaries: int) -> TrainConfig:
+    """The config an audit that plants ``canaries`` user-level canaries trains: as the model's
+    ``ObserverHooks.prepare_audit`` adapts it to the canaries' items, the last ``canaries x``
+    :func:`items_per_canary` of the planted catalogue (private fedals puts them in its
+    co-occurrence set, so the canary test reads those releases too); ``train_cfg`` itself
+    without canaries, for interaction-level canaries, or for a model without the hook.
+
+    The audit trains this config, and the report's sweep estimates the audit with it.
+    """
+    hooks = train_cfg.spec.observer
+    if canaries <= 0 or train_cfg.privacy.interaction_dp:
+        return train_cfg
+    if hooks is None or hooks.prepare_audit is None:
+        return train_cfg
+    prepared: TrainConfig = hooks.prepare_audit(train_cfg, canaries * items_per_canary(train_cfg))
+    return prepared
 
 
 def _score_matrices(attacks: Sequence[str] | set[str]) -> int:
@@ -620,9 +662,7 @@ def _audit(
     n_real, n_real_users = split.n_items, split.n_users
     rng = numpy_generator(train_cfg.seed, "audit-canaries")
     interaction = train_cfg.privacy.interaction_dp
-    # Interaction canaries need a distinct host user each.
-    default = min(DEFAULT_CANARIES, split.n_users) if interaction else DEFAULT_CANARIES
-    n_canaries = cfg.canaries if cfg.canaries is not None else default
+    n_canaries = audit_canaries(train_cfg, split.n_users, cfg.canaries)
     meta: dict[str, Any] = {}
     if reuse:
         assert run_dir is not None
@@ -652,11 +692,9 @@ def _audit(
         else:
             # A model that releases item pairs gets canaries that own a pair, and the run is
             # told which items are canaries (the last ones) where it releases a chosen subset.
-            hooks = train_cfg.spec.observer
-            per = hooks.canary_items if hooks is not None else 1
+            per = items_per_canary(train_cfg)
             split, canaries = plant_canaries(split, n_canaries, rng, items_per_canary=per)
-            if hooks is not None and hooks.prepare_audit is not None:
-                train_cfg = hooks.prepare_audit(train_cfg, n_canaries * per)
+            train_cfg = prepare_audit_config(train_cfg, n_canaries)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     bytes_recorded = 0

@@ -100,17 +100,14 @@ class UploadChannel:
 
 
 def _aggregator(config: TrainConfig, split: Split) -> Any:
+    """The run's aggregator, rebuilt on ``split`` for its public parameters; a model without
+    an upload layout has none to rebuild (:func:`securefed.costs.layout_size` would say 0)."""
+    from securefed.costs import layout_size
     from securefed.privacy import PrivateAggregator
 
-    layout_size = _layout_size(config, split)
-    return PrivateAggregator(config, split, dim=layout_size)
-
-
-def _layout_size(config: TrainConfig, split: Split) -> int:
-    size = config.spec.layout_size
-    if size is None:
+    if config.spec.layout_size is None:
         raise ConfigError(f"{config.model} has no upload layout")
-    return int(size(config.params, split))
+    return PrivateAggregator(config, split, dim=layout_size(config, split))
 
 
 def privacy_parameters(config: TrainConfig, split: Split) -> dict[str, Any]:

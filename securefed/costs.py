@@ -716,16 +716,19 @@ def _secagg_k(m: int, config: TrainConfig) -> int:
         return min(max(m - 1, 1), 30)
 
 
-def layout_size(config: TrainConfig, shape: RunShape) -> int:
-    """Floats of one client's upload at ``shape`` (the model's ``layout_size``; 0 for a
-    model without uploads)."""
+def layout_size(config: TrainConfig, data: RunShape | Split) -> int:
+    """Floats of one client's upload on ``data`` (the model's ``ModelSpec.layout_size``; 0 for
+    a model without uploads). A loaded split is given to the model's formula as it is, a
+    :class:`RunShape` as its users and items."""
     from types import SimpleNamespace
 
     size_fn = config.spec.layout_size
     if size_fn is None:
         return 0
-    fake = SimpleNamespace(n_items=shape.items, n_users=shape.users)
-    return int(size_fn(config.params, fake))
+    given: Any = data
+    if isinstance(data, RunShape):
+        given = SimpleNamespace(n_items=data.items, n_users=data.users)
+    return int(size_fn(config.params, given))
 
 
 def estimate_run(

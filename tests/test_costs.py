@@ -194,6 +194,7 @@ def test_a_private_fedals_audit_counts_its_canaries_uploads_every_round(monkeypa
         _check_audit_memory,
         audit_memory_bytes,
         estimate_audit_seconds,
+        prepare_audit_config,
     )
     from attacks.canaries import plant_canaries
     from protocols.seeding import numpy_generator
@@ -210,7 +211,7 @@ def test_a_private_fedals_audit_counts_its_canaries_uploads_every_round(monkeypa
     split, _ = plant_canaries(
         load_split(cfg), 40, numpy_generator(0, "audit-canaries"), items_per_canary=2
     )
-    cfg = get_spec("fedals").observer.prepare_audit(cfg, 80)
+    cfg = prepare_audit_config(cfg, 40)  # the canaries' 80 items join the co-occurrence set
     layout = build_model(cfg, split).layout.size  # what each client uploads
     assert layout > split.n_items * 17  # the co-occurrence part over the set and the canaries'
     u, i = split.n_users, split.n_items
@@ -240,7 +241,7 @@ def test_a_report_estimates_each_audit_as_the_audit_prepares_the_run():
     55 s; 54 s with them)."""
     import math
 
-    from attacks.audit import DEFAULT_CANARIES, estimate_audit_seconds
+    from attacks.audit import DEFAULT_CANARIES, estimate_audit_seconds, prepare_audit_config
     from securefed.report import ReportConfig, estimate_sweep, plan_cells
 
     cfg = ReportConfig(
@@ -251,8 +252,8 @@ def test_a_report_estimates_each_audit_as_the_audit_prepares_the_run():
     ((name, train_cfg, audited),) = [(c.name, c.train_config(cfg), c.audited) for c in cells]
     assert audited and train_cfg.privacy.dp and not math.isinf(train_cfg.privacy.epsilon)
     sweep = estimate_sweep(cfg, [(name, train_cfg, True)], speed=1.0, check=False)
-    hooks = get_spec("fedals").observer
-    prepared = hooks.prepare_audit(train_cfg, DEFAULT_CANARIES * hooks.canary_items)
+    prepared = prepare_audit_config(train_cfg, DEFAULT_CANARIES)
+    assert prepared.params.gram_audit_items == DEFAULT_CANARIES * 2  # a pair per canary
     run = estimate_run(train_cfg, sweep_shape := _shape_of(train_cfg), speed=1.0)
     want = run.seconds + estimate_audit_seconds(
         prepared,

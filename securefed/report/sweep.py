@@ -499,14 +499,16 @@ def estimate_sweep(
         )
         cell_peak = est.disk_peak
         if audited:
-            from attacks.audit import DEFAULT_CANARIES, estimate_audit_seconds, kept_bytes_bound
+            from attacks.audit import (
+                DEFAULT_CANARIES,
+                estimate_audit_seconds,
+                kept_bytes_bound,
+                prepare_audit_config,
+            )
 
             # The audit replays the cell as the audit prepares it: private fedals puts the
             # canaries' items in its co-occurrence set (uploads 4x as wide on MovieLens 100K).
-            hooks = cfg.spec.observer
-            audit_cfg = cfg
-            if hooks is not None and hooks.prepare_audit is not None:
-                audit_cfg = hooks.prepare_audit(cfg, DEFAULT_CANARIES * hooks.canary_items)
+            audit_cfg = prepare_audit_config(cfg, DEFAULT_CANARIES)
             cells[name] += estimate_audit_seconds(
                 audit_cfg,
                 shape.users,
