@@ -77,6 +77,7 @@ __all__ = [
     "items_per_canary",
     "kept_bytes_bound",
     "prepare_audit_config",
+    "replayed_shape",
     "ResumedRun",
 ]
 
@@ -152,10 +153,12 @@ class AuditSetup:
         attacks: The attacks that will be scored (the chosen ones the run supports).
         array_bytes: Memory of its ``[users, items]`` arrays beside the replay training
             (:func:`audit_memory_bytes`: the recorder's tables, the scores, the labels).
+        canaries: Canaries planted in the split ``before_train`` is given (0: none).
     """
 
     attacks: tuple[str, ...]
     array_bytes: int
+    canaries: int = 0
 
 
 def audit_canaries(train_cfg: TrainConfig, users: int, canaries: int | None = None) -> int:
@@ -195,6 +198,27 @@ def prepare_audit_config(train_cfg: TrainConfig, canaries: int) -> TrainConfig:
         return train_cfg
     prepared: TrainConfig = hooks.prepare_audit(train_cfg, canaries * items_per_canary(train_cfg))
     return prepared
+
+
+def replayed_shape(
+    train_cfg: TrainConfig, users: int, items: int, canaries: int
+) -> tuple[int, int]:
+    """Users and items of the split an audit of ``train_cfg`` replays, from the run's
+    ``users`` and ``items`` with ``canaries`` canaries planted: a user-level canary is a
+    client of its own with :func:`items_per_canary` fresh items, an interaction-level one a
+    fresh item of a user already there (:mod:`attacks.canaries`)."""
+    added = canaries * items_per_canary(train_cfg)
+    if train_cfg.privacy.interaction_dp:
+        return users, items + added
+    return users + canaries, items + added
+
+
+def _unplanted_shape(
+    train_cfg: TrainConfig, users: int, items: int, canaries: int
+) -> tuple[int, int]:
+    """The run's users and items from the replayed split's (:func:`replayed_shape` undone)."""
+    more_users, more_items = replayed_shape(train_cfg, 0, 0, canaries)
+    return max(users - more_users, 0), max(items - more_items, 0)
 
 
 def _score_matrices(attacks: Sequence[str] | set[str]) -> int:
@@ -242,6 +266,7 @@ def estimate_audit_seconds(
     *,
     full_eval_seconds: float = 0.0,
     speed: float = 1.0,
+    canaries: int | None = None,
     canaries_included: bool = False,
     attacks: Sequence[str] | None = None,
 ) -> float:
@@ -249,19 +274,23 @@ def estimate_audit_seconds(
 
     Args:
         train_cfg: The audited run's configuration.
-        users: Users of the split (without the canaries unless ``canaries_included``).
-        items: Items of the split.
+        users: Users of the split (without the canary clients unless ``canaries_included``).
+        items: Items of the split (without the canaries' items unless ``canaries_included``).
         train_seconds: The training's estimate (:func:`securefed.costs.estimate_run`) on that
             split.
         full_eval_seconds: One full-ranking evaluation of the model (the estimate's
             ``full_eval_seconds``, already scaled by ``speed``): the released-model and
             optimization attacks score the model many times.
         speed: The machine probe's factor (:func:`securefed.costs.machine_speed`).
-        canaries_included: ``users`` and ``train_seconds`` already count the canary clients.
+        canaries: Canaries the audit plants (:attr:`AuditConfig.canaries`; None: the
+            audit's default, :func:`audit_canaries`).
+        canaries_included: ``users``, ``items`` and ``train_seconds`` are the split's with
+            the canaries planted (:func:`replayed_shape`).
         attacks: The attacks that will run (default: those of a default audit).
 
-    The replay trains with the canary clients added (its estimate scaled by the users it
-    adds) and the recorder attached (:data:`securefed.costs.AUDIT_COST_FACTOR`), plus a fixed
+    The replay trains with the canaries added (its estimate scaled by the users they add;
+    interaction-level canaries add items to users already there) and the recorder attached
+    (:data:`securefed.costs.AUDIT_COST_FACTOR`), plus a fixed
     cost per (observed client, item), each round's recording per (observed client, upload
     coordinate and item) (:data:`_RECORD_S_PER_COORD`), the scoring of every chosen attack's score
     matrix over the observed users and the metrics' passes over all of it, and the iterative
@@ -273,8 +302,13 @@ def estimate_audit_seconds(
     """
     from securefed.costs import AUDIT_COST_FACTOR
 
-    real = users - DEFAULT_CANARIES if canaries_included else users
-    replayed = users if canaries_included else users + DEFAULT_CANARIES
+    n_canaries = audit_canaries(train_cfg, users, canaries)
+    if canaries_included:
+        replayed, replayed_items = users, items
+        real, real_items = _unplanted_shape(train_cfg, users, items, n_canaries)
+    else:
+        real, real_items = users, items
+        replayed, replayed_items = replayed_shape(train_cfg, users, items, n_canaries)
     replay = train_seconds * (1.0 if canaries_included else replayed / max(users, 1))
     per_round = train_cfg.cohort(max(real, 1)).expected_size(max(real, 1))
     seen = min(real, math.ceil(per_round * max(train_cfg.rounds or 1, 1)))
@@ -285,16 +319,17 @@ def estimate_audit_seconds(
     rounds = max(train_cfg.rounds or 1, 1)
     # Each round the recorder reads the cohort's uploads (per-client attacks) and the
     # canaries' own.
-    per_round_seen = replayed - real
+    per_round_seen = n_canaries
     if per_client_attacks() & set(chosen):
         per_round_seen += min(real, math.ceil(per_round))
+    layout = _layout(train_cfg, replayed, replayed_items)
     fixed = (
-        _REPLAY_S_PER_ENTRY * (seen + replayed - real) * items
-        + (_RECORD_S_PER_COORD * _layout(train_cfg, replayed, items) + _RECORD_S_PER_ITEM * items)
+        _REPLAY_S_PER_ENTRY * (seen + replayed - real) * replayed_items
+        + (_RECORD_S_PER_COORD * layout + _RECORD_S_PER_ITEM * replayed_items)
         * per_round_seen
         * rounds
-        + _SCORE_S_PER_ENTRY * matrices * max(seen, 1) * items
-        + _METRIC_S_PER_ENTRY * matrices * max(real, 1) * items
+        + _SCORE_S_PER_ENTRY * matrices * max(seen, 1) * real_items
+        + _METRIC_S_PER_ENTRY * matrices * max(real, 1) * real_items
     )
     cfg = AuditConfig()  # the defaults the report's audits run with
     evals = sum(
@@ -754,7 +789,11 @@ def _audit(
             canaries=0 if canaries is None else n_canaries,
         )
         if before_train is not None:
-            setup = AuditSetup(attacks=tuple(chosen), array_bytes=array_bytes)
+            setup = AuditSetup(
+                attacks=tuple(chosen),
+                array_bytes=array_bytes,
+                canaries=0 if canaries is None else n_canaries,
+            )
             before_train(train_cfg, split, setup)
         initial = build_model(train_cfg, split)
         hooks = train_cfg.spec.observer

@@ -230,9 +230,38 @@ def test_a_private_fedals_audit_counts_its_canaries_uploads_every_round(monkeypa
         _check_audit_memory(cfg, split, chosen, upload=True, canaries=40, available=plain)
     # Every round is recorded: three more rounds, three more rounds of reading the uploads.
     more = dataclasses.replace(cfg, rounds=6)
-    three = estimate_audit_seconds(cfg, u, i, 0.0, canaries_included=True, attacks=chosen)
-    six = estimate_audit_seconds(more, u, i, 0.0, canaries_included=True, attacks=chosen)
+    kw = dict(canaries=40, canaries_included=True, attacks=chosen)
+    three = estimate_audit_seconds(cfg, u, i, 0.0, **kw)
+    six = estimate_audit_seconds(more, u, i, 0.0, **kw)
     assert six - three >= 3 * _RECORD_S_PER_COORD * u * layout * 0.99
+
+
+@pytest.mark.parametrize("unit", ["user", "interaction"])
+def test_the_audit_estimate_follows_the_canaries_it_plants(unit):
+    """estimate_audit_seconds assumed 256 canaries whatever ``--canaries`` said: an audit
+    planting 40 (the split's 40 canary clients counted in) was estimated as if 256 had been
+    taken away from its users and each round recorded 256 canaries' uploads."""
+    from attacks.audit import DEFAULT_CANARIES, estimate_audit_seconds, replayed_shape
+
+    cfg = TrainConfig(
+        model="fedrap", rounds=3, privacy=PrivacyConfig(epsilon=2.0, privacy_unit=unit)
+    )
+    users, items, t = 300, 500, 10.0
+
+    def est(n):
+        return estimate_audit_seconds(cfg, users, items, t, canaries=n, attacks=["row-change"])
+
+    none, few, default, many = est(0), est(40), est(None), est(DEFAULT_CANARIES * 4)
+    assert none < few < default < many
+    assert default == est(DEFAULT_CANARIES)
+    # The audit's own estimate, on the split with its 40 canaries planted, says the same.
+    p_users, p_items = replayed_shape(cfg, users, items, 40)
+    assert (p_users, p_items) == ((users + 40, items + 40) if unit == "user" else (users, 540))
+    replay = t * p_users / users
+    planted = estimate_audit_seconds(
+        cfg, p_users, p_items, replay, canaries=40, canaries_included=True, attacks=["row-change"]
+    )
+    assert planted == pytest.approx(few)
 
 
 def test_a_report_estimates_each_audit_as_the_audit_prepares_the_run():

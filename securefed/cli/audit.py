@@ -233,6 +233,7 @@ def _announce() -> tuple[Any, Any]:
             est.seconds,
             full_eval_seconds=est.full_eval_seconds,
             speed=est.speed,
+            canaries=setup.canaries,
             canaries_included=True,
             attacks=setup.attacks,
         )

@@ -500,7 +500,7 @@ def estimate_sweep(
         cell_peak = est.disk_peak
         if audited:
             from attacks.audit import (
-                DEFAULT_CANARIES,
+                audit_canaries,
                 estimate_audit_seconds,
                 kept_bytes_bound,
                 prepare_audit_config,
@@ -508,7 +508,8 @@ def estimate_sweep(
 
             # The audit replays the cell as the audit prepares it: private fedals puts the
             # canaries' items in its co-occurrence set (uploads 4x as wide on MovieLens 100K).
-            audit_cfg = prepare_audit_config(cfg, DEFAULT_CANARIES)
+            n_canaries = audit_canaries(cfg, shape.users)  # a report's audits plant the default
+            audit_cfg = prepare_audit_config(cfg, n_canaries)
             cells[name] += estimate_audit_seconds(
                 audit_cfg,
                 shape.users,
@@ -516,9 +517,10 @@ def estimate_sweep(
                 est.seconds,
                 full_eval_seconds=est.full_eval_seconds,
                 speed=speed,
+                canaries=n_canaries,
             )
             disk += kept_bytes_bound(cfg, shape.users, shape.items)
-            cell_peak = int(cell_peak * (shape.users + DEFAULT_CANARIES) / max(shape.users, 1))
+            cell_peak = int(cell_peak * (shape.users + n_canaries) / max(shape.users, 1))
         transient = max(transient, cell_peak)
         if worst is None or est.peak_memory > worst[1].peak_memory:
             worst = (cfg, est)
