@@ -326,7 +326,10 @@ class AttackRecorder:
                     rec_emb, truth_emb, dim=1
                 ).numpy()
                 if "targets" in self._groups and targets_left > 0:
-                    pick = np.nonzero(first)[0][:targets_left]
+                    # Real users only: a canary client is the auditor's own, and its row
+                    # is not in the score matrices.
+                    real = plan.real_users if plan.real_users is not None else plan.n_users
+                    pick = np.nonzero(first & (un < real))[0][:targets_left]
                     for j in pick:
                         u = int(un[j])
                         self.write_torch(

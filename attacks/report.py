@@ -391,6 +391,9 @@ def _optimization(ctx: ScoreContext) -> list[AttackResult]:
 
     scores = np.full(labels.shape, np.nan, dtype=np.float32)
     cos = np.full(labels.shape[0], np.nan)
+    # A recording made before the recorder left canary clients out could target them: their
+    # rows are not scored (the score matrices hold the real users).
+    targets = [u for u in targets if u < labels.shape[0]]
     for u in targets:
         rec = torch.load(ctx.record_dir / f"target_{u}.pt", weights_only=True)
         out = invert_fedrecgel(rec, seed=u)

@@ -9,6 +9,7 @@ their code by model name.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import types
 
@@ -205,3 +206,44 @@ def test_an_attacks_interval_does_not_depend_on_the_others_chosen(tmp_path) -> N
     [b] = [r for r in beside.attacks if r.name == "intersection"]
     assert a.metrics["auc"] == b.metrics["auc"] and a.ci95 == b.ci95
     assert alone.report["audit"] == beside.report["audit"]  # the canary audit's too
+
+
+def test_the_inversion_targets_real_users_only(tmp_path, monkeypatch) -> None:
+    """The recorder took the optimisation attack's targets from every first upload, canary
+    clients too, and the scorer then wrote a canary's row into the real users' score matrix:
+    an IndexError, the whole audit lost, whenever a round's real users were fewer than the
+    targets (found 2026-12-08). The inversion is stubbed: it is not what is tested."""
+    import torch
+
+    import attacks.inversion
+
+    def stub(rec, seed):
+        return {
+            "items": torch.tensor([0]),
+            "label_scores": torch.tensor([1.0]),
+            "embedding": rec["truth_embedding"].float(),
+        }
+
+    monkeypatch.setattr(attacks.inversion, "invert_fedrecgel", stub)
+    cfg = TrainConfig(
+        model="fedrecgel", synthetic_users=20, synthetic_items=250, rounds=1, client_fraction=1.0
+    )
+    out = tmp_path / "audit"
+    chosen = {"attacks": ("optimization",), "canaries": 10, "target_users": 25}
+    result = audit(AuditConfig(train=cfg, keep_recording=True, **chosen), out=out)
+    (attack,) = result.report["attacks"]
+    assert "on 20 target uploads" in attack["note"]  # the 20 real users, no canary
+    scores = np.load(out / "scores.npz")["optimization"]
+    assert scores.shape == (20, 250) and not np.isnan(scores).any()
+    record = out / "run" / "audit"
+    assert sorted(int(p.stem.split("_")[1]) for p in record.glob("record/target_*.pt")) == list(
+        range(20)
+    )
+    # A recording made before holds canary targets: rescoring it leaves them out.
+    meta = json.loads((record / "audit_meta.json").read_text())
+    (record / "record" / "target_25.pt").write_bytes(
+        (record / "record" / "target_0.pt").read_bytes()
+    )
+    (record / "audit_meta.json").write_text(json.dumps({**meta, "targets": meta["targets"] + [25]}))
+    again = audit(AuditConfig(run=str(out / "run"), **chosen), out=tmp_path / "again")
+    assert "on 20 target uploads" in again.report["attacks"][0]["note"]
