@@ -63,16 +63,19 @@ from securefed.training import (
 )
 
 if TYPE_CHECKING:
+    from securefed.costs import CostEstimate, RunShape
     from securefed.data.types import Split
 
 __all__ = [
     "AttackResult",
     "AuditConfig",
+    "AuditDisk",
     "AuditResult",
     "audit",
     "AuditSetup",
     "audit_canaries",
     "audit_memory_bytes",
+    "estimate_audit_disk",
     "estimate_audit_seconds",
     "items_per_canary",
     "kept_bytes_bound",
@@ -88,10 +91,12 @@ _ACC = "accumulators.npz"
 #: Prefix of the temporary folder inside the output directory that holds a recording that is
 #: not kept (see :attr:`AuditConfig.keep_recording`).
 _SCRATCH = ".recording-"
-#: ``scores.npz`` over the raw size of its arrays in the least compressible audit measured:
-#: FedRAP with DP on MovieLens 100K, 13.2 MB for seven ``[943, 1682]`` float32 score matrices
-#: and the labels (0.29; fedals's 2-round audit: 1.95 MB for five, 0.06).
-SCORES_COMPRESSION_BOUND = 0.3
+#: ``scores.npz`` over the raw size of its arrays, above every audit measured: FedRAP with DP
+#: on MovieLens 100K, 13.2 MB for seven ``[943, 1682]`` float32 score matrices and the labels
+#: (0.29; fedals's 2-round audit: 1.95 MB for five, 0.06); FedRAP's 2-round audits of 60
+#: synthetic users, whose every user is observed, 0.49 without DP and 0.52 at epsilon 2
+#: (2026-12-08; 0.3 before, which those exceeded); FedRecGEL's 0.13, fedals's 0.20.
+SCORES_COMPRESSION_BOUND = 0.6
 #: Canary clients an audit adds to the replayed run (``AuditConfig.canaries``).
 DEFAULT_CANARIES = 256
 # Fitted 2026-12-05 on the quiet machine (probe x1.0) to one-round audits of MovieLens 100K
@@ -122,6 +127,15 @@ _METRIC_S_PER_ENTRY = 3.5e-9
 _AUDIT_START_S = 6.0
 #: ``audit.json`` and the canary arrays, about (14 kB measured).
 _AUDIT_SMALL_BYTES = 64 * 1024
+#: One array of an ``.npz`` beyond its data: its zip entry and ``.npy`` header (210-218 bytes
+#: measured, numpy 2, compressed or not).
+_NPZ_MEMBER_BYTES = 256
+#: The recorder's per-user accumulators (:class:`attacks.recorder._Acc`): five int64 and two
+#: float64 arrays, kept in ``accumulators.npz`` with ``--keep-recording``.
+_ACC_PER_USER_BYTES = 7 * 8
+#: A kept recording's ``audit_meta.json`` per canary: its user, item, partner and inclusion
+#: as JSON numbers (at most 20 characters each with their separators).
+_CANARY_META_BYTES = 4 * 20
 
 
 @dataclass(frozen=True)
@@ -154,11 +168,13 @@ class AuditSetup:
         array_bytes: Memory of its ``[users, items]`` arrays beside the replay training
             (:func:`audit_memory_bytes`: the recorder's tables, the scores, the labels).
         canaries: Canaries planted in the split ``before_train`` is given (0: none).
+        disk: The disk it will write (:func:`estimate_audit_disk`), checked to fit.
     """
 
     attacks: tuple[str, ...]
     array_bytes: int
     canaries: int = 0
+    disk: AuditDisk | None = None
 
 
 def audit_canaries(train_cfg: TrainConfig, users: int, canaries: int | None = None) -> int:
@@ -238,8 +254,11 @@ def _default_attacks(train_cfg: TrainConfig) -> tuple[list[str], int]:
     return chosen, _score_matrices(chosen)
 
 
-def kept_bytes_bound(train_cfg: TrainConfig, users: int, items: int) -> int:
-    """Disk an audit of ``train_cfg`` with every attack keeps (``scores.npz``, ``audit.json``).
+def kept_bytes_bound(
+    train_cfg: TrainConfig, users: int, items: int, *, attacks: Sequence[str] | None = None
+) -> int:
+    """Disk an audit of ``train_cfg`` with every attack (or ``attacks``) keeps
+    (``scores.npz``, ``audit.json``).
 
     Every chosen attack keeps its ``[users, items]`` float32 score matrices
     (:attr:`AttackSpec.score_matrices`: one, none for ``attribute``) beside the boolean
@@ -252,10 +271,151 @@ def kept_bytes_bound(train_cfg: TrainConfig, users: int, items: int) -> int:
         train_cfg: The audited run's configuration (its model and defenses choose the attacks).
         users: Real users of the split (canaries are not kept).
         items: Items of the split.
+        attacks: The attacks that will run (default: those of a default audit).
     """
-    chosen, matrices = _default_attacks(train_cfg)
+    if attacks is None:
+        chosen, matrices = _default_attacks(train_cfg)
+    else:
+        chosen, matrices = list(attacks), _score_matrices(attacks)
     raw = (4 * matrices + _label_matrices(chosen)) * users * items
     return int(raw * SCORES_COMPRESSION_BOUND) + _AUDIT_SMALL_BYTES
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditDisk:
+    """Disk an audit writes, in bytes (:func:`estimate_audit_disk`): bounds, every array
+    counted as if it did not compress, the scores at their worst measured compression.
+
+    Attributes:
+        replay: The replay training's run directory at its largest (``disk_peak`` of
+            :func:`securefed.costs.estimate_run` on the split with the canaries: its
+            checkpoints while it trains); 0 when the audit rescores a kept recording.
+        replay_kept: What that directory keeps once the audit has removed its checkpoint and
+            released model (metrics, summary, ledger).
+        recording: What the observers' recorder streams to disk (:mod:`attacks.recorder`:
+            each round's participants, aggregate statistic and canary scores; the inversion
+            targets' uploads with the round's global model; the released model) and, with
+            ``keep_recording``, its accumulated statistics.
+        scores: ``scores.npz`` and ``audit.json`` (:func:`kept_bytes_bound`).
+        keep_recording: The recording stays (else it is removed after scoring).
+    """
+
+    replay: int
+    replay_kept: int
+    recording: int
+    scores: int
+    keep_recording: bool = False
+
+    @property
+    def peak(self) -> int:
+        """At its largest: the replay's checkpoints beside the recording while it trains, or
+        the recording beside the scores while they are written (the recording goes last)."""
+        return max(self.replay + self.recording, self.replay_kept + self.recording + self.scores)
+
+    @property
+    def kept(self) -> int:
+        """What the audit's directory keeps once it has finished."""
+        return self.replay_kept + self.scores + (self.recording if self.keep_recording else 0)
+
+
+def estimate_audit_disk(
+    train_cfg: TrainConfig,
+    shape: RunShape,
+    *,
+    canaries: int | None = None,
+    canaries_included: bool = False,
+    attacks: Sequence[str] | None = None,
+    target_users: int = 16,
+    keep_recording: bool = False,
+) -> AuditDisk:
+    """Disk an audit of ``train_cfg`` on data of ``shape`` writes (:class:`AuditDisk`).
+
+    Args:
+        train_cfg: The config the audit trains (:func:`prepare_audit_config` for its
+            canaries).
+        shape: The split's dimensions (with the canaries planted when
+            ``canaries_included``: :func:`replayed_shape`).
+        canaries: Canaries the audit plants (None: the audit's default,
+            :func:`audit_canaries`).
+        canaries_included: ``shape`` is the split's with the canaries planted.
+        attacks: The attacks that will run (default: those of a default audit).
+        target_users: Targets of the optimisation inversion (:attr:`AuditConfig.target_users`).
+        keep_recording: :attr:`AuditConfig.keep_recording`.
+    """
+    from securefed.costs import estimate_run
+
+    n = audit_canaries(train_cfg, shape.users, canaries)
+    if canaries_included:
+        replay = shape
+        real_users, real_items = _unplanted_shape(train_cfg, shape.users, shape.items, n)
+    else:
+        users, items = replayed_shape(train_cfg, shape.users, shape.items, n)
+        replay = dataclasses.replace(
+            shape,
+            users=users,
+            items=items,
+            train_interactions=shape.train_interactions + n * items_per_canary(train_cfg),
+        )
+        real_users, real_items = shape.users, shape.items
+    chosen = _default_attacks(train_cfg)[0] if attacks is None else list(attacks)
+    return _audit_disk(
+        train_cfg,
+        estimate_run(train_cfg, replay, speed=1.0),
+        chosen,
+        real_users=real_users,
+        real_items=real_items,
+        canaries=n,
+        target_users=target_users,
+        keep_recording=keep_recording,
+    )
+
+
+def _audit_disk(
+    train_cfg: TrainConfig,
+    replay: CostEstimate,
+    chosen: Sequence[str],
+    *,
+    real_users: int,
+    real_items: int,
+    canaries: int,
+    target_users: int,
+    keep_recording: bool,
+) -> AuditDisk:
+    """:func:`estimate_audit_disk` from the replay training's estimate (on the split with
+    the canaries) and the chosen attacks."""
+    from attacks.recorder import recorded_groups, recorder_tables
+    from securefed.costs import CHECKPOINT_OVERHEAD, run_files_bytes
+
+    attacks = set(chosen)
+    upload = bool(per_client_attacks() & attacks)  # an upload channel is observed
+    groups = recorded_groups(attacks, upload=upload)
+    users = replay.shape.users  # the recorder's users: the canary clients too
+    # Each round's file: the participants (int64), the aggregate's row statistic (float32 per
+    # real item, for union) and the canaries' scores (float64).
+    per_round = 8 * users + 8 * canaries + 3 * _NPZ_MEMBER_BYTES
+    if "union" in groups:
+        per_round += 4 * real_items
+    recording = max(train_cfg.rounds, 1) * per_round
+    if "targets" in groups:  # each target's upload (float32) and the round's global model
+        layout = _layout(train_cfg, users, replay.shape.items)
+        each = 4 * layout + replay.model_bytes + CHECKPOINT_OVERHEAD
+        recording += min(target_users, real_users) * each
+    if "release" in groups:
+        recording += replay.model_bytes
+    if keep_recording:  # accumulators.npz and audit_meta.json
+        tables = len(recorder_tables(attacks, upload=upload))
+        recording += 4 * tables * users * real_items + _ACC_PER_USER_BYTES * users
+        recording += 8 * canaries + _AUDIT_SMALL_BYTES + _CANARY_META_BYTES * canaries
+    kept = replay.disk_final - replay.model_bytes + run_files_bytes(train_cfg)
+    if train_cfg.keep_private_state:
+        kept -= replay.checkpoint_bytes
+    return AuditDisk(
+        replay=replay.disk_peak,
+        replay_kept=max(kept, 0),
+        recording=int(recording),
+        scores=kept_bytes_bound(train_cfg, real_users, real_items, attacks=chosen),
+        keep_recording=keep_recording,
+    )
 
 
 def estimate_audit_seconds(
@@ -384,10 +544,11 @@ def _check_audit_memory(
     upload: bool,
     canaries: int = 0,
     available: int | None = None,
+    estimate: CostEstimate | None = None,
 ) -> int:
     """Refuse an audit whose replay training plus its arrays (:func:`audit_memory_bytes`,
     with the ``canaries`` canary clients' uploads) would not fit; returns those arrays'
-    bytes.
+    bytes. ``estimate``: the replay training's, when the caller has it.
 
     Raises:
         InsufficientMemory: one line with the estimate, what is available and the chosen
@@ -411,7 +572,8 @@ def _check_audit_memory(
         available = available_memory()
     if available is None or arrays == 0:
         return arrays
-    estimate = estimate_run(train_cfg, RunShape.of(split), speed=1.0)
+    if estimate is None:
+        estimate = estimate_run(train_cfg, RunShape.of(split), speed=1.0)
     training = estimate.peak_memory
     if training + arrays <= available:
         return arrays
@@ -448,6 +610,94 @@ def _check_audit_memory(
         f"{format_bytes(tables)}, and the attack scores, "
         f"{format_bytes(arrays - tables - uploads)}{canary_text}) "
         f"but {format_bytes(available)} is available; {hint}"
+    )
+
+
+def _check_audit_disk(
+    train_cfg: TrainConfig,
+    replay: CostEstimate | None,
+    chosen: Sequence[str],
+    out_dir: Path,
+    *,
+    real_users: int,
+    real_items: int,
+    canaries: int,
+    target_users: int,
+    keep_recording: bool,
+    with_canaries: Callable[[int], AuditDisk] | None = None,
+    free: int | None = None,
+) -> AuditDisk:
+    """Refuse an audit whose disk at its largest (:class:`AuditDisk`) exceeds the free space
+    of the file system ``out_dir`` goes on, before anything is written; returns the estimate.
+    ``replay``: the replay training's estimate (None: a kept recording is rescored, nothing
+    trains); ``with_canaries``: the same audit's disk with fewer canaries (for the advice);
+    ``free``: free bytes there (default: read; unknown: no check).
+
+    Raises:
+        InsufficientDisk: one line with what the audit needs, its parts, what is free where,
+            and what would fit: no ``--keep-recording``, fewer attacks, fewer canaries (each
+            adds a client and its items to the replay), or another ``--out``.
+    """
+    from securefed.costs import InsufficientDisk, format_bytes, free_disk_at
+
+    def estimate(attacks: Sequence[str], keep: bool) -> AuditDisk:
+        if replay is None:
+            scores = kept_bytes_bound(train_cfg, real_users, real_items, attacks=attacks)
+            return AuditDisk(replay=0, replay_kept=0, recording=0, scores=scores)
+        return _audit_disk(
+            train_cfg,
+            replay,
+            attacks,
+            real_users=real_users,
+            real_items=real_items,
+            canaries=canaries,
+            target_users=target_users,
+            keep_recording=keep,
+        )
+
+    disk = estimate(chosen, keep_recording)
+    where, read = free_disk_at(out_dir)
+    if free is None:
+        free = read
+    if free is None or disk.peak <= free:
+        return disk
+    elsewhere = "an --out on a file system with more free space"
+    hint = f"choose {elsewhere}, or free space there"
+    if keep_recording and estimate(chosen, False).peak <= free:
+        hint = f"without --keep-recording it would fit (or {elsewhere})"
+    else:
+        # The attacks that fit: the upload attacks (one shared recording) as one unit, every
+        # other attack alone; cheapest first.
+        sharing = {a for a in chosen if "upload" in get_attack(a).reads}
+        units = ([sharing] if sharing else []) + [{a} for a in chosen if a not in sharing]
+
+        def need(attacks: set[str]) -> int:
+            return estimate([a for a in chosen if a in attacks], keep_recording).peak
+
+        keep: set[str] = set()
+        for unit in sorted(units, key=need):
+            if need(keep | unit) <= free:
+                keep |= unit
+        if keep:
+            order = ",".join(a for a in chosen if a in keep)
+            hint = f"--attacks {order} would fit (or {elsewhere})"
+        elif with_canaries is not None and canaries > 0:
+            n = canaries
+            while n > 0:
+                n //= 2
+                if with_canaries(n).peak <= free:
+                    what = " (no DP audit)" if n == 0 else ""
+                    hint = f"--canaries {n}{what} would fit (or {elsewhere})"
+                    break
+    parts = [
+        (disk.replay, "the replay training's checkpoints"),
+        (disk.recording, "the observers' recording" + (", kept" if keep_recording else "")),
+        (disk.scores, "the attack scores"),
+    ]
+    named = "; ".join(f"{what} {format_bytes(size)}" for size, what in parts if size)
+    raise InsufficientDisk(
+        f"this audit needs about {format_bytes(disk.peak)} of disk at its largest ({named}) "
+        f"but {format_bytes(free)} is free on the file system holding {where}; {hint}"
     )
 
 
@@ -634,6 +884,9 @@ def audit(
             DP run with OS randomness (the default) to re-simulate.
         InsufficientMemory: The replay training and the attack recorder's tables would not
             fit in the available memory (one line naming the attacks that would).
+        InsufficientDisk: The replay's checkpoints, the recording and the scores
+            (:func:`estimate_audit_disk`) would not fit in the free space where ``out`` goes;
+            refused before anything is written (one line naming what would fit).
         DataError: The dataset or a recorded file is missing or malformed.
     """
     cfg = config if isinstance(config, AuditConfig) else AuditConfig(train=config or TrainConfig())
@@ -713,6 +966,7 @@ def _audit(
         recorded = meta.get("canaries")
         n_canaries = 0 if recorded is None else len(recorded["users"])
     canaries = None
+    run_cfg, unplanted = train_cfg, split  # before the canaries (the disk refusal's advice)
     if n_canaries > 0 and train_cfg.privacy.dp:
         # The bounds' delta must fit the canaries before anything trains (attacks.report).
         from attacks.canaries import check_canary_delta
@@ -731,6 +985,35 @@ def _audit(
             split, canaries = plant_canaries(split, n_canaries, rng, items_per_canary=per)
             train_cfg = prepare_audit_config(train_cfg, n_canaries)
 
+    # Disk before anything is written: the replay's checkpoints, the recording, the scores.
+    from securefed.costs import RunShape, estimate_run
+
+    replay_estimate = None
+    if not reuse:
+        replay_estimate = estimate_run(train_cfg, RunShape.of(split), speed=1.0)
+
+    def with_canaries(n: int) -> AuditDisk:
+        return estimate_audit_disk(
+            prepare_audit_config(run_cfg, n),
+            RunShape.of(unplanted),
+            canaries=n,
+            attacks=chosen,
+            target_users=cfg.target_users,
+            keep_recording=cfg.keep_recording,
+        )
+
+    disk = _check_audit_disk(
+        train_cfg,
+        replay_estimate,
+        chosen,
+        out_dir,
+        real_users=n_real_users,
+        real_items=n_real,
+        canaries=0 if canaries is None else n_canaries,
+        target_users=cfg.target_users,
+        keep_recording=cfg.keep_recording,
+        with_canaries=None if reuse else with_canaries,
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     bytes_recorded = 0
     train_seconds: float | None = None  # None: the recording was reused, nothing trained
@@ -787,12 +1070,14 @@ def _audit(
             chosen,
             upload=channel is not None,
             canaries=0 if canaries is None else n_canaries,
+            estimate=replay_estimate,
         )
         if before_train is not None:
             setup = AuditSetup(
                 attacks=tuple(chosen),
                 array_bytes=array_bytes,
                 canaries=0 if canaries is None else n_canaries,
+                disk=disk,
             )
             before_train(train_cfg, split, setup)
         initial = build_model(train_cfg, split)

@@ -277,3 +277,193 @@ def test_the_attack_table_benchmark_reads_null_as_not_a_number():
     row = module.table_row(report, defense="dp-eps2", seed=0, rounds=3)
     assert math.isnan(row["inversion_cosine"]) and math.isnan(row["empirical_epsilon"])
     assert row["accounted_epsilon"] == 1.99
+
+
+# ---------------------------------------------------------------------------- audit and report
+
+AUDIT_ARGV = ["audit", "--model", "fedrap", "--synthetic-users", "30", "--synthetic-items"]
+AUDIT_ARGV += ["300", "--rounds", "2", "--local-epochs", "1"]
+
+
+def _errors(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("error:")]
+
+
+def test_an_audit_that_cannot_fit_the_free_disk_is_refused_before_anything_is_written(
+    tmp_path, monkeypatch
+):
+    """``securefed audit`` checked memory, not disk: an audit whose replay checkpoints (the
+    canary clients' private state included), recording and scores exceed the free space
+    trained until the disk filled. It is refused in one line, nothing written, and the
+    advice it gives fits."""
+    from typer.testing import CliRunner
+
+    import attacks.audit
+    from securefed.cli import app
+
+    free = {"bytes": 1000}
+    monkeypatch.setattr("securefed.costs._free_disk_for", lambda directory: free["bytes"])
+    built = []
+    real_build = attacks.audit.build_model
+    monkeypatch.setattr(
+        attacks.audit, "build_model", lambda *a, **k: built.append(1) or real_build(*a, **k)
+    )
+    out = tmp_path / "deep" / "audit"
+    res = CliRunner().invoke(app, [*AUDIT_ARGV, "--canaries", "10", "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    (line,) = _errors(res.output)
+    assert "this audit needs about" in line and "the replay training's checkpoints" in line
+    assert f"1.0 kB is free on the file system holding {tmp_path}" in line
+    assert "choose an --out on a file system with more free space" in line
+    assert "Traceback" not in res.output
+    assert not built and not (tmp_path / "deep").exists()
+    # Room for the replay with fewer canaries (each one a client with FedRAP's private views
+    # over the catalogue and the canaries' items): the refusal says how many, and they fit.
+    full = attacks.audit.estimate_audit_disk(
+        TrainConfig(model="fedrap", synthetic_users=30, synthetic_items=300, rounds=2),
+        _shape(30, 300),
+        canaries=10,
+        attacks=["row-change"],
+    )
+    free["bytes"] = full.replay - 1
+    res = CliRunner().invoke(
+        app, [*AUDIT_ARGV, "--canaries", "10", "--attacks", "row-change", "--out", str(out)]
+    )
+    assert res.exit_code == 2, res.output
+    (line,) = _errors(res.output)
+    n = int(line.split("--canaries ")[1].split()[0])
+    assert 0 < n < 10 and not built and not out.exists()
+    res = CliRunner().invoke(
+        app, [*AUDIT_ARGV, "--canaries", str(n), "--attacks", "row-change", "--out", str(out)]
+    )
+    assert res.exit_code == 0, res.output
+    assert (out / "audit.json").exists() and built
+
+
+def _shape(users: int, items: int):
+    from securefed.costs import RunShape
+    from securefed.training import load_split
+
+    return RunShape.of(
+        load_split(TrainConfig(model="fedrap", synthetic_users=users, synthetic_items=items))
+    )
+
+
+def test_the_audit_disk_refusal_names_the_attacks_or_the_recording_that_would_fit(tmp_path):
+    from attacks.audit import _check_audit_disk
+    from securefed.costs import InsufficientDisk, estimate_run
+
+    cfg = TrainConfig(model="fedrap", synthetic_users=60, synthetic_items=400, rounds=2)
+    replay = estimate_run(cfg, _shape(60, 400), speed=1.0)
+    chosen = ["row-change", "intersection", "imia", "union", "released"]
+    kw = dict(real_users=60, real_items=400, canaries=0, target_users=16)
+
+    def check(attacks, keep, free):
+        return _check_audit_disk(
+            cfg, replay, attacks, tmp_path / "a", keep_recording=keep, free=free, **kw
+        )
+
+    kept = check(chosen, True, 10**12)
+    plain = check(chosen, False, 10**12)
+    assert kept.peak > plain.peak and kept.kept > plain.kept  # the accumulators
+    with pytest.raises(InsufficientDisk, match="without --keep-recording it would fit"):
+        check(chosen, True, plain.peak)
+    with pytest.raises(InsufficientDisk, match="--attacks ") as refused:
+        check(chosen, False, plain.peak - 1)
+    attacks = str(refused.value).split("--attacks ")[1].split()[0].split(",")
+    assert set(attacks) < set(chosen) and check(attacks, False, plain.peak - 1)
+    # A rescored recording trains nothing and records nothing: its scores alone.
+    rescore = _check_audit_disk(
+        cfg, None, chosen, tmp_path / "a", keep_recording=False, free=10**12, **kw
+    )
+    assert rescore.peak == rescore.scores < plain.scores + plain.replay
+
+
+@pytest.mark.slow  # a whole audit, every attack (about 40 s)
+def test_what_an_audit_writes_stays_within_its_estimate(tmp_path):
+    """The estimate is a bound on each part an audit leaves on disk (measured on the audit
+    itself: its kept recording, its scores, its replay's files)."""
+    from attacks.audit import AuditConfig, audit, estimate_audit_disk
+
+    # Every user observed: the least compressible scores (0.3 of their raw size was a
+    # bound until such an audit wrote 0.5).
+    cfg = TrainConfig(
+        model="fedrap", synthetic_users=60, synthetic_items=600, rounds=2, client_fraction=1.0
+    )
+    out = tmp_path / "audit"
+    result = audit(AuditConfig(train=cfg, canaries=10, keep_recording=True), out=out)
+    chosen = [a["name"].removesuffix("-gender") for a in result.report["attacks"] if a["metrics"]]
+    est = estimate_audit_disk(
+        cfg, _shape(60, 600), canaries=10, attacks=chosen, keep_recording=True
+    )
+
+    def size(*paths):
+        return sum(
+            f.stat().st_size
+            for p in paths
+            for f in ([p] if p.is_file() else p.rglob("*"))
+            if f.is_file()
+        )
+
+    recording = size(out / "run" / "audit")
+    assert 0 < recording <= est.recording
+    assert size(out / "scores.npz", out / "audit.json") <= est.scores
+    assert size(*(p for p in (out / "run").iterdir() if p.is_file())) <= est.replay_kept
+    assert size(out) <= est.kept
+
+
+def test_a_report_that_cannot_fit_the_free_disk_is_refused_before_anything_is_written(
+    tmp_path, monkeypatch
+):
+    """``securefed report`` stated its disk and ran: a sweep whose cells, their audits and
+    pages exceed the free space stopped when the disk filled, cells half-written. It is
+    refused in one line before any cell trains, nothing written."""
+    from typer.testing import CliRunner
+
+    from securefed.cli import app
+
+    monkeypatch.setattr("securefed.costs._free_disk_for", lambda directory: 10**6)
+    trained = []
+    monkeypatch.setattr("securefed.training.build_model", lambda *a, **k: trained.append(1))
+    out = tmp_path / "report"
+    argv = ["report", "--models", "fedrap", "--references", "none", "--epsilons", "inf"]
+    argv += ["--defenses", "none", "--seeds", "2", "--synthetic-users", "30"]
+    argv += ["--synthetic-items", "300", "--rounds", "2", "--out", str(out)]
+    res = CliRunner().invoke(app, argv)
+    assert res.exit_code == 2, res.output
+    (line,) = _errors(res.output)
+    assert "this report needs about" in line and "2 cells to run" in line
+    assert f"1.0 MB is free on the file system holding {tmp_path}" in line
+    assert "Traceback" not in res.output
+    assert not trained and not out.exists()
+    # A report continued in its directory: nothing of it is touched either.
+    out.mkdir()
+    (out / "report.json").write_text("{}")
+    res = CliRunner().invoke(app, argv)
+    assert res.exit_code == 2 and len(_errors(res.output)) == 1
+    assert [p.name for p in out.iterdir()] == ["report.json"]
+    assert (out / "report.json").read_text() == "{}" and not trained
+
+
+def test_the_report_disk_refusal_says_what_would_fit(tmp_path):
+    import math
+
+    from securefed.costs import InsufficientDisk
+    from securefed.report import ReportConfig, check_sweep_disk, estimate_sweep, plan_cells
+
+    cfg = ReportConfig(
+        models=("fedrap",), references=(), epsilons=(math.inf,), defenses=("none",), seeds=2,
+        dataset="synthetic", synthetic_users=30, synthetic_items=300, rounds=2, jobs=2,
+    )  # fmt: skip
+    cells, _ = plan_cells(cfg)
+    est = estimate_sweep(cfg, [(c.name, c.train_config(cfg), True) for c in cells], speed=1.0)
+    assert est.jobs == 2 and est.disk_peak_unaudited < est.disk_peak_with(1) < est.disk_peak
+    check_sweep_disk(est, tmp_path, audited=True, free=est.disk_peak)
+    with pytest.raises(InsufficientDisk, match="--jobs 1 would fit"):
+        check_sweep_disk(est, tmp_path, audited=True, free=est.disk_peak_with(1))
+    with pytest.raises(InsufficientDisk, match="--no-audit would fit"):
+        check_sweep_disk(est, tmp_path, audited=True, free=est.disk_peak_unaudited)
+    with pytest.raises(InsufficientDisk, match="free space on that file system"):
+        check_sweep_disk(est, tmp_path, audited=True, free=est.disk_peak_unaudited - 1)
+    # What the cells to run already hold (an interrupted cell's checkpoint) is replaced.
+    check_sweep_disk(est, tmp_path, audited=True, free=est.disk_peak - 1000, replaced=1000)

@@ -441,9 +441,11 @@ def test_a_cell_below_mostpop_is_flagged_and_never_the_best_private_one():
 
 def test_the_disk_estimate_counts_what_cells_keep_not_their_deleted_checkpoints():
     """A finished cell keeps its metrics and its audit's scores; its checkpoints and released
-    model are deleted, so they count only towards the peak, one running cell (per job) at a time."""
-    from attacks.audit import kept_bytes_bound
-    from securefed.costs import RunShape, estimate_run
+    model are deleted, so they count only towards the peak, one running cell (per job) at a
+    time; its audit's replay checkpoints and recording too (the recording was not counted)."""
+    from attacks.audit import estimate_audit_disk, kept_bytes_bound
+    from securefed.costs import RunShape, estimate_run, run_files_bytes
+    from securefed.report.sweep import REPORT_PAGES_BYTES, REPORT_ROW_BYTES
     from securefed.training import load_split
 
     cfg = ReportConfig(
@@ -459,13 +461,20 @@ def test_the_disk_estimate_counts_what_cells_keep_not_their_deleted_checkpoints(
     assert len(audits) == 4  # fedrap none / secagg, two seeds; the references are not audited
     # Under secure aggregation the per-client attacks are skipped: fewer score matrices.
     assert audits["fedrap-secagg-epsinf-s0"] < audits["fedrap-none-epsinf-s0"]
-    kept = sum(r.disk_final - r.model_bytes for r in runs_) + sum(audits.values())
+    disk = {n: estimate_audit_disk(c, shape) for n, c, a in todo if a}
+    assert all(d.scores == audits[n] and d.recording > 0 for n, d in disk.items())
+    files = sum(run_files_bytes(c) for _, c, _ in todo)
+    pages = REPORT_PAGES_BYTES + REPORT_ROW_BYTES * len(todo)
+    kept = sum(r.disk_final - r.model_bytes for r in runs_) + files + pages
+    kept += sum(d.kept for d in disk.values())
     assert est.disk_bytes == kept
-    assert est.disk_bytes < sum(r.checkpoint_bytes for r in runs_)
-    # The audit's replay adds 256 canary clients, each with FedRAP's private state.
-    largest = max(r.disk_peak for r in runs_)
-    replay = largest * (shape.users + 256) / shape.users
-    assert est.disk_bytes + largest <= est.disk_peak <= est.disk_bytes + replay + 1
+    assert est.disk_bytes - pages < sum(r.checkpoint_bytes for r in runs_)
+    # The audit's replay adds 256 canary clients, each with FedRAP's private state: its
+    # checkpoints and recording, beside what the cell keeps, are the largest running cell.
+    largest = max(d.peak for d in disk.values())
+    assert largest > max(r.disk_peak for r in runs_) * (shape.users + 256) / shape.users
+    assert est.running_disk >= largest
+    assert est.disk_peak == est.disk_bytes - pages + max(est.running_disk, pages)
     assert "of disk kept" in est.line() and "at most while cells run" in est.line()
     # An audited cell's time: its training, the replay (canaries added) and the scoring of
     # every chosen attack's matrix; fewer attacks under secure aggregation.

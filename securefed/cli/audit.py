@@ -239,11 +239,17 @@ def _announce() -> tuple[Any, Any]:
         )
         arrays = setup.array_bytes
         tables = f" and {format_bytes(arrays)} of attack statistics and scores" if arrays else ""
+        disk = setup.disk
+        written = (
+            f"disk {format_bytes(disk.peak)} at most with the observers' recording and the "
+            f"scores, {format_bytes(disk.kept)} kept"
+            if disk is not None
+            else f"disk {format_bytes(est.disk_bytes)} plus the observers' recording"
+        )
         err.print(
             f"estimate: the audit's replay training {format_seconds(est.seconds)} (peak memory "
-            f"{format_bytes(est.peak_memory)}{tables}, disk {format_bytes(est.disk_bytes)} plus "
-            f"the observers' recording), about {format_seconds(whole)} with the attacks "
-            f"({est.basis})",
+            f"{format_bytes(est.peak_memory)}{tables}, {written}), about "
+            f"{format_seconds(whole)} with the attacks ({est.basis})",
             highlight=False,
             soft_wrap=True,
             markup=False,

@@ -81,6 +81,7 @@ __all__ = [
     "build_report",
     "check_report_dependencies",
     "collect_results",
+    "check_sweep_disk",
     "estimate_sweep",
     "plan_cells",
     "run_report",
@@ -414,6 +415,14 @@ class SweepEvent:
 ProgressFn = Callable[[SweepEvent], None]
 
 
+#: A report's pages beside its cells (``results.csv`` and ``.parquet``, ``report.md`` and
+#: ``.html``, the figures as PNG and SVG, the html embedding the PNGs): a bound of 8 MB plus
+#: 16 kB a row. Measured: docs/report-ml100k's five figures are 0.71 MB as PNG (34 cells,
+#: audited); an 8-cell synthetic report without audits wrote 0.40 MB of pages (2026-12-08).
+REPORT_PAGES_BYTES = 8_000_000
+REPORT_ROW_BYTES = 16 * 1024
+
+
 @dataclass(frozen=True)
 class SweepEstimate:
     """The estimated cost of the cells a sweep still has to run (:mod:`securefed.costs`).
@@ -421,15 +430,18 @@ class SweepEstimate:
     Attributes:
         cells: Cell name -> estimated seconds (training, plus the audit when it runs).
         seconds: All of them, divided among ``jobs`` parallel processes.
-        disk_bytes: What the cells' directories keep once they have finished: metrics and
-            summaries, and for audited cells the audit's scores (a bound:
-            :func:`attacks.audit.kept_bytes_bound`); checkpoints, released models and
-            recordings are deleted as each cell finishes.
-        disk_peak: The most disk the sweep needs at once: what finished cells keep plus the
-            largest running cell's checkpoints (two while one replaces the other), per job.
+        disk_bytes: What the cells' directories keep once they have finished (metrics,
+            summaries, ledgers and, for audited cells, the audit's scores and its replay's
+            metrics: :func:`attacks.audit.estimate_audit_disk`; checkpoints, released models
+            and recordings are deleted as each cell finishes) and the report's pages.
+        disk_peak: The most disk the sweep needs at once: what the cells keep plus, per job,
+            the most one running cell holds beyond (its checkpoints, two while one replaces
+            the other; then its audit's replay checkpoints, recording and scores).
         peak_memory: The largest cell's estimated peak, times the parallel jobs.
         speed: The machine probe's factor the times were scaled by.
         jobs: Cells run in parallel.
+        running_disk: The most one running cell holds while it trains and is audited.
+        disk_peak_unaudited: ``disk_peak`` of the same cells without their audits.
     """
 
     cells: dict[str, float]
@@ -439,6 +451,14 @@ class SweepEstimate:
     speed: float
     jobs: int = 1
     disk_peak: int = 0
+    running_disk: int = 0
+    disk_peak_unaudited: int = 0
+
+    def disk_peak_with(self, jobs: int) -> int:
+        """``disk_peak`` had the sweep run ``jobs`` cells at a time: what the cells keep, then
+        beside it the running cells or, once they have all finished, the report's pages."""
+        pages = _pages_bytes(len(self.cells))
+        return self.disk_bytes - pages + max(self.running_disk * jobs, pages)
 
     def line(self) -> str:
         """One line: cells, time, disk, memory."""
@@ -464,7 +484,8 @@ def estimate_sweep(
     """Estimate the cells ``todo`` (name, training config, audited) of a sweep.
 
     Loads the dataset once for its shape. With ``check``, a sweep whose largest cell (times
-    the parallel jobs) cannot fit in the available memory is refused before any cell runs.
+    the parallel jobs) cannot fit in the available memory is refused before any cell runs
+    (the disk: :func:`check_sweep_disk`).
 
     Raises:
         InsufficientMemory: One line: the estimate, what is available and what would fit.
@@ -474,12 +495,13 @@ def estimate_sweep(
         check_memory,
         estimate_run,
         machine_speed,
+        run_files_bytes,
     )
     from securefed.training import load_split
 
     cells: dict[str, float] = {}
-    disk = 0
-    transient = 0
+    disk = plain_disk = 0
+    running = plain_running = 0
     peak = 0
     if not todo:
         return SweepEstimate(cells, 0.0, 0, 0, 1.0)
@@ -489,20 +511,24 @@ def estimate_sweep(
     for name, cfg, audited in todo:
         est = estimate_run(cfg, shape, speed=speed)
         cells[name] = est.seconds
-        # Kept: metrics and summary (the report deletes model.pt and every checkpoint) and the
-        # audit's scores. Transient: the cell's checkpoints while it trains, then its audit's
-        # replay (the same model with the canary clients added), one cell per job at a time.
-        disk += (
+        # Kept: metrics, summary and ledger (the report deletes model.pt and every checkpoint)
+        # and the audit's scores and replay metrics. Running: the cell's checkpoints while it
+        # trains, then its audit's replay (the same model with the canary clients added), its
+        # recording and scores, beside what the cell keeps; one cell per job at a time.
+        kept = (
             est.disk_final
             - est.model_bytes
             - (est.checkpoint_bytes if cfg.keep_private_state else 0)
+            + run_files_bytes(cfg)
         )
-        cell_peak = est.disk_peak
+        cell_running = est.disk_peak + run_files_bytes(cfg)
+        plain_disk += kept
+        plain_running = max(plain_running, cell_running)
         if audited:
             from attacks.audit import (
                 audit_canaries,
+                estimate_audit_disk,
                 estimate_audit_seconds,
-                kept_bytes_bound,
                 prepare_audit_config,
             )
 
@@ -519,9 +545,11 @@ def estimate_sweep(
                 speed=speed,
                 canaries=n_canaries,
             )
-            disk += kept_bytes_bound(cfg, shape.users, shape.items)
-            cell_peak = int(cell_peak * (shape.users + n_canaries) / max(shape.users, 1))
-        transient = max(transient, cell_peak)
+            audit = estimate_audit_disk(audit_cfg, shape, canaries=n_canaries)
+            cell_running = max(cell_running, kept + audit.peak)
+            kept += audit.kept
+        disk += kept
+        running = max(running, cell_running)
         if worst is None or est.peak_memory > worst[1].peak_memory:
             worst = (cfg, est)
         peak = max(peak, est.peak_memory)
@@ -529,14 +557,73 @@ def estimate_sweep(
     if check and worst is not None:
         cfg, est = worst
         check_memory(cfg, dataclasses.replace(est, peak_memory=est.peak_memory * jobs))
+    pages = _pages_bytes(len(todo))
     return SweepEstimate(
         cells=cells,
         seconds=sum(cells.values()) / jobs,
-        disk_bytes=disk,
+        disk_bytes=disk + pages,
         peak_memory=peak * jobs,
         speed=speed,
         jobs=jobs,
-        disk_peak=disk + transient * jobs,
+        disk_peak=disk + max(running * jobs, pages),
+        running_disk=running,
+        disk_peak_unaudited=plain_disk + max(plain_running * jobs, pages),
+    )
+
+
+def _pages_bytes(cells: int) -> int:
+    """The report's pages for ``cells`` rows (:data:`REPORT_PAGES_BYTES`)."""
+    return REPORT_PAGES_BYTES + REPORT_ROW_BYTES * cells
+
+
+def check_sweep_disk(
+    estimate: SweepEstimate,
+    out: str | Path,
+    *,
+    audited: bool,
+    replaced: int = 0,
+    free: int | None = None,
+) -> None:
+    """Refuse a sweep whose disk at its largest (``estimate.disk_peak``) exceeds the free
+    space of the file system ``out`` goes on, before any cell runs or anything is written.
+
+    Args:
+        estimate: The cells to run (:func:`estimate_sweep`).
+        out: The report directory (need not exist).
+        audited: The cells are audited (``--no-audit`` would save their audits' disk).
+        replaced: Bytes the cells to run already hold under ``out`` (an interrupted cell's
+            checkpoint is replaced, its unfinished audit removed): counted as free.
+        free: Free bytes there (default: read; unknown: no check).
+
+    Raises:
+        InsufficientDisk: one line with what the sweep needs, what is free where, and what
+            would fit: ``--jobs 1``, ``--no-audit``, or space.
+    """
+    from securefed.costs import InsufficientDisk, format_bytes, free_disk_at
+
+    where, read = free_disk_at(out)
+    if free is None:
+        free = read
+    if free is None or not estimate.cells:
+        return
+    free += replaced
+    if estimate.disk_peak <= free:
+        return
+    kept = estimate.disk_bytes
+    if estimate.jobs > 1 and estimate.disk_peak_with(1) <= free:
+        hint = "--jobs 1 would fit"
+    elif audited and estimate.disk_peak_unaudited <= free:
+        hint = "--no-audit would fit (audit a subset of the grid later into the same --out)"
+    else:
+        hint = "free space on that file system, or choose an --out on one with more free space"
+    n = len(estimate.cells)
+    jobs = f" x {estimate.jobs} jobs" if estimate.jobs > 1 else ""
+    raise InsufficientDisk(
+        f"this report needs about {format_bytes(estimate.disk_peak)} of disk at its largest "
+        f"({n} cell{'s' if n != 1 else ''} to run: {format_bytes(kept)} kept once they finish, "
+        f"with the report's pages; up to {format_bytes(estimate.running_disk)} for a running "
+        f"cell{jobs} while it trains{' and is audited' if audited else ''}) but "
+        f"{format_bytes(free)} is free on the file system holding {where}; {hint}"
     )
 
 
@@ -701,14 +788,15 @@ def _cell_job(cell_dir: str, config: dict[str, Any], audit: bool, threads: int) 
     return time.perf_counter() - t0
 
 
-def _sweep(
-    config: ReportConfig,
-    cells: Sequence[Cell],
-    out: Path,
-    audit: bool,
-    progress: ProgressFn | None,
-) -> None:
-    emit = progress or (lambda _e: None)
+def _pending(
+    config: ReportConfig, cells: Sequence[Cell], out: Path, audit: bool
+) -> list[tuple[Cell, Path, TrainConfig]]:
+    """The cells a sweep still has to run (reads only): every cell directory's config is
+    checked against the grid first, so a conflict is refused before anything runs.
+
+    Raises:
+        ConfigError: A cell directory in ``out`` was run with other settings.
+    """
     todo: list[tuple[Cell, Path, TrainConfig]] = []
     for cell in cells:
         cell_dir = out / CELLS_DIR / cell.name
@@ -729,13 +817,32 @@ def _sweep(
             ) from None
         if not _cell_finished(cell_dir, audit and cell.audited):
             todo.append((cell, cell_dir, cfg))
-        else:
-            _drop_checkpoints(cell_dir)  # a finished cell of an earlier version's sweep
+    return todo
+
+
+def _held_bytes(directories: Iterable[Path]) -> int:
+    """Bytes of the files under ``directories`` (those that exist)."""
+    return sum(
+        p.stat().st_size for d in directories if d.is_dir() for p in d.rglob("*") if p.is_file()
+    )
+
+
+def _sweep(
+    config: ReportConfig,
+    cells: Sequence[Cell],
+    todo: Sequence[tuple[Cell, Path, TrainConfig]],
+    out: Path,
+    audit: bool,
+    progress: ProgressFn | None,
+    estimate: SweepEstimate,
+) -> None:
+    emit = progress or (lambda _e: None)
+    pending = {cell.name for cell, _, _ in todo}
+    for cell in cells:
+        if cell.name not in pending:
+            _drop_checkpoints(out / CELLS_DIR / cell.name)  # an earlier version's sweep's
     total = len(cells)
     done = total - len(todo)
-    estimate = estimate_sweep(
-        config, [(cell.name, cfg, audit and cell.audited) for cell, _, cfg in todo]
-    )
     emit(SweepEvent("plan", done, total, estimate=estimate))
     if config.jobs == 1 or len(todo) <= 1:
         for cell, cell_dir, cfg in todo:
@@ -830,7 +937,10 @@ def run_report(
     Raises:
         ConfigError: A cell directory in ``out`` was run with other settings.
         InsufficientMemory: The largest cell (times ``jobs``) cannot fit in the available
-            memory (:func:`estimate_sweep`); nothing was trained.
+            memory (:func:`estimate_sweep`); nothing was trained or written.
+        InsufficientDisk: The cells to run, their audits and the report's pages cannot fit
+            in the free space where ``out`` goes (:func:`check_sweep_disk`); nothing was
+            trained or written.
         DataError: The dataset is missing or malformed.
     """
     from securefed.training import check_run_dir_writable
@@ -865,6 +975,17 @@ def run_report(
             + (f" ({'; '.join(reasons)})" if reasons else "")
             + "; change --models, --defenses or --epsilons"
         )
+    # Before anything is written: conflicting cells, then memory and disk.
+    todo = _pending(config, cells, out, audit)
+    estimate = estimate_sweep(
+        config, [(cell.name, cfg, audit and cell.audited) for cell, _, cfg in todo]
+    )
+    check_sweep_disk(
+        estimate,
+        out,
+        audited=audit and any(cell.audited for cell, _, _ in todo),
+        replaced=_held_bytes(cell_dir for _, cell_dir, _ in todo),
+    )
     fresh_dir, fresh_file = not out.exists(), not (out / SWEEP_FILE).exists()
     out.mkdir(parents=True, exist_ok=True)
     runs.write_json(
@@ -877,7 +998,7 @@ def run_report(
         },
     )
     try:
-        _sweep(config, cells, out, audit, progress)
+        _sweep(config, cells, todo, out, audit, progress, estimate)
     except (ConfigError, DataError):
         # Refused before any cell finished (bad data, too big for memory): leave nothing
         # this call wrote behind; a sweep that finished cells keeps them to continue.
