@@ -55,6 +55,10 @@ def attribute_inference(
 ) -> tuple[dict[str, Any], dict[str, list[float]], dict[str, Any]]:
     """Train on a random ``known_fraction`` of the users, report on the rest.
 
+    ``metrics["constant_scores"]`` says whether every user it reports on got the same class
+    probabilities: its AUC is then exactly 1/2 with an interval of width 0, which is no
+    measurement (:data:`attacks.results.NO_SIGNAL`).
+
     Args:
         features: ``[users, f]`` per-client features (rows of unobserved users all NaN).
         labels: ``[users]`` integer attribute (negative = unknown, skipped).
@@ -82,4 +86,7 @@ def attribute_inference(
     )
     metrics["known_users"] = int(tr.size)
     metrics["classes"] = int(classes.size)
+    # Every held-out user scored alike (their profiles all zero or all the same: a private
+    # fedals's count rounds upload no factor to recover one from): no signal, not chance.
+    metrics["constant_scores"] = bool(proba.size and (proba == proba[0]).all())
     return metrics, ci, baseline

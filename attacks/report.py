@@ -16,7 +16,7 @@ from attacks.imia import SHADOWS
 from attacks.metrics import binary_metrics, membership_report
 from attacks.registry import AttackSpec, RecorderGroup, ScoreContext, attack_names, get_attack
 from attacks.released import FITS
-from attacks.results import RELEASE_NOTE, RELEASED_FILE, AttackResult, AuditConfig
+from attacks.results import NO_SIGNAL, RELEASE_NOTE, RELEASED_FILE, AttackResult, AuditConfig
 from attacks.rows import observer_hooks
 from attacks.threat import ThreatModel
 from protocols.seeding import numpy_generator
@@ -237,17 +237,16 @@ def _attribute(ctx: ScoreContext) -> list[AttackResult]:
             rng=ctx.rng,
             known_fraction=known,
         )
-        out.append(
-            AttackResult(
-                f"attribute-{attr}",
-                _UP,
-                metrics,
-                ci,
-                base,
-                f"logistic regression on the per-item profile recovered from the uploads, "
-                f"{known:.0%} of users' {attr} known to the attacker",
-            )
+        note = (
+            f"logistic regression on the per-item profile recovered from the uploads, "
+            f"{known:.0%} of users' {attr} known to the attacker"
         )
+        if metrics.get("constant_scores"):
+            note += (
+                f"; {NO_SIGNAL} (every user's profile gave the same prediction: the uploads "
+                "carry no per-user profile to classify), so its AUC 0.500 measures nothing"
+            )
+        out.append(AttackResult(f"attribute-{attr}", _UP, metrics, ci, base, note))
     return out
 
 

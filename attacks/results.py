@@ -14,11 +14,15 @@ from attacks.registry import attack_names
 from securefed.config import TrainConfig
 from securefed.errors import ConfigError
 
-__all__ = ["RELEASE_NOTE", "RELEASED_FILE", "AttackResult", "AuditConfig"]
+__all__ = ["NO_SIGNAL", "RELEASE_NOTE", "RELEASED_FILE", "AttackResult", "AuditConfig"]
 
 #: The released global model, saved under the recording for the release-observer attack.
 RELEASED_FILE = "released.pt"
 RELEASE_NOTE = "the global model released after the last round, and each target's interactions"
+#: The verdict of an attack whose scores are all equal (``metrics["constant_scores"]``): its
+#: AUC of 1/2 and its interval of width 0 measure no attack at chance, only that nothing
+#: told one user from another.
+NO_SIGNAL = "no signal: the scores are constant"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,12 +137,15 @@ def auc_verdict(
     metrics: Mapping[str, Any], ci95: Mapping[str, Any], baseline: Mapping[str, Any]
 ) -> str:
     """``"above chance"``, ``"chance level"`` or ``"BELOW CHANCE"`` from the AUC's 95 % interval
-    against the random baseline's AUC (1/2); ``""`` without an AUC.
+    against the random baseline's AUC (1/2); :data:`NO_SIGNAL` when the scores are constant
+    (``metrics["constant_scores"]``); ``""`` without an AUC.
 
     Below chance means the attack's scores rank members *below* non-members more often than
     not: it learned the signal with the wrong sign (its mirror would score ``1 - AUC``), so
     it is a broken attack, not evidence of privacy.
     """
+    if metrics.get("constant_scores"):
+        return NO_SIGNAL
     auc = metrics.get("auc")
     lo_hi = ci95.get("auc")
     base = baseline.get("auc", 0.5)

@@ -357,3 +357,27 @@ def test_a_central_dp_audit_says_the_upload_rows_are_not_what_dp_protects(tmp_pa
     )
     assert res.exit_code == 0, res.output
     assert "protects what is released, not the uploads" in " ".join(res.output.split())
+
+
+def test_an_attribute_attack_without_signal_says_so_in_the_audit_and_the_report(tmp_path):
+    """Private fedals's attribute attack reads profiles its count rounds never upload: its
+    scores are constant, which the audit printed, wrote and the report averaged as an attack
+    at "chance level" (AUC 0.500 [0.500, 0.500])."""
+    from attacks.results import NO_SIGNAL
+    from securefed.report import build_report
+
+    out = tmp_path / "audit"
+    argv = ["--model", "fedals", "--epsilon", "2", "--synthetic-users", "100"]
+    argv += ["--synthetic-items", "300", "--attacks", "attribute", "--canaries", "0"]
+    res = runner.invoke(app, [*argv, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "no signal" in res.output and "chance level" not in res.output
+    (attack,) = json.loads((out / "audit.json").read_text())["attacks"]
+    assert attack["name"] == "attribute-gender" and attack["verdict"] == NO_SIGNAL
+    assert attack["metrics"]["constant_scores"] is True and NO_SIGNAL in attack["note"]
+    report = build_report([out], tmp_path / "report")
+    assert list(report.results["attribute-gender:verdict"]) == [NO_SIGNAL]
+    (note,) = [n for n in report.notes if "no signal" in n]
+    assert note.startswith("attribute-gender had no signal in 1 cell(s)")
+    page = (tmp_path / "report" / "report.md").read_text()
+    assert "0.500 (attribute-gender)" not in page  # not the row's best attack AUC

@@ -182,3 +182,27 @@ def test_plant_canaries_needs_two_distinct_negative_sets() -> None:
     plant_canaries(leave_one_out(data, seed=3, n_eval_negatives=25), 4, rng)
     with pytest.raises(ConfigError, match="at least 64 real items .* the data has 60"):
         plant_canaries(leave_one_out(data, seed=3, n_eval_negatives=30), 4, rng)
+
+
+def test_an_attribute_attack_without_signal_says_so_not_chance() -> None:
+    """Profiles that are all zero (private fedals's count rounds upload no factor) gave every
+    user the same prediction, read "chance level" at AUC 0.500 [0.500, 0.500]: it is no
+    measurement of an attack at chance."""
+    from attacks.attribute import attribute_inference
+    from attacks.results import NO_SIGNAL, AttackResult
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, size=80)
+
+    def result(features: np.ndarray) -> AttackResult:
+        metrics, ci, base = attribute_inference(features, labels, rng=np.random.default_rng(1))
+        return AttackResult("attribute-gender", "upload-observer", metrics, ci, base)
+
+    blank = result(np.zeros((80, 30)))
+    assert blank.metrics["auc"] == 0.5 and blank.ci95["auc"] == [0.5, 0.5]
+    assert blank.metrics["constant_scores"] and blank.verdict == NO_SIGNAL
+    assert blank.as_dict()["verdict"] == NO_SIGNAL
+    # Profiles that differ, whatever the attack makes of them, are scored as before.
+    noise = result(rng.normal(size=(80, 30)))
+    assert not noise.metrics["constant_scores"]
+    assert noise.verdict in ("above chance", "chance level", "BELOW CHANCE")

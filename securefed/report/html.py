@@ -259,6 +259,8 @@ def _key_table(frame: Any) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
     """The key table: one row per (model, defense, epsilon), means over seeds, each next to
     its baselines on the same split; then the yardstick rows (random, MostPop) and the
     centralized references of every dataset."""
+    from attacks.results import NO_SIGNAL
+
     attack_cols = [c for c in frame.columns if c.endswith(":auc") and frame[c].notna().any()]
     datasets = sorted(set(frame["dataset"]))
     many = len(datasets) > 1
@@ -287,7 +289,9 @@ def _key_table(frame: Any) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
     for (dataset, model, defense, e), part in frame.groupby(keys, sort=False):
         best_auc, best_name = math.nan, ""
         for c in attack_cols:
-            v = float(part[c].mean())
+            verdict = part.get(f"{c[: -len(':auc')]}:verdict")
+            scored = part[c] if verdict is None else part[c][verdict != NO_SIGNAL]
+            v = float(scored.mean()) if len(scored) else math.nan
             if v == v and not (v <= best_auc):
                 best_auc, best_name = v, c[: -len(":auc")]
         lb = part.get("epsilon_lower_bound", [])

@@ -1266,7 +1266,26 @@ def _audit_columns(audit_file: Path | None) -> dict[str, Any]:
             if key in base:
                 row[f"{name}:{key}:baseline"] = _f(base[key])
         row[f"{name}:threat_model"] = attack.get("threat_model", "")
+        row[f"{name}:verdict"] = attack.get("verdict") or ""
     return row
+
+
+def _no_signal_notes(frame: Any) -> list[str]:
+    """A sentence per attack whose scores were constant in some cells
+    (:data:`attacks.results.NO_SIGNAL`): its AUC of 0.500 there is no attack at chance."""
+    from attacks.results import NO_SIGNAL
+
+    out = []
+    for column in (c for c in frame.columns if c.endswith(":verdict")):
+        cells = [str(c) for c in frame.loc[frame[column] == NO_SIGNAL, "cell"]]
+        if cells:
+            name = column[: -len(":verdict")]
+            out.append(
+                f"{name} had no signal in {len(cells)} cell(s) ({', '.join(cells)}): its "
+                "scores were constant, so its AUC of 0.500 there measures nothing (it is not "
+                "an attack at chance) and is left out of the best attack AUC."
+            )
+    return out
 
 
 def collect_results(dirs: Iterable[str | Path], notes: list[str] | None = None) -> Any:
@@ -1437,6 +1456,7 @@ def _build(
             f"The audit of {row['cell']} failed: {row['audit_error']} (its utility is reported; "
             f"delete {row['run_dir']}/{AUDIT_DIR} and rerun to retry the audit)."
         )
+    notes.extend(_no_signal_notes(frame))
     if not frame["audited"].any() and not any("audit" in n for n in notes):
         notes.append("No audit.json was found for these runs, so attack figures are omitted.")
     figures, fig_notes = draw_figures(frame, out / "figures")
