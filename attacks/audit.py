@@ -770,8 +770,10 @@ def _check_replayable(run: Path, config: TrainConfig) -> None:
 
     Raises:
         ConfigError: the config's model, seed, rounds or privacy settings differ from what
-            the run recorded, or the run was resumed and released rounds again (a replay from
-            the seed does not re-release them).
+            the run recorded.
+        ResumedRun: the run was resumed and released rounds again (a replay from the seed
+            does not re-release them): its summary's model releases beyond its rounds, or an
+            interaction-level run's ledger holding a round's DP-SGD releases twice.
     """
     summary_path = run / runs.SUMMARY_FILE
     if not summary_path.exists():
@@ -826,13 +828,55 @@ def _check_replayable(run: Path, config: TrainConfig) -> None:
     releases, released = summary.get("releases"), summary.get("released_rounds")
     if isinstance(releases, int) and summary.get("prior_noise_multiplier") is not None:
         releases -= 1  # the popularity prior's one release, beside round 1's (never again)
+    again, detail = 0, ""
     if isinstance(releases, int) and isinstance(released, int) and releases > released:
+        again, detail = releases - released, f"{releases} model releases for {released} rounds"
+    elif summary.get("privacy_unit") == "interaction":
+        # Its summary counts no model releases: every round's local DP-SGD releases are in
+        # its ledger, and a round released again holds them twice (found in review).
+        again, detail = _interaction_rounds_again(run, summary, config)
+    if again:
         raise ResumedRun(
-            f"{run} was resumed and released {releases - released} round(s) a second time "
-            f"({releases} model releases for {released} rounds; its noise was refit for the "
-            "rest), which a re-simulation from its seed does not reproduce; audit without --run "
-            "(the audit trains its own replay run)"
+            f"{run} was resumed and released {again} round(s) a second time ({detail}; its "
+            "noise was refit for the rest), which a re-simulation from its seed does not "
+            "reproduce; audit without --run (the audit trains its own replay run)"
         )
+
+
+def _interaction_rounds_again(
+    run: Path, summary: dict[str, Any], config: TrainConfig
+) -> tuple[int, str]:
+    """Rounds an interaction-level run released more than once, and the record that says so:
+    its ledger's DP-SGD events per round (each round's local DP-SGD makes
+    ``releases_per_round`` of them, accounted before any client trains; a run resumed from
+    an earlier checkpoint runs the rounds after it again and records their releases again),
+    else, where the ledger cannot be read, its summary's ``dpsgd_steps`` against its
+    ``released_rounds``."""
+    from securefed.errors import IntegrityError
+    from securefed.privacy import interaction_steps_per_round, read_ledger_file
+
+    per = summary.get("releases_per_round")
+    if not isinstance(per, int) or per < 1:
+        per = interaction_steps_per_round(config)
+    try:
+        events = read_ledger_file(run / runs.LEDGER_FILE).events
+    except IntegrityError:
+        steps, rounds = summary.get("dpsgd_steps"), summary.get("released_rounds")
+        if isinstance(steps, int) and isinstance(rounds, int) and steps > rounds * per:
+            again = -(-(steps - rounds * per) // per)
+            return again, f"{steps} DP-SGD releases for {rounds} rounds of {per} each"
+        return 0, ""
+    counts: dict[int, int] = {}
+    for event in events:
+        counts[int(event.round)] = counts.get(int(event.round), 0) + 1
+    twice = sorted(r for r, n in counts.items() if n > per)
+    if not twice:
+        return 0, ""
+    names = ", ".join(str(r + 1) for r in twice)
+    held = sum(counts[r] for r in twice)
+    return len(twice), (
+        f"its ledger holds {held} DP-SGD releases for round(s) {names}, {per} a round"
+    )
 
 
 def _same(a: Any, b: Any) -> bool:

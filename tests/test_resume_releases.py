@@ -470,3 +470,44 @@ def test_a_resumed_run_whose_clip_changed_reports_every_clip(tmp_path, capfd):
     assert "clips 1, 0.5)" in " ".join(capfd.readouterr().out.split())
     one = train(cfg, out=tmp_path / "one").summary
     assert "clips" not in one
+
+
+def test_audit_of_an_interaction_level_run_resumed_after_a_release_is_refused(tmp_path):
+    """``audit --run`` refused a user-level run that released a round twice from its summary's
+    ``releases``, which an interaction-level run's summary lacks: one resumed after its round 3
+    made its DP-SGD releases was re-simulated from its seed as if it had released each round
+    once (found in review). Its ledger holds round 3's releases twice: refused the same way,
+    nothing written; from its summary's DP-SGD steps too when the ledger is gone."""
+    from attacks.audit import AuditConfig, ResumedRun, _check_replayable, audit
+    from securefed.models.fedrap import FedRAPConfig
+
+    cfg = TrainConfig(
+        model="fedrap",
+        synthetic_users=40,
+        synthetic_items=200,
+        rounds=4,
+        checkpoint_every=2,
+        params=FedRAPConfig(local_epochs=2),  # two DP-SGD releases a round
+        privacy=PrivacyConfig(epsilon=8.0, privacy_unit="interaction", replay=True),
+    )
+    whole = tmp_path / "whole"
+    train(cfg, out=whole)
+    _check_replayable(whole, cfg)  # released once each: replayable
+    run = tmp_path / "resumed"
+    with pytest.raises(Stop):
+        train(cfg, out=run, progress=_stop_after(3))  # round 3 released, checkpoint at 2
+    summary = train(resume=run).summary
+    assert summary["privacy_unit"] == "interaction" and "releases" not in summary
+    # Round 3 spent twice: the budget stops it before round 4.
+    assert summary["released_rounds"] == 3 and summary["dpsgd_steps"] == 8
+    out = tmp_path / "audit"
+    with pytest.raises(ResumedRun, match="released 1 round\\(s\\) a second time") as refused:
+        audit(AuditConfig(run=str(run), attacks=("row-change",), canaries=0), out=out)
+    assert "4 DP-SGD releases for round(s) 3, 2 a round" in str(refused.value)
+    assert not out.exists()
+    res = CliRunner().invoke(app, ["audit", "--run", str(run), "--out", str(out)])
+    assert res.exit_code == 2 and "a second time" in res.output, res.output
+    assert "Traceback" not in res.output and not out.exists()
+    (run / runs.LEDGER_FILE).unlink()
+    with pytest.raises(ResumedRun, match="8 DP-SGD releases for 3 rounds of 2 each"):
+        _check_replayable(run, cfg)
