@@ -48,6 +48,7 @@ from attacks.results import (
 )
 from protocols.seeding import numpy_generator
 from securefed import runs
+from securefed.data.split import DEFAULT_EVAL_NEGATIVES
 from securefed.errors import ConfigError
 from securefed.training import (
     TrainConfig,
@@ -814,6 +815,11 @@ def _check_replayable(run: Path, config: TrainConfig) -> None:
         if p.privacy_unit == "user" and clip is not None and "clip" in summary:
             now["clip"], then["clip"] = clip, summary.get("clips") or summary.get("clip")
     now["dataset"], then["dataset"] = config.dataset, summary.get("dataset")
+    # The table's column names and the evaluation's negatives change the data or its
+    # metrics (both landed beside this check; a summary written without them had neither).
+    now["columns"], then["columns"] = config.columns or None, summary.get("columns")
+    now["evaluation negatives"] = config.eval_negatives
+    then["evaluation negatives"] = summary.get("eval_negatives", DEFAULT_EVAL_NEGATIVES)
     differ = [
         f"{key} {now[key]} in {runs.CONFIG_FILE}, {then[key]} when it ran"
         for key in now

@@ -569,6 +569,8 @@ def _summary(
     }
     if config.eval_negatives != DEFAULT_EVAL_NEGATIVES:  # the sampled metrics' protocol
         summary["eval_negatives"] = config.eval_negatives
+    if config.columns:  # the table's own names for its roles (audit --run compares them)
+        summary["columns"] = dict(config.columns)
     best = _selected_round(metrics, config)
     if best is not None:
         summary["selected_round"] = best["round"]

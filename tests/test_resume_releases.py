@@ -356,6 +356,42 @@ def test_resume_refuses_a_dp_run_whose_config_drops_dp(tmp_path, setting):
     assert resumed.summary["rounds"] == 3 and resumed.summary["epsilon"] is not None
 
 
+def test_audit_of_a_run_compares_the_columns_and_evaluation_negatives(tmp_path):
+    """A table's column names and the evaluation's negatives landed after ``audit --run``'s
+    check: an edited ``[columns]`` table would re-simulate the run on other data, an edited
+    ``eval_negatives`` another protocol; both are compared with what the summary records."""
+    from attacks.audit import AuditConfig, audit
+
+    data = tmp_path / "t.csv"
+    rows = [(u, (u * 7 + k * 3) % 120) for u in range(40) for k in range(12)]
+    data.write_text("cust,sku,when\n" + "".join(f"{u},{i},{n}\n" for n, (u, i) in enumerate(rows)))
+    cfg = TrainConfig(
+        model="fedals",
+        dataset=str(data),
+        columns={"user": "cust", "item": "sku", "timestamp": "when"},
+        eval_negatives=49,
+        rounds=2,
+        privacy=PrivacyConfig(epsilon=2.0, replay=True),
+    )
+    run = tmp_path / "r"
+    summary = train(cfg, out=run).summary
+    assert summary["columns"] == {"user": "cust", "item": "sku", "timestamp": "when"}
+    assert summary["eval_negatives"] == 49
+    config = run / runs.CONFIG_FILE
+    text = config.read_text()
+    out = tmp_path / "audit"
+    for edited, said in [
+        (text.replace("eval_negatives = 49", "eval_negatives = 30"), "evaluation negatives 30"),
+        (text.replace('timestamp = "when"\n', ""), "columns"),
+    ]:
+        assert edited != text
+        config.write_text(edited)
+        with pytest.raises(ConfigError, match="no longer describes the run") as err:
+            audit(AuditConfig(run=str(run), attacks=("differencing",), canaries=0), out=out)
+        assert said in str(err.value)
+        assert not out.exists()
+
+
 def test_audit_of_a_run_refuses_a_config_that_is_not_the_run(tmp_path):
     """``audit --run`` re-simulates a replay run from its config.toml: a config edited after
     the run (epsilon 2 to 8) was audited as the epsilon-8 run, audit.json claiming 7.99 for a
