@@ -63,6 +63,7 @@ __all__ = [
     "Canaries",
     "clopper_pearson_bound",
     "one_run_bound",
+    "check_canary_room",
     "plant_canaries",
     "plant_interaction_canaries",
 ]
@@ -92,6 +93,24 @@ class Canaries:
         return int(self.items.size)
 
 
+def check_canary_room(n_items: int, n_negatives: int) -> None:
+    """Refuse user-level canary clients on a catalogue too small for them: each trains on
+    4 distinct real items and is evaluated against ``n_negatives`` validation and as many
+    test negatives, all distinct (:func:`plant_canaries`; a report checks it before any cell
+    trains).
+
+    Raises:
+        ConfigError: one line with the items needed and what to do.
+    """
+    if n_items < 2 * n_negatives + 4:
+        raise ConfigError(
+            f"canary clients need at least {2 * n_negatives + 4} real items (4 positives and "
+            f"{n_negatives} validation and {n_negatives} test negatives, all distinct), the "
+            f"data has {n_items}; audit without canaries (securefed audit --canaries 0; a "
+            "report: --no-audit), on more items, or with fewer --eval-negatives"
+        )
+
+
 def plant_canaries(
     split: Split, count: int, rng: np.random.Generator, *, items_per_canary: int = 1
 ) -> tuple[Split, Canaries]:
@@ -116,13 +135,7 @@ def plant_canaries(
         raise ValueError(f"items_per_canary must be 1 or 2, got {items_per_canary!r}")
     n_real = split.n_items
     n_neg = split.val_negatives.shape[1]
-    if n_real < 2 * n_neg + 4:
-        raise ConfigError(
-            f"canary clients need at least {2 * n_neg + 4} real items (4 positives and "
-            f"{n_neg} validation and {n_neg} test negatives, all distinct), the data has "
-            f"{n_real}; audit without canaries (securefed audit --canaries 0; a report: "
-            "--no-audit) or on more items"
-        )
+    check_canary_room(n_real, n_neg)
     items = n_real + np.arange(count, dtype=np.int64)
     partners = items + count if items_per_canary == 2 else None
     included = rng.random(count) < 0.5

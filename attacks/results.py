@@ -13,6 +13,7 @@ from typing import Any
 from attacks.registry import attack_names
 from securefed.config import TrainConfig
 from securefed.errors import ConfigError
+from securefed.validation import check_field_types
 
 __all__ = ["NO_SIGNAL", "RELEASE_NOTE", "RELEASED_FILE", "AttackResult", "AuditConfig"]
 
@@ -66,6 +67,16 @@ class AuditConfig:
     keep_recording: bool = False
 
     def __post_init__(self) -> None:
+        # Types first: attacks="all" was read a letter at a time ("unknown attack 'a'"), and
+        # train={"model": "fedals"} failed deep inside the audit with an AttributeError.
+        if isinstance(self.train, Mapping):
+            object.__setattr__(self, "train", TrainConfig.from_dict(self.train))
+        if not isinstance(self.train, TrainConfig):
+            raise ConfigError(
+                f"train must be a TrainConfig (or a mapping of its settings), got "
+                f"{type(self.train).__name__}"
+            )
+        check_field_types(self)
         names = tuple(self.attacks)
         object.__setattr__(self, "attacks", names)
         if not names:

@@ -35,7 +35,12 @@ def _type_kind(annotation: str, value: Any) -> str | None:
         phrase = SCALAR_KINDS.get(item)
         if phrase is None:
             return None
-        plural = {"a number": "numbers", "a whole number": "whole numbers"}.get(phrase[0])
+        plural = {
+            "a number": "numbers",
+            "a whole number": "whole numbers",
+            "a string": "strings",
+            "true or false": "true/false values",
+        }.get(phrase[0])
         if plural is None:
             return None
         if isinstance(value, tuple | list) and all(phrase[1](v) for v in value):

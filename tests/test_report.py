@@ -973,3 +973,46 @@ def test_a_resumed_cell_is_audited_by_a_replay_of_its_config(tmp_path, monkeypat
     assert calls[1].train.model == "fedals" and calls[1].train.rounds == 2
     assert (cell / "audit" / "audit.json").exists()
     assert not (cell / "audit" / "failed.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"epsilons": "12"}, "epsilons must be a list of numbers, got '12'"),
+        ({"epsilons": 2}, "epsilons must be a list of numbers, got 2"),
+        ({"epsilons": (2, "x")}, "epsilons must be a list of numbers"),
+        ({"models": "fedals"}, "models must be a list of strings, got 'fedals'"),
+        ({"delta": "1e-5"}, "delta must be a number, got '1e-5'"),
+        ({"min_hr": "0.5"}, "min_hr must be a number, got '0.5'"),
+    ],
+)
+def test_report_config_checks_types_before_reading_them(kwargs, message):
+    """Found by a library walkthrough: ``epsilons="12"`` was read a character at a time (two
+    cells, epsilons 1 and 2), ``models="fedals"`` said "got 'f'", and a string delta leaked
+    Python's TypeError."""
+    with pytest.raises(ConfigError) as err:
+        ReportConfig(**kwargs)
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_audit_config_checks_types_and_takes_a_mapping_for_train():
+    from attacks.audit import AuditConfig
+
+    with pytest.raises(ConfigError, match="attacks must be a list of strings, got 'all'"):
+        AuditConfig(attacks="all")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="train must be a TrainConfig"):
+        AuditConfig(train=3)  # type: ignore[arg-type]
+    assert AuditConfig(train={"model": "mostpop"}).train.model == "mostpop"  # type: ignore[arg-type]
+
+
+def test_a_catalogue_too_small_for_canaries_is_refused_before_any_cell_trains(tmp_path):
+    """Found by a library walkthrough: with 200 items every cell trained and then every audit
+    failed (canary clients need 202 real items), said only in the report's notes."""
+    cfg = ReportConfig(
+        models=("fedals",), references=(), dataset="synthetic", synthetic_users=60,
+        synthetic_items=200, epsilons=(2.0,), defenses=("dp",), seeds=1, audit=True,
+    )  # fmt: skip
+    out = tmp_path / "r"
+    with pytest.raises(ConfigError, match="canary clients need at least 202 real items"):
+        run_report(cfg, out=out)
+    assert not out.exists()

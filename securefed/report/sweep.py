@@ -63,6 +63,7 @@ from securefed import runs
 from securefed.config import PrivacyConfig, TrainConfig, load_config_file
 from securefed.errors import ConfigError, DataError, SecureFedError
 from securefed.models.registry import PrivateMode, get_spec, model_names
+from securefed.validation import check_field_types
 
 __all__ = [
     "BASELINE_COLUMNS",
@@ -187,6 +188,9 @@ class ReportConfig:
     private_modes: bool = True
 
     def __post_init__(self) -> None:
+        # Types first: a string of epsilons was read a character at a time ("12": epsilons 1
+        # and 2), a string model name ("got 'f'"); a string delta leaked Python's TypeError.
+        check_field_types(self)
         object.__setattr__(self, "models", tuple(self.models))
         object.__setattr__(self, "references", tuple(self.references))
         object.__setattr__(self, "defenses", tuple(self.defenses))
@@ -535,6 +539,12 @@ def estimate_sweep(
             # The audit replays the cell as the audit prepares it: private fedals puts the
             # canaries' items in its co-occurrence set (uploads 4x as wide on MovieLens 100K).
             n_canaries = audit_canaries(cfg, shape.users)  # a report's audits plant the default
+            if check and not cfg.privacy.interaction_dp:
+                # Before any cell trains: every audit failed after its cell on a catalogue
+                # too small for canary clients (found by a library walkthrough).
+                from attacks.canaries import check_canary_room
+
+                check_canary_room(shape.items, cfg.eval_negatives)
             audit_cfg = prepare_audit_config(cfg, n_canaries)
             cells[name] += estimate_audit_seconds(
                 audit_cfg,
