@@ -152,11 +152,13 @@ class AuditResult:
 
     @property
     def epsilon_lower_bound(self) -> float | None:
+        """The canary audit's empirical lower bound on epsilon (None: no canary audit)."""
         a = self.report.get("audit")
         return None if a is None else a["epsilon_lower_bound"]
 
     @property
     def accounted_epsilon(self) -> float | None:
+        """The epsilon the audited run's ledger accounts (None: a run without DP)."""
         return self.report.get("accounted_epsilon")
 
 

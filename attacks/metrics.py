@@ -43,6 +43,7 @@ class BinaryMetrics:
     negatives: int
 
     def as_dict(self) -> dict[str, float]:
+        """The metrics as a plain mapping (what ``audit.json`` records)."""
         return {
             "auc": self.auc,
             "tpr@1%fpr": self.tpr_at_1,

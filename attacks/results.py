@@ -139,6 +139,7 @@ class AttackResult:
         return auc_verdict(self.metrics, self.ci95, self.baseline)
 
     def as_dict(self) -> dict[str, Any]:
+        """The result as plain values with its verdict (an entry of ``audit.json``)."""
         out = dataclasses.asdict(self)
         out["verdict"] = self.verdict
         return out

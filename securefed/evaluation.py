@@ -60,9 +60,13 @@ class Scorer(Protocol):
     docstring). Worth it where a pair costs far more than a dot product.
     """
 
-    def score(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor: ...
+    def score(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """Scores of ``items [B, C]`` for ``users [B]``, ``[B, C]`` (higher ranks first)."""
+        ...
 
-    def score_all(self, users: torch.Tensor) -> torch.Tensor: ...
+    def score_all(self, users: torch.Tensor) -> torch.Tensor:
+        """Scores of every item for ``users [B]``, ``[B, n_items]``."""
+        ...
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -307,17 +307,20 @@ class PriorScored:
 
     @torch.no_grad()
     def score(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """The model's scores of ``items`` plus ``weight`` times their prior scores."""
         out = self.inner.score(users, items)
         p = self.prior.scores().to(out.device, out.dtype)
         return out + self.prior.weight * p[items.to(out.device, torch.long)]
 
     @torch.no_grad()
     def score_all(self, users: torch.Tensor) -> torch.Tensor:
+        """The model's scores of every item plus ``weight`` times the prior scores."""
         out = self.inner.score_all(users)
         p = self.prior.scores().to(out.device, out.dtype)
         return out + self.prior.weight * p.unsqueeze(0)
 
     def state_dict(self) -> dict[str, Any]:
+        """The model's state and the released counts (``model``, ``popularity_prior``)."""
         return {"model": self.inner.state_dict(), "popularity_prior": self.prior.state_dict()}
 
     def checkpoint_state(self) -> dict[str, Any]:
@@ -329,6 +332,8 @@ class PriorScored:
         return {"model": dict(inner), "popularity_prior": self.prior.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load :meth:`state_dict`'s (or :meth:`checkpoint_state`'s) form; KeyError for a
+        state written without the prior."""
         if "popularity_prior" not in state or "model" not in state:
             raise KeyError("the state holds no popularity prior (written without one?)")
         self.inner.load_state_dict(state["model"])

@@ -261,6 +261,8 @@ class ReportConfig:
         return raw
 
     def to_dict(self) -> dict[str, Any]:
+        """The settings as plain values (lists, numbers, strings; what ``report.json``
+        records and :meth:`from_dict` reads back)."""
         return {
             "models": list(self.models),
             "references": list(self.references),
@@ -297,6 +299,7 @@ class Cell:
 
     @property
     def name(self) -> str:
+        """The cell's folder under ``cells/`` (``fedals-dp-eps2-s0``, ``ials-centralized-s0``)."""
         if self.defense == CENTRALIZED:
             return f"{self.model}-{CENTRALIZED}-s{self.seed}"
         return f"{self.model}-{self.defense}-eps{_eps_label(self.epsilon)}-s{self.seed}"
