@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,7 +37,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from securefed.errors import IntegrityError
+from securefed.errors import ConfigError, IntegrityError, SecureFedError
 from securefed.flower.messages import (
     SESSION_KEY,
     SID,
@@ -298,15 +299,16 @@ class GridTransport:
         for reply in self._send_and_receive(out, timeout):
             node = int(reply.metadata.src_node_id)
             if reply.has_error():
-                # The node failed (crashed ClientApp, lost SuperNode): a dropout.
-                reason = str(reply.error.reason)
+                # The node failed (crashed ClientApp, lost SuperNode, refused the message): a
+                # dropout.
+                reason = node_reason(str(reply.error.reason))
                 self.errors.append((stage, node, reason[:1000]))
                 logger.warning(
                     "node %s failed at stage %s (Flower error code %s): %s",
                     node,
                     stage,
                     reply.error.code,
-                    reason.strip().splitlines()[-1][:500] if reason.strip() else "no reason given",
+                    reason[:500],
                 )
                 continue
             if node not in messages:
@@ -334,6 +336,71 @@ class GridTransport:
         return got
 
 
+#: How Flower words the reason of an exception a ClientApp raised: ``<class 'mod.Name'>:<'text'>``.
+_FLOWER_REASON = re.compile(r"<class '(?:[\w.]*\.)?(\w+)'>:<'(.*)'>", re.DOTALL)
+
+
+def node_reason(reason: str) -> str:
+    """A node's error reason as one line: ``Name: text`` for Flower's wording of an exception
+    (securefed's ClientApp already answers a refusal so), whitespace runs folded."""
+    found = _FLOWER_REASON.fullmatch(reason.strip())
+    if found:
+        reason = f"{found[1]}: {found[2]}"
+    return " ".join(reason.split()) or "no reason given"
+
+
+class _OneLineReasons(logging.Filter):
+    """Flower logs an exception its app raised with the whole traceback ("ServerApp raised an
+    exception", then the frames of Flower and securefed around the reason). securefed's own
+    errors (:class:`~securefed.errors.SecureFedError`: a mistake in the config, the data or a
+    node's settings, a refused run) say what was wrong and what to do in one line: that line
+    is logged, without the frames. Any other exception (a bug) keeps its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, SecureFedError):
+            record.msg, record.args = "securefed: %s", (str(exc),)
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def quiet_tracebacks_of_reasons() -> None:
+    """In this process, Flower logs securefed's errors as one line (:class:`_OneLineReasons`),
+    and its log records are printed by its own handler only: opacus configures the root
+    logger when imported, which printed every Flower line (and traceback) a second time, and
+    its DEBUG lines."""
+    flwr_logger = logging.getLogger("flwr")
+    if not any(isinstance(f, _OneLineReasons) for f in flwr_logger.filters):
+        flwr_logger.addFilter(_OneLineReasons())
+    flwr_logger.propagate = False
+
+
+def _run_setting(cfg: Mapping[str, Any], key: str, kind: type, default: Any = None) -> Any:
+    """Run config ``key`` (the app's ``pyproject.toml`` or ``flwr run --run-config``) as
+    ``kind``, refused in one line when missing (without a default) or of another type."""
+    if key not in cfg:
+        if default is None:
+            raise ConfigError(
+                f"the app's run config has no {key!r}; write the app with `securefed flower "
+                "app` (or give it: flwr run APP <connection> --run-config "
+                f"'{key}=...')"
+            )
+        return default
+    value = cfg[key]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if kind is str and isinstance(value, str) and value.strip():
+        return value
+    if kind is not str and type(value) is kind:
+        return value
+    want = {bool: "true or false", float: "a number of seconds", str: "a non-empty path"}[kind]
+    raise ConfigError(
+        f"run config {key} must be {want}, got {value!r}; fix it in the app's pyproject.toml "
+        "or in flwr run --run-config"
+    )
+
+
 def _shorten_reply_backoff() -> None:
     """The ServerApp pulls a reply's objects from the SuperLink with Flower's 1 s first
     backoff when the node has not finished uploading them (see
@@ -354,30 +421,45 @@ def make_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        # A mistake (the config, the run directory, a node's data or settings) ends the run
+        # with its one-line reason in the log (`flwr run --stream`, `flwr log`), not in a
+        # traceback; Flower still marks the run failed.
+        quiet_tracebacks_of_reasons()
         from securefed.config import refuse_legacy_secure, refuse_other_model_tables
         from securefed.flower.server import FederatedServer, ServerSettings
-        from securefed.training import TrainConfig, load_config_file
+        from securefed.training import (
+            TrainConfig,
+            check_run_dir_writable,
+            load_config_file,
+            refuse_foreign_files,
+        )
 
         _shorten_reply_backoff()
         cfg = {**(defaults or {}), **dict(context.run_config)}
+        enrollment = _run_setting(cfg, "enrollment", str, "") if cfg.get("enrollment") else ""
         settings = ServerSettings(
-            stage_timeout=float(cfg.get("stage-timeout", 120.0)),
-            connect_timeout=float(cfg.get("connect-timeout", 300.0)),
-            transcript=bool(cfg.get("transcript", False)),
-            enrollment=str(cfg["enrollment"]) if cfg.get("enrollment") else None,
-            eager_masking=bool(cfg.get("eager-masking", True)),
-            keys_ahead=bool(cfg.get("keys-ahead", True)),
+            stage_timeout=_run_setting(cfg, "stage-timeout", float, 120.0),
+            connect_timeout=_run_setting(cfg, "connect-timeout", float, 300.0),
+            transcript=_run_setting(cfg, "transcript", bool, False),
+            enrollment=enrollment or None,
+            eager_masking=_run_setting(cfg, "eager-masking", bool, True),
+            keys_ahead=_run_setting(cfg, "keys-ahead", bool, True),
         )
-        run_dir = Path(str(cfg["run-dir"]))
-        if bool(cfg.get("resume", False)):  # continue from the run directory's checkpoint
+        run_dir = Path(_run_setting(cfg, "run-dir", str))
+        if _run_setting(cfg, "resume", bool, False):  # continue from the run's checkpoint
             server = FederatedServer.resume(
                 run_dir, transport=GridTransport(grid), settings=settings
             )
         else:
-            raw = load_config_file(str(cfg["config-file"]))
-            refuse_legacy_secure(raw, str(cfg["config-file"]))
+            config_file = _run_setting(cfg, "config-file", str)
+            raw = load_config_file(config_file)
+            refuse_legacy_secure(raw, config_file)
             config = TrainConfig.from_dict(raw)
-            refuse_other_model_tables(raw, str(cfg["config-file"]))
+            refuse_other_model_tables(raw, config_file)
+            # Before waiting for the nodes: a run directory it could not write was a
+            # PermissionError traceback once every node had connected.
+            refuse_foreign_files(run_dir)
+            check_run_dir_writable(run_dir)
             server = FederatedServer(
                 config, run_dir=run_dir, transport=GridTransport(grid), settings=settings
             )
@@ -408,15 +490,18 @@ def make_client_app(defaults: Mapping[str, Any] | None = None) -> ClientApp:
                 node_config["state-dir"] = str(
                     Path(str(node_config["state-root"])) / f"node-{node_config['partition-id']}"
                 )
-            payload = from_content(msg.content)
-            _maybe_stall(stage, payload, node_config)
-            record = context.state.get(_STATE_RECORD)
-            store: dict[str, bytes] = {}
-            if isinstance(record, ConfigRecord) and SESSION_KEY in record:
-                store[SESSION_KEY] = bytes(record[SESSION_KEY])  # type: ignore[arg-type]
-            reply = handle_node_message(
-                stage, payload, node_config=node_config, state=store, memory=_PROCESS_MEMORY
-            )
+            try:
+                payload = from_content(msg.content)
+                _maybe_stall(stage, payload, node_config)
+                record = context.state.get(_STATE_RECORD)
+                store: dict[str, bytes] = {}
+                if isinstance(record, ConfigRecord) and SESSION_KEY in record:
+                    store[SESSION_KEY] = bytes(record[SESSION_KEY])  # type: ignore[arg-type]
+                reply = handle_node_message(
+                    stage, payload, node_config=node_config, state=store, memory=_PROCESS_MEMORY
+                )
+            except SecureFedError as exc:
+                return _refusal(stage, exc, msg)
             context.state[_STATE_RECORD] = ConfigRecord(dict(store))
             return Message(to_content(reply), reply_to=msg)
 
@@ -430,6 +515,22 @@ def make_client_app(defaults: Mapping[str, Any] | None = None) -> ClientApp:
     app.query("unmask")(handler("unmask"))
     app.evaluate()(handler("evaluate"))
     return app
+
+
+def _refusal(stage: str, exc: SecureFedError, msg: Message) -> Message:
+    """The error reply of a node that refuses or cannot handle ``msg`` for a reason of
+    securefed's own (its data, its node config, its pinned config, its release count, a
+    message that fails validation): the server sees the node fail the stage, as for a
+    ClientApp that raised, with the reason as one line (``DataError: ...``); the node's log
+    gets the same line. An exception raised instead was logged with its traceback by the
+    ClientApp's process (the long-lived worker, Flower's ``flwr-clientapp``, the simulation
+    engine), and reached the server as ``<class '...'>:<'...'>``."""
+    from flwr.app import Error
+    from flwr.common.constant import ErrorCode
+
+    reason = f"{type(exc).__name__}: {exc}"
+    logger.error("securefed: this node failed the %s message: %s", stage, reason)
+    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg)
 
 
 def _maybe_stall(stage: str, payload: Payload, node_config: Mapping[str, Any]) -> None:

@@ -195,6 +195,10 @@ def handle_node_message(
     pid = _node_int(node_config, "partition-id")
     nparts = _node_int(node_config, "num-partitions")
     if stage == "hello":
+        # The node's own settings are checked when it joins: a mistake there is named in the
+        # server's error at once, not met at every round's train message as a dropout (or,
+        # for a partition id past the count, after the server's connect timeout).
+        _check_node_config(node_config, pid, nparts)
         manifest = _manifest(payload, node_config)
         return Payload(config={"partition-id": pid, "num-partitions": nparts, **manifest})
     token = str(payload.config.get("run-token", ""))
@@ -232,6 +236,31 @@ def handle_node_message(
         if memory is not None:  # a failed step may leave the model half-updated: reload
             memory.runtime = memory.runtime_key = None
         raise
+
+
+def _check_node_config(node_config: Mapping[str, Any], pid: int, nparts: int) -> None:
+    """Refuse a SuperNode's ``--node-config`` that cannot serve a run: a partition outside
+    ``[0, num-partitions)``, no ``state-dir``."""
+    from securefed.flower.node import partition_users
+
+    try:
+        partition_users(nparts, pid, nparts)  # its range checks, in one place
+    except ConfigError as exc:
+        raise ConfigError(
+            f"{exc} in the SuperNode's --node-config; give each of the N SuperNodes "
+            "num-partitions=N and its own partition-id from 0 to N-1"
+        ) from None
+    _state_dir(node_config)
+
+
+def _state_dir(node_config: Mapping[str, Any]) -> str:
+    state_dir = node_config.get("state-dir")
+    if not state_dir:
+        raise ConfigError(
+            "the SuperNode needs --node-config 'state-dir=\"/path\"': its users' private "
+            "model state persists there between rounds and across restarts"
+        )
+    return str(state_dir)
 
 
 def _manifest(payload: Payload, node_config: Mapping[str, Any]) -> dict[str, Any]:
@@ -326,12 +355,7 @@ def _runtime(
     from securefed.flower.node import NodeRuntime, config_digest, node_split
 
     config = _run_config(payload, "message")
-    state_dir = node_config.get("state-dir")
-    if not state_dir:
-        raise ConfigError(
-            "the SuperNode needs --node-config 'state-dir=\"/path\"': its users' private "
-            "model state persists there between rounds and across restarts"
-        )
+    state_dir = _state_dir(node_config)
     enrolled = node_config.get("enrollment")
     pinned = node_config.get("pin-config")
     key = (token, config_digest(config), pid, nparts, str(state_dir), str(enrolled), str(pinned))

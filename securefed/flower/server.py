@@ -279,7 +279,7 @@ class FederatedServer:
                 node, why = failed[0]
                 raise ConfigError(
                     f"node {node} failed the hello: {why}; fix that node (its dataset, its "
-                    "pin-config) and start the run again"
+                    "node config, its pin-config) and start the run again"
                 )
             parts: dict[int, tuple[int, int]] = {}
             held: dict[int, DataManifest] = {}

@@ -178,7 +178,7 @@ class Worker:
             kind,
             self.served,
             marks[-1] - start,
-            sub_status,
+            "refused: an error reply" if reply is not None and reply.has_error() else sub_status,
             " + ".join(f"{b - a:.2f}" for a, b in zip(marks, marks[1:], strict=False)),
         )
 
@@ -335,6 +335,20 @@ def stop_with(parent_pid: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        _main(argv)
+    except KeyboardInterrupt:
+        # Its SuperNode exited (the parent monitor interrupts this process): at any point,
+        # importing torch included (found in a walkthrough: a SuperNode refused by the
+        # SuperLink for a certificate its CA did not sign left a KeyboardInterrupt traceback
+        # from inside torch's import in the worker's log, under the SuperNode's own reason).
+        print(
+            f"securefed worker pid={os.getpid()} stops: its SuperNode exited (see its log)",
+            file=sys.stderr,
+        )
+
+
+def _main(argv: list[str] | None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--runtime-api-address", required=True, help="The SuperNode's HOST:PORT.")
     ap.add_argument("--parent-pid", type=int, help="Exit when this process (the SuperNode) does.")
@@ -352,6 +366,7 @@ def main(argv: list[str] | None = None) -> None:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not every poll of the SuperNode
+    logging.getLogger("torch").setLevel(logging.WARNING)  # nor torch's statistics at exit
     if args.parent_pid is not None:
         stop_with(args.parent_pid)
     _wait_listening(args.runtime_api_address, args.parent_pid)
@@ -373,8 +388,6 @@ def main(argv: list[str] | None = None) -> None:
     worker = Worker(args.runtime_api_address, poll=args.poll)
     try:
         worker.serve()
-    except KeyboardInterrupt:
-        logger.info("securefed worker pid=%d stops: its SuperNode exited", os.getpid())
     finally:
         worker.close()
 
