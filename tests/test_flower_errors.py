@@ -5,7 +5,8 @@ Started by hand (``flower-superlink``, ``python -m securefed.flower.supernode`` 
 tracebacks: the ServerApp's ("ServerApp raised an exception" and the frames of Flower and
 securefed around a bad config or a node's refusal, twice), a node's (the worker's or
 ``flwr-clientapp``'s, for a dataset it could not read), a worker whose SuperNode exited (a
-``KeyboardInterrupt`` from inside torch's import).
+``KeyboardInterrupt`` from inside torch's import). Also here: the config files ``flower
+enroll`` and ``flower app`` read are refused as ``securefed train --config`` refuses them.
 """
 
 from __future__ import annotations
@@ -217,6 +218,55 @@ def test_a_node_config_mistake_is_named_when_the_node_joins(tmp_path, entries, w
     with pytest.raises(ConfigError, match="node 101 failed the hello: ConfigError: "):
         server.run()
     assert time.monotonic() - started < 30  # named at once, not after the connect timeout
+
+
+# ----------------------------------------------------------------------------- config files
+
+
+def _flower_cli():
+    import typer
+    from typer.testing import CliRunner
+
+    from securefed.cli.flower import flower_app
+
+    root = typer.Typer()
+    root.add_typer(flower_app, name="flower")
+    return root, CliRunner()
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        (
+            'model = "fedrap"\n[fedals]\ndim = 8\n[privacy]\nsecagg = true\n',
+            "[fedals] in {config} sets fedals's settings, but this run trains fedrap",
+        ),
+        (
+            "[privacy]\nsecagg = true\nsecure = false\n",
+            "[privacy] secure = false in {config} asked for DP noise derived from the seed",
+        ),
+    ],
+)
+def test_enroll_and_app_refuse_a_config_train_refuses(tmp_path, text, want):
+    """``flower enroll --config`` read ``model = "fedrap"`` with a ``[fedals]`` table as a
+    FedRAP run's config and enrolled its users (``refuse_other_model_tables`` applies to
+    ``securefed train --config`` and ``flower local/simulate --config``); ``flower app``
+    wrote an app for a legacy ``secure = false`` the ServerApp would refuse only when run."""
+    root, cli = _flower_cli()
+    config = tmp_path / "run.toml"
+    config.write_text(text)
+    state, keys, app = tmp_path / "state", tmp_path / "keys.json", tmp_path / "app"
+    for args in (
+        ["enroll", "--config", str(config), "--state-dir", str(state)]
+        + ["--partition-id", "0", "--num-partitions", "2", "--out", str(keys)],
+        ["app", str(app), "--config", str(config), "--out", str(tmp_path / "run")],
+    ):
+        res = cli.invoke(root, ["flower", *args])
+        assert res.exit_code == 2, res.output
+        line = " ".join(res.output.split())
+        assert line.startswith("error: ") and want.format(config=config) in line, line
+        assert "Traceback" not in res.output
+    assert not state.exists() and not keys.exists() and not app.exists()
 
 
 # ----------------------------------------------------------------------------- processes

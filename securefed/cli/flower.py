@@ -114,6 +114,22 @@ def _config(
     return cfg
 
 
+def _config_file(path: Path) -> Any:
+    """The config a user gives ``enroll`` or ``app`` for a new run, refused as ``securefed
+    train --config`` and ``flower local``/``simulate --config`` refuse it: the legacy ``secure
+    = false`` and a table of another model than the one it trains (its settings would go
+    unused: ``enroll`` read ``model = "fedrap"`` with a ``[fedals]`` table as a FedRAP run's
+    config, found in review)."""
+    from securefed.config import refuse_legacy_secure, refuse_other_model_tables
+    from securefed.training import TrainConfig, load_config_file
+
+    raw = load_config_file(path)
+    refuse_legacy_secure(raw, str(path))
+    cfg = TrainConfig.from_dict(raw)
+    refuse_other_model_tables(raw, str(path))
+    return cfg
+
+
 def _dirs(config: Any, out_dir: Path | None, work_dir: Path | None) -> tuple[Path, Path]:
     from securefed.training import default_run_dir
 
@@ -452,12 +468,12 @@ def enroll(
     aggregation; kept in --state-dir) and write their public keys for the operator."""
     from securefed.flower.enrollment import enroll_users, write_directory
     from securefed.flower.node import partition_users
-    from securefed.training import TrainConfig, load_config_file, load_split
+    from securefed.training import load_split
 
     with _user_errors():
         if out_file.exists():
             raise ConfigError(f"{out_file} exists; choose another --out or delete it")
-        cfg = TrainConfig.from_dict(load_config_file(config))
+        cfg = _config_file(config)
         users = partition_users(load_split(cfg).n_users, partition_id, num_partitions).tolist()
         write_directory(out_file, enroll_users(users, state_dir))
     out.print(
@@ -534,16 +550,12 @@ def app(
 ) -> None:
     """Write a Flower app directory to submit with `flwr run APP_DIR <connection>`
     (add `--run-config resume=true` to continue a stopped run)."""
-    from securefed.config import refuse_other_model_tables
     from securefed.flower.deploy import write_app
     from securefed.flower.enrollment import load_directory
     from securefed.flower.server import check_config
-    from securefed.training import TrainConfig, load_config_file
 
     with _user_errors():
-        raw = load_config_file(config)
-        cfg = TrainConfig.from_dict(raw)
-        refuse_other_model_tables(raw, str(config))
+        cfg = _config_file(config)
         check_config(cfg)
         malicious = cfg.privacy.secagg_mode == "malicious"
         if malicious and enrollment is None:
