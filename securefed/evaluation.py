@@ -323,6 +323,8 @@ def evaluate_splits(
     if users is not None and full_users is not None:
         raise ConfigError("give users or full_users, not both")
     subset = _full_users(users, split.n_users)  # every user without ``users``
+    # The negatives' rows of those users (a split of some users only stores theirs alone).
+    neg_rows = torch.from_numpy(split.eval_rows(subset.numpy()))
     evaluated = int(subset.numel())
     ranked = None
     if full:
@@ -340,7 +342,7 @@ def evaluate_splits(
             stop = min(start + batch_size, evaluated)
             rows = subset[start:stop]
             for w in which:
-                candidates = torch.cat([held[w][rows, None], negs[w][rows]], dim=1)
+                candidates = torch.cat([held[w][rows, None], negs[w][neg_rows[start:stop]]], dim=1)
                 scores = model.score(rows, candidates)
                 if tuple(scores.shape) != tuple(candidates.shape):
                     raise ValueError(

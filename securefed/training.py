@@ -34,7 +34,7 @@ from securefed.config import PrivacyConfig, TrainConfig, load_config_file
 from securefed.data.registry import load_dataset
 from securefed.data.split import DEFAULT_EVAL_NEGATIVES, leave_one_out
 from securefed.data.synthetic import make_synthetic
-from securefed.data.types import LoadReport, Split
+from securefed.data.types import Interactions, LoadReport, Split
 from securefed.errors import ConfigError, DataError, IntegrityError, PrivacyBudgetError
 from securefed.evaluation import eval_user_sample, eval_users_note, evaluate_splits
 from securefed.federation.aggregation import Aggregator, PlainAggregator
@@ -261,6 +261,15 @@ class RoundObserver(Protocol):
 def load_split(config: TrainConfig, *, download_progress: Any = None) -> Split:
     """Load the configured dataset (its ``columns`` where given) and split it (leave-one-out,
     ``eval_negatives`` sampled negatives: 99 by default)."""
+    return leave_one_out(
+        load_interactions(config, download_progress=download_progress),
+        seed=config.seed,
+        n_eval_negatives=config.eval_negatives,
+    )
+
+
+def load_interactions(config: TrainConfig, *, download_progress: Any = None) -> Interactions:
+    """The configured dataset's interactions, before the split (:func:`load_split`)."""
     min_inter = config.resolved_min_interactions()
     if config.dataset == "synthetic":
         from securefed.data.loaders import filter_min_interactions
@@ -285,7 +294,7 @@ def load_split(config: TrainConfig, *, download_progress: Any = None) -> Split:
             progress=download_progress,
             columns=config.columns,
         )
-    return leave_one_out(data, seed=config.seed, n_eval_negatives=config.eval_negatives)
+    return data
 
 
 def _check_split_matches(config: TrainConfig, split: Split) -> None:

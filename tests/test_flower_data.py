@@ -145,8 +145,8 @@ def _data_only_on_nodes(monkeypatch, tmp_path):
     the nodes' loads."""
     hidden = _csv(tmp_path / "hidden.csv", 60, seed=0)
     path = tmp_path / "data.csv"
-    real_handle, real_load = local_module.handle_node_message, node_module.load_split
-    loads: list[str] = []
+    real_handle = local_module.handle_node_message
+    loads = _count_loads(monkeypatch)
 
     def on_node(*args, **kwargs):
         shutil.copy(hidden, path)
@@ -155,13 +155,23 @@ def _data_only_on_nodes(monkeypatch, tmp_path):
         finally:
             path.unlink()
 
-    def counted(config, *args, **kwargs):
-        loads.append(config.dataset)
-        return real_load(config, *args, **kwargs)
-
     monkeypatch.setattr(local_module, "handle_node_message", on_node)
-    monkeypatch.setattr(node_module, "load_split", counted)
     return _cfg(dataset=str(path)), loads, hidden
+
+
+def _count_loads(monkeypatch) -> list[str]:
+    """The datasets the nodes of this process load from now on (each node its partition's
+    rows in a run without replay, node.node_split; every row with replay)."""
+    loads: list[str] = []
+    for name in ("load_split", "load_interactions"):
+        real = getattr(node_module, name)
+
+        def counted(config, *args, _real=real, **kwargs):
+            loads.append(config.dataset)
+            return _real(config, *args, **kwargs)
+
+        monkeypatch.setattr(node_module, name, counted)
+    return loads
 
 
 def test_a_flower_run_never_reads_the_data_on_the_server(tmp_path, monkeypatch):
@@ -170,7 +180,7 @@ def test_a_flower_run_never_reads_the_data_on_the_server(tmp_path, monkeypatch):
         cfg, run_dir=tmp_path / "fl", transport=LocalTransport(3, state_dir=tmp_path / "n")
     ).run()
     assert [m["round"] for m in res.metrics] == [1, 2] and res.summary["test_hr@10"] > 0
-    assert loads == [cfg.dataset]  # the nodes of this process: one load per run
+    assert loads == [cfg.dataset] * 3  # each node of this process: one load a run
     summary = res.summary
     assert summary["yardsticks"] == NO_YARDSTICKS and summary["train_interactions"] is None
     assert not [k for k in summary if k.startswith("baseline_")]
@@ -263,10 +273,7 @@ def test_a_pinned_node_reads_only_the_operators_dataset(tmp_path, monkeypatch):
     # The hello makes a node load the dataset the run's config names and report its sizes: a
     # node holding the operator's copy of the config refuses another one before loading it
     # (found in review: a named dataset is looked up in the config's data_dir first).
-    real_load, loads = node_module.load_split, []
-    monkeypatch.setattr(
-        node_module, "load_split", lambda config: loads.append(config) or real_load(config)
-    )
+    loads = _count_loads(monkeypatch)
     honest = _cfg()
     pinned = tmp_path / "run.toml"
     pinned.write_text(runs.dumps_toml(honest.to_dict()))
@@ -531,3 +538,152 @@ def test_a_node_given_data_sha256_refuses_another_file(tmp_path):
     )
     with pytest.raises(ConfigError, match="node 101 failed the hello: ProtocolError: this node's"):
         server.run()
+
+
+# ----------------------------------------------------------------------------- a node's rows
+
+
+def _partition_of(split, users) -> list:
+    """Every row of ``split`` for ``users`` (what a partition split must hold as is)."""
+    hist = split.history_indptr
+    return [
+        [split.user_train_items(u).tolist() for u in users.tolist()],
+        [split.history_items[hist[u] : hist[u + 1]].tolist() for u in users.tolist()],
+        split.val_items[users].tolist(),
+        split.test_items[users].tolist(),
+    ]
+
+
+@pytest.mark.parametrize("timestamps", [True, False])
+def test_a_partition_split_holds_its_users_rows_exactly(tmp_path, timestamps):
+    """A DP node keeps the rows of its own users only (node.node_split): each of them gets
+    the rows, held-out items and evaluation negatives of the split of every user, bit for
+    bit, with and without timestamps (the tie order and the negatives are drawn from streams
+    over every user)."""
+    from securefed.data.split import leave_one_out
+    from securefed.data.types import Interactions
+    from securefed.errors import DataError
+    from securefed.flower.node import partition_users
+    from securefed.training import load_interactions
+
+    cfg = _cfg() if timestamps else _cfg(dataset=str(_csv(tmp_path / "d.csv", 60, seed=1)))
+    data = load_interactions(cfg)
+    assert (data.timestamps is not None) == timestamps
+    full = leave_one_out(data, seed=cfg.seed)
+    for p in range(3):
+        own = partition_users(data.n_users, p, 3).numpy()
+        part = leave_one_out(data, seed=cfg.seed, users=own)
+        assert np.array_equal(part.held_users, own) and full.held_users is None
+        assert (part.name, part.n_users, part.n_items) == (full.name, full.n_users, full.n_items)
+        assert _partition_of(part, own) == _partition_of(full, own)
+        for which in ("val_negatives", "test_negatives"):
+            assert np.array_equal(getattr(part, which), getattr(full, which)[own])
+            assert np.array_equal(
+                getattr(part, which)[part.eval_rows(own)], getattr(full, which)[own]
+            )
+        others = np.setdiff1d(np.arange(data.n_users), own)
+        assert not part.train_counts[others].any() and (part.val_items[others] == -1).all()
+        assert not np.diff(part.history_indptr)[others].any()
+        assert (part.test_items[others] == -1).all()
+        assert part.n_train == int(full.train_counts[own].sum())
+        with pytest.raises(ConfigError, match="holds the rows of 20 of its 60 users"):
+            part.eval_rows(others[:1])
+    assert full.n_train == len(data.users) - 2 * data.n_users  # what the node checks delta on
+    # The whole data is still checked: a user outside the partition with too few rows.
+    short = Interactions(
+        name="short",
+        users=np.array([0, 0, 0, 1, 1]),
+        items=np.array([0, 1, 2, 0, 1]),
+        timestamps=None,
+        n_users=2,
+        n_items=200,
+        user_ids=np.arange(2),
+        item_ids=np.arange(200),
+        report=data.report,
+    )
+    with pytest.raises(DataError, match="fewer than 3 interactions"):
+        leave_one_out(short, seed=0, users=np.array([0]))
+    with pytest.raises(ConfigError, match="sorted, distinct user indices"):
+        leave_one_out(data, seed=0, users=np.array([3, 1]))
+
+
+@pytest.mark.parametrize(
+    ("model", "privacy"),
+    [
+        ("fedals", PrivacyConfig(secagg=True, epsilon=8.0)),
+        ("fedrap", PrivacyConfig(secagg=True, epsilon=8.0)),
+        ("fedrecgel", PrivacyConfig(secagg=True, epsilon=8.0)),
+        # Local DP-SGD draws its noise from the OS in a run; seeded here to compare.
+        ("fedrap", dataclasses.replace(_INTERACTION, replay=True)),
+        ("fedrecgel", dataclasses.replace(_INTERACTION, replay=True)),
+    ],
+)
+def test_a_node_on_its_partition_trains_and_evaluates_as_on_every_row(model, privacy):
+    """Results unchanged: a model built on a node's partition split starts as the one built
+    on every row, a round of local training of the node's users gives the same updates and
+    loss from the same generator, and their evaluation the same ranks (full-ranking ranks
+    up to 10, all that an evaluation round encodes: pipeline.evaluation_counters)."""
+    from protocols.seeding import torch_generator
+    from securefed.data.split import leave_one_out
+    from securefed.evaluation import evaluate_splits
+    from securefed.flower.node import partition_users
+    from securefed.training import load_interactions
+
+    cfg = _cfg(model=model, privacy=privacy)
+    data = load_interactions(cfg)
+    own = partition_users(data.n_users, 1, 3)
+    full = build_model(cfg, leave_one_out(data, seed=cfg.seed))
+    part = build_model(cfg, leave_one_out(data, seed=cfg.seed, users=own.numpy()))
+    assert _same(full.state_dict(), part.state_dict())
+    for r in range(2):
+        a, stats_a = full.client_round(own, r, torch_generator(7, "train", r))
+        b, stats_b = part.client_round(own, r, torch_generator(7, "train", r))
+        assert torch.equal(a.clients, b.clients) and torch.equal(a.dense(), b.dense())
+        assert stats_a.loss == stats_b.loss
+    ranks = [evaluate_splits(m, m.split, users=own.numpy(), per_user=True) for m in (full, part)]
+    for which in ("val", "test"):
+        assert np.array_equal(ranks[0][which].ranks, ranks[1][which].ranks)
+        capped = [np.minimum(r[which].full_ranks, 10) for r in ranks]
+        assert np.array_equal(*capped)
+
+
+def test_a_dp_node_holds_its_partition_and_a_replaying_node_every_row(tmp_path):
+    """What a node builds its runtime on: its partition in a DP run drawing from the OS (the
+    default), every row in a replay run (it plans the whole cohort's round); the hello's
+    manifest is the same either way. Interaction-level DP's delta is still checked against
+    every user's interactions, at the hello (the partition's count alone would let a delta
+    between 1/4501 and 1/1691 through)."""
+    from securefed.flower.messages import (
+        PROTOCOL,
+        NodeMemory,
+        Payload,
+        _runtime,
+        handle_node_message,
+    )
+    from securefed.flower.node import partition_users
+
+    def runtime(cfg, token):
+        memory = NodeMemory()
+        node_config = {"partition-id": 1, "num-partitions": 3, "state-dir": str(tmp_path / token)}
+        message = {
+            "protocol": PROTOCOL,
+            "run-token": token,
+            "config": runs.dumps_toml(cfg.to_dict()),
+        }
+        hello = handle_node_message(
+            "hello", Payload(config=dict(message)), node_config=node_config, state={}, memory=memory
+        )
+        return hello, _runtime(Payload(config=dict(message)), node_config, memory, token, 1, 3)
+
+    everyone = load_split(_cfg())
+    own = partition_users(everyone.n_users, 1, 3).numpy()
+    hello, dp = runtime(_cfg(), "dp")
+    assert np.array_equal(dp.split.held_users, own) and dp.split.n_train < everyone.n_train
+    assert DataManifest.from_fields(hello.config) == manifest_of(everyone)
+    hello, replay = runtime(_cfg(privacy=PrivacyConfig(secagg=True, epsilon=8.0, replay=True)), "r")
+    assert replay.split.held_users is None and replay.split.n_train == everyone.n_train
+    assert DataManifest.from_fields(hello.config) == manifest_of(everyone)
+    assert everyone.n_train == 4501 and dp.split.n_train == 1691
+    loose = _cfg(model="fedrecgel", privacy=dataclasses.replace(_INTERACTION, delta=1 / 3000))
+    with pytest.raises(ConfigError, match="delta must be below 1/interactions"):
+        runtime(loose, "loose")

@@ -65,16 +65,23 @@ def complement_items(
     return ranks + found - indptr[users]
 
 
-def _sample_distinct(rng: np.random.Generator, sizes: np.ndarray, k: int) -> np.ndarray:
+def _sample_distinct(
+    rng: np.random.Generator, sizes: np.ndarray, k: int, rows: np.ndarray | None = None
+) -> np.ndarray:
     """``k`` distinct ranks in ``[0, sizes[u])`` per row, uniformly (Floyd's algorithm).
 
-    Vectorised over rows; the loop runs over the ``k`` positions only.
+    Vectorised over rows; the loop runs over the ``k`` positions only. With ``rows`` only
+    those rows are drawn (their ranks exactly as without): the stream still spends one
+    number per row of ``sizes`` and position, a row's ranks depend on its own numbers only.
     """
     n = len(sizes)
-    out = np.empty((n, k), dtype=np.int64)
+    if rows is not None:
+        sizes = sizes[rows]
+    out = np.empty((len(sizes), k), dtype=np.int64)
     for col in range(k):
         j = sizes - k + col  # Floyd: draw t in [0, j]; if taken, take j instead
-        t = np.floor(rng.random(n) * (j + 1)).astype(np.int64)
+        u = rng.random(n)
+        t = np.floor((u if rows is None else u[rows]) * (j + 1)).astype(np.int64)
         t = np.minimum(t, j)
         taken = (out[:, :col] == t[:, None]).any(axis=1)
         out[:, col] = np.where(taken, j, t)
@@ -82,7 +89,11 @@ def _sample_distinct(rng: np.random.Generator, sizes: np.ndarray, k: int) -> np.
 
 
 def leave_one_out(
-    data: Interactions, *, seed: int, n_eval_negatives: int = DEFAULT_EVAL_NEGATIVES
+    data: Interactions,
+    *,
+    seed: int,
+    n_eval_negatives: int = DEFAULT_EVAL_NEGATIVES,
+    users: np.ndarray | None = None,
 ) -> Split:
     """Split interactions leave-one-out and draw the sampled evaluation negatives.
 
@@ -92,6 +103,10 @@ def leave_one_out(
         seed: Root seed of the tie order without timestamps and of the evaluation negatives.
         n_eval_negatives: Negatives per user for the sampled protocol (99 in the papers);
             0 keeps only the full-ranking protocol.
+        users: Keep the rows of these users only (sorted, distinct; a Flower node's
+            partition): each of them gets exactly the rows, held-out items and negatives of
+            the split of every user, the others none (:attr:`Split.held_users`). The whole
+            data is still checked as without.
 
     Returns:
         The :class:`~securefed.data.types.Split`; see the module docstring for the protocol.
@@ -105,6 +120,7 @@ def leave_one_out(
     if n_eval_negatives < 0:
         raise ConfigError(f"n_eval_negatives must be non-negative, got {n_eval_negatives!r}")
     n_users, n_items = data.n_users, data.n_items
+    held = _held_users(users, n_users)
     users = np.asarray(data.users, dtype=np.int64)
     items = np.asarray(data.items, dtype=np.int64)
     counts = np.bincount(users, minlength=n_users)
@@ -165,13 +181,20 @@ def leave_one_out(
             f"{fewer}"
         )
     negatives = {}
-    row_users = np.arange(n_users, dtype=np.int64)[:, None]
+    row_users = (np.arange(n_users, dtype=np.int64) if held is None else held)[:, None]
     for which in ("val", "test"):
         rng = numpy_generator(seed, "split", "eval-negatives", which)
-        ranks = _sample_distinct(rng, free, n_eval_negatives)
+        ranks = _sample_distinct(rng, free, n_eval_negatives, held)
         negatives[which] = complement_items(
             history_indptr, history_items, n_items, np.broadcast_to(row_users, ranks.shape), ranks
         )
+    if held is not None:  # the held users' rows only
+        keep = np.zeros(n_users, dtype=bool)
+        keep[held] = True
+        train_indptr, train_items = _rows_of(train_indptr, train_items, keep)
+        history_indptr, history_items = _rows_of(history_indptr, history_items, keep)
+        val_items = np.where(keep, val_items, -1)
+        test_items = np.where(keep, test_items, -1)
 
     return Split(
         name=data.name,
@@ -187,4 +210,28 @@ def leave_one_out(
         test_negatives=negatives["test"],
         attributes=dict(data.attributes),
         report=data.report,
+        held_users=held,
     )
+
+
+def _held_users(users: np.ndarray | None, n_users: int) -> np.ndarray | None:
+    """``users`` checked: sorted, distinct user indices (int64); ``None`` stays."""
+    if users is None:
+        return None
+    held = np.asarray(users)
+    if held.ndim != 1 or not np.issubdtype(held.dtype, np.integer):
+        raise ConfigError("users must be a 1-D array of user indices")
+    held = held.astype(np.int64)
+    if held.size and (held[0] < 0 or held[-1] >= n_users or (np.diff(held) <= 0).any()):
+        raise ConfigError(f"users must be sorted, distinct user indices in [0, {n_users})")
+    return held
+
+
+def _rows_of(
+    indptr: np.ndarray, items: np.ndarray, keep: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The CSR ``(indptr, items)`` with the rows of users not in ``keep`` emptied."""
+    counts = np.diff(indptr)
+    out = np.zeros_like(indptr)
+    np.cumsum(np.where(keep, counts, 0), out=out[1:])
+    return out, items[np.repeat(keep, counts)]

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from securefed.errors import ConfigError
+
 
 @dataclass(frozen=True, kw_only=True)
 class LoadReport:
@@ -62,6 +64,13 @@ class Split:
     ``val_negatives`` / ``test_negatives`` hold, per user, ``n_eval_negatives`` items the
     user never interacted with (whole history), sampled once per seed: the papers' sampled
     protocol ranks the held-out item among them.
+
+    A split of some users only (``held_users``, a Flower node's partition:
+    ``leave_one_out(..., users=)``) keeps every user index and both sizes, but holds the rows
+    of its users alone: the other users' training and history rows are empty, their held-out
+    items ``-1``, and the evaluation negatives are stored for the held users only, row ``i``
+    for ``held_users[i]`` (read them through :meth:`eval_rows`). Its ``n_train`` counts the
+    held users' training positives.
     """
 
     name: str
@@ -87,6 +96,27 @@ class Split:
     #: only by the user canary audit; honoured where uploads are clipped
     #: (:func:`securefed.federation.aggregation.null_out`).
     null_users: np.ndarray | None = None
+    #: The users whose rows this split holds (sorted, distinct int64); ``None``: every user.
+    held_users: np.ndarray | None = None
+
+    def eval_rows(self, users: np.ndarray) -> np.ndarray:
+        """The rows of ``val_negatives`` / ``test_negatives`` holding ``users``' negatives
+        (int64, ``users`` themselves unless the split holds some users only).
+
+        Raises:
+            ConfigError: A user whose rows the split does not hold.
+        """
+        users = np.asarray(users, dtype=np.int64)
+        if self.held_users is None:
+            return users
+        rows = np.searchsorted(self.held_users, users)
+        inside = rows < len(self.held_users)
+        if not (inside.all() and np.array_equal(self.held_users[rows], users)):
+            raise ConfigError(
+                f"this split of {self.name} holds the rows of {len(self.held_users)} of its "
+                f"{self.n_users} users; evaluate those users only"
+            )
+        return rows
 
     @property
     def train_counts(self) -> np.ndarray:

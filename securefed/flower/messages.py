@@ -272,13 +272,15 @@ def _manifest(payload: Payload, node_config: Mapping[str, Any]) -> dict[str, Any
 
     config = _run_config(payload, "hello")
     token = str(payload.config.get("run-token", ""))
+    # The node's own partition: the split it builds its runtime on next (node.node_split).
+    partition = (_node_int(node_config, "partition-id"), _node_int(node_config, "num-partitions"))
     pinned = node_config.get("pin-config")
     if pinned:
-        check_pinned(config, Path(str(pinned)), lambda: node_split(config, token))
+        check_pinned(config, Path(str(pinned)), lambda: node_split(config, token, partition))
     expected = node_config.get("data-sha256")
     if expected:
         check_data_sha256(config.dataset, str(expected))
-    return manifest_of(node_split(config, token)).fields()
+    return manifest_of(node_split(config, token, partition)).fields()
 
 
 def check_data_sha256(dataset: str, expected: str) -> None:
@@ -362,7 +364,7 @@ def _runtime(
     if memory is not None and memory.runtime_key == key:
         return memory.runtime  # built for this very config and pin: checked then
     if pinned:
-        check_pinned(config, Path(str(pinned)), lambda: node_split(config, token))
+        check_pinned(config, Path(str(pinned)), lambda: node_split(config, token, (pid, nparts)))
     runtime = NodeRuntime(
         config,
         run_token=str(payload.config["run-token"]),

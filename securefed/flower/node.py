@@ -44,6 +44,7 @@ from protocols.secagg import SecAggClient, wire
 from protocols.secagg.identity import ClientIdentity, IdentityDirectory
 from protocols.secagg.primitives import MaskExpander
 from securefed import runs
+from securefed.data.split import leave_one_out
 from securefed.errors import ConfigError, IntegrityError, PrivacyBudgetError, ProtocolError
 from securefed.evaluation import evaluate_splits
 from securefed.flower import enrollment, models
@@ -61,7 +62,13 @@ from securefed.flower.pipeline import (
 )
 from securefed.flower.session import NodeSession
 from securefed.privacy import PrivateAggregator
-from securefed.training import TrainConfig, build_model, load_split, training_generator
+from securefed.training import (
+    TrainConfig,
+    build_model,
+    load_interactions,
+    load_split,
+    training_generator,
+)
 
 if TYPE_CHECKING:
     from securefed.data.types import Split
@@ -78,22 +85,55 @@ def partition_users(n_users: int, partition_id: int, num_partitions: int) -> tor
     return torch.arange(partition_id, n_users, num_partitions, dtype=torch.long)
 
 
-#: The last split this process loaded: ``(key, split)`` (:func:`node_split`).
-_SPLIT: tuple[tuple[Any, ...], Split] | None = None
+#: The splits this process loaded for the run in progress: key -> split
+#: (:func:`node_split`); one in a SuperNode's process, one per partition where several nodes
+#: share a process (the in-process transport).
+_SPLITS: dict[tuple[Any, ...], Split] = {}
 
 
-def node_split(config: TrainConfig, run_token: str) -> Split:
+def node_split(
+    config: TrainConfig, run_token: str, partition: tuple[int, int] | None = None
+) -> Split:
     """The node's dataset, split as the run splits it (:func:`~securefed.training.load_split`),
-    loaded once per run and data settings in this process (the seed and
+    loaded once per run, data settings and partition in this process (the seed and
     :data:`~securefed.flower.messages.DATA_SETTINGS`: what ``load_split`` reads): a node reads
     it to report the dataset's public sizes in its hello reply and again to build its
-    runtime."""
-    global _SPLIT
-    key = (run_token, config.seed, *(getattr(config, k) for k in DATA_SETTINGS))
-    cached = _SPLIT
-    if cached is None or cached[0] != key:
-        cached = _SPLIT = (key, load_split(config))
-    return cached[1]
+    runtime.
+
+    With ``partition`` (``(partition_id, num_partitions)``) in a run that does not replay
+    (a DP run drawing from the OS, the default: :attr:`NodeRuntime.replay`), the split holds
+    the rows of the partition's users alone (:attr:`~securefed.data.types.Split.held_users`):
+    the node trains, encodes and evaluates those users only, each exactly as on the split of
+    every user. The whole file is still read (the users' and items' indices, and who has
+    enough interactions, depend on every row) and the whole data checked, but not kept: at
+    Gowalla's scale a node's split went from 60 to 21 MB of arrays with three nodes
+    (docs/deployment.md, "What a node holds"). A replaying node keeps every user's rows: it
+    plans the whole cohort's round."""
+    own = partition if partition is not None and config.privacy.os_randomness else None
+    run = (run_token, config.seed, *(getattr(config, k) for k in DATA_SETTINGS))
+    key = (*run, own)
+    split = _SPLITS.get(key)
+    if split is None:
+        for old in [k for k in _SPLITS if k[:-1] != run]:
+            del _SPLITS[old]  # another run's: not held while this one loads
+        if own is None:
+            split = load_split(config)
+        else:
+            data = load_interactions(config)
+            if config.privacy.interaction_dp:
+                # Interaction-level DP's delta is checked against every user's training
+                # interactions (two of each user's are held out), not the partition's.
+                from protocols.dp.dpsgd import check_interaction_delta
+
+                n_train = int(data.users.shape[0]) - 2 * data.n_users
+                check_interaction_delta(config.privacy.delta, n_interactions=n_train)
+            users = partition_users(data.n_users, *own).numpy()
+            split = leave_one_out(
+                data, seed=config.seed, n_eval_negatives=config.eval_negatives, users=users
+            )
+            del data
+        _SPLITS[key] = split
+    return split
 
 
 def config_digest(config: TrainConfig) -> str:
@@ -182,7 +222,7 @@ class NodeRuntime:
                 "could read its users' inputs in that mode)"
             )
         self.config = config
-        self.split = node_split(config, run_token)
+        self.split = node_split(config, run_token, (partition_id, num_partitions))
         self.users = partition_users(self.split.n_users, partition_id, num_partitions)
         self.partition_id = partition_id
         self.model = build_model(config, self.split)
