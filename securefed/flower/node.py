@@ -110,7 +110,7 @@ def node_split(
     (docs/deployment.md, "What a node holds"). A replaying node keeps every user's rows: it
     plans the whole cohort's round."""
     own = partition if partition is not None and config.privacy.os_randomness else None
-    run = (run_token, config.seed, *(getattr(config, k) for k in DATA_SETTINGS))
+    run = (run_token, config.seed, *(_hashable(getattr(config, k)) for k in DATA_SETTINGS))
     key = (*run, own)
     split = _SPLITS.get(key)
     if split is None:
@@ -134,6 +134,11 @@ def node_split(
             del data
         _SPLITS[key] = split
     return split
+
+
+def _hashable(value: Any) -> Any:
+    """A data setting as part of the split cache's key (``columns`` is a mapping)."""
+    return tuple(sorted(value.items())) if isinstance(value, dict) else value
 
 
 def config_digest(config: TrainConfig) -> str:
