@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from securefed.cli.root import _RoundDisplay, app, data_summary
+from securefed.cli.progress import RoundDisplay, data_summary
+from securefed.cli.root import app
 from securefed.training import RunInterrupted, RunStart, TrainConfig, train
 
 runner = CliRunner()
@@ -123,7 +124,7 @@ def test_terminal_bar_of_a_resumed_run_starts_at_its_round_with_its_total():
             duplicate_rows=0,
         ),
     )
-    with _RoundDisplay(plain=False) as display:
+    with RoundDisplay(plain=False) as display:
         assert display.bar is not None
         task = display.bar.tasks[0]
         assert task.total is None  # unknown while the data loads

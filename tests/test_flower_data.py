@@ -405,12 +405,12 @@ def test_the_metrics_follower_shows_each_new_round_once(tmp_path):
 def test_the_metrics_follower_shows_an_aborted_round_and_goes_on(tmp_path):
     # Found in review: an aborted round's loss is NaN, written null; the display's abs()
     # raised on None, the follower's thread died and later rounds came only at the end.
-    from securefed.cli.root import _RoundDisplay
+    from securefed.cli.progress import RoundDisplay
     from securefed.flower.deploy import MetricsFollower
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    display, shown = _RoundDisplay(plain=True), []
+    display, shown = RoundDisplay(plain=True), []
 
     def show(rec):
         display.round(rec)  # an aborted round's line says so (its loss is NaN)

@@ -320,10 +320,10 @@ def _launch(
 ) -> dict[str, Any]:
     """Start the local deployment or the simulation and run it to its end, a line per round
     as the server writes it."""
-    from securefed.cli.root import _RoundDisplay
+    from securefed.cli.progress import RoundDisplay
     from securefed.flower.deploy import run_local_deployment, run_simulation
 
-    progress = _RoundDisplay(plain=True).round
+    progress = RoundDisplay(plain=True).round
     if not local:
         err.print(f"Flower simulation: {nodes} virtual SuperNodes, work directory {work}")
         return run_simulation(

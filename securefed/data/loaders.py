@@ -222,7 +222,7 @@ def _check_string_ids_fit(path: Path, rows: int) -> None:
 
 #: The load notes that repeat a count of the report (``duplicate_rows``, ``dropped_users``):
 #: :func:`_build`'s and :func:`filter_min_interactions`'s wording, which a printer of the
-#: counts leaves out (``securefed.cli.data_summary``).
+#: counts leaves out (``securefed.cli.progress.data_summary``).
 COUNT_NOTE = re.compile(r"^[\d,]+ (duplicate \(user, item\)|user\(s\) with fewer than)")
 
 
