@@ -82,9 +82,17 @@ def test_negative_control_strong_dp(tmp_path) -> None:
     assert z["released"].shape == z["released_labels"].shape == (60, 1000)
 
 
-@pytest.mark.parametrize("bad", [0, 1001, True, 2.5])
-def test_released_iterations_are_checked(bad) -> None:
-    with pytest.raises(ConfigError, match="released-model iterations"):
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (0, "released-model iterations"),
+        (1001, "released-model iterations"),
+        (True, "released_iterations must be a whole number"),  # the type check comes first
+        (2.5, "released_iterations must be a whole number"),
+    ],
+)
+def test_released_iterations_are_checked(bad, message) -> None:
+    with pytest.raises(ConfigError, match=message):
         AuditConfig(released_iterations=bad)
 
 
